@@ -1,0 +1,44 @@
+"""Run configuration: pydantic v2 models, YAML loading and dotted ``key=value`` overrides.
+
+This package imports no torch, so ``posttrain validate-config`` is instant.
+"""
+
+from posttrain.config.load import ConfigError, load_config, parse_overrides
+from posttrain.config.models import (
+    CriticConfig,
+    DataConfig,
+    EvalConfig,
+    GeneratorConfig,
+    ModelConfig,
+    OptimConfig,
+    QueueConfig,
+    RunConfig,
+    SAOConfig,
+    SAOLossConfig,
+    SFTConfig,
+    TinyModelConfig,
+    TrackingConfig,
+    GRPOLossConfig,
+    DPOLossConfig,
+)
+
+__all__ = [
+    "ConfigError",
+    "DPOLossConfig",
+    "GRPOLossConfig",
+    "CriticConfig",
+    "DataConfig",
+    "EvalConfig",
+    "GeneratorConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "QueueConfig",
+    "RunConfig",
+    "SAOConfig",
+    "SAOLossConfig",
+    "SFTConfig",
+    "TinyModelConfig",
+    "TrackingConfig",
+    "load_config",
+    "parse_overrides",
+]

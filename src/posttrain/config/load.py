@@ -1,0 +1,98 @@
+"""Load a YAML run config, apply dotted ``key=value`` overrides, and report errors in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from posttrain.config.models import RunConfig
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the field and the allowed values."""
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """Turn ``["sao.steps=10", "generator.engine=hf"]`` into a nested dict (values parsed as YAML).
+
+    Raises:
+        ConfigError: an item without ``=`` or with an empty key.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {item!r}: expected dotted.key=value")
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {item!r}: {part} is set both as a value and as a section")
+            node = nxt
+        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+    return out
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _describe(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+    msg = first["msg"]
+    ctx = first.get("ctx") or {}
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    elif first["type"] == "literal_error" and "expected" in ctx:
+        msg = f"allowed values are {ctx['expected']}"
+    given = first.get("input")
+    more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    shown = "" if isinstance(given, dict) or first["type"] == "extra_forbidden" else f", got {given!r}"
+    return f"{loc}: {msg}{shown}{more}"
+
+
+def load_config(path: Path | str | None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML run config (or defaults when ``path`` is None) and apply overrides.
+
+    Args:
+        path: YAML file path.
+        overrides: Dotted ``key=value`` strings; values are parsed as YAML scalars.
+
+    Returns:
+        The validated ``RunConfig``.
+
+    Raises:
+        ConfigError: unreadable file, YAML that is not a mapping, or a field out of range; one line
+            naming the field and the allowed values.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"{p}: no such config file")
+        try:
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: top level must be a mapping, got {type(loaded).__name__}")
+        data = loaded
+    data = _merge(data, parse_overrides(overrides or []))
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        where = f"{path}: " if path is not None else ""
+        raise ConfigError(f"{where}{_describe(exc)}") from exc

@@ -1,0 +1,288 @@
+"""Pydantic models for every run config section. Each field carries its meaning and bounds.
+
+A YAML run config is one ``RunConfig``; ``posttrain validate-config FILE`` checks it. Unknown
+keys are errors (``extra="forbid"``), so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SAOLossConfig(_Strict):
+    """DIS band of the SAO policy loss (arXiv 2607.07508): keep r in (1 - mask_eps_low, 1 + mask_eps_high)."""
+
+    mask_eps_low: float = Field(0.3, gt=0.0, le=1.0)
+    """Lower half-width: tokens with ratio <= 1 - mask_eps_low get weight 0. Paper: 0.3 (math), 0.8 (SWE)."""
+    mask_eps_high: float = Field(5.0, gt=0.0, le=100.0)
+    """Upper half-width: tokens with ratio >= 1 + mask_eps_high get weight 0. Paper: 5.0 (math), 3.0 (SWE)."""
+    log_ratio_clamp: float = Field(20.0, gt=0.0, le=80.0)
+    """|log r| is clamped to this before exp, for finite numbers; the mask still applies."""
+
+
+class TinyModelConfig(_Strict):
+    """Shape of the tiny Qwen2-style model built from scratch for CPU runs."""
+
+    hidden_size: int = Field(128, ge=32, le=4096)
+    """Model width; hidden_size / num_heads (head_dim) must be >= 32 for vLLM's CPU attention."""
+    num_layers: int = Field(2, ge=1, le=64)
+    """Transformer blocks."""
+    num_heads: int = Field(2, ge=1, le=64)
+    """Attention heads."""
+    num_kv_heads: int = Field(1, ge=1, le=64)
+    """Key/value heads (grouped-query attention)."""
+    intermediate_size: int = Field(256, ge=32, le=16384)
+    """MLP width."""
+    vocab_size: int = Field(1024, ge=300, le=65536)
+    """Tokenizer vocabulary trained locally (tokens)."""
+    max_position_embeddings: int = Field(1024, ge=64, le=32768)
+    """Longest sequence (tokens)."""
+
+    @model_validator(mode="after")
+    def _head_dim(self) -> TinyModelConfig:
+        if self.hidden_size % self.num_heads or self.hidden_size // self.num_heads < 32:
+            raise ValueError(
+                f"model.tiny.hidden_size / model.tiny.num_heads must be an integer >= 32 (head_dim), "
+                f"got {self.hidden_size}/{self.num_heads}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model.tiny.num_kv_heads ({self.num_kv_heads}) must divide model.tiny.num_heads ({self.num_heads})"
+            )
+        return self
+
+
+class ModelConfig(_Strict):
+    """Which base model to train: a local/S3 path, or a tiny model built from ``tiny``."""
+
+    path: str | None = None
+    """Local directory or ``s3://`` URI of a transformers model with its tokenizer. None: build ``tiny``."""
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    """Shape used when ``path`` is None."""
+
+
+class DataConfig(_Strict):
+    """Which tasks to train and evaluate on."""
+
+    env: Literal["synthetic_arith", "synthetic_tool", "gsm8k", "math_tool", "swe"] = "synthetic_arith"
+    """Environment (and task family)."""
+    train_path: str | None = None
+    """Task file for training (JSONL); None uses the environment's built-in source."""
+    eval_path: str | None = None
+    """Held-out task file (JSONL); None uses the environment's built-in held-out split."""
+    num_train_tasks: int = Field(2000, ge=1, le=10_000_000)
+    """Tasks drawn for training (synthetic tasks are generated; files are truncated)."""
+    num_eval_tasks: int = Field(100, ge=1, le=100_000)
+    """Held-out tasks for evaluation."""
+    on_bad_row: Literal["stop", "quarantine"] = "stop"
+    """Malformed dataset row: stop with file:line:field, or write it to a quarantine file and go on."""
+    seed: int = Field(0, ge=0)
+    """Seed for synthetic task generation and shuffling."""
+
+
+class OptimConfig(_Strict):
+    """AdamW with gradient clipping and a constant or cosine schedule."""
+
+    lr: float = Field(1e-4, gt=0.0, le=1.0)
+    """Peak learning rate."""
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
+    """Decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam betas."""
+    grad_clip: float = Field(1.0, gt=0.0, le=1000.0)
+    """Max global gradient norm."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up (optimizer steps)."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """LR schedule after warm-up."""
+
+
+class SFTConfig(_Strict):
+    """Supervised fine-tuning (also the warm start before RL)."""
+
+    steps: int = Field(200, ge=0, le=10_000_000)
+    """Optimizer steps."""
+    batch_size: int = Field(32, ge=1, le=65536)
+    """Examples per optimizer step."""
+    max_seq_len: int = Field(256, ge=16, le=131072)
+    """Truncate examples to this many tokens."""
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=3e-3))
+    """Optimizer."""
+
+
+class CriticConfig(_Strict):
+    """SAO critic (value model): init from the policy, zero-initialised head."""
+
+    lr: float = Field(5e-6, gt=0.0, le=1.0)
+    """Critic learning rate (paper: 5e-6 vs actor 1e-6)."""
+    updates_per_step: int = Field(2, ge=1, le=16)
+    """K critic updates per policy update (paper: 2)."""
+    warmup_steps: int = Field(10, ge=0)
+    """Critic-only steps before the policy trains (paper: 10)."""
+    value_clip: float = Field(0.2, gt=0.0, le=100.0)
+    """Clip of V_new around V_old in the value loss."""
+    grad_clip: float = Field(1.0, gt=0.0, le=1000.0)
+    """Critic gradient-norm clip."""
+
+
+class SAOConfig(_Strict):
+    """Single-rollout asynchronous optimisation (arXiv 2607.07508) learner settings."""
+
+    steps: int = Field(50, ge=1, le=10_000_000)
+    """Policy optimizer steps (policy versions published)."""
+    batch_size: int = Field(32, ge=1, le=65536)
+    """Rollouts per optimizer step, of different prompts (paper: 128)."""
+    micro_batch_size: int = Field(16, ge=1, le=65536)
+    """Rollouts per forward/backward; gradients accumulate, normalised by the global action-token count."""
+    max_staleness: int = Field(4, ge=0, le=1000)
+    """tau: drop (and never admit) rollouts whose oldest policy version lags by more than this."""
+    loss: SAOLossConfig = Field(default_factory=SAOLossConfig)
+    """DIS band."""
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-6))
+    """Policy optimizer (paper: constant 1e-6)."""
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    """Critic settings."""
+    advantage: Literal["gae", "batch_norm", "running_mean"] = "gae"
+    """gae: critic + skip-observation GAE (SAO); batch_norm: critic-free batch whitening; running_mean: weak baseline."""
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    """Discount."""
+    lam_alpha: float = Field(1.5, gt=0.0, le=1000.0)
+    """alpha of the length-adaptive policy lambda = 1 - 1/(alpha * l)."""
+    gae_lambda_critic: float = Field(1.0, ge=0.0, le=1.0)
+    """lambda for the critic's returns (paper: 1, Monte-Carlo)."""
+    running_mean_window: int = Field(8, ge=1, le=100_000)
+    """Window (rollouts) of the running-mean baseline."""
+    checkpoint_every: int = Field(5, ge=1)
+    """Checkpoint (and acknowledge consumed stream entries) every this many policy steps."""
+
+
+class GeneratorConfig(_Strict):
+    """Generator processes: engine, sampling and concurrency."""
+
+    engine: Literal["auto", "vllm", "hf"] = "auto"
+    """auto: vllm where it imports, else hf."""
+    num_processes: int = Field(2, ge=1, le=1024)
+    """Generator processes started by ``posttrain run``."""
+    episodes_in_flight: int = Field(8, ge=1, le=4096)
+    """Concurrent episodes per generator process."""
+    max_new_tokens: int = Field(48, ge=1, le=131072)
+    """Tokens per turn."""
+    max_turns: int = Field(4, ge=1, le=1000)
+    """Turns per episode."""
+    max_episode_tokens: int = Field(512, ge=16, le=1_000_000)
+    """Total tokens per rollout (prompt, actions and observations)."""
+    episode_timeout_s: float = Field(120.0, gt=0.0, le=86400.0)
+    """Wall time per episode (seconds)."""
+    temperature: float = Field(1.0, gt=0.0, le=10.0)
+    """Sampling temperature; SAO training requires 1.0."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus mass; SAO training requires 1.0."""
+    vllm_kv_cache_gib: int = Field(1, ge=1, le=1024)
+    """vLLM CPU KV-cache size (GiB)."""
+
+
+class QueueConfig(_Strict):
+    """Rollout stream on Redis Streams."""
+
+    redis_url: str | None = None
+    """redis:// URL; None reads REDIS_URL, and without it starts an embedded server."""
+    key_prefix: str = Field("posttrain", min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$")
+    """Prefix of every key of this run (``<prefix>:<run>:rollouts``); tenants get their own."""
+    maxlen: int = Field(100_000, ge=10)
+    """Approximate MAXLEN of the stream (entries)."""
+    block_ms: int = Field(1000, ge=1, le=600_000)
+    """XREADGROUP block (milliseconds)."""
+    claim_idle_ms: int = Field(30_000, ge=1)
+    """Pending entries idle this long (milliseconds) are reclaimed with XAUTOCLAIM."""
+
+
+class TrackingConfig(_Strict):
+    """MLflow tracking and registry."""
+
+    tracking_uri: str | None = None
+    """MLflow URI; None uses MLFLOW_TRACKING_URI or ``sqlite:///<output_dir>/../mlflow.db``."""
+    experiment: str = "posttrain"
+    """Experiment name."""
+    registered_model: str = "posttrain-policy"
+    """Registered model the final checkpoint becomes a version of."""
+
+
+class EvalConfig(_Strict):
+    """Held-out evaluation after training."""
+
+    num_tasks: int = Field(100, ge=1, le=100_000)
+    """Held-out tasks."""
+    samples_per_task: int = Field(1, ge=1, le=1024)
+    """k for avg@k / pass@k."""
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    """0 means greedy."""
+
+
+class RunConfig(_Strict):
+    """A whole run: technique, model, data, and the settings of each role."""
+
+    technique: Literal["sao", "sft", "cpt", "dpo", "grpo"] = "sao"
+    """Post-training technique."""
+    run_name: str = Field("run", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
+    """Run name: output directory, stream keys and MLflow run name derive from it."""
+    output_dir: str = "runs"
+    """Parent directory of run outputs (``<output_dir>/<run_name>``)."""
+    seed: int = Field(0, ge=0)
+    """Global seed."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    warm_start: SFTConfig = Field(default_factory=SFTConfig)
+    """SFT warm start before RL (steps=0 disables it)."""
+    sao: SAOConfig = Field(default_factory=SAOConfig)
+    generator: GeneratorConfig = Field(default_factory=GeneratorConfig)
+    queue: QueueConfig = Field(default_factory=QueueConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> RunConfig:
+        if self.technique == "sao":
+            if self.generator.temperature != 1.0 or self.generator.top_p != 1.0:
+                raise ValueError(
+                    "generator.temperature and generator.top_p must both be 1.0 for technique=sao "
+                    "(behaviour logprobs must be of the full softmax), got "
+                    f"{self.generator.temperature} and {self.generator.top_p}"
+                )
+            if self.sao.micro_batch_size > self.sao.batch_size:
+                raise ValueError(
+                    f"sao.micro_batch_size ({self.sao.micro_batch_size}) must be <= sao.batch_size "
+                    f"({self.sao.batch_size})"
+                )
+        return self
+
+
+class GRPOLossConfig(_Strict):
+    """GRPO/PPO clipped surrogate (DeepSeekMath, arXiv 2402.03300) with asymmetric clipping (DAPO)."""
+
+    clip_eps_low: float = Field(0.2, gt=0.0, le=1.0)
+    """Ratio clamp below: 1 - clip_eps_low."""
+    clip_eps_high: float = Field(0.28, gt=0.0, le=10.0)
+    """Ratio clamp above: 1 + clip_eps_high (DAPO clip-higher: 0.28)."""
+    kl_coef: float = Field(0.0, ge=0.0, le=10.0)
+    """Weight of the k3 KL estimator to the reference policy; 0 disables it."""
+    dis_mask: bool = False
+    """Async GRPO ("GRPO + DIS"): also zero tokens whose behaviour ratio leaves the DIS band."""
+    mask_eps_low: float = Field(0.3, gt=0.0, le=1.0)
+    """DIS lower half-width, used when ``dis_mask``."""
+    mask_eps_high: float = Field(5.0, gt=0.0, le=100.0)
+    """DIS upper half-width, used when ``dis_mask``."""
+
+
+class DPOLossConfig(_Strict):
+    """Sigmoid DPO (Rafailov et al., arXiv 2305.18290)."""
+
+    beta: float = Field(0.1, gt=0.0, le=100.0)
+    """Inverse temperature of the implicit reward."""
+    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5)
+    """Conservative DPO label smoothing; 0 is plain DPO."""

@@ -1,0 +1,1 @@
+"""Generator role: inference engines, the token-in/token-out agent loop, and the worker that streams rollouts."""

@@ -1,0 +1,1 @@
+"""Inference engines behind one Protocol (``base.InferenceEngine``): ``vllm`` and ``hf``."""
