@@ -1,0 +1,140 @@
+"""The ``posttrain`` command.
+
+    posttrain run CONFIG [key=value ...]          the whole flow of a run (prepare, warm start, train, eval, register)
+    posttrain generator CONFIG [key=value ...]    one generator process (needs REDIS_URL)
+    posttrain learner CONFIG [key=value ...]      one learner process (needs REDIS_URL; resumes from checkpoints)
+    posttrain validate-config CONFIG [key=value ...]
+    posttrain eval --benchmark NAME --model DIR ...
+    posttrain models list|show|promote ...
+    posttrain tenant render NAME --gpu-quota N ...
+
+A bad config prints one line naming the field and the allowed values, and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+from posttrain.config import ConfigError, RunConfig, load_config
+
+
+def _config(args: argparse.Namespace) -> RunConfig:
+    return load_config(args.config, args.overrides)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    print(f"{args.config}: ok (technique={cfg.technique}, run_name={cfg.run_name}, env={cfg.data.env})")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from posttrain.flow import run
+
+    cfg = _config(args)
+    summary = run(cfg)
+    print(summary.table())
+    return 0
+
+
+def _redis_url_from_env() -> str:
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        raise ConfigError("REDIS_URL: not set; a single role needs the run's Redis (posttrain run starts one)")
+    return url
+
+
+def _cmd_generator(args: argparse.Namespace) -> int:
+    from posttrain.generator.worker import run_generator
+
+    cfg = _config(args)
+    summary = run_generator(cfg, args.generator_id, _redis_url_from_env(), seed=args.seed)
+    print(f"generator {summary.generator_id}: {summary.stats['rollouts']:.0f} rollouts, "
+          f"busy fraction {summary.stats['busy_fraction']:.2f}")
+    return 0
+
+
+def _cmd_learner(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from posttrain.flow import metrics_sink
+    from posttrain.learner.sao_loop import run_sao_learner
+    from posttrain.runtime import RunContext
+
+    cfg = _config(args)
+    ctx = RunContext(cfg)
+    start = Path(args.start_model) if args.start_model else ctx.sft_model_dir
+    summary = run_sao_learner(
+        cfg, _redis_url_from_env(), start_model_dir=start, sink=metrics_sink(ctx),
+        max_iterations=args.max_iterations,
+    )
+    print(f"learner: policy version {summary.policy_version}, {summary.counters['rollouts_trained']:.0f} rollouts trained")
+    return 0
+
+
+def _delegate(module: str, func: str) -> Callable[[argparse.Namespace], int]:
+    def call(args: argparse.Namespace) -> int:
+        import importlib
+
+        return int(getattr(importlib.import_module(module), func)(args.rest))
+
+    return call
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``posttrain`` command."""
+    parser = argparse.ArgumentParser(prog="posttrain", description="LLM post-training: SFT, DPO, GRPO, SAO.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument("config", help="YAML run config")
+        p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. sao.steps=10")
+
+    p = sub.add_parser("run", help="run the whole flow of a config")
+    with_config(p)
+    p.set_defaults(func=_cmd_run)
+    p = sub.add_parser("validate-config", help="check a config and exit")
+    with_config(p)
+    p.set_defaults(func=_cmd_validate)
+    p = sub.add_parser("generator", help="run one generator process (REDIS_URL)")
+    with_config(p)
+    p.add_argument("--generator-id", default="g0")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_generator)
+    p = sub.add_parser("learner", help="run the learner process (REDIS_URL); resumes from the latest checkpoint")
+    with_config(p)
+    p.add_argument("--start-model", default=None, help="policy to start from (default: <run>/sft_model)")
+    p.add_argument("--max-iterations", type=int, default=None, help="stop after N iterations (testing)")
+    p.set_defaults(func=_cmd_learner)
+    for name, module, func, text in (
+        ("eval", "posttrain.eval.cli", "eval_cli", "evaluate a model on a benchmark"),
+        ("models", "posttrain.eval.cli", "models_cli", "list, show and promote registered models"),
+        ("tenant", "posttrain.cluster.tenant", "tenant_cli", "render a team's Kueue, RBAC and storage objects"),
+        ("schedule", "posttrain.cluster.schedule", "schedule_cli", "create or update a recurring retraining run"),
+    ):
+        p = sub.add_parser(name, help=text, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=_delegate(module, func))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``posttrain`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"posttrain: config error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

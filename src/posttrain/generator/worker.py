@@ -1,0 +1,167 @@
+"""The generator process: many episodes in flight, one rollout each, pushed to the rollout stream.
+
+Run one with ``posttrain generator CONFIG --generator-id g0`` (``REDIS_URL`` must point at the
+run's Redis). Each of ``generator.episodes_in_flight`` episode slots loops: take an admission
+ticket (so no rollout starts that would be more than ``max_staleness`` policy versions old when
+consumed), pick the next task, run the token-in/token-out agent loop, and XADD the rollout. A
+watcher reloads weights in place whenever the weight store has a newer version (between
+requests; a reload between two turns of one episode is allowed, the rollout then carries the
+oldest version), publishes the generator's stats, and stops the generator when the run's stop
+key is set or SIGTERM arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import signal
+import time
+from dataclasses import dataclass
+
+import redis
+
+from posttrain.config import RunConfig
+from posttrain.envs.registry import make_environment
+from posttrain.generator.agent_loop import EpisodeLimits, run_episode
+from posttrain.generator.engines.factory import make_engine
+from posttrain.generator.stats import GeneratorStats, MeteredEngine
+from posttrain.learner.model import load_tokenizer
+from posttrain.records import RecordError
+from posttrain.rollout.admission import RedisAdmissionController
+from posttrain.rollout.redis_streams import RedisStreamQueue
+from posttrain.runtime import RunContext
+from posttrain.weight_sync.store import FilesystemWeightStore
+
+log = logging.getLogger("posttrain.generator")
+
+STATS_KEY_SUFFIX = "generator_stats"
+STOP_KEY_SUFFIX = "stop"
+
+
+def stats_key(ctx: RunContext) -> str:
+    """Redis hash of generator id → JSON stats."""
+    return f"{ctx.keys.base}:{STATS_KEY_SUFFIX}"
+
+
+def stop_key(ctx: RunContext) -> str:
+    """Redis key whose presence tells generators to finish."""
+    return f"{ctx.keys.base}:{STOP_KEY_SUFFIX}"
+
+
+@dataclass
+class GeneratorSummary:
+    """What a generator did (from ``GeneratorStats.snapshot``)."""
+
+    generator_id: str
+    stats: dict[str, float]
+
+
+async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int) -> GeneratorSummary:
+    ctx = RunContext(config)
+    client = redis.Redis.from_url(redis_url)
+    store = FilesystemWeightStore(ctx.weights_dir)
+    version = store.latest_version()
+    deadline = time.monotonic() + 600
+    while version is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no weights published in {ctx.weights_dir} after 600 s")
+        await asyncio.sleep(0.5)
+        version = store.latest_version()
+    gen = config.generator
+    stats = GeneratorStats()
+    raw_engine = make_engine(
+        gen.engine,
+        store.path_for(version),
+        policy_version=version,
+        seed=seed,
+        max_model_len=gen.max_episode_tokens + gen.max_new_tokens,
+        kv_cache_gib=gen.vllm_kv_cache_gib,
+        max_batch=gen.episodes_in_flight,
+    )
+    engine = MeteredEngine(raw_engine, stats)
+    tokenizer = load_tokenizer(ctx.tokenizer_dir)
+    env = make_environment(config.data.env)
+    tasks = ctx.tasks("train")
+    rng = random.Random(seed)
+    queue = RedisStreamQueue(client, ctx.keys, consumer=f"generator-{generator_id}", maxlen=config.queue.maxlen)
+    admission = RedisAdmissionController(
+        client, ctx.keys, batch_size=config.sao.batch_size, max_staleness=config.sao.max_staleness
+    )
+    limits = EpisodeLimits(
+        max_turns=gen.max_turns,
+        max_new_tokens=gen.max_new_tokens,
+        max_episode_tokens=gen.max_episode_tokens,
+        timeout_s=gen.episode_timeout_s,
+    )
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stopping.set)
+    stats.started_at = time.time()
+
+    async def slot(index: int) -> None:
+        while not stopping.is_set():
+            t0 = time.monotonic()
+            ticket = await asyncio.to_thread(admission.acquire, 1.0)
+            stats.admission_wait_s += time.monotonic() - t0
+            if ticket is None:
+                continue
+            task = tasks[rng.randrange(len(tasks))]
+            stats.episode_started()
+            try:
+                rollout = await run_episode(
+                    engine, tokenizer, env, task, limits, generator_id=generator_id, seed=rng.randrange(2**31)
+                )
+                await asyncio.to_thread(queue.put, rollout)
+            except RecordError as exc:
+                stats.rejected += 1
+                admission.release(ticket)
+                log.warning("generator %s: rollout of %s rejected: %s", generator_id, task.task_id, exc)
+                continue
+            except (OSError, RuntimeError, ValueError) as exc:
+                stats.failed += 1
+                admission.release(ticket)
+                log.error("generator %s: episode of %s failed: %s", generator_id, task.task_id, exc)
+                continue
+            finally:
+                stats.episode_finished()
+            admission.commit(ticket)
+            stats.rollouts += 1
+            stats.action_tokens += rollout.num_action_tokens
+            stats.total_tokens += len(rollout.token_ids)
+
+    async def watcher() -> None:
+        while not stopping.is_set():
+            latest = store.latest_version()
+            if latest is not None and latest != engine.policy_version:
+                await engine.update_weights(store.path_for(latest), latest)
+            client.hset(stats_key(ctx), generator_id, json.dumps(stats.snapshot()))
+            if client.exists(stop_key(ctx)):
+                stopping.set()
+            await asyncio.sleep(0.2)
+
+    try:
+        await asyncio.gather(watcher(), *(slot(i) for i in range(gen.episodes_in_flight)))
+    finally:
+        client.hset(stats_key(ctx), generator_id, json.dumps(stats.snapshot()))
+        engine.close()
+    return GeneratorSummary(generator_id, stats.snapshot())
+
+
+def run_generator(config: RunConfig, generator_id: str, redis_url: str, seed: int = 0) -> GeneratorSummary:
+    """Serve episodes until the run's stop key is set or SIGTERM arrives.
+
+    Args:
+        config: The run config (``generator`` section: engine, concurrency, limits).
+        generator_id: Name of this generator (appears in rollouts and stats).
+        redis_url: The run's Redis.
+        seed: Sampling and task-order seed.
+
+    Returns:
+        The generator's final stats.
+
+    Raises:
+        TimeoutError: if no weights are published within 600 s.
+    """
+    return asyncio.run(_serve(config, generator_id, redis_url, seed))

@@ -1,0 +1,226 @@
+"""The SAO learner process: consume rollouts as they arrive, train, publish weights, checkpoint, ack.
+
+Run one with ``posttrain learner CONFIG`` (``REDIS_URL`` must point at the run's Redis); it
+resumes from the newest checkpoint in ``<run>/checkpoints`` if there is one. The loop fits on a
+screen:
+
+1. read entries until ``sao.batch_size`` fresh rollouts are buffered; a rollout whose oldest
+   policy version lags the learner by more than ``max_staleness`` is dropped, counted and acked;
+2. one learner iteration (``sao_train_step``): critic values, skip-observation GAE, K critic
+   updates, DIS policy update (after the critic-only warm-up);
+3. after a policy update: bump the policy version, publish weights to the weight store, set the
+   version key (which also refills generators' admission capacity);
+4. every ``checkpoint_every`` policy versions (and at the end): checkpoint, then XACK every entry
+   the checkpoint covers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+import torch
+from tqdm import tqdm
+
+from posttrain.advantages import RunningMeanBaseline
+from posttrain.config import RunConfig
+from posttrain.learner.batching import collate_rollouts
+from posttrain.learner.checkpoint import LearnerState, latest_checkpoint, load_checkpoint_state, save_checkpoint
+from posttrain.learner.model import CriticModel, load_policy, load_tokenizer
+from posttrain.learner.optim import build_optimizer
+from posttrain.learner.sao_step import Trainable, sao_train_step
+from posttrain.rollout.admission import StalenessStats, is_stale
+from posttrain.rollout.queue import QueueEntry
+from posttrain.rollout.redis_streams import RedisPolicyVersionStore, RedisStreamQueue
+from posttrain.runtime import RunContext
+from posttrain.weight_sync.store import FilesystemWeightStore
+
+log = logging.getLogger("posttrain.learner")
+
+MetricsSink = Callable[[dict[str, float], int], None]
+
+
+@dataclass
+class LearnerSummary:
+    """Result of a learner run.
+
+    Attributes:
+        policy_version: Final policy version.
+        iterations: Learner iterations done in total.
+        final_model_dir: The trained policy (HF directory).
+        counters: ``rollouts_trained``, ``stale_dropped``, ``dead_letters``...
+    """
+
+    policy_version: int
+    iterations: int
+    final_model_dir: Path
+    counters: dict[str, float]
+
+
+def _generator_metrics(client: redis.Redis, key: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    raw = client.hgetall(key)
+    busy = []
+    for gid, blob in raw.items():
+        stats = json.loads(blob)
+        name = gid.decode() if isinstance(gid, bytes) else str(gid)
+        for k in ("busy_fraction", "rollouts_per_s", "tokens_per_s", "max_in_flight", "rejected", "failed"):
+            out[f"generator/{name}/{k}"] = float(stats.get(k, 0.0))
+        busy.append(float(stats.get("busy_fraction", 0.0)))
+    if busy:
+        out["generator/busy_fraction_mean"] = sum(busy) / len(busy)
+    return out
+
+
+def run_sao_learner(
+    config: RunConfig,
+    redis_url: str,
+    *,
+    start_model_dir: Path,
+    sink: MetricsSink | None = None,
+    progress: bool = True,
+    max_iterations: int | None = None,
+) -> LearnerSummary:
+    """Train until ``config.sao.steps`` policy versions are published.
+
+    Args:
+        config: Run config (``sao`` section).
+        redis_url: The run's Redis.
+        start_model_dir: Policy to start from when there is no checkpoint (the SFT warm start).
+        sink: Receives ``(metrics, policy_version)`` after each iteration (MLflow, JSONL).
+        progress: Show a progress bar.
+        max_iterations: Stop after this many iterations in this process (used to simulate a
+            learner that dies mid-run in tests); None runs to completion.
+
+    Returns:
+        ``LearnerSummary``.
+
+    Raises:
+        posttrain.rollout.queue.QueueConnectionError: Redis unreachable after bounded retries.
+    """
+    ctx = RunContext(config)
+    sao = config.sao
+    torch.manual_seed(config.seed)
+    client = redis.Redis.from_url(redis_url)
+    queue = RedisStreamQueue(client, ctx.keys, consumer="learner-0", maxlen=config.queue.maxlen)
+    versions = RedisPolicyVersionStore(client, ctx.keys)
+    store = FilesystemWeightStore(ctx.weights_dir)
+    tokenizer = load_tokenizer(ctx.tokenizer_dir)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    ckpt = latest_checkpoint(ctx.checkpoints_dir)
+    policy_model = load_policy(ckpt / "policy" if ckpt else start_model_dir)
+    p_opt, p_sched = build_optimizer(policy_model, sao.optim, sao.steps)
+    policy = Trainable(policy_model, p_opt, p_sched)
+    critic: Trainable | None = None
+    if sao.advantage == "gae":
+        critic_model = CriticModel.from_policy_path(start_model_dir)
+        c_opt, c_sched = build_optimizer(
+            critic_model, sao.optim.model_copy(update={"lr": sao.critic.lr}), sao.steps + sao.critic.warmup_steps
+        )
+        critic = Trainable(critic_model, c_opt, c_sched)
+    optimizers = {"policy_opt": p_opt, "policy_sched": p_sched}
+    if critic is not None:
+        optimizers.update(critic_opt=critic.optimizer, critic_sched=critic.scheduler)
+
+    state = LearnerState()
+    if ckpt is not None:
+        state = load_checkpoint_state(ckpt, critic=critic.model if critic else None, optimizers=optimizers)
+        # Entries the checkpoint already covers: acknowledge them now, never train on them again.
+        already = set(state.consumed_entry_ids)
+        if already:
+            queue.ack(sorted(already))
+        state.consumed_entry_ids = []
+        log.info("learner resumed from %s at policy version %d", ckpt.name, state.policy_version)
+    if ckpt is not None or store.latest_version() is None:
+        # (Re)publish the weights the learner starts from. After a restart, generators may serve
+        # weights the dead learner published after its last checkpoint; they reload these.
+        store.publish(policy_model.state_dict(), state.policy_version, start_model_dir)
+    versions.set(state.policy_version)
+    baseline = RunningMeanBaseline(sao.running_mean_window) if sao.advantage == "running_mean" else None
+    if baseline is not None:
+        baseline.load(state.baseline_rewards)
+    staleness = StalenessStats()
+    counters = {"rollouts_trained": 0.0, "stale_dropped": 0.0, **state.counters}
+
+    def checkpoint() -> None:
+        if baseline is not None:
+            state.baseline_rewards = baseline.state()
+        state.counters = dict(counters)
+        save_checkpoint(
+            ctx.checkpoints_dir, state=state, policy=policy.model, tokenizer=tokenizer,
+            critic=critic.model if critic else None, optimizers=optimizers,
+            resolved_config_yaml=ctx.resolved_config_yaml(),
+        )
+        queue.ack(state.consumed_entry_ids)
+        state.consumed_entry_ids = []
+
+    buffer: list[QueueEntry] = []
+    done_here = 0
+    bar = tqdm(total=sao.steps, initial=state.policy_version, desc="sao", disable=not progress, leave=False)
+    t_start = time.monotonic()
+    while state.policy_version < sao.steps:
+        if max_iterations is not None and done_here >= max_iterations:
+            break
+        buffer.extend(queue.claim_stale(config.queue.claim_idle_ms))
+        for entry in queue.get_batch(sao.batch_size - len(buffer), timeout_s=config.queue.block_ms / 1000):
+            if is_stale(entry.rollout.policy_version, state.policy_version, sao.max_staleness):
+                staleness.record_drop()
+                counters["stale_dropped"] += 1
+                queue.ack([entry.entry_id])
+                continue
+            buffer.append(entry)
+        if len(buffer) < sao.batch_size:
+            continue
+        entries, buffer = buffer[: sao.batch_size], buffer[sao.batch_size :]
+        for e in entries:
+            staleness.record(state.policy_version - e.rollout.policy_version)
+        batch = collate_rollouts([e.rollout for e in entries], pad_id)
+        t0 = time.monotonic()
+        result = sao_train_step(
+            policy=policy, critic=critic, batch=batch, config=sao, iteration=state.iteration, baseline=baseline
+        )
+        step_s = time.monotonic() - t0
+        state.iteration += 1
+        done_here += 1
+        state.consumed_entry_ids.extend(e.entry_id for e in entries)
+        counters["rollouts_trained"] += len(entries)
+        if result.policy_updated:
+            state.policy_version += 1
+            store.publish(policy.model.state_dict(), state.policy_version, start_model_dir)
+            versions.set(state.policy_version)
+            bar.update(1)
+        metrics = dict(result.metrics)
+        metrics.update(staleness.as_metrics())
+        metrics.update(_generator_metrics(client, f"{ctx.keys.base}:generator_stats"))
+        elapsed = max(time.monotonic() - t_start, 1e-9)
+        metrics.update({
+            "learner/step_s": step_s,
+            "learner/iteration": float(state.iteration),
+            "throughput/rollouts_per_s": counters["rollouts_trained"] / elapsed,
+            "throughput/action_tokens_per_s": batch.num_action_tokens / max(step_s, 1e-9),
+            "queue/dead_letters": float(queue.dead_letter_count()),
+            "queue/length": float(queue.length()),
+            "rollouts/correct_mean": sum(e.rollout.metrics.get("correct", 0.0) for e in entries) / len(entries),
+        })
+        if sink is not None:
+            sink(metrics, state.policy_version)
+        if result.policy_updated and (
+            state.policy_version % sao.checkpoint_every == 0 or state.policy_version >= sao.steps
+        ):
+            checkpoint()
+    bar.close()
+    if state.consumed_entry_ids:
+        checkpoint()
+    counters["dead_letters"] = float(queue.dead_letter_count())
+    final_dir = ctx.final_model_dir
+    if state.policy_version >= sao.steps:
+        policy.model.save_pretrained(str(final_dir), safe_serialization=True)
+        tokenizer.save_pretrained(str(final_dir))
+        (final_dir / "resolved_config.yaml").write_text(ctx.resolved_config_yaml(), encoding="utf-8")
+    return LearnerSummary(state.policy_version, state.iteration, final_dir, counters)

@@ -1,0 +1,100 @@
+"""Where a run keeps its files and keys, derived from its config (shared by every role).
+
+A run lives in ``<output_dir>/<run_name>/``::
+
+    resolved_config.yaml   the validated config with overrides applied
+    tokenizer/             trained locally (tiny model) or copied from the base model
+    base_model/            the initial policy (tiny model built from config, or the given path)
+    sft_model/             after the SFT warm start
+    weights/               the weight store: v000000/, v000001/, ... and LATEST
+    checkpoints/           learner checkpoints and LATEST
+    final_model/           the trained policy (HF directory), registered in MLflow
+    metrics.jsonl          one JSON object per learner step
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from posttrain.config import RunConfig
+from posttrain.records import Task
+from posttrain.rollout.keys import StreamKeys
+
+
+@dataclass
+class RunContext:
+    """Paths, stream keys and task sources of one run."""
+
+    config: RunConfig
+
+    @property
+    def run_dir(self) -> Path:
+        """``<output_dir>/<run_name>``."""
+        return Path(self.config.output_dir) / self.config.run_name
+
+    @property
+    def keys(self) -> StreamKeys:
+        """Redis keys of the run (``<key_prefix>:<run_name>:...``)."""
+        return StreamKeys(self.config.queue.key_prefix, self.config.run_name)
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        """Tokenizer directory."""
+        return self.run_dir / "tokenizer"
+
+    @property
+    def base_model_dir(self) -> Path:
+        """Initial policy directory."""
+        return self.run_dir / "base_model"
+
+    @property
+    def sft_model_dir(self) -> Path:
+        """Policy after the SFT warm start."""
+        return self.run_dir / "sft_model"
+
+    @property
+    def weights_dir(self) -> Path:
+        """Weight store root."""
+        return self.run_dir / "weights"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        """Learner checkpoints root."""
+        return self.run_dir / "checkpoints"
+
+    @property
+    def final_model_dir(self) -> Path:
+        """Final trained policy."""
+        return self.run_dir / "final_model"
+
+    def resolved_config_yaml(self) -> str:
+        """The config as YAML text (what is saved beside checkpoints and logged to MLflow)."""
+        return yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False)
+
+    def save_resolved_config(self) -> Path:
+        """Write ``resolved_config.yaml`` into the run directory; return its path."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / "resolved_config.yaml"
+        path.write_text(self.resolved_config_yaml(), encoding="utf-8")
+        return path
+
+    def tasks(self, split: str) -> list[Task]:
+        """Training (``train``) or held-out (``eval``) tasks of the configured environment.
+
+        Raises:
+            posttrain.data.tasks.DatasetError: a malformed task file row (file, line, field).
+        """
+        from posttrain.data.tasks import load_tasks_jsonl
+        from posttrain.envs.registry import default_tasks
+
+        data = self.config.data
+        path = data.train_path if split == "train" else data.eval_path
+        n = data.num_train_tasks if split == "train" else data.num_eval_tasks
+        if path:
+            quarantine = self.run_dir / f"quarantine-{split}.jsonl"
+            tasks = load_tasks_jsonl(Path(path), data.env, on_bad_row=data.on_bad_row, quarantine_path=quarantine)
+            return tasks[:n]
+        return default_tasks(data.env, split, n, data.seed)

@@ -1,0 +1,69 @@
+from pathlib import Path
+
+import pytest
+
+from posttrain.cli import main
+from posttrain.config import ConfigError, RunConfig, load_config, parse_overrides
+
+CONFIGS = sorted(Path(__file__).resolve().parents[3].joinpath("configs").glob("*.yaml"))
+
+
+def test_there_are_configs_to_check():
+    assert len(CONFIGS) >= 2
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_validates(path):
+    assert isinstance(load_config(path), RunConfig)
+
+
+def test_overrides_are_dotted_and_parsed_as_yaml():
+    assert parse_overrides(["sao.steps=10", "generator.engine=hf", "sao.loss.mask_eps_low=0.2"]) == {
+        "sao": {"steps": 10, "loss": {"mask_eps_low": 0.2}},
+        "generator": {"engine": "hf"},
+    }
+    cfg = load_config(None, ["sao.steps=3", "run_name=x"])
+    assert cfg.sao.steps == 3 and cfg.run_name == "x"
+
+
+def test_out_of_range_value_names_field_and_bound(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("sao:\n  loss:\n    mask_eps_low: 1.5\n")
+    with pytest.raises(ConfigError, match=r"sao\.loss\.mask_eps_low: Input should be less than or equal to 1"):
+        load_config(p)
+
+
+def test_unknown_literal_lists_allowed_values():
+    with pytest.raises(ConfigError, match=r"generator\.engine: allowed values are 'auto', 'vllm' or 'hf', got 'trt'"):
+        load_config(None, ["generator.engine=trt"])
+
+
+def test_unknown_key_is_an_error_not_ignored():
+    with pytest.raises(ConfigError, match=r"sao\.stepz: unknown field"):
+        load_config(None, ["sao.stepz=3"])
+
+
+def test_sao_requires_full_softmax_sampling_and_names_both_fields():
+    with pytest.raises(ConfigError, match=r"generator\.temperature and generator\.top_p"):
+        load_config(None, ["generator.top_p=0.9"])
+
+
+def test_head_dim_below_32_is_rejected_for_vllm():
+    with pytest.raises(ConfigError, match=r"head_dim"):
+        load_config(None, ["model.tiny.hidden_size=64", "model.tiny.num_heads=4"])
+
+
+def test_malformed_override_and_missing_file():
+    with pytest.raises(ConfigError, match="expected dotted.key=value"):
+        parse_overrides(["sao.steps"])
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config("/nonexistent/x.yaml")
+
+
+def test_validate_config_cli_prints_one_line_error_and_exits_2(tmp_path, capsys):
+    p = tmp_path / "bad.yaml"
+    p.write_text("sao: {batch_size: 0}\n")
+    assert main(["validate-config", str(p)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sao.batch_size" in err[0] and "greater than or equal to 1" in err[0]
+    assert main(["validate-config", str(CONFIGS[0])]) == 0
