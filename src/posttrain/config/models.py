@@ -269,6 +269,8 @@ class GRPOLossConfig(_Strict):
     """Ratio clamp below: 1 - clip_eps_low."""
     clip_eps_high: float = Field(0.28, gt=0.0, le=10.0)
     """Ratio clamp above: 1 + clip_eps_high (DAPO clip-higher: 0.28)."""
+    log_ratio_clamp: float = Field(20.0, gt=0.0, le=80.0)
+    """|log r| is clamped to this before exp, for finite numbers."""
     kl_coef: float = Field(0.0, ge=0.0, le=10.0)
     """Weight of the k3 KL estimator to the reference policy; 0 disables it."""
     dis_mask: bool = False

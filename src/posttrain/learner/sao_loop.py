@@ -143,14 +143,14 @@ def run_sao_learner(
         store.publish(policy_model.state_dict(), state.policy_version, start_model_dir)
     versions.set(state.policy_version)
     baseline = RunningMeanBaseline(sao.running_mean_window) if sao.advantage == "running_mean" else None
-    if baseline is not None:
-        baseline.load(state.baseline_rewards)
+    if baseline is not None and state.baseline_rewards:
+        baseline.load_state_dict({"window": sao.running_mean_window, "rewards": state.baseline_rewards})
     staleness = StalenessStats()
     counters = {"rollouts_trained": 0.0, "stale_dropped": 0.0, **state.counters}
 
     def checkpoint() -> None:
         if baseline is not None:
-            state.baseline_rewards = baseline.state()
+            state.baseline_rewards = [float(r) for r in baseline.state_dict()["rewards"]]  # type: ignore[union-attr]
         state.counters = dict(counters)
         save_checkpoint(
             ctx.checkpoints_dir, state=state, policy=policy.model, tokenizer=tokenizer,
