@@ -1,0 +1,428 @@
+r"""The token-in/token-out agent loop: run one episode of one task and return a ``Rollout``.
+
+How an episode is tokenised (the invariant the SAO learner relies on):
+
+1. The environment's initial messages are rendered with the tokenizer's chat template ONCE, with
+   ``add_generation_prompt=True``. These prompt tokens are observations (``action_mask`` False,
+   ``behaviour_logprobs`` 0.0).
+2. Each turn sends *all tokens so far* to the engine (``GenerationRequest.prompt_token_ids``) with
+   ``max_new_tokens = min(limits.max_new_tokens, max_episode_tokens - len(tokens))`` and the chat
+   template's end-of-turn token (``<|im_end|>`` for ChatML) as the stop token. The sampled tokens,
+   including the stop token, are appended with ``action_mask`` True and the engine's behaviour
+   logprobs.
+3. Only the new action tokens (without the stop token) are decoded to text and passed to
+   ``Episode.step``. An observation (tool output) is rendered as a turn of role ``tool`` using
+   the template's own delimiters (for ChatML: ``\n<|im_start|>tool\n{obs}<|im_end|>\n
+   <|im_start|>assistant\n``; the leading ``\n`` is the one the template writes after the
+   assistant's ``<|im_end|>``), encoded once and appended with ``action_mask`` False and logprob
+   0.0. The observation text itself is encoded with ``split_special_tokens=True``, so tool output
+   that contains ``<|im_end|>`` cannot forge a turn boundary.
+4. Text is never decoded and re-encoded between turns: the token list only grows, so the learner
+   scores exactly the tokens the generator sampled (research/sao_algorithm.md §6 item 5).
+
+Limits and finish reasons (``EpisodeLimits``):
+
+* ``stop``: the environment ended the episode (final answer) — reward from the environment.
+* ``tool_error``: the environment ended it because of repeated malformed tool calls.
+* ``length``: a turn was cut by ``max_new_tokens`` / the episode token budget (the engine returned
+  ``length``, or a turn did not end with the end-of-turn token), the next observation would not leave room for one more action token, or
+  ``max_turns`` generations happened without the environment finishing. Reward 0.0 (the reward
+  of an unfinished episode).
+* ``timeout``: the wall-time budget ``timeout_s`` ran out while generating or while the
+  environment stepped (the pending call is cancelled). Reward 0.0.
+
+For ``length`` and ``timeout`` the rollout's metrics are those of the environment's last
+``StepResult`` (environments report their full metric set on every step), plus ``num_turns``.
+
+Policy versions: each turn records ``GenerationResult.policy_version``; the rollout's
+``policy_version`` is the oldest of them (a rollout whose weights changed between turns is as
+stale as its oldest token).
+
+``render_sft_example`` renders an SFT conversation through the same segment logic, so warm-start
+data and RL rollouts of the same assistant tokens are token-for-token identical.
+
+Run the tests: ``python -m pytest -q tests/unit/generator/test_agent_loop.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from posttrain.envs.base import Environment, StepResult
+from posttrain.generator.engines.base import GenerationRequest, GenerationResult, InferenceEngine
+from posttrain.records import FinishReason, Rollout, Task
+
+_CHAT_FORMATS: OrderedDict[int, tuple[Any, Any, ChatFormat]] = OrderedDict()
+"""id(tokenizer) -> (tokenizer, chat_template, ChatFormat); the few most recent, holding the tokenizer."""
+_CHAT_FORMATS_MAX = 8
+_CHAT_FORMATS_LOCK = threading.Lock()
+_ACTION_SENTINEL = "QZXACTIONQZX"
+_CONTENT_SENTINEL = "QZXCONTENTQZX"
+
+
+class EpisodeError(RuntimeError):
+    """An episode could not produce a valid rollout (no action token, or an environment/engine bug).
+
+    Attributes:
+        finish_reason: Why it stopped, when that is one of the rollout finish reasons.
+    """
+
+    def __init__(self, message: str, finish_reason: FinishReason | None = None) -> None:
+        super().__init__(message)
+        self.finish_reason = finish_reason
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """Budgets of one episode.
+
+    Attributes:
+        max_turns: Most model generations (turns) per episode, >= 1.
+        max_new_tokens: Most sampled tokens per turn (tokens), >= 1.
+        max_episode_tokens: Most tokens in the whole rollout: prompt, actions and observations
+            (tokens), >= 2.
+        timeout_s: Wall-time budget of the episode (seconds), > 0.
+    """
+
+    max_turns: int = 4
+    max_new_tokens: int = 48
+    max_episode_tokens: int = 512
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        """Validate the bounds.
+
+        Raises:
+            ValueError: a limit out of range; the message names the field.
+        """
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns: must be >= 1, got {self.max_turns}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: must be >= 1, got {self.max_new_tokens}")
+        if self.max_episode_tokens < 2:
+            raise ValueError(f"max_episode_tokens: must be >= 2, got {self.max_episode_tokens}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s}")
+
+
+def _ids(encoded: Any) -> list[int]:
+    """Token ids from ``apply_chat_template(tokenize=True)``: a list, or a dict with ``input_ids``."""
+    if isinstance(encoded, Mapping) or hasattr(encoded, "keys"):
+        encoded = encoded["input_ids"]
+    ids = list(encoded)
+    if ids and isinstance(ids[0], list):  # a batch of one
+        ids = list(ids[0])
+    return [int(t) for t in ids]
+
+
+class ChatFormat:
+    r"""The chat template cut into segments: the prompt, assistant ends, and turns of other roles.
+
+    Built once per tokenizer. ``segment(role)`` is the text the template writes between an
+    assistant's end-of-turn token and the start of the next assistant content, around a message
+    of ``role``: ``(before_content, after_content)``; for ChatML and role ``tool`` that is
+    ``("\n<|im_start|>tool\n", "<|im_end|>\n<|im_start|>assistant\n")``.
+
+    Args:
+        tokenizer: A transformers tokenizer with a ``chat_template``.
+
+    Raises:
+        ValueError: the template has no recognisable end-of-turn token, or it does not render an
+            assistant message's content verbatim followed by that token.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        stop_id = None
+        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(im_end, int) and tokenizer.convert_ids_to_tokens(im_end) == "<|im_end|>":
+            stop_id = im_end
+        elif tokenizer.eos_token_id is not None:
+            stop_id = int(tokenizer.eos_token_id)
+        if stop_id is None:
+            raise ValueError("tokenizer: no <|im_end|> token and no eos_token_id to stop a turn with")
+        self.stop_token_id: int = stop_id
+        self.stop_text: str = tokenizer.decode([stop_id], skip_special_tokens=False)
+        self._segments: dict[str, tuple[str, str]] = {}
+        self.segment("tool")  # fail early on a template we cannot cut
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Any) -> ChatFormat:
+        """The ``ChatFormat`` of ``tokenizer``, cached for the 8 most recent tokenizers (per chat template).
+
+        Raises:
+            ValueError: as the constructor.
+        """
+        template = getattr(tokenizer, "chat_template", None)
+        with _CHAT_FORMATS_LOCK:
+            cached = _CHAT_FORMATS.get(id(tokenizer))
+            if cached is not None and cached[0] is tokenizer and cached[1] == template:
+                _CHAT_FORMATS.move_to_end(id(tokenizer))
+                return cached[2]
+        chat = cls(tokenizer)
+        with _CHAT_FORMATS_LOCK:
+            _CHAT_FORMATS[id(tokenizer)] = (tokenizer, template, chat)
+            while len(_CHAT_FORMATS) > _CHAT_FORMATS_MAX:
+                _CHAT_FORMATS.popitem(last=False)
+        return chat
+
+    def segment(self, role: str) -> tuple[str, str]:
+        """``(before, after)`` template text around a ``role`` message that follows an assistant turn.
+
+        Raises:
+            ValueError: the template does not render the probe conversation as expected.
+        """
+        if role in self._segments:
+            return self._segments[role]
+        probe = [
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": _ACTION_SENTINEL},
+            {"role": role, "content": _CONTENT_SENTINEL},
+        ]
+        text = self.tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False)
+        marker = _ACTION_SENTINEL + self.stop_text
+        start = text.find(marker)
+        if start < 0 or text.count(_CONTENT_SENTINEL) != 1:
+            raise ValueError(
+                f"chat_template: cannot find assistant content followed by {self.stop_text!r} and one "
+                f"{role!r} message in its rendering {text!r}"
+            )
+        rest = text[start + len(marker) :]
+        before, after = rest.split(_CONTENT_SENTINEL)
+        self._segments[role] = (before, after)
+        return before, after
+
+    def prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """Token ids of the initial messages with the assistant turn opened (template applied once)."""
+        return _ids(
+            self.tokenizer.apply_chat_template(
+                [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
+            )
+        )
+
+    def encode_text(self, text: str) -> list[int]:
+        """Content tokens; special-token strings inside ``text`` are encoded as plain text."""
+        if not text:
+            return []
+        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+    def turn_ids(self, role: str, content: str) -> list[int]:
+        """Tokens of a ``role`` message after an assistant turn, ending with the next assistant opening."""
+        before, after = self.segment(role)
+        return (
+            list(self.tokenizer.encode(before, add_special_tokens=False))
+            + self.encode_text(content)
+            + list(self.tokenizer.encode(after, add_special_tokens=False))
+        )
+
+    def assistant_ids(self, content: str) -> list[int]:
+        """Tokens of an assistant turn as the policy would emit them: content then the stop token."""
+        return self.encode_text(content) + [self.stop_token_id]
+
+
+def render_sft_example(
+    tokenizer: Any, messages: Sequence[Mapping[str, str]], chat: ChatFormat | None = None
+) -> tuple[list[int], list[bool]]:
+    """Render an SFT conversation exactly as the agent loop would tokenise the same episode.
+
+    The messages before the first assistant message are rendered with the chat template once
+    (``add_generation_prompt=True``); each assistant message becomes its content tokens plus the
+    end-of-turn token (loss on all of them); each later non-assistant message (``tool``, or
+    ``user`` for multi-turn chat) becomes a template segment as in ``ChatFormat.turn_ids`` (no loss).
+
+    Args:
+        tokenizer: transformers tokenizer with a chat template.
+        messages: ``role``/``content`` dicts; at least one assistant message, and the last
+            message is an assistant message.
+        chat: A prebuilt ``ChatFormat`` for ``tokenizer`` (``ChatFormat.for_tokenizer`` when ``None``).
+
+    Returns:
+        ``(token_ids, loss_mask)``: ``token_ids`` [T] int; ``loss_mask`` [T] bool, True on
+        assistant tokens (the tokens an RL rollout would mark ``action_mask`` True).
+
+    Raises:
+        ValueError: no assistant message, the conversation does not end with one, two
+            assistant messages in a row, or a message without ``role``/``content`` strings.
+    """
+    chat = chat or ChatFormat.for_tokenizer(tokenizer)
+    for i, m in enumerate(messages):
+        if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"messages[{i}]: needs string 'role' and 'content', got {dict(m)!r}")
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+    if first is None:
+        raise ValueError("messages: no assistant message to train on")
+    if messages[-1]["role"] != "assistant":
+        raise ValueError(f"messages[{len(messages) - 1}]: the conversation must end with an assistant message")
+    if first == 0:
+        raise ValueError("messages[0]: the conversation must start with a non-assistant (prompt) message")
+    token_ids = chat.prompt_ids(messages[:first])
+    loss_mask = [False] * len(token_ids)
+    previous = ""
+    for i in range(first, len(messages)):
+        role, content = messages[i]["role"], messages[i]["content"]
+        if role == "assistant":
+            if previous == "assistant":
+                raise ValueError(f"messages[{i}]: two assistant messages in a row")
+            ids = chat.assistant_ids(content)
+            token_ids += ids
+            loss_mask += [True] * len(ids)
+        else:
+            ids = chat.turn_ids(role, content)
+            token_ids += ids
+            loss_mask += [False] * len(ids)
+        previous = role
+    return token_ids, loss_mask
+
+
+def _check_result(result: GenerationResult, max_new_tokens: int) -> None:
+    """Raise ``EpisodeError`` on an engine result that would corrupt the rollout."""
+    if not result.token_ids:
+        raise EpisodeError("engine returned no tokens for a turn")
+    if len(result.token_ids) != len(result.logprobs):
+        raise EpisodeError(
+            f"engine result: {len(result.token_ids)} token_ids but {len(result.logprobs)} logprobs"
+        )
+    if len(result.token_ids) > max_new_tokens:
+        raise EpisodeError(f"engine result: {len(result.token_ids)} tokens exceed max_new_tokens={max_new_tokens}")
+
+
+async def run_episode(
+    engine: InferenceEngine,
+    tokenizer: Any,
+    env: Environment,
+    task: Task,
+    limits: EpisodeLimits,
+    *,
+    generator_id: str = "",
+    seed: int | None = None,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    group_id: str | None = None,
+    chat: ChatFormat | None = None,
+) -> Rollout:
+    """Run one episode of ``task`` token-in/token-out and return its validated ``Rollout``.
+
+    See the module docstring for the tokenisation, limits and finish reasons.
+
+    Args:
+        engine: Samples action tokens with behaviour logprobs.
+        tokenizer: The policy's tokenizer (chat template, decode for ``Episode.step``).
+        env: The environment that runs ``task``.
+        task: The task.
+        limits: Turn, token and wall-time budgets.
+        generator_id: Stored in ``Rollout.generator_id``.
+        seed: Per-episode sampling seed; turn ``k`` (0-based) uses ``seed + k``. ``None`` lets the
+            engine choose.
+        temperature: Sampling temperature (SAO training uses 1.0).
+        top_p: Nucleus mass (SAO training uses 1.0).
+        group_id: GRPO group id; ``None`` for SAO.
+        chat: A prebuilt ``ChatFormat`` for ``tokenizer`` (``ChatFormat.for_tokenizer`` when ``None``).
+
+    Returns:
+        The rollout: ``token_ids`` [T] int, ``behaviour_logprobs`` [T] float (nats, 0.0 on
+        observations), ``action_mask`` [T] bool, reward, finish reason, per-turn and oldest
+        policy versions, and the environment's metrics plus ``num_turns``.
+
+    Raises:
+        EpisodeError: the prompt leaves no room for an action within ``max_episode_tokens``, the
+            time ran out before the first action token, the engine returned a malformed result,
+            or the environment returned neither ``done`` nor an observation.
+        posttrain.records.RecordError: the assembled rollout violates an invariant.
+    """
+    chat = chat or ChatFormat.for_tokenizer(tokenizer)
+    started_at = time.time()
+    deadline = time.monotonic() + limits.timeout_s
+    episode = env.start(task)
+    try:
+        token_ids = chat.prompt_ids(episode.messages())
+        if len(token_ids) >= limits.max_episode_tokens:
+            raise EpisodeError(
+                f"task {task.task_id}: prompt is {len(token_ids)} tokens, max_episode_tokens="
+                f"{limits.max_episode_tokens} leaves no room for an action",
+                "length",
+            )
+        logprobs = [0.0] * len(token_ids)
+        action_mask = [False] * len(token_ids)
+        versions: list[int] = []
+        reward = 0.0
+        finish: FinishReason = "length"
+        metrics: dict[str, float] = {}
+
+        for turn in range(limits.max_turns):
+            budget = min(limits.max_new_tokens, limits.max_episode_tokens - len(token_ids))
+            request = GenerationRequest(
+                prompt_token_ids=list(token_ids),
+                max_new_tokens=budget,
+                stop_token_ids=[chat.stop_token_id],
+                temperature=temperature,
+                top_p=top_p,
+                seed=None if seed is None else seed + turn,
+            )
+            try:
+                result = await asyncio.wait_for(engine.generate(request), max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                finish = "timeout"
+                break
+            _check_result(result, budget)
+            token_ids += result.token_ids
+            logprobs += [float(lp) for lp in result.logprobs]
+            action_mask += [True] * len(result.token_ids)
+            versions.append(int(result.policy_version))
+            if result.finish_reason == "length" or result.token_ids[-1] != chat.stop_token_id:
+                finish = "length"
+                break
+            text = tokenizer.decode(result.token_ids[:-1], skip_special_tokens=False)
+            try:
+                step: StepResult = await asyncio.wait_for(
+                    episode.step(text), max(deadline - time.monotonic(), 0.0)
+                )
+            except TimeoutError:
+                finish = "timeout"
+                break
+            metrics = dict(step.metrics)
+            if step.done:
+                reward, finish = float(step.reward), step.finish_reason
+                break
+            if step.observation is None:
+                raise EpisodeError(f"environment {env.name}: step returned neither done nor an observation")
+            if turn == limits.max_turns - 1:
+                finish = "length"
+                break
+            observation = chat.turn_ids("tool", step.observation)
+            if len(token_ids) + len(observation) >= limits.max_episode_tokens:
+                finish = "length"
+                break
+            token_ids += observation
+            logprobs += [0.0] * len(observation)
+            action_mask += [False] * len(observation)
+    finally:
+        episode.close()
+
+    if not versions:
+        raise EpisodeError(f"task {task.task_id}: {finish} before the first action token", finish)
+    metrics["num_turns"] = float(len(versions))
+    return Rollout(
+        rollout_id=uuid.uuid4().hex,
+        task_id=task.task_id,
+        env_name=env.name,
+        token_ids=token_ids,
+        behaviour_logprobs=logprobs,
+        action_mask=action_mask,
+        reward=reward,
+        policy_version=min(versions),
+        turn_policy_versions=versions,
+        num_turns=len(versions),
+        finish_reason=finish,
+        group_id=group_id,
+        generator_id=generator_id,
+        started_at=started_at,
+        finished_at=time.time(),
+        metrics=metrics,
+    ).validate()
