@@ -9,6 +9,10 @@ PYTEST_ARGS ?=
 .PHONY: setup demo test lint lock clean
 
 $(STAMP): requirements.lock pyproject.toml
+	@# bubblewrap isolates the code sandbox's filesystem (src/posttrain/envs/sandbox.py).
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap) \
+	  || echo "note: bubblewrap not installed; the sandbox falls back to process isolation"; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --no-deps -r requirements.lock
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .

@@ -11,6 +11,7 @@
   synthetic_tool      generated, hash split                       generated, disjoint hash split
   gsm8k               ``data/gsm8k/train.jsonl``                  ``data/gsm8k/test.jsonl``
   math_tool           DAPO-Math-17k (parquet)                     BeyondAIME (JSONL)
+  swe                 shipped repair tasks, 3 of every 4             the other repair tasks
   ==================  ==========================================  =============================
 
   File-backed splits are shuffled with ``seed`` and cut to ``n`` (all of them when ``n`` is
@@ -55,11 +56,18 @@ def _math_tool(**kwargs: Any) -> Environment:
     return MathToolEnv(**kwargs)
 
 
+def _swe(**kwargs: Any) -> Environment:
+    from posttrain.envs.swe.env import SWEEnvironment
+
+    return SWEEnvironment(**kwargs)
+
+
 ENVIRONMENTS: dict[str, Callable[..., Environment]] = {
     "synthetic_arith": _synthetic_arith,
     "synthetic_tool": _synthetic_tool,
     "gsm8k": _gsm8k,
     "math_tool": _math_tool,
+    "swe": _swe,
 }
 """Environment name → factory taking the environment's constructor keyword arguments."""
 
@@ -117,6 +125,12 @@ def default_tasks(name: str, split: str, n: int, seed: int = 0, **env_kwargs: An
         loaded = loaders.load_gsm8k("train" if which == "train" else "test", env_name=name).tasks
     elif name == "math_tool":
         loaded = (loaders.load_dapo_math(env_name=name) if which == "train" else loaders.load_beyond_aime(env_name=name)).tasks
+    elif name == "swe":
+        from posttrain.envs.swe.tasks import load_swe_tasks
+
+        # A stable split of the shipped repair tasks: every 4th task (by sorted id) is held out.
+        ordered = sorted(load_swe_tasks(), key=lambda t: t.task_id)
+        loaded = [t for i, t in enumerate(ordered) if (i % 4 == 3) == (which == "eval")]
     elif name in ENVIRONMENTS:
         raise ValueError(f"environment {name!r} has no built-in task source; pass a task file")
     else:

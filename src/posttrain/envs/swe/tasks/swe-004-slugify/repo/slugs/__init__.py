@@ -1,0 +1,5 @@
+"""URL slugs from titles."""
+
+from slugs.slug import slugify
+
+__all__ = ["slugify"]

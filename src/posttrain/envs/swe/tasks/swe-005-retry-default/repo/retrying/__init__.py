@@ -1,0 +1,5 @@
+"""Retry flaky calls."""
+
+from retrying.policy import retry
+
+__all__ = ["retry"]

@@ -1,0 +1,5 @@
+"""Track stock levels."""
+
+from stockroom.inventory import Inventory
+
+__all__ = ["Inventory"]

@@ -1,0 +1,5 @@
+"""Binary tree helpers."""
+
+from treekit.tree import TreeNode, height, size
+
+__all__ = ["TreeNode", "height", "size"]

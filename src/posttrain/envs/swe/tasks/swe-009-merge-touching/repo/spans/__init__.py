@@ -1,0 +1,5 @@
+"""Closed integer intervals."""
+
+from spans.merging import merge
+
+__all__ = ["merge"]

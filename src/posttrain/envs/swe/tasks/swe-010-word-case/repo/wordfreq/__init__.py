@@ -1,0 +1,5 @@
+"""Word frequencies."""
+
+from wordfreq.counting import most_common, word_counts
+
+__all__ = ["most_common", "word_counts"]

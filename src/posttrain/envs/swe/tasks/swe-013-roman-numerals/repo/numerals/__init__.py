@@ -1,0 +1,5 @@
+"""Roman numerals."""
+
+from numerals.roman import to_roman
+
+__all__ = ["to_roman"]

@@ -1,0 +1,5 @@
+"""Flatten nested containers."""
+
+from nesting.flat import flatten
+
+__all__ = ["flatten"]

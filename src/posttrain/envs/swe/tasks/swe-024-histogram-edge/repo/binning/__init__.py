@@ -1,0 +1,5 @@
+"""Equal-width histograms."""
+
+from binning.hist import histogram
+
+__all__ = ["histogram"]
