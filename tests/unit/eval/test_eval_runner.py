@@ -1,0 +1,158 @@
+"""``evaluate`` end to end: sampling through the agent loop, grading, the report; and ``posttrain eval``.
+
+Most tests use an oracle *engine* (a test double of the inference engine that answers each
+task with a scripted response), so the numbers are exact; one test runs the real ``hf`` engine
+on the tiny random model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fakes.fake_openai_judge import FakeJudge
+from fixtures_models import TinyModel
+from posttrain.eval.benchmarks import load_tasks
+from posttrain.eval.cli import eval_cli
+from posttrain.eval.grading import JudgeClient
+from posttrain.eval.runner import EvalError, evaluate
+from posttrain.generator.engines.base import GenerationRequest, GenerationResult
+from posttrain.learner.model import load_tokenizer
+
+
+@dataclass
+class OracleEngine:
+    """Answers a prompt containing ``key`` with the next of ``replies[key]`` (test double of the engine)."""
+
+    tokenizer: Any
+    replies: dict[str, list[str]]
+    calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    policy_version: int = 0
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        prompt = self.tokenizer.decode(request.prompt_token_ids)
+        key = next(k for k in self.replies if k in prompt)
+        text = self.replies[key][self.calls[key] % len(self.replies[key])]
+        self.calls[key] += 1
+        ids = self.tokenizer.encode(text, add_special_tokens=False)[: request.max_new_tokens - 1]
+        ids.append(self.tokenizer.convert_tokens_to_ids("<|im_end|>"))
+        return GenerationResult(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop", policy_version=0)
+
+    async def update_weights(self, weights_dir: Path, policy_version: int) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def test_gsm8k_avg_and_pass_at_k_from_scripted_answers(tiny_model: TinyModel, tmp_path: Path) -> None:
+    """Task 0: [right, right], task 1: [right, wrong], task 2: [wrong, wrong].
+    avg@2 = (1 + 0.5 + 0) / 3 = 0.5; pass@1 = 0.5; pass@2 = (1 + 1 + 0) / 3 = 2/3.
+    """
+    tok = load_tokenizer(tiny_model.path)
+    tasks = load_tasks("gsm8k", limit=3)
+    right = [f"So the answer is \\boxed{{{t.reference}}}." for t in tasks]
+    wrong = [f"So the answer is \\boxed{{{int(t.reference) + 1}}}." for t in tasks]
+    replies = {
+        tasks[0].metadata["problem"]: [right[0], right[0]],
+        tasks[1].metadata["problem"]: [right[1], wrong[1]],
+        tasks[2].metadata["problem"]: [wrong[2], wrong[2]],
+    }
+    report = evaluate(tiny_model.path, "gsm8k", limit=3, samples_per_task=2, out_dir=tmp_path, max_model_len=2048,
+                      engine=OracleEngine(tok, replies), tokenizer=tok, label="trained")
+    assert report.scores is not None
+    assert report.scores.avg_at_k == pytest.approx(0.5)
+    assert report.scores.pass_at_k == pytest.approx({1: 0.5, 2: 2 / 3})
+    assert report.temperature == 0.6 and report.num_tasks == 3 and report.label == "trained"
+    lines = (tmp_path / "gsm8k.samples.jsonl").read_text().splitlines()
+    assert len(lines) == 6 and {json.loads(x)["method"] for x in lines} == {"exact_number"}
+    assert report.response_tokens is not None and report.response_tokens.min > 0
+
+
+def test_imo_prose_reference_is_needs_judge_then_graded_by_the_judge(tiny_model: TinyModel) -> None:
+    """The first 30 IMO tasks include imo-bench-algebra-029, whose reference is a function family
+    "for some a>0": a paraphrased answer is reported as needs judge, the rest score 29/29.
+    With a judge (loopback fake answering CORRECT) all 30 are graded: 30/30."""
+    tok = load_tokenizer(tiny_model.path)
+    tasks = load_tasks("imo_answerbench", limit=30)
+    replies = {t.metadata["problem"]: [f"Hence $\\boxed{{{t.reference}}}$."] for t in tasks}
+    prose = next(t for t in tasks if t.task_id == "imo-bench-algebra-029")
+    replies[prose.metadata["problem"]] = ["\\boxed{g(x) = \\frac{(2x)^a + (2x)^{-a}}{3} \\text{ with any } a > 0}"]
+    report = evaluate(tiny_model.path, "imo_answerbench", limit=30, max_model_len=8192,
+                      engine=OracleEngine(tok, replies), tokenizer=tok)
+    assert report.num_needs_judge == 1 and report.needs_judge_task_ids == ["imo-bench-algebra-029"]
+    assert report.scores is not None and report.scores.num_tasks == 29 and report.scores.avg_at_k == 1.0
+    assert report.avg_at_k_bounds == pytest.approx((29 / 30, 1.0))
+    assert set(report.categories) <= {"Algebra", "Combinatorics", "Geometry", "Number theory"}
+    with FakeJudge() as judge:
+        judge.script = [(200, "Same family of functions.\nVERDICT: CORRECT")]
+        judged = evaluate(tiny_model.path, "imo_answerbench", limit=30, max_model_len=8192,
+                          engine=OracleEngine(tok, replies), tokenizer=tok, judge=JudgeClient(judge.url, "judge-m"))
+        assert len(judge.requests) == 1 and "for some $a>0$" in judge.requests[0][1]["messages"][0]["content"]
+    assert judged.num_needs_judge == 0 and judged.scores.avg_at_k == 1.0
+    assert judged.grading_methods["judge"] == 1 and judged.details["judge_model"] == "judge-m"
+
+
+def test_swe_repair_tasks_graded_by_the_local_backend(tiny_model: TinyModel) -> None:
+    """Task 0 answered with its reference fix (resolved), task 1 with prose (no diff): avg@1 = 0.5."""
+    tok = load_tokenizer(tiny_model.path)
+    tasks = load_tasks("swe_repair", limit=2)
+    fix = (Path(tasks[0].reference) / "fix.patch").read_text()
+    key0 = tasks[0].prompt.split("\n")[1][:60]
+    key1 = tasks[1].prompt.split("\n")[1][:60]
+    replies = {key0: [f"Here is the fix:\n```diff\n{fix}```\n"], key1: ["I would rewrite the module."]}
+    report = evaluate(tiny_model.path, "swe_repair", limit=2, max_model_len=8192,
+                      engine=OracleEngine(tok, replies), tokenizer=tok)
+    assert report.scores is not None and report.scores.avg_at_k == 0.5
+    assert report.grading_methods == {"tests": 1, "no_answer": 1}
+    assert report.details["swe_backend"] == "local"
+
+
+def test_wrong_backend_and_unknown_benchmark_are_eval_errors(tiny_model: TinyModel) -> None:
+    with pytest.raises(EvalError, match="--backend kubernetes"):
+        evaluate(tiny_model.path, "swe_bench_verified", swe_backend="local", limit=1)
+    with pytest.raises(EvalError, match="not registered"):
+        evaluate(tiny_model.path, "aime2030")
+
+
+def test_real_hf_engine_on_tiny_model_and_cli_reports(tiny_model: TinyModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--benchmark", "gsm8k", "--model", str(tiny_model.path), "--limit", "2", "--engine", "hf",
+            "--max-new-tokens", "8"]
+    assert eval_cli(base + ["--out", str(tmp_path / "base")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("gsm8k: avg@1 = ")
+    base_json = tmp_path / "base" / "gsm8k.json"
+    report = json.loads(base_json.read_text())
+    assert report["engine"] == "HFEngine" and report["num_tasks"] == 2
+    assert report["response_tokens"]["max"] <= 8
+    assert eval_cli(base + ["--out", str(tmp_path / "trained"), "--baseline", str(base_json)]) == 0
+    for name in ("gsm8k.json", "report.md", "report.html", "comparison.png", "gsm8k.samples.jsonl"):
+        assert (tmp_path / "trained" / name).is_file(), name
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert eval_cli(["--benchmark", "gsm8k", "--model", str(tmp_path / "nope"), "--engine", "hf"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    assert eval_cli(["--benchmark", "nope", "--model", "x"]) == 2
+    assert eval_cli(["--benchmark", "gsm8k", "--model", "x", "--k", "0"]) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_default_vllm_engine_samples_the_benchmark(tiny_model: TinyModel, tmp_path: Path) -> None:
+    """The default engine path (vLLM on CPU here): 2 tasks x 2 samples of at most 16 tokens each."""
+    from posttrain.generator.engines.factory import vllm_available
+
+    if not vllm_available():
+        pytest.skip("vllm does not import here")
+    report = evaluate(tiny_model.path, "gsm8k", engine_kind="vllm", limit=2, samples_per_task=2, max_new_tokens=16,
+                      out_dir=tmp_path)
+    assert report.engine == "VLLMEngine" and report.num_tasks == 2
+    assert report.response_tokens is not None and report.response_tokens.count == 4 and report.response_tokens.max <= 16
+    assert len((tmp_path / "gsm8k.samples.jsonl").read_text().splitlines()) == 4
