@@ -1,0 +1,14 @@
+"""posttrain on a Kubernetes cluster: the SAO JobSet, its launcher, tenant rendering, offline validation.
+
+Modules (import the one you need; nothing here connects to a cluster on import):
+
+* ``jobset``: ``build_sao_jobset`` builds the learner + generators + Redis JobSet (gang-admitted by Kueue).
+* ``launcher``: ``launch_or_attach`` / ``wait_for_jobset`` submit it through the ``kubernetes`` client,
+  re-attach after a retried step, follow it and explain a failure (needs the ``kfp`` extra, which
+  brings ``kubernetes``).
+* ``tenant``: ``render_tenant`` renders a team's Namespace, Kueue queues, RBAC, ConfigMap and Redis ACL
+  template; ``tenant_cli`` prints them as YAML.
+* ``schedule``: KFP recurring runs for scheduled retraining (``posttrain schedule``).
+* ``validate``: checks objects offline against Kubernetes schemas and the vendored CRDs in
+  ``manifests/crds``.
+"""

@@ -1,0 +1,413 @@
+"""Build the one JobSet that runs an SAO training group on a cluster: learner, generators, Redis.
+
+SAO (Single-Rollout Asynchronous Optimization, arXiv 2607.07508) needs a learner, N generators
+and a rollout stream (Redis Streams) alive at the same time. They go into one
+``jobset.x-k8s.io/v1alpha2`` JobSet labelled ``kueue.x-k8s.io/queue-name``: Kueue turns it into one
+Workload with one PodSet per replicatedJob and admits all of it or none of it (gang admission), so a
+learner never holds GPUs while its generators wait for quota, or the reverse.
+
+* ``redis`` (1 pod, first): Valkey with ``--requirepass`` read from a Secret, AOF on an emptyDir
+  (survives container restarts, not pod deletion), ``noeviction`` so stream entries are never
+  dropped for memory.
+* ``learner`` (1 Job of ``learner_nodes`` pods): ``posttrain learner --config <uri>``; its Job has
+  ``backoffLimit: 0`` and ``restartPolicy: Never`` so a crash fails the Job, the JobSet restarts the
+  group (bounded by ``failurePolicy.maxRestarts``) and the failed pod keeps its termination message
+  (``FallbackToLogsOnError``: the log tail when the process wrote none) for the launcher to report.
+* ``generator`` (N Jobs of 1 pod): ``posttrain generator --config <uri>``; a failed generator Job
+  is restarted alone (failure rule ``RestartJob``), still counted against ``maxRestarts``.
+
+``successPolicy {operator: All, targetReplicatedJobs: [learner]}`` ends the run when the learner
+completes; the JobSet controller then deletes the still-running generator and Redis Jobs.
+``learner`` and ``generator`` start once ``redis`` is Ready (``dependsOn``).
+
+The name is a pure function of the pipeline run id (``jobset_name``), so a retried KFP step builds
+the same name and re-attaches instead of starting a second group.
+
+Nothing here talks to a cluster; ``posttrain.cluster.launcher`` submits the dict.
+Example: ``python -c "import json; from posttrain.cluster.jobset import *; print(json.dumps(
+build_sao_jobset('run-1', 'team-a', SAOImages('l:1', 'g:1'), 2, 'posttrain', 's3://b/c.yaml',
+'redis-credentials'), indent=1))"``
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+RUN_ID_ANNOTATION = "posttrain.io/run-id"
+APP_NAME = "posttrain"
+REDIS_PORT = 6379
+REDIS_PASSWORD_KEY = "password"
+"""Key of the Redis password inside ``redis_password_secret``."""
+TENANT_CONFIG_MAP = "posttrain-tenant"
+"""ConfigMap rendered per tenant (``posttrain.cluster.tenant``): S3 prefix, MLflow experiment, Redis key prefix."""
+S3_CREDENTIALS_SECRET = "s3-credentials"
+"""Secret with ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` for the tenant's S3 prefix."""
+VALKEY_IMAGE = "docker.io/valkey/valkey:9.1.1"
+"""Per-run rollout store image (Valkey 9.1, Redis-compatible, BSD)."""
+MAX_NAME_LEN = 40
+"""JobSet name budget (chars). The JobSet webhook requires every generated pod name
+``<jobset>-<replicatedJob>-<jobIndex>-<podIndex>-<5 random>`` to be a DNS-1035 label (<= 63);
+with ``generator`` (9) and up to 1024 replicas that leaves 40."""
+
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$")
+_QUANTITY_FACTOR = {
+    None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}
+
+
+@dataclass(frozen=True)
+class PodResources:
+    """What one pod of a replicatedJob asks for; requests equal limits for memory and GPUs.
+
+    Attributes:
+        cpu: CPU request, Kubernetes quantity (cores, e.g. ``"8"`` or ``"500m"``); no CPU limit.
+        memory: Memory request and limit, quantity in bytes (e.g. ``"64Gi"``).
+        gpus: ``nvidia.com/gpu`` request and limit (devices); > 0 also adds the GPU toleration.
+        shm: Size of the memory-backed ``/dev/shm`` (bytes quantity), or None for none. vLLM and
+            torch data loaders need more than the container runtime's 64 MiB default.
+    """
+
+    cpu: str
+    memory: str
+    gpus: int = 0
+    shm: str | None = None
+
+    def __post_init__(self) -> None:
+        for field in ("cpu", "memory") + (("shm",) if self.shm is not None else ()):
+            value = getattr(self, field)
+            if not isinstance(value, str) or not _QUANTITY.match(value):
+                raise ValueError(f"PodResources.{field}: {value!r} is not a Kubernetes quantity such as '8', '500m', '64Gi'")
+        if not isinstance(self.gpus, int) or not 0 <= self.gpus <= 64:
+            raise ValueError(f"PodResources.gpus: must be an integer in [0, 64], got {self.gpus!r}")
+
+
+@dataclass(frozen=True)
+class SAOImages:
+    """Container images of the three roles (pin them by digest in production).
+
+    Attributes:
+        learner: The ``trainer`` image (CUDA torch + posttrain), runs ``posttrain learner``.
+        generator: The ``generator`` image (vLLM + posttrain), runs ``posttrain generator``.
+        redis: Valkey image for the per-run rollout stream.
+    """
+
+    learner: str
+    generator: str
+    redis: str = VALKEY_IMAGE
+
+
+DEFAULT_LEARNER_RESOURCES = PodResources(cpu="32", memory="256Gi", gpus=8, shm="32Gi")
+DEFAULT_GENERATOR_RESOURCES = PodResources(cpu="8", memory="64Gi", gpus=1, shm="16Gi")
+DEFAULT_REDIS_RESOURCES = PodResources(cpu="2", memory="8Gi")
+
+
+def quantity_bytes(quantity: str) -> int:
+    """Convert a Kubernetes quantity to a number: ``"8Gi"`` -> 8589934592, ``"500m"`` -> 0 (rounded down).
+
+    Raises:
+        ValueError: not a plain decimal quantity with an optional suffix.
+    """
+    match = _QUANTITY.match(quantity)
+    if not match:
+        raise ValueError(f"{quantity!r} is not a Kubernetes quantity such as '8Gi'")
+    return int(float(match.group(1)) * _QUANTITY_FACTOR[match.group(3)])
+
+
+def jobset_name(run_id: str) -> str:
+    """Deterministic JobSet name for a pipeline run: ``sao-<slug>-<8 hex of sha256(run_id)>``.
+
+    The same ``run_id`` always gives the same name (a retried KFP step re-attaches); different run
+    ids that slug alike differ in the hash. The result is a DNS-1035 label of at most
+    ``MAX_NAME_LEN`` (40) characters.
+
+    Args:
+        run_id: Any non-empty string, typically the KFP pipeline job id (a UUID).
+
+    Raises:
+        ValueError: ``run_id`` is empty.
+    """
+    if not run_id:
+        raise ValueError("run_id: must be a non-empty string")
+    digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
+    slug = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-")
+    room = MAX_NAME_LEN - len("sao--") - len(digest)
+    slug = slug[:room].strip("-")
+    name = f"sao-{slug}-{digest}" if slug else f"sao-{digest}"
+    assert _DNS1035.match(name) and len(name) <= MAX_NAME_LEN, name
+    return name
+
+
+def _check_generated_names(name: str, replicated_jobs: list[dict[str, Any]]) -> None:
+    """Re-implement the JobSet webhook check: every child pod name must be a DNS-1035 label (<= 63)."""
+    for rjob in replicated_jobs:
+        completions = rjob["template"]["spec"]["completions"]
+        longest = f"{name}-{rjob['name']}-{rjob['replicas'] - 1}-{completions - 1}-abcde"
+        if len(longest) > 63:
+            raise ValueError(
+                f"replicatedJobs[{rjob['name']}]: generated pod name {longest!r} is longer than 63 characters; "
+                "use fewer replicas or a shorter JobSet name"
+            )
+
+
+def _labels(component: str, name: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": APP_NAME,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/part-of": "posttrain",
+        "app.kubernetes.io/managed-by": "posttrain",
+    }
+
+
+def _container_resources(res: PodResources) -> dict[str, Any]:
+    requests: dict[str, Any] = {"cpu": res.cpu, "memory": res.memory}
+    limits: dict[str, Any] = {"memory": res.memory}
+    if res.gpus:
+        requests["nvidia.com/gpu"] = res.gpus
+        limits["nvidia.com/gpu"] = res.gpus
+    return {"requests": requests, "limits": limits}
+
+
+def _pod_spec(
+    container: dict[str, Any],
+    res: PodResources,
+    restart_policy: str,
+    volumes: list[dict[str, Any]],
+    security: dict[str, Any],
+) -> dict[str, Any]:
+    mounts = list(container.get("volumeMounts", []))
+    if res.shm:
+        volumes = volumes + [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shm}}]
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    if mounts:
+        container = {**container, "volumeMounts": mounts}
+    spec: dict[str, Any] = {
+        "restartPolicy": restart_policy,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": security,
+        "containers": [container],
+    }
+    if volumes:
+        spec["volumes"] = volumes
+    if res.gpus:
+        spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    return spec
+
+
+def _replicated_job(
+    role: str,
+    name: str,
+    replicas: int,
+    pods: int,
+    pod_spec: dict[str, Any],
+    backoff_limit: int,
+    depends_on: str | None,
+) -> dict[str, Any]:
+    rjob: dict[str, Any] = {
+        "name": role,
+        "replicas": replicas,
+        "template": {
+            "metadata": {"labels": _labels(role, name)},
+            "spec": {
+                "parallelism": pods,
+                "completions": pods,
+                "completionMode": "Indexed",
+                "backoffLimit": backoff_limit,
+                "template": {"metadata": {"labels": _labels(role, name)}, "spec": pod_spec},
+            },
+        },
+    }
+    if depends_on:
+        rjob["dependsOn"] = [{"name": depends_on, "status": "Ready"}]
+    return rjob
+
+
+def build_sao_jobset(
+    run_id: str,
+    tenant: str,
+    images: SAOImages,
+    num_generators: int,
+    queue_name: str,
+    config_uri: str,
+    redis_password_secret: str,
+    *,
+    learner_resources: PodResources = DEFAULT_LEARNER_RESOURCES,
+    generator_resources: PodResources = DEFAULT_GENERATOR_RESOURCES,
+    redis_resources: PodResources = DEFAULT_REDIS_RESOURCES,
+    learner_nodes: int = 1,
+    priority_class: str | None = None,
+    max_restarts: int = 2,
+    tenant_config_map: str | None = TENANT_CONFIG_MAP,
+    s3_credentials_secret: str | None = S3_CREDENTIALS_SECRET,
+    ttl_seconds_after_finished: int = 86400,
+) -> dict[str, Any]:
+    """Build the SAO JobSet (learner x1, generator xN, redis x1) as a plain dict.
+
+    Args:
+        run_id: Pipeline run id; the JobSet name is ``jobset_name(run_id)`` and the full id is kept in
+            the ``posttrain.io/run-id`` annotation (``launch_or_attach`` checks it on re-attach).
+        tenant: Tenant namespace the JobSet is created in.
+        images: Images of the three roles.
+        num_generators: Generator Jobs (one pod each), 1..1024.
+        queue_name: Kueue LocalQueue in ``tenant`` (label ``kueue.x-k8s.io/queue-name``).
+        config_uri: Run config (YAML) path or ``s3://`` URI passed as ``--config`` to both roles.
+        redis_password_secret: Secret in ``tenant`` whose key ``password`` is the Redis password; it
+            must be URL-safe (``[A-Za-z0-9._~-]``, e.g. hex) because it is spliced into ``REDIS_URL``.
+        learner_resources: Per learner pod.
+        generator_resources: Per generator pod.
+        redis_resources: Redis pod; Valkey's ``maxmemory`` is set to 80 % of its memory.
+        learner_nodes: Learner pods (``parallelism = completions``); rank = ``JOB_COMPLETION_INDEX``.
+        priority_class: Kueue WorkloadPriorityClass name (label), or None.
+        max_restarts: ``failurePolicy.maxRestarts``: group restarts plus single-generator restarts.
+        tenant_config_map: ConfigMap mounted as environment (``envFrom``) into learner and generators
+            (S3 prefix, MLflow experiment and tracking URI, Redis key prefix), or None.
+        s3_credentials_secret: Secret mounted as environment into learner and generators, or None.
+        ttl_seconds_after_finished: Seconds a finished JobSet (and its pods) is kept for inspection.
+
+    Returns:
+        The JobSet object, ready for ``CustomObjectsApi.create_namespaced_custom_object``.
+
+    Raises:
+        ValueError: a field is out of range or not a valid Kubernetes name (the message names it).
+    """
+    name = jobset_name(run_id)
+    for field, value in (("tenant", tenant), ("queue_name", queue_name), ("redis_password_secret", redis_password_secret)):
+        if not isinstance(value, str) or len(value) > 63 or not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", value):
+            raise ValueError(f"{field}: {value!r} is not a DNS-1123 label (lowercase a-z0-9 '-', <= 63)")
+    if not 1 <= num_generators <= 1024:
+        raise ValueError(f"num_generators: must be in [1, 1024] (JobSet RestartJob limit), got {num_generators}")
+    if not 1 <= learner_nodes <= 64:
+        raise ValueError(f"learner_nodes: must be in [1, 64], got {learner_nodes}")
+    if not 0 <= max_restarts <= 100:
+        raise ValueError(f"max_restarts: must be in [0, 100], got {max_restarts}")
+    if not config_uri:
+        raise ValueError("config_uri: must be a non-empty path or URI")
+    for field, image in (("images.learner", images.learner), ("images.generator", images.generator), ("images.redis", images.redis)):
+        if not image or any(c.isspace() for c in image):
+            raise ValueError(f"{field}: {image!r} is not an image reference")
+
+    redis_host = f"{name}-redis-0-0.{name}"
+    password_env = {
+        "name": "REDIS_PASSWORD",
+        "valueFrom": {"secretKeyRef": {"name": redis_password_secret, "key": REDIS_PASSWORD_KEY}},
+    }
+    common_env = [
+        password_env,
+        # $(REDIS_PASSWORD) is expanded by the kubelet from the variable defined just above.
+        {"name": "REDIS_URL", "value": f"redis://:$(REDIS_PASSWORD)@{redis_host}:{REDIS_PORT}/0"},
+        {"name": "POSTTRAIN_RUN_ID", "value": run_id},
+        {"name": "POSTTRAIN_JOBSET", "value": name},
+        {"name": "POSTTRAIN_TENANT", "value": tenant},
+    ]
+    env_from: list[dict[str, Any]] = []
+    if tenant_config_map:
+        env_from.append({"configMapRef": {"name": tenant_config_map}})
+    if s3_credentials_secret:
+        env_from.append({"secretRef": {"name": s3_credentials_secret}})
+
+    def role_container(role: str, image: str, res: PodResources, extra_env: list[dict[str, Any]]) -> dict[str, Any]:
+        container: dict[str, Any] = {
+            "name": role,
+            "image": image,
+            "command": ["posttrain", role, "--config", config_uri],
+            "env": common_env + [{"name": "POSTTRAIN_ROLE", "value": role}] + extra_env,
+            "resources": _container_resources(res),
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "securityContext": {"allowPrivilegeEscalation": False},
+        }
+        if env_from:
+            container["envFrom"] = env_from
+        return container
+
+    learner = role_container(
+        "learner",
+        images.learner,
+        learner_resources,
+        [
+            {"name": "POSTTRAIN_LEARNER_NODES", "value": str(learner_nodes)},
+            {"name": "POSTTRAIN_LEARNER_COORDINATOR", "value": f"{name}-learner-0-0.{name}"},
+        ],
+    )
+    generator = role_container(
+        "generator",
+        images.generator,
+        generator_resources,
+        [
+            {
+                "name": "POSTTRAIN_GENERATOR_INDEX",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/job-index']"}},
+            }
+        ],
+    )
+    maxmemory = int(quantity_bytes(redis_resources.memory) * 0.8)
+    redis = {
+        "name": "redis",
+        "image": images.redis,
+        "command": ["valkey-server"],
+        "args": [
+            "--port", str(REDIS_PORT),
+            "--requirepass", "$(REDIS_PASSWORD)",
+            "--appendonly", "yes",
+            "--save", "",
+            "--dir", "/data",
+            "--maxmemory", str(maxmemory),
+            "--maxmemory-policy", "noeviction",
+        ],
+        "env": [password_env],
+        "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
+        "readinessProbe": {"tcpSocket": {"port": REDIS_PORT}, "periodSeconds": 5},
+        "resources": _container_resources(redis_resources),
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    redis_volumes = [{"name": "data", "emptyDir": {"sizeLimit": redis_resources.memory}}]
+    # The valkey image's user is uid 999; our images run as uid 10001 (images/*/Dockerfile).
+    redis_security = {"runAsNonRoot": True, "runAsUser": 999, "runAsGroup": 999, "fsGroup": 999}
+    role_security = {"runAsNonRoot": True}
+
+    replicated_jobs = [
+        _replicated_job("redis", name, 1, 1,
+                        _pod_spec(redis, redis_resources, "OnFailure", redis_volumes, redis_security), 3, None),
+        _replicated_job("learner", name, 1, learner_nodes,
+                        _pod_spec(learner, learner_resources, "Never", [], role_security), 0, "redis"),
+        _replicated_job("generator", name, num_generators, 1,
+                        _pod_spec(generator, generator_resources, "OnFailure", [], role_security), 3, "redis"),
+    ]
+    _check_generated_names(name, replicated_jobs)
+
+    labels = {**_labels("sao", name), QUEUE_LABEL: queue_name}
+    if priority_class:
+        labels[PRIORITY_LABEL] = priority_class
+    return {
+        "apiVersion": JOBSET_API_VERSION,
+        "kind": "JobSet",
+        "metadata": {
+            "name": name,
+            "namespace": tenant,
+            "labels": labels,
+            "annotations": {RUN_ID_ANNOTATION: run_id, "posttrain.io/config-uri": config_uri},
+        },
+        "spec": {
+            "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+            "successPolicy": {"operator": "All", "targetReplicatedJobs": ["learner"]},
+            "failurePolicy": {
+                "maxRestarts": max_restarts,
+                "restartStrategy": "Recreate",
+                "rules": [
+                    {"name": "generatorRestartsAlone", "action": "RestartJob", "targetReplicatedJobs": ["generator"]},
+                ],
+            },
+            "ttlSecondsAfterFinished": ttl_seconds_after_finished,
+            "replicatedJobs": replicated_jobs,
+        },
+    }

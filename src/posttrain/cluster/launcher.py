@@ -1,0 +1,550 @@
+"""Submit the SAO JobSet, re-attach to it after a retry, follow it to the end, explain failures.
+
+Used by the ``train_sao`` KFP step on a cluster (it runs in the lightweight ``base`` image):
+
+    name = launch_or_attach(api, core, namespace, build_sao_jobset(...))
+    status = wait_for_jobset(api, core, namespace, name, poll_s=30, timeout_s=7 * 86400)
+
+* ``launch_or_attach`` creates the JobSet; on 409 AlreadyExists it attaches to the existing one if
+  it carries the same ``posttrain.io/run-id`` annotation (a retried step), and refuses otherwise.
+  Before creating, it checks that what the pods will need exists (Secrets and their keys,
+  ConfigMaps, the Kueue LocalQueue), so a missing Secret fails the step in seconds instead of
+  leaving pods in ``CreateContainerConfigError``.
+* ``watch_jobset`` polls the JobSet (bounded: every ``poll_s`` seconds until ``timeout_s``) and
+  yields a ``JobSetStatus`` whenever the phase or a replicatedJob count changes; while Kueue holds
+  the JobSet suspended it adds the Workload's admission message (e.g. waiting for quota).
+* ``wait_for_jobset`` consumes it, returns on ``Completed`` and raises ``JobSetFailed`` on ``Failed``
+  with the JobSet condition and the learner pod's termination reason, exit code and message.
+
+Transient API errors (5xx, connection errors) are retried ``max_api_errors`` times in a row, then
+raised; 401/403/404 are raised at once. Nothing here retries without bound.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import logging
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import urllib3
+from kubernetes.client import CoreV1Api, CustomObjectsApi
+from kubernetes.client.exceptions import ApiException
+
+from posttrain.cluster.jobset import QUEUE_LABEL, RUN_ID_ANNOTATION
+
+log = logging.getLogger(__name__)
+
+JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+TERMINAL_PHASES = ("Completed", "Failed")
+_URL_SAFE = re.compile(r"^[A-Za-z0-9._~-]+$")
+_MESSAGE_TAIL_CHARS = 2000
+
+
+class JobSetError(RuntimeError):
+    """Base class of launcher errors; the message names the JobSet and namespace."""
+
+
+class PreflightError(JobSetError):
+    """Something the JobSet's pods need is missing or unreadable (checked before creating it)."""
+
+
+class JobSetConflict(JobSetError):
+    """A JobSet of that name exists but belongs to a different run id."""
+
+
+class JobSetGone(JobSetError):
+    """The JobSet disappeared while being watched (deleted by someone else, or TTL)."""
+
+
+class JobSetTimeout(JobSetError, TimeoutError):
+    """The JobSet did not finish within ``timeout_s``.
+
+    Attributes:
+        last_status: The last status seen, or None if the JobSet was never read.
+    """
+
+    def __init__(self, message: str, last_status: JobSetStatus | None):
+        super().__init__(message)
+        self.last_status = last_status
+
+
+@dataclass(frozen=True)
+class PodFailure:
+    """One failed container of one pod of the JobSet.
+
+    Attributes:
+        pod: Pod name.
+        role: replicatedJob name (``learner``, ``generator``, ``redis``).
+        container: Container name.
+        exit_code: Process exit code (137 = SIGKILL, typically OOMKilled).
+        reason: Kubelet reason (``Error``, ``OOMKilled``, ``Evicted``...).
+        message: Termination message (the log tail with ``FallbackToLogsOnError``), or the log tail
+            read from ``pods/log`` when the message is empty; at most 2000 characters (the end).
+        finished_at: RFC 3339 time the container ended ("" when unknown).
+    """
+
+    pod: str
+    role: str
+    container: str
+    exit_code: int | None
+    reason: str
+    message: str
+    finished_at: str = ""
+
+    def describe(self) -> str:
+        """One line (plus the message) for humans."""
+        head = f"{self.role} pod {self.pod} container {self.container} exited {self.exit_code} ({self.reason})"
+        return f"{head}: {self.message}" if self.message else head
+
+
+class JobSetFailed(JobSetError):
+    """The JobSet reached ``Failed``.
+
+    Attributes:
+        name: JobSet name.
+        namespace: Its namespace.
+        reason: Reason of the JobSet ``Failed`` condition (``ReachedMaxRestarts``, ``FailedJobs``...).
+        condition_message: Message of that condition.
+        learner_failure: The most recent failed learner container, if any pod is left to read.
+        failures: Every failed container found, learner first, newest first.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        namespace: str,
+        reason: str,
+        condition_message: str,
+        failures: list[PodFailure],
+    ):
+        self.name = name
+        self.namespace = namespace
+        self.reason = reason
+        self.condition_message = condition_message
+        self.failures = failures
+        self.learner_failure = next((f for f in failures if f.role == "learner"), None)
+        text = f"JobSet {namespace}/{name} failed: {reason}: {condition_message}"
+        if self.learner_failure is not None:
+            text += f"\nlearner failure: {self.learner_failure.describe()}"
+        elif failures:
+            text += f"\nno failed learner pod found; first failure: {failures[0].describe()}"
+        else:
+            text += "\nno failed pod found (pods may have been deleted)"
+        super().__init__(text)
+
+
+@dataclass(frozen=True)
+class ReplicatedJobCounts:
+    """Child Job counts of one replicatedJob, from ``status.replicatedJobsStatus``."""
+
+    ready: int = 0
+    active: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    suspended: int = 0
+
+
+@dataclass(frozen=True)
+class JobSetStatus:
+    """What the launcher reports about a JobSet at one poll.
+
+    Attributes:
+        name: JobSet name.
+        phase: ``Queued`` (suspended, waiting for Kueue admission), ``Starting``, ``Running`` (every
+            replicatedJob has all its Jobs ready or done), ``Restarting``, ``Completed`` or ``Failed``.
+        restarts: ``status.restarts`` (group restarts so far).
+        replicated_jobs: Counts per replicatedJob name.
+        reason: Reason of the condition behind the phase (``ReachedMaxRestarts``, ``AllJobsCompleted``...).
+        message: Condition message, or Kueue's admission message while ``Queued``.
+    """
+
+    name: str
+    phase: str
+    restarts: int = 0
+    replicated_jobs: dict[str, ReplicatedJobCounts] = field(default_factory=dict)
+    reason: str = ""
+    message: str = ""
+
+    def key(self) -> tuple[Any, ...]:
+        """What counts as a transition: phase, restarts or any count changed (not the message)."""
+        return (self.phase, self.restarts, tuple(sorted(self.replicated_jobs.items())))
+
+    def summary(self) -> str:
+        """One line, e.g. ``sao-x Running restarts=0 learner 1/1 ready, generator 4/4 ready``."""
+        counts = ", ".join(
+            f"{n} {c.ready}r/{c.active}a/{c.succeeded}s/{c.failed}f" for n, c in sorted(self.replicated_jobs.items())
+        )
+        text = f"{self.name} {self.phase} restarts={self.restarts}"
+        text += f" [{counts}]" if counts else ""
+        return text + (f": {self.message}" if self.message else "")
+
+
+def _conditions(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {c.get("type", ""): c for c in (obj.get("status") or {}).get("conditions") or []}
+
+
+def jobset_status(obj: Mapping[str, Any]) -> JobSetStatus:
+    """Summarise a JobSet object (as returned by the API) into a ``JobSetStatus``.
+
+    Args:
+        obj: The JobSet dict with its ``spec`` and ``status``.
+    """
+    name = obj["metadata"]["name"]
+    status = obj.get("status") or {}
+    conds = _conditions(obj)
+    counts = {
+        r["name"]: ReplicatedJobCounts(
+            ready=r.get("ready", 0), active=r.get("active", 0), succeeded=r.get("succeeded", 0),
+            failed=r.get("failed", 0), suspended=r.get("suspended", 0),
+        )
+        for r in status.get("replicatedJobsStatus") or []
+    }
+    restarts = int(status.get("restarts", 0))
+
+    def true(kind: str) -> bool:
+        return conds.get(kind, {}).get("status") == "True"
+
+    if true("Completed") or status.get("terminalState") == "Completed":
+        phase, cond = "Completed", conds.get("Completed", {})
+    elif true("Failed") or status.get("terminalState") == "Failed":
+        phase, cond = "Failed", conds.get("Failed", {})
+    elif obj.get("spec", {}).get("suspend") or true("Suspended"):
+        phase, cond = "Queued", conds.get("Suspended", {})
+    elif true("RestartingJobSet"):
+        phase, cond = "Restarting", conds.get("RestartingJobSet", {})
+    else:
+        replicas = {r["name"]: r.get("replicas", 1) for r in obj.get("spec", {}).get("replicatedJobs", [])}
+        running = bool(replicas) and all(
+            counts.get(n, ReplicatedJobCounts()).ready + counts.get(n, ReplicatedJobCounts()).succeeded >= want
+            for n, want in replicas.items()
+        )
+        phase, cond = ("Running" if running else "Starting"), {}
+    return JobSetStatus(name=name, phase=phase, restarts=restarts, replicated_jobs=counts,
+                        reason=cond.get("reason", ""), message=cond.get("message", ""))
+
+
+def _check_preflight(api: CustomObjectsApi, core: CoreV1Api, namespace: str, jobset: Mapping[str, Any]) -> None:
+    """Check the LocalQueue, Secrets (and keys) and ConfigMaps the JobSet refers to.
+
+    Raises:
+        PreflightError: one of them is missing, unreadable, or the Redis password is not URL-safe.
+    """
+    queue = (jobset["metadata"].get("labels") or {}).get(QUEUE_LABEL)
+    secrets: dict[str, set[str]] = {}
+    config_maps: set[str] = set()
+    url_safe_keys: set[tuple[str, str]] = set()
+    for rjob in jobset["spec"]["replicatedJobs"]:
+        for container in rjob["template"]["spec"]["template"]["spec"]["containers"]:
+            for env in container.get("env", []):
+                ref = (env.get("valueFrom") or {}).get("secretKeyRef")
+                if ref:
+                    secrets.setdefault(ref["name"], set()).add(ref["key"])
+                    if env["name"] == "REDIS_PASSWORD":
+                        url_safe_keys.add((ref["name"], ref["key"]))
+            for src in container.get("envFrom", []):
+                if "secretRef" in src:
+                    secrets.setdefault(src["secretRef"]["name"], set())
+                if "configMapRef" in src:
+                    config_maps.add(src["configMapRef"]["name"])
+
+    def fail(what: str, exc: ApiException) -> PreflightError:
+        if exc.status == 404:
+            return PreflightError(f"{what} not found in namespace {namespace}; the JobSet's pods would never start")
+        return PreflightError(f"cannot read {what} in namespace {namespace} (HTTP {exc.status} {exc.reason}); check the pipeline-runner Role")
+
+    if queue:
+        try:
+            api.get_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, namespace, "localqueues", queue)
+        except ApiException as exc:
+            raise fail(f"Kueue LocalQueue {queue!r} (label {QUEUE_LABEL})", exc) from exc
+    for name, keys in sorted(secrets.items()):
+        try:
+            secret = core.read_namespaced_secret(name, namespace)
+        except ApiException as exc:
+            raise fail(f"Secret {name!r}", exc) from exc
+        data = secret.data or {}
+        for key in sorted(keys):
+            if key not in data:
+                raise PreflightError(f"Secret {namespace}/{name} has no key {key!r} (keys: {sorted(data)})")
+            if (name, key) in url_safe_keys and not _URL_SAFE.match(base64.b64decode(data[key]).decode("utf-8", "replace")):
+                raise PreflightError(
+                    f"Secret {namespace}/{name} key {key!r}: the Redis password must be URL-safe "
+                    "([A-Za-z0-9._~-], e.g. `openssl rand -hex 32`) because it is spliced into REDIS_URL"
+                )
+    for name in sorted(config_maps):
+        try:
+            core.read_namespaced_config_map(name, namespace)
+        except ApiException as exc:
+            raise fail(f"ConfigMap {name!r}", exc) from exc
+
+
+def launch_or_attach(
+    api: CustomObjectsApi,
+    core: CoreV1Api,
+    namespace: str,
+    jobset: Mapping[str, Any],
+    *,
+    preflight: bool = True,
+) -> str:
+    """Create the JobSet, or attach to the one a previous attempt of the same run created.
+
+    Args:
+        api: Custom objects client.
+        core: Core client (preflight reads Secrets, ConfigMaps).
+        namespace: Tenant namespace; must equal ``jobset.metadata.namespace`` when that is set.
+        jobset: The object from ``build_sao_jobset``.
+        preflight: Check what the pods refer to before creating.
+
+    Returns:
+        The JobSet name.
+
+    Raises:
+        ValueError: namespace mismatch or no name.
+        PreflightError: a referenced Secret/key, ConfigMap or LocalQueue is missing or unreadable.
+        JobSetConflict: the name is taken by a JobSet of another run id.
+        kubernetes.client.exceptions.ApiException: any other API error on create.
+    """
+    meta = jobset.get("metadata") or {}
+    name = meta.get("name")
+    if not name:
+        raise ValueError("jobset.metadata.name: missing")
+    if meta.get("namespace", namespace) != namespace:
+        raise ValueError(f"jobset.metadata.namespace {meta['namespace']!r} differs from namespace {namespace!r}")
+    body = {**jobset, "metadata": {**meta, "namespace": namespace}}
+    run_id = (meta.get("annotations") or {}).get(RUN_ID_ANNOTATION)
+    if preflight:
+        _check_preflight(api, core, namespace, body)
+    try:
+        api.create_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    else:
+        log.info("created JobSet %s/%s (run id %s)", namespace, name, run_id)
+        return name
+    existing = api.get_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name)
+    theirs = (existing.get("metadata", {}).get("annotations") or {}).get(RUN_ID_ANNOTATION)
+    if theirs != run_id:
+        raise JobSetConflict(
+            f"JobSet {namespace}/{name} already exists for run id {theirs!r}, not {run_id!r}; refusing to attach"
+        )
+    log.info("attached to existing JobSet %s/%s (run id %s)", namespace, name, run_id)
+    return name
+
+
+def _kueue_message(api: CustomObjectsApi, namespace: str, uid: str) -> str:
+    """Kueue's admission message for the JobSet's Workload (why it is still queued)."""
+    try:
+        workloads = api.list_namespaced_custom_object(
+            KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", label_selector=f"{KUEUE_JOB_UID_LABEL}={uid}"
+        )
+    except ApiException as exc:
+        return f"Kueue workload not readable (HTTP {exc.status} {exc.reason})"
+    items = workloads.get("items") or []
+    if not items:
+        return "no Kueue Workload yet (is Kueue installed and the JobSet integration enabled?)"
+    conds = _conditions(items[0])
+    for kind in ("QuotaReserved", "Admitted", "Evicted"):
+        cond = conds.get(kind)
+        if cond and cond.get("message"):
+            return f"Kueue {kind}={cond.get('status')} ({cond.get('reason', '')}): {cond['message']}"
+    return "Kueue Workload has no admission condition yet"
+
+
+def _transient(exc: Exception) -> bool:
+    if isinstance(exc, ApiException):
+        return exc.status in (0, 429) or exc.status >= 500
+    return isinstance(exc, urllib3.exceptions.HTTPError)
+
+
+def watch_jobset(
+    api: CustomObjectsApi,
+    namespace: str,
+    name: str,
+    *,
+    poll_s: float = 30.0,
+    timeout_s: float = 7 * 86400.0,
+    max_api_errors: int = 5,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[JobSetStatus]:
+    """Poll a JobSet and yield its status at the first poll and on every transition.
+
+    The generator ends after yielding a ``Completed`` or ``Failed`` status.
+
+    Args:
+        api: Custom objects client.
+        namespace: JobSet namespace.
+        name: JobSet name.
+        poll_s: Seconds between polls (> 0).
+        timeout_s: Seconds (from the first poll) after which ``JobSetTimeout`` is raised (> 0).
+        max_api_errors: Consecutive transient API errors tolerated before raising.
+        clock: Monotonic clock in seconds (tests pass a fake one).
+        sleep: Sleep function in seconds (tests pass a fake one).
+
+    Raises:
+        ValueError: ``poll_s`` or ``timeout_s`` not positive.
+        JobSetGone: the JobSet does not exist (404).
+        JobSetTimeout: not finished by the deadline.
+        JobSetError: more than ``max_api_errors`` transient errors in a row (chained to the last).
+        kubernetes.client.exceptions.ApiException: a non-transient API error (401, 403...).
+    """
+    if poll_s <= 0 or timeout_s <= 0:
+        raise ValueError(f"poll_s and timeout_s must be > 0, got poll_s={poll_s} timeout_s={timeout_s}")
+    deadline = clock() + timeout_s
+    last: JobSetStatus | None = None
+    errors = 0
+    while True:
+        try:
+            obj = api.get_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name)
+            errors = 0
+        except (ApiException, urllib3.exceptions.HTTPError) as exc:
+            if isinstance(exc, ApiException) and exc.status == 404:
+                raise JobSetGone(f"JobSet {namespace}/{name} does not exist (never created, or deleted while being watched)") from exc
+            if not _transient(exc):
+                raise
+            errors += 1
+            log.warning("reading JobSet %s/%s failed (%d/%d in a row): %s", namespace, name, errors, max_api_errors, exc)
+            if errors > max_api_errors:
+                raise JobSetError(
+                    f"JobSet {namespace}/{name}: {errors} API errors in a row while watching; giving up"
+                ) from exc
+        else:
+            status = jobset_status(obj)
+            if status.phase == "Queued":
+                status = dataclasses.replace(status, message=_kueue_message(api, namespace, obj["metadata"].get("uid", "")))
+            if last is None or status.key() != last.key():
+                yield status
+            last = status
+            if status.phase in TERMINAL_PHASES:
+                return
+        now = clock()
+        if now >= deadline:
+            where = f"; last status: {last.summary()}" if last else "; it was never read"
+            raise JobSetTimeout(f"JobSet {namespace}/{name} did not finish within {timeout_s:g} s{where}", last)
+        sleep(min(poll_s, deadline - now))
+
+
+def _tail(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= _MESSAGE_TAIL_CHARS else "..." + text[-_MESSAGE_TAIL_CHARS:]
+
+
+def pod_failures(core: CoreV1Api, namespace: str, name: str, *, read_logs: bool = True) -> list[PodFailure]:
+    """Failed containers of the JobSet's pods, learner first, then newest first.
+
+    A container counts as failed when its current or last termination has a non-zero exit code; an
+    evicted pod (``status.reason``) counts too. When a failed learner container left no termination
+    message, the last 50 log lines are read from ``pods/log`` instead.
+
+    Args:
+        core: Core client.
+        namespace: JobSet namespace.
+        name: JobSet name (pods carry label ``jobset.sigs.k8s.io/jobset-name``).
+        read_logs: Fall back to ``pods/log`` for empty learner messages.
+
+    Raises:
+        kubernetes.client.exceptions.ApiException: listing pods failed.
+    """
+    pods = core.list_namespaced_pod(namespace, label_selector=f"{JOBSET_NAME_LABEL}={name}").items
+    failures: list[PodFailure] = []
+    for pod in pods:
+        role = (pod.metadata.labels or {}).get(REPLICATED_JOB_LABEL, "?")
+        found = False
+        for cs in (pod.status.container_statuses if pod.status else None) or []:
+            for state in (cs.state, cs.last_state):
+                term = state.terminated if state else None
+                if term is None or not term.exit_code:
+                    continue
+                found = True
+                finished = term.finished_at.isoformat() if term.finished_at else ""
+                failures.append(PodFailure(pod.metadata.name, role, cs.name, term.exit_code,
+                                           term.reason or "", _tail(term.message or ""), finished))
+        if not found and pod.status and pod.status.reason:
+            failures.append(PodFailure(pod.metadata.name, role, "", None, pod.status.reason, _tail(pod.status.message or "")))
+    failures.sort(key=lambda f: f.finished_at, reverse=True)
+    failures.sort(key=lambda f: f.role != "learner")
+    if read_logs:
+        for i, f in enumerate(failures):
+            if f.role == "learner" and not f.message and f.container:
+                try:
+                    text = core.read_namespaced_pod_log(f.pod, namespace, container=f.container, tail_lines=50, previous=False)
+                except ApiException as exc:
+                    text = f"(log not readable: HTTP {exc.status} {exc.reason})"
+                failures[i] = PodFailure(f.pod, f.role, f.container, f.exit_code, f.reason, _tail(text), f.finished_at)
+    return failures
+
+
+def wait_for_jobset(
+    api: CustomObjectsApi,
+    core: CoreV1Api,
+    namespace: str,
+    name: str,
+    *,
+    poll_s: float = 30.0,
+    timeout_s: float = 7 * 86400.0,
+    on_status: Callable[[JobSetStatus], None] | None = None,
+    max_api_errors: int = 5,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> JobSetStatus:
+    """Follow a JobSet until it completes; report each transition through ``on_status``.
+
+    Args:
+        api: Custom objects client.
+        core: Core client (reads the failed pods).
+        namespace: JobSet namespace.
+        name: JobSet name.
+        poll_s: Seconds between polls.
+        timeout_s: Seconds after which ``JobSetTimeout`` is raised.
+        on_status: Called with every new status; default logs ``status.summary()`` at INFO.
+        max_api_errors: Consecutive transient API errors tolerated.
+        clock: Monotonic clock in seconds.
+        sleep: Sleep function in seconds.
+
+    Returns:
+        The ``Completed`` status.
+
+    Raises:
+        JobSetFailed: the JobSet failed; carries the learner's termination reason and message.
+        JobSetTimeout, JobSetGone, JobSetError: see ``watch_jobset``.
+    """
+    report = on_status or (lambda s: log.info("%s", s.summary()))
+    for status in watch_jobset(api, namespace, name, poll_s=poll_s, timeout_s=timeout_s,
+                               max_api_errors=max_api_errors, clock=clock, sleep=sleep):
+        report(status)
+        if status.phase == "Completed":
+            return status
+        if status.phase == "Failed":
+            raise JobSetFailed(name, namespace, status.reason or "Failed", status.message, pod_failures(core, namespace, name))
+    raise JobSetError(f"JobSet {namespace}/{name}: watch ended without a terminal status")
+
+
+def delete_jobset(api: CustomObjectsApi, namespace: str, name: str) -> bool:
+    """Delete a JobSet and (foreground propagation) its Jobs and pods, e.g. from an exit handler.
+
+    Returns:
+        True if it was deleted, False if it did not exist.
+
+    Raises:
+        kubernetes.client.exceptions.ApiException: any error other than 404.
+    """
+    try:
+        api.delete_namespaced_custom_object(
+            JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name, propagation_policy="Foreground"
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    log.info("deleted JobSet %s/%s", namespace, name)
+    return True

@@ -1,0 +1,186 @@
+"""Tenant rendering: valid objects, quota in a cohort, least-privilege RBAC, prefixes, and a Redis ACL
+rule that a real Valkey server enforces.
+
+Run: .venv/bin/python -m pytest -q tests/cluster/test_tenant.py
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+import redis
+import yaml
+
+from posttrain.cluster.jobset import SAOImages, build_sao_jobset
+from posttrain.cluster.tenant import (
+    PASSWORD_PLACEHOLDER,
+    redis_acl_rule,
+    render_tenant,
+    tenant_cli,
+    to_yaml,
+)
+from posttrain.cluster.validate import validate_objects
+from posttrain.services.embedded_redis import EmbeddedRedis
+
+
+def render(**overrides):
+    kwargs = dict(name="team-a", gpu_quota=8, cpu_quota="96", memory_quota="768Gi", borrowing_limit_gpus=4,
+                  lending_limit_gpus=2, s3_bucket="ml-data")
+    kwargs.update(overrides)
+    return render_tenant(**kwargs)
+
+
+def by_kind(objs, kind):
+    return [o for o in objs if o["kind"] == kind]
+
+
+def test_rendered_tenant_validates_against_kubernetes_and_kueue_schemas():
+    objs = render()
+    assert [o["kind"] for o in objs] == [
+        "Namespace", "ClusterQueue", "LocalQueue", "ServiceAccount", "Role", "RoleBinding", "ConfigMap",
+        "NetworkPolicy", "NetworkPolicy", "Secret",
+    ]
+    assert validate_objects(objs) == []
+
+
+def test_namespace_is_a_kubeflow_profile_namespace():
+    ns = by_kind(render(owner="lead@example.com"), "Namespace")[0]
+    assert ns["metadata"]["labels"]["app.kubernetes.io/part-of"] == "kubeflow-profile"
+    assert ns["metadata"]["annotations"] == {"owner": "lead@example.com"}
+
+
+def test_cluster_queue_shares_a_cohort_with_borrowing_and_lending_limits():
+    cq = by_kind(render(), "ClusterQueue")[0]
+    assert cq["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+    assert cq["spec"]["cohortName"] == "posttrain"
+    gpu = cq["spec"]["resourceGroups"][1]["flavors"][0]["resources"][0]
+    assert gpu == {"name": "nvidia.com/gpu", "nominalQuota": 8, "borrowingLimit": 4, "lendingLimit": 2}
+    assert cq["spec"]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}
+    lq = by_kind(render(), "LocalQueue")[0]
+    assert (lq["metadata"]["namespace"], lq["spec"]["clusterQueue"]) == ("team-a", cq["metadata"]["name"])
+
+
+def test_default_borrowing_limit_equals_the_quota_and_lending_is_unlimited():
+    gpu = by_kind(render(borrowing_limit_gpus=None, lending_limit_gpus=None), "ClusterQueue")[0]["spec"]["resourceGroups"][1]
+    assert gpu["flavors"][0]["resources"][0] == {"name": "nvidia.com/gpu", "nominalQuota": 8, "borrowingLimit": 8}
+
+
+def test_role_grants_what_the_launcher_calls_and_no_more():
+    role = by_kind(render(), "Role")[0]
+    rules = {(r["apiGroups"][0], r["resources"][0]): r for r in role["rules"]}
+    assert {"create", "get", "watch", "delete"} <= set(rules[("jobset.x-k8s.io", "jobsets")]["verbs"])
+    assert rules[("", "pods/log")]["verbs"] == ["get"]
+    assert {"get", "list"} <= set(rules[("kueue.x-k8s.io", "workloads")]["verbs"])
+    assert rules[("", "secrets")]["verbs"] == ["get"]
+    assert rules[("", "secrets")]["resourceNames"] == ["redis-credentials", "s3-credentials"]
+    binding = by_kind(render(), "RoleBinding")[0]
+    assert {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "team-a"} in binding["subjects"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+
+def test_role_covers_every_secret_and_config_map_the_jobset_refers_to():
+    """The launcher's preflight reads these by name; a missing resourceName would be a 403 in the cluster."""
+    objs = render()
+    rules = by_kind(objs, "Role")[0]["rules"]
+    allowed = {(r["resources"][0], n) for r in rules for n in r.get("resourceNames", [])}
+    js = build_sao_jobset("r1", "team-a", SAOImages("t:1", "g:1"), 1, "posttrain", "s3://b/c.yaml", "redis-credentials")
+    refs = set()
+    for rjob in js["spec"]["replicatedJobs"]:
+        for c in rjob["template"]["spec"]["template"]["spec"]["containers"]:
+            refs |= {("secrets", e["valueFrom"]["secretKeyRef"]["name"]) for e in c.get("env", []) if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]}
+            refs |= {("secrets", s["secretRef"]["name"]) for s in c.get("envFrom", []) if "secretRef" in s}
+            refs |= {("configmaps", s["configMapRef"]["name"]) for s in c.get("envFrom", []) if "configMapRef" in s}
+    assert refs and refs <= allowed
+    assert by_kind(objs, "LocalQueue")[0]["metadata"]["name"] == "posttrain"
+
+
+def test_config_map_holds_the_tenant_prefixes():
+    data = by_kind(render(mlflow_experiment="team-a/sao"), "ConfigMap")[0]["data"]
+    assert data["S3_PREFIX"] == "s3://ml-data/tenants/team-a/"
+    assert data["MLFLOW_EXPERIMENT_NAME"] == "team-a/sao"
+    assert data["REDIS_KEY_PREFIX"] == "team-a"
+    assert data["MLFLOW_TRACKING_URI"] == "http://mlflow.posttrain-system.svc.cluster.local:5000"
+
+
+def test_sandbox_pods_get_no_egress_and_generators_only_reach_the_shared_services():
+    policies = {p["metadata"]["name"]: p for p in by_kind(render(), "NetworkPolicy")}
+    sandbox = policies["sandbox-deny-egress"]["spec"]
+    assert sandbox == {"podSelector": {"matchLabels": {"posttrain.io/role": "sandbox"}}, "policyTypes": ["Egress"], "egress": []}
+    gen = policies["generator-egress"]["spec"]
+    ports = sorted(p["port"] for rule in gen["egress"] for p in rule["ports"])
+    assert ports == [53, 53, 5000, 6379, 6379, 8333]
+    assert gen["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "generator"
+
+
+def test_redis_acl_template_carries_a_placeholder_never_a_password():
+    objs = render()
+    secret = by_kind(objs, "Secret")[0]
+    assert secret["metadata"]["namespace"] == "posttrain-system"
+    rule = secret["stringData"]["users.acl"]
+    assert rule == f"user team-a on >{PASSWORD_PLACEHOLDER} ~team-a:* &team-a:* +@all -@admin -@dangerous"
+    assert secret["metadata"]["annotations"]["posttrain.io/password-from"] == "team-a/redis-credentials:password"
+    assert "data" not in secret  # nothing but the template
+
+
+@pytest.mark.integration
+def test_the_acl_rule_confines_a_tenant_to_its_prefix_on_a_real_valkey():
+    """Loads the rendered rule (placeholder replaced) into Valkey and attacks it as team-a."""
+    admin_pw, tenant_pw = "admin-pw-123", "0123abcd" * 4
+    with EmbeddedRedis() as server:
+        redis.Redis.from_url(server.url).config_set("requirepass", admin_pw)
+        admin = redis.Redis.from_url(server.url, password=admin_pw)
+        rule = redis_acl_rule("team-a", "team-a").replace(PASSWORD_PLACEHOLDER, tenant_pw)
+        assert admin.execute_command("ACL", "SETUSER", *rule.split()[1:]) in (b"OK", "OK", True)
+        admin.set("team-b:secret", "b")
+        team_a = redis.Redis.from_url(server.url, username="team-a", password=tenant_pw)
+        team_a.xadd("team-a:run-1:rollouts", {"rollout": b"\x01"})
+        team_a.xgroup_create("team-a:run-1:rollouts", "learner", id="0")
+        assert team_a.xreadgroup("learner", "c1", {"team-a:run-1:rollouts": ">"}, count=1)
+        team_a.publish("team-a:weights", "v1")
+        for attack in (lambda: team_a.get("team-b:secret"), lambda: team_a.set("posttrain:x", 1),
+                       lambda: team_a.flushall(), lambda: team_a.keys("*"), lambda: team_a.config_get("requirepass"),
+                       lambda: team_a.execute_command("ACL", "LIST"), lambda: team_a.publish("team-b:weights", "x")):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                attack()
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            redis.Redis.from_url(server.url, username="team-a", password="wrong", retry=None).ping()
+        assert admin.get("team-b:secret") == b"b"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"name": "Team-A"}, "name"),
+        ({"name": "a" * 41}, "name"),
+        ({"gpu_quota": -1}, "gpu_quota"),
+        ({"lending_limit_gpus": 9}, r"lending_limit_gpus \(9\) must be an integer between 0 and gpu_quota \(8\)"),
+        ({"borrowing_limit_gpus": -2}, "borrowing_limit_gpus"),
+        ({"cpu_quota": "lots"}, "cpu_quota"),
+        ({"memory_quota": "1 TB"}, "memory_quota"),
+        ({"s3_bucket": "Bad_Bucket"}, "s3_bucket"),
+        ({"cohort": "Pool"}, "cohort"),
+    ],
+)
+def test_bad_tenant_inputs_name_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        render(**overrides)
+
+
+def test_to_yaml_is_a_multi_document_stream_that_round_trips():
+    objs = render()
+    assert list(yaml.safe_load_all(to_yaml(objs))) == objs
+
+
+def test_tenant_cli_prints_the_yaml_and_rejects_bad_input_with_the_field_name():
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out):
+        assert tenant_cli(["team-b", "--gpu-quota", "4", "--cpu-quota", "32"]) == 0
+    docs = list(yaml.safe_load_all(out.getvalue()))
+    assert docs[0] == {"apiVersion": "v1", "kind": "Namespace", "metadata": docs[0]["metadata"]}
+    assert docs[1]["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0] == {"name": "cpu", "nominalQuota": "32"}
+    with redirect_stderr(err):
+        assert tenant_cli(["team-b", "--gpu-quota", "4", "--lending-limit-gpus", "5"]) == 2
+    assert re.search(r"error: lending_limit_gpus \(5\)", err.getvalue())
