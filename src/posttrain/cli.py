@@ -23,7 +23,23 @@ from posttrain.config import ConfigError, RunConfig, load_config
 
 
 def _config(args: argparse.Namespace) -> RunConfig:
-    return load_config(args.config, args.overrides)
+    """Load the run config from a path or ``s3://`` URI; ``REDIS_KEY_PREFIX`` (a tenant's) applies first."""
+    source = args.config_opt or args.config
+    if not source:
+        raise ConfigError("config: give a YAML path (positional) or --config PATH_OR_S3_URI")
+    overrides = list(args.overrides)
+    if os.environ.get("REDIS_KEY_PREFIX"):
+        overrides.insert(0, f"queue.key_prefix={os.environ['REDIS_KEY_PREFIX']}")
+    if source.startswith("s3://"):
+        import tempfile
+        from pathlib import Path
+
+        from posttrain.storage import storage_for
+
+        local = Path(tempfile.mkdtemp(prefix="posttrain-config-")) / "config.yaml"
+        local.write_bytes(storage_for(source).read_bytes(source))
+        source = str(local)
+    return load_config(source, overrides)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -92,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def with_config(p: argparse.ArgumentParser) -> None:
-        p.add_argument("config", help="YAML run config")
+        p.add_argument("config", nargs="?", help="YAML run config")
+        p.add_argument("--config", dest="config_opt", default=None, help="YAML run config path or s3:// URI")
         p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. sao.steps=10")
 
     p = sub.add_parser("run", help="run the whole flow of a config")
@@ -129,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
+    if not args.verbose:
+        # Load reports and weight-loading progress bars of transformers drown the run's own output.
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         return int(args.func(args))
     except ConfigError as exc:

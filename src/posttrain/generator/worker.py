@@ -126,7 +126,7 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
                 continue
             finally:
                 stats.episode_finished()
-            admission.commit(ticket)
+            admission.consume(ticket)
             stats.rollouts += 1
             stats.action_tokens += rollout.num_action_tokens
             stats.total_tokens += len(rollout.token_ids)
@@ -164,4 +164,10 @@ def run_generator(config: RunConfig, generator_id: str, redis_url: str, seed: in
     Raises:
         TimeoutError: if no weights are published within 600 s.
     """
+    import torch
+
+    if not torch.cuda.is_available():
+        # Generator and learner processes share the CPU cores; one thread each avoids the
+        # oversubscription that made the hf engine 12x slower on a 2-core machine.
+        torch.set_num_threads(1)
     return asyncio.run(_serve(config, generator_id, redis_url, seed))

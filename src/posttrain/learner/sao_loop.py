@@ -34,7 +34,7 @@ from posttrain.learner.checkpoint import LearnerState, latest_checkpoint, load_c
 from posttrain.learner.model import CriticModel, load_policy, load_tokenizer
 from posttrain.learner.optim import build_optimizer
 from posttrain.learner.sao_step import Trainable, sao_train_step
-from posttrain.rollout.admission import StalenessStats, is_stale
+from posttrain.rollout.admission import RedisAdmissionController, StalenessStats, is_stale
 from posttrain.rollout.queue import QueueEntry
 from posttrain.rollout.redis_streams import RedisPolicyVersionStore, RedisStreamQueue
 from posttrain.runtime import RunContext
@@ -109,6 +109,7 @@ def run_sao_learner(
     client = redis.Redis.from_url(redis_url)
     queue = RedisStreamQueue(client, ctx.keys, consumer="learner-0", maxlen=config.queue.maxlen)
     versions = RedisPolicyVersionStore(client, ctx.keys)
+    admission = RedisAdmissionController(client, ctx.keys, batch_size=sao.batch_size, max_staleness=sao.max_staleness)
     store = FilesystemWeightStore(ctx.weights_dir)
     tokenizer = load_tokenizer(ctx.tokenizer_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -140,12 +141,12 @@ def run_sao_learner(
     if ckpt is not None or store.latest_version() is None:
         # (Re)publish the weights the learner starts from. After a restart, generators may serve
         # weights the dead learner published after its last checkpoint; they reload these.
-        store.publish(policy_model.state_dict(), state.policy_version, start_model_dir)
+        store.publish(policy_model.state_dict(), state.policy_version, start_model_dir, overwrite=ckpt is not None)
     versions.set(state.policy_version)
     baseline = RunningMeanBaseline(sao.running_mean_window) if sao.advantage == "running_mean" else None
     if baseline is not None and state.baseline_rewards:
         baseline.load_state_dict({"window": sao.running_mean_window, "rewards": state.baseline_rewards})
-    staleness = StalenessStats()
+    staleness = StalenessStats(sao.max_staleness)
     counters = {"rollouts_trained": 0.0, "stale_dropped": 0.0, **state.counters}
 
     def checkpoint() -> None:
@@ -170,16 +171,18 @@ def run_sao_learner(
         buffer.extend(queue.claim_stale(config.queue.claim_idle_ms))
         for entry in queue.get_batch(sao.batch_size - len(buffer), timeout_s=config.queue.block_ms / 1000):
             if is_stale(entry.rollout.policy_version, state.policy_version, sao.max_staleness):
-                staleness.record_drop()
+                # A deliberate drop: counted, acknowledged, and its admission slot given back.
+                staleness.record_dropped()
                 counters["stale_dropped"] += 1
                 queue.ack([entry.entry_id])
+                admission.refund(1)
                 continue
             buffer.append(entry)
         if len(buffer) < sao.batch_size:
             continue
         entries, buffer = buffer[: sao.batch_size], buffer[sao.batch_size :]
         for e in entries:
-            staleness.record(state.policy_version - e.rollout.policy_version)
+            staleness.observe(e.rollout.policy_version, state.policy_version)
         batch = collate_rollouts([e.rollout for e in entries], pad_id)
         t0 = time.monotonic()
         result = sao_train_step(
