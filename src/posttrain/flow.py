@@ -50,11 +50,10 @@ def build_sft_examples(ctx: RunContext, tokenizer: Any, tasks: list[Any]) -> lis
     Observations come from actually stepping the environment with the reference actions, so
     multi-turn SFT data carries real tool output, tokenised exactly as rollouts are.
     """
-    from posttrain.envs.registry import make_environment
     from posttrain.generator.agent_loop import render_sft_example
     from posttrain.learner.sft import TokenExample
 
-    env = make_environment(ctx.config.data.env)
+    env = ctx.environment()
 
     async def one(task: Any) -> TokenExample:
         episode = env.start(task)
@@ -79,7 +78,6 @@ def build_sft_examples(ctx: RunContext, tokenizer: Any, tasks: list[Any]) -> lis
 def prepare(ctx: RunContext) -> None:
     """Create the tokenizer and the base model of the run (skipped when they exist)."""
     from posttrain.data.tokenizer import train_tokenizer
-    from posttrain.envs.registry import make_environment
     from posttrain.learner.model import build_tiny_model, load_tokenizer
 
     cfg = ctx.config
@@ -91,7 +89,7 @@ def prepare(ctx: RunContext) -> None:
             load_tokenizer(cfg.model.path).save_pretrained(str(ctx.tokenizer_dir))
         return
     if not (ctx.tokenizer_dir / "tokenizer.json").exists():
-        env = make_environment(cfg.data.env)
+        env = ctx.environment()
         texts: list[str] = []
         for task in ctx.tasks("train")[:2000] + ctx.tasks("eval"):
             episode = env.start(task)
@@ -142,7 +140,6 @@ def evaluate_policy(ctx: RunContext, model_dir: Path, *, engine_kind: str | None
         ``accuracy`` (mean of the env's ``correct`` metric, i.e. avg@k), ``reward_mean``,
         ``action_tokens_mean`` and ``num_rollouts``.
     """
-    from posttrain.envs.registry import make_environment
     from posttrain.generator.agent_loop import EpisodeLimits, run_episode
     from posttrain.generator.engines.factory import make_engine
     from posttrain.learner.model import load_tokenizer
@@ -151,7 +148,7 @@ def evaluate_policy(ctx: RunContext, model_dir: Path, *, engine_kind: str | None
     gen = cfg.generator
     tasks = ctx.tasks("eval")[: cfg.eval.num_tasks]
     tokenizer = load_tokenizer(model_dir)
-    env = make_environment(cfg.data.env)
+    env = ctx.environment()
     limits = EpisodeLimits(max_turns=gen.max_turns, max_new_tokens=gen.max_new_tokens,
                            max_episode_tokens=gen.max_episode_tokens, timeout_s=gen.episode_timeout_s)
     engine = make_engine(engine_kind or gen.engine, model_dir, policy_version=0, seed=cfg.seed,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -97,4 +98,12 @@ class RunContext:
             quarantine = self.run_dir / f"quarantine-{split}.jsonl"
             tasks = load_tasks_jsonl(Path(path), data.env, on_bad_row=data.on_bad_row, quarantine_path=quarantine)
             return tasks[:n]
+        if data.env in ("synthetic_arith", "synthetic_tool"):
+            return default_tasks(data.env, split, n, data.seed, **data.env_args)
         return default_tasks(data.env, split, n, data.seed)
+
+    def environment(self) -> Any:
+        """The configured environment, built with ``data.env_args``."""
+        from posttrain.envs.registry import make_environment
+
+        return make_environment(self.config.data.env, **self.config.data.env_args)

@@ -6,7 +6,7 @@ keys are errors (``extra="forbid"``), so a typo never silently falls back to a d
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -72,6 +72,8 @@ class DataConfig(_Strict):
 
     env: Literal["synthetic_arith", "synthetic_tool", "gsm8k", "math_tool", "swe"] = "synthetic_arith"
     """Environment (and task family)."""
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    """Constructor arguments of the environment (e.g. ``{low: 0, high: 20}`` for synthetic_arith)."""
     train_path: str | None = None
     """Task file for training (JSONL); None uses the environment's built-in source."""
     eval_path: str | None = None
@@ -179,6 +181,9 @@ class GeneratorConfig(_Strict):
     """Total tokens per rollout (prompt, actions and observations)."""
     episode_timeout_s: float = Field(120.0, gt=0.0, le=86400.0)
     """Wall time per episode (seconds)."""
+    admission_lease_s: float = Field(300.0, gt=0.0, le=7 * 86400.0)
+    """An admission ticket not used within this many seconds expires, so a killed generator's
+    tickets return to the pool; keep it above ``episode_timeout_s``."""
     temperature: float = Field(1.0, gt=0.0, le=10.0)
     """Sampling temperature; SAO training requires 1.0."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -253,6 +258,11 @@ class RunConfig(_Strict):
                     "generator.temperature and generator.top_p must both be 1.0 for technique=sao "
                     "(behaviour logprobs must be of the full softmax), got "
                     f"{self.generator.temperature} and {self.generator.top_p}"
+                )
+            if self.generator.admission_lease_s <= self.generator.episode_timeout_s:
+                raise ValueError(
+                    f"generator.admission_lease_s ({self.generator.admission_lease_s}) must be greater than "
+                    f"generator.episode_timeout_s ({self.generator.episode_timeout_s})"
                 )
             if self.sao.micro_batch_size > self.sao.batch_size:
                 raise ValueError(

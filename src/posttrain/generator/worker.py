@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import redis
 
 from posttrain.config import RunConfig
-from posttrain.envs.registry import make_environment
 from posttrain.generator.agent_loop import EpisodeLimits, run_episode
 from posttrain.generator.engines.factory import make_engine
 from posttrain.generator.stats import GeneratorStats, MeteredEngine
@@ -82,12 +81,13 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
     )
     engine = MeteredEngine(raw_engine, stats)
     tokenizer = load_tokenizer(ctx.tokenizer_dir)
-    env = make_environment(config.data.env)
+    env = ctx.environment()
     tasks = ctx.tasks("train")
     rng = random.Random(seed)
     queue = RedisStreamQueue(client, ctx.keys, consumer=f"generator-{generator_id}", maxlen=config.queue.maxlen)
     admission = RedisAdmissionController(
-        client, ctx.keys, batch_size=config.sao.batch_size, max_staleness=config.sao.max_staleness
+        client, ctx.keys, batch_size=config.sao.batch_size, max_staleness=config.sao.max_staleness,
+        lease_s=gen.admission_lease_s,
     )
     limits = EpisodeLimits(
         max_turns=gen.max_turns,
@@ -131,11 +131,24 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
             stats.action_tokens += rollout.num_action_tokens
             stats.total_tokens += len(rollout.token_ids)
 
+    def stamp(version: int) -> tuple[int, int]:
+        # A restarted learner re-publishes versions past its checkpoint: same number, new directory.
+        return version, store.path_for(version).stat().st_mtime_ns
+
+    served = stamp(version)
+
     async def watcher() -> None:
+        nonlocal served
         while not stopping.is_set():
             latest = store.latest_version()
-            if latest is not None and latest != engine.policy_version:
-                await engine.update_weights(store.path_for(latest), latest)
+            if latest is not None:
+                try:
+                    current = stamp(latest)
+                except FileNotFoundError:  # pruned or being replaced right now; look again next tick
+                    current = served
+                if current != served:
+                    await engine.update_weights(store.path_for(latest), latest)
+                    served = current
             client.hset(stats_key(ctx), generator_id, json.dumps(stats.snapshot()))
             if client.exists(stop_key(ctx)):
                 stopping.set()

@@ -130,6 +130,8 @@ def run_sao_learner(
         optimizers.update(critic_opt=critic.optimizer, critic_sched=critic.scheduler)
 
     state = LearnerState()
+    # After a restart, versions the dead learner published past its checkpoint are replaced.
+    resumed = ckpt is not None
     if ckpt is not None:
         state = load_checkpoint_state(ckpt, critic=critic.model if critic else None, optimizers=optimizers)
         # Entries the checkpoint already covers: acknowledge them now, never train on them again.
@@ -161,6 +163,10 @@ def run_sao_learner(
         queue.ack(state.consumed_entry_ids)
         state.consumed_entry_ids = []
 
+    # The ledger records which stream entries each iteration trained on (an audit trail; after a
+    # restart, iterations past the last checkpoint appear again with their re-delivered entries).
+    ledger = ctx.run_dir / "learner_ledger.jsonl"
+    ledger.parent.mkdir(parents=True, exist_ok=True)
     buffer: list[QueueEntry] = []
     done_here = 0
     bar = tqdm(total=sao.steps, initial=state.policy_version, desc="sao", disable=not progress, leave=False)
@@ -168,16 +174,20 @@ def run_sao_learner(
     while state.policy_version < sao.steps:
         if max_iterations is not None and done_here >= max_iterations:
             break
-        buffer.extend(queue.claim_stale(config.queue.claim_idle_ms))
-        for entry in queue.get_batch(sao.batch_size - len(buffer), timeout_s=config.queue.block_ms / 1000):
-            if is_stale(entry.rollout.policy_version, state.policy_version, sao.max_staleness):
-                # A deliberate drop: counted, acknowledged, and its admission slot given back.
-                staleness.record_dropped()
-                counters["stale_dropped"] += 1
-                queue.ack([entry.entry_id])
-                admission.refund(1)
-                continue
-            buffer.append(entry)
+        need = sao.batch_size - len(buffer)
+        if need > 0:
+            arrived = queue.claim_stale(config.queue.claim_idle_ms)
+            if len(arrived) < need:
+                arrived += queue.get_batch(need - len(arrived), timeout_s=config.queue.block_ms / 1000)
+            for entry in arrived:
+                if is_stale(entry.rollout.policy_version, state.policy_version, sao.max_staleness):
+                    # A deliberate drop: counted, acknowledged, and its admission slot given back.
+                    staleness.record_dropped()
+                    counters["stale_dropped"] += 1
+                    queue.ack([entry.entry_id])
+                    admission.refund(1)
+                    continue
+                buffer.append(entry)
         if len(buffer) < sao.batch_size:
             continue
         entries, buffer = buffer[: sao.batch_size], buffer[sao.batch_size :]
@@ -192,10 +202,13 @@ def run_sao_learner(
         state.iteration += 1
         done_here += 1
         state.consumed_entry_ids.extend(e.entry_id for e in entries)
+        with ledger.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"iteration": state.iteration, "policy_version": state.policy_version
+                                + int(result.policy_updated), "entry_ids": [e.entry_id for e in entries]}) + "\n")
         counters["rollouts_trained"] += len(entries)
         if result.policy_updated:
             state.policy_version += 1
-            store.publish(policy.model.state_dict(), state.policy_version, start_model_dir)
+            store.publish(policy.model.state_dict(), state.policy_version, start_model_dir, overwrite=resumed)
             versions.set(state.policy_version)
             bar.update(1)
         metrics = dict(result.metrics)

@@ -38,7 +38,7 @@ def value_loss(
         ``values``), ``value/returns_mean``, ``value/clip_frac`` (fraction of tokens where the
         clipped error is the larger one, so the gradient is zero),
         ``value/explained_variance`` (``1 - Var(returns - values) / Var(returns)``; 0.0 with fewer
-        than 2 tokens or zero return variance) and ``value/mse``. All 0.0 with no action token.
+        than 2 tokens or return variance below 1e-10) and ``value/mse``. All 0.0 with no action token.
 
     Raises:
         ValueError: shapes differ, ``action_mask`` is not bool, or ``value_clip <= 0``.
@@ -79,6 +79,6 @@ def value_loss(
             metrics["value/mse"] = float(((v - r) ** 2).mean())
             if num_tokens >= 2:
                 return_var = float(r.var(correction=0))
-                if return_var > 0:
+                if return_var > 1e-10:  # float noise on constant returns is not variance
                     metrics["value/explained_variance"] = 1.0 - float((r - v).var(correction=0)) / return_var
     return LossOutput(loss_sum=loss_sum, num_tokens=num_tokens, metrics=metrics)
