@@ -24,8 +24,10 @@ setup: $(STAMP)
 demo: setup
 	$(BIN)/posttrain run configs/sao_demo_cpu.yaml
 
+# One intra-op thread per process: tests start several processes on a 2-core machine, and
+# oversubscribed torch threads made single steps 10-100x slower there.
 test: setup
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

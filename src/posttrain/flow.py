@@ -160,7 +160,8 @@ def evaluate_policy(ctx: RunContext, model_dir: Path, *, engine_kind: str | None
 
         async def one(i: int, task: Any) -> Any:
             async with sem:
-                return await run_episode(engine, tokenizer, env, task, limits, generator_id="eval", seed=cfg.seed + i)
+                return await run_episode(engine, tokenizer, env, task, limits, generator_id="eval", seed=cfg.seed + i,
+                                         temperature=cfg.eval.temperature)
 
         jobs = [one(i * 1000 + k, t) for i, t in enumerate(tasks) for k in range(cfg.eval.samples_per_task)]
         return await asyncio.gather(*jobs)

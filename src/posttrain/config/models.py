@@ -249,9 +249,20 @@ class RunConfig(_Strict):
     queue: QueueConfig = Field(default_factory=QueueConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    sft: SFTTechniqueConfig = Field(default_factory=lambda: SFTTechniqueConfig())
+    """Techniques sft and cpt: data file, packing, batch shape, optimizer (posttrain.config.techniques)."""
+    dpo: DPOTechniqueConfig = Field(default_factory=lambda: DPOTechniqueConfig())
+    """Technique dpo: preference file, reference mode, beta, batch shape, optimizer."""
+    grpo: GRPOTechniqueConfig = Field(default_factory=lambda: GRPOTechniqueConfig())
+    """Technique grpo: group size, clipping, KL, uniform-group dropping, synchronous or asynchronous."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
+        if self.technique == "grpo" and self.grpo.async_ and self.generator.top_p != 1.0:
+            raise ValueError(
+                "generator.top_p must be 1.0 with technique=grpo and grpo.async true (the DIS ratio needs "
+                f"full-softmax behaviour logprobs), got {self.generator.top_p}"
+            )
         if self.technique == "sao":
             if self.generator.temperature != 1.0 or self.generator.top_p != 1.0:
                 raise ValueError(
@@ -298,3 +309,13 @@ class DPOLossConfig(_Strict):
     """Inverse temperature of the implicit reward."""
     label_smoothing: float = Field(0.0, ge=0.0, lt=0.5)
     """Conservative DPO label smoothing; 0 is plain DPO."""
+
+
+# At the bottom: techniques.py imports OptimConfig and the loss configs defined above.
+from posttrain.config.techniques import (  # noqa: E402
+    DPOTechniqueConfig,
+    GRPOTechniqueConfig,
+    SFTTechniqueConfig,
+)
+
+RunConfig.model_rebuild()

@@ -71,7 +71,7 @@ def data_dir() -> Path:
     return path
 
 
-class _RowSink:
+class RowSink:
     """Applies the bad-row policy: raise, or append ``{file, line, field, reason, row}`` to a file."""
 
     def __init__(self, path: Path, on_bad_row: OnBadRow, quarantine_path: Path | None) -> None:
@@ -100,7 +100,7 @@ class _RowSink:
         return TaskLoadResult(tasks, self.count, self.quarantine_path if self.count else None)
 
 
-def _jsonl_rows(path: Path, sink: _RowSink) -> Iterator[tuple[int, dict[str, Any]]]:
+def jsonl_rows(path: Path, sink: RowSink) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line_number, object)`` for each non-blank line; bad JSON goes to ``sink``."""
     if not path.is_file():
         raise FileNotFoundError(f"task file {path} does not exist")
@@ -119,7 +119,7 @@ def _jsonl_rows(path: Path, sink: _RowSink) -> Iterator[tuple[int, dict[str, Any
             yield lineno, obj
 
 
-def _text(obj: dict[str, Any], key: str, path: Path, lineno: int, *, allow_number: bool = False) -> str:
+def text_field(obj: dict[str, Any], key: str, path: Path, lineno: int, *, allow_number: bool = False) -> str:
     """A required non-empty string field (numbers accepted and converted when ``allow_number``)."""
     if key not in obj:
         raise DatasetError(path, lineno, key, "missing")
@@ -178,10 +178,10 @@ def read_tasks_jsonl(
         ValueError: bad ``on_bad_row`` / missing ``quarantine_path``.
     """
     p = Path(path)
-    sink = _RowSink(p, on_bad_row, Path(quarantine_path) if quarantine_path is not None else None)
+    sink = RowSink(p, on_bad_row, Path(quarantine_path) if quarantine_path is not None else None)
     tasks: list[Task] = []
     seen: set[str] = set()
-    for lineno, obj in _jsonl_rows(p, sink):
+    for lineno, obj in jsonl_rows(p, sink):
         try:
             task_id = obj.get("task_id", f"{p.stem}-{lineno}")
             if not isinstance(task_id, str) or not task_id:
@@ -191,8 +191,8 @@ def read_tasks_jsonl(
             task = Task(
                 task_id=task_id,
                 env_name=env_name,
-                prompt=_text(obj, "prompt", p, lineno),
-                reference=_text(obj, "reference", p, lineno, allow_number=True).strip(),
+                prompt=text_field(obj, "prompt", p, lineno),
+                reference=text_field(obj, "reference", p, lineno, allow_number=True).strip(),
                 data_source=data_source if data_source is not None else p.stem,
                 metadata=_metadata(obj, p, lineno),
             )
@@ -253,12 +253,12 @@ def load_gsm8k(
     if split not in ("train", "test"):
         raise ValueError(f"split: expected 'train' or 'test', got {split!r}")
     p = Path(path) if path is not None else data_dir() / "gsm8k" / f"{split}.jsonl"
-    sink = _RowSink(p, on_bad_row, Path(quarantine_path) if quarantine_path is not None else None)
+    sink = RowSink(p, on_bad_row, Path(quarantine_path) if quarantine_path is not None else None)
     tasks: list[Task] = []
-    for lineno, obj in _jsonl_rows(p, sink):
+    for lineno, obj in jsonl_rows(p, sink):
         try:
-            question = _text(obj, "question", p, lineno)
-            answer = _text(obj, "answer", p, lineno)
+            question = text_field(obj, "question", p, lineno)
+            answer = text_field(obj, "answer", p, lineno)
             final = gsm8k_final_answer(answer)
             if final is None:
                 raise DatasetError(p, lineno, "answer", "no final answer after '####'")
@@ -294,12 +294,12 @@ def load_beyond_aime(
         DatasetError: a bad row with ``on_bad_row="stop"``.
     """
     p = Path(path) if path is not None else data_dir() / "beyond_aime" / "beyondaime_test.jsonl"
-    sink = _RowSink(p, on_bad_row, Path(quarantine_path) if quarantine_path is not None else None)
+    sink = RowSink(p, on_bad_row, Path(quarantine_path) if quarantine_path is not None else None)
     tasks: list[Task] = []
-    for lineno, obj in _jsonl_rows(p, sink):
+    for lineno, obj in jsonl_rows(p, sink):
         try:
-            problem = _text(obj, "problem", p, lineno)
-            answer = _text(obj, "answer", p, lineno, allow_number=True).strip()
+            problem = text_field(obj, "problem", p, lineno)
+            answer = text_field(obj, "answer", p, lineno, allow_number=True).strip()
         except DatasetError as err:
             sink.bad(err, obj)
             continue
@@ -339,7 +339,7 @@ def load_dapo_math(
         import pyarrow.parquet as pq
     except ImportError as exc:
         raise ImportError(f"reading {p} needs pyarrow: pip install pyarrow") from exc
-    sink = _RowSink(p, on_bad_row, Path(quarantine_path) if quarantine_path is not None else None)
+    sink = RowSink(p, on_bad_row, Path(quarantine_path) if quarantine_path is not None else None)
     tasks: list[Task] = []
     seen: set[str] = set()
     for row_no, row in enumerate(pq.read_table(p).to_pylist(), start=1):

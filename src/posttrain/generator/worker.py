@@ -19,6 +19,7 @@ import random
 import signal
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -26,6 +27,7 @@ from posttrain.config import RunConfig
 from posttrain.generator.agent_loop import EpisodeLimits, run_episode
 from posttrain.generator.engines.factory import make_engine
 from posttrain.generator.stats import GeneratorStats, MeteredEngine
+from posttrain.learner.grpo import run_group
 from posttrain.learner.model import load_tokenizer
 from posttrain.records import RecordError
 from posttrain.rollout.admission import RedisAdmissionController
@@ -100,6 +102,56 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
     loop.add_signal_handler(signal.SIGTERM, stopping.set)
     stats.started_at = time.time()
 
+    group_size = config.grpo.group_size if config.technique == "grpo" else 1
+    group_lock = asyncio.Lock()
+
+    async def tickets_for_group() -> list[Any]:
+        """``group_size`` tickets, or none: a partial set is released, so group slots never deadlock."""
+        async with group_lock:
+            held: list[Any] = []
+            while len(held) < group_size and not stopping.is_set():
+                t0 = time.monotonic()
+                ticket = await asyncio.to_thread(admission.acquire, 1.0)
+                stats.admission_wait_s += time.monotonic() - t0
+                if ticket is None:
+                    break
+                held.append(ticket)
+            if len(held) < group_size:
+                for ticket in held:
+                    admission.release(ticket)
+                return []
+            return held
+
+    async def group_slot(index: int) -> None:
+        """GRPO: G episodes of one task sharing a group_id; a group is sent whole or not at all."""
+        while not stopping.is_set():
+            tickets = await tickets_for_group()
+            if not tickets:
+                continue
+            task = tasks[rng.randrange(len(tasks))]
+            for _ in tickets:
+                stats.episode_started()
+            try:
+                rollouts = await run_group(
+                    engine, tokenizer, env, task, limits, group_size=group_size, seed=rng.randrange(2**31),
+                    generator_id=generator_id, temperature=gen.temperature, top_p=gen.top_p,
+                )
+            except (OSError, RuntimeError, ValueError) as exc:
+                stats.failed += 1
+                for ticket in tickets:
+                    admission.release(ticket)
+                log.error("generator %s: group of %s failed: %s", generator_id, task.task_id, exc)
+                continue
+            finally:
+                for _ in tickets:
+                    stats.episode_finished()
+            for ticket, rollout in zip(tickets, rollouts, strict=True):
+                await asyncio.to_thread(queue.put, rollout)
+                admission.consume(ticket)
+                stats.rollouts += 1
+                stats.action_tokens += rollout.num_action_tokens
+                stats.total_tokens += len(rollout.token_ids)
+
     async def slot(index: int) -> None:
         while not stopping.is_set():
             t0 = time.monotonic()
@@ -155,7 +207,11 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
             await asyncio.sleep(0.2)
 
     try:
-        await asyncio.gather(watcher(), *(slot(i) for i in range(gen.episodes_in_flight)))
+        if group_size > 1:
+            slots = [group_slot(i) for i in range(max(1, gen.episodes_in_flight // group_size))]
+        else:
+            slots = [slot(i) for i in range(gen.episodes_in_flight)]
+        await asyncio.gather(watcher(), *slots)
     finally:
         client.hset(stats_key(ctx), generator_id, json.dumps(stats.snapshot()))
         engine.close()

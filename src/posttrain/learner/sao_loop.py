@@ -30,7 +30,13 @@ from tqdm import tqdm
 from posttrain.advantages import RunningMeanBaseline
 from posttrain.config import RunConfig
 from posttrain.learner.batching import collate_rollouts
-from posttrain.learner.checkpoint import LearnerState, latest_checkpoint, load_checkpoint_state, save_checkpoint
+from posttrain.learner.checkpoint import (
+    LearnerState,
+    latest_checkpoint,
+    load_checkpoint_state,
+    save_checkpoint,
+)
+from posttrain.learner.grpo import GroupAssembler, collect_groups, grpo_train_step
 from posttrain.learner.model import CriticModel, load_policy, load_tokenizer
 from posttrain.learner.optim import build_optimizer
 from posttrain.learner.sao_step import Trainable, sao_train_step
@@ -126,6 +132,10 @@ def run_sao_learner(
         )
         critic = Trainable(critic_model, c_opt, c_sched)
     optimizers = {"policy_opt": p_opt, "policy_sched": p_sched}
+    # Asynchronous GRPO ("GRPO + DIS"): whole groups, group-relative advantages, no critic.
+    grpo = config.grpo if config.technique == "grpo" else None
+    assembler = GroupAssembler(grpo.group_size) if grpo is not None else None
+    reference = load_policy(start_model_dir).eval() if grpo is not None and grpo.loss.kl_coef > 0 else None
     if critic is not None:
         optimizers.update(critic_opt=critic.optimizer, critic_sched=critic.scheduler)
 
@@ -174,30 +184,52 @@ def run_sao_learner(
     while state.policy_version < sao.steps:
         if max_iterations is not None and done_here >= max_iterations:
             break
-        need = sao.batch_size - len(buffer)
-        if need > 0:
+        if assembler is not None and grpo is not None:
             arrived = queue.claim_stale(config.queue.claim_idle_ms)
-            if len(arrived) < need:
-                arrived += queue.get_batch(need - len(arrived), timeout_s=config.queue.block_ms / 1000)
-            for entry in arrived:
-                if is_stale(entry.rollout.policy_version, state.policy_version, sao.max_staleness):
-                    # A deliberate drop: counted, acknowledged, and its admission slot given back.
-                    staleness.record_dropped()
-                    counters["stale_dropped"] += 1
-                    queue.ack([entry.entry_id])
-                    admission.refund(1)
-                    continue
-                buffer.append(entry)
-        if len(buffer) < sao.batch_size:
-            continue
-        entries, buffer = buffer[: sao.batch_size], buffer[sao.batch_size :]
+            arrived += queue.get_batch(sao.batch_size, timeout_s=config.queue.block_ms / 1000)
+            ready, dropped = collect_groups(assembler, arrived, learner_version=state.policy_version,
+                                            max_staleness=sao.max_staleness, num_groups=grpo.prompts_per_step)
+            if dropped:  # whole groups: stale, or members without a group id
+                staleness.record_dropped(len(dropped))
+                counters["stale_dropped"] += len(dropped)
+                queue.ack([e.entry_id for e in dropped])
+                admission.refund(len(dropped))
+            if ready is None:
+                continue
+            entries = ready
+        else:
+            need = sao.batch_size - len(buffer)
+            if need > 0:
+                arrived = queue.claim_stale(config.queue.claim_idle_ms)
+                if len(arrived) < need:
+                    arrived += queue.get_batch(need - len(arrived), timeout_s=config.queue.block_ms / 1000)
+                for entry in arrived:
+                    if is_stale(entry.rollout.policy_version, state.policy_version, sao.max_staleness):
+                        # A deliberate drop: counted, acknowledged, and its admission slot given back.
+                        staleness.record_dropped()
+                        counters["stale_dropped"] += 1
+                        queue.ack([entry.entry_id])
+                        admission.refund(1)
+                        continue
+                    buffer.append(entry)
+            if len(buffer) < sao.batch_size:
+                continue
+            entries, buffer = buffer[: sao.batch_size], buffer[sao.batch_size :]
         for e in entries:
             staleness.observe(e.rollout.policy_version, state.policy_version)
         batch = collate_rollouts([e.rollout for e in entries], pad_id)
         t0 = time.monotonic()
-        result = sao_train_step(
-            policy=policy, critic=critic, batch=batch, config=sao, iteration=state.iteration, baseline=baseline
-        )
+        if grpo is not None:
+            result = grpo_train_step(
+                policy=policy, batch=batch, group_ids=[str(e.rollout.group_id) for e in entries], config=grpo,
+                reference=reference, temperature=config.generator.temperature,
+            )
+            # Rollouts of dropped uniform groups trained nothing: give their admission slots back.
+            admission.refund(len(entries) - int(result.metrics["grpo/rollouts_kept"]))
+        else:
+            result = sao_train_step(
+                policy=policy, critic=critic, batch=batch, config=sao, iteration=state.iteration, baseline=baseline
+            )
         step_s = time.monotonic() - t0
         state.iteration += 1
         done_here += 1
@@ -206,6 +238,9 @@ def run_sao_learner(
             f.write(json.dumps({"iteration": state.iteration, "policy_version": state.policy_version
                                 + int(result.policy_updated), "entry_ids": [e.entry_id for e in entries]}) + "\n")
         counters["rollouts_trained"] += len(entries)
+        counters["action_tokens_trained"] = counters.get("action_tokens_trained", 0.0) + float(
+            result.metrics.get("grpo/action_tokens_kept", batch.num_action_tokens)
+        )
         if result.policy_updated:
             state.policy_version += 1
             store.publish(policy.model.state_dict(), state.policy_version, start_model_dir, overwrite=resumed)
@@ -220,6 +255,7 @@ def run_sao_learner(
             "learner/iteration": float(state.iteration),
             "throughput/rollouts_per_s": counters["rollouts_trained"] / elapsed,
             "throughput/action_tokens_per_s": batch.num_action_tokens / max(step_s, 1e-9),
+            "throughput/trained_action_tokens_per_s": counters["action_tokens_trained"] / elapsed,
             "queue/dead_letters": float(queue.dead_letter_count()),
             "queue/length": float(queue.length()),
             "rollouts/correct_mean": sum(e.rollout.metrics.get("correct", 0.0) for e in entries) / len(entries),

@@ -1,0 +1,279 @@
+"""DPO learner (``technique: dpo``): tokenise preference pairs, reference logprobs, train on the sigmoid loss.
+
+Sigmoid DPO (Rafailov et al., arXiv 2305.18290, eq. 7; ``posttrain.losses.dpo_loss``). Each pair
+is rendered as a one-turn chat (the prompt as the user message, the response as the assistant
+message) with the same ``render_sft_example`` the SFT data and the agent loop use, so the
+sequence log-probability ``log pi(y | x)`` sums exactly the assistant tokens (the response and
+its end-of-turn token).
+
+Reference log-probabilities come from a frozen copy of the starting model, either computed
+once for every pair before training (``dpo.reference: precompute``; the reference model is then
+freed) or for each batch (``per_batch``). Chosen and rejected responses of a micro-batch go
+through one forward pass of ``2 x micro_batch_size`` rows; the summed loss is divided by the
+step's pair count (``GradientAccumulator``), so micro-batching does not change the gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from posttrain.config.techniques import DPOTechniqueConfig
+from posttrain.learner.accumulate import EpochSampler, GradientAccumulator
+from posttrain.learner.optim import build_optimizer, clip_and_step
+from posttrain.losses.dpo import dpo_loss
+from posttrain.losses.logprobs import token_logprobs
+from posttrain.records import PreferencePair
+
+
+@dataclass
+class PairTokens:
+    """A tokenised preference pair.
+
+    Attributes:
+        chosen_ids: ``[Tc]`` int. Prompt and chosen response tokens.
+        chosen_mask: ``[Tc]`` bool. True on the response tokens (the log-probability is summed over them).
+        rejected_ids: ``[Tr]`` int. Prompt and rejected response tokens.
+        rejected_mask: ``[Tr]`` bool. True on the response tokens.
+    """
+
+    chosen_ids: list[int]
+    chosen_mask: list[bool]
+    rejected_ids: list[int]
+    rejected_mask: list[bool]
+
+
+def tokenize_pair(tokenizer: Any, pair: PreferencePair, max_seq_len: int, chat: Any = None) -> PairTokens:
+    """Render a pair as two one-turn chats and truncate each to ``max_seq_len`` tokens.
+
+    Args:
+        tokenizer: transformers tokenizer with a chat template.
+        pair: ``prompt``, ``chosen`` and ``rejected`` text.
+        max_seq_len: Longest sequence (tokens).
+        chat: A prebuilt ``posttrain.generator.agent_loop.ChatFormat`` (built when None).
+
+    Returns:
+        The tokenised pair.
+
+    Raises:
+        ValueError: ``chosen`` (field ``chosen``) or ``rejected`` (field ``rejected``) has no
+            token left after truncation: the prompt alone fills ``max_seq_len``.
+    """
+    from posttrain.generator.agent_loop import render_sft_example
+
+    out: dict[str, tuple[list[int], list[bool]]] = {}
+    for name, response in (("chosen", pair.chosen), ("rejected", pair.rejected)):
+        ids, mask = render_sft_example(
+            tokenizer, [{"role": "user", "content": pair.prompt}, {"role": "assistant", "content": response}], chat
+        )
+        ids, mask = list(ids[:max_seq_len]), list(mask[:max_seq_len])
+        if not any(mask):
+            raise ValueError(f"{name}: no response token within max_seq_len={max_seq_len} (the prompt fills it)")
+        out[name] = (ids, mask)
+    return PairTokens(out["chosen"][0], out["chosen"][1], out["rejected"][0], out["rejected"][1])
+
+
+def collate_pairs(pairs: Sequence[PairTokens], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stack chosen rows then rejected rows, right-padded.
+
+    Returns:
+        ``(token_ids [2B, T] int64, attention_mask [2B, T] bool, response_mask [2B, T] bool)``;
+        rows ``0..B-1`` are the chosen responses, rows ``B..2B-1`` the rejected ones.
+
+    Raises:
+        ValueError: ``pairs`` is empty.
+    """
+    if not pairs:
+        raise ValueError("pairs: empty")
+    seqs = [(p.chosen_ids, p.chosen_mask) for p in pairs] + [(p.rejected_ids, p.rejected_mask) for p in pairs]
+    width = max(len(ids) for ids, _ in seqs)
+    ids_t = torch.full((len(seqs), width), pad_token_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.bool)
+    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for row, (ids, m) in enumerate(seqs):
+        ids_t[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attn[row, : len(ids)] = True
+        mask[row, : len(ids)] = torch.tensor(m, dtype=torch.bool)
+    return ids_t, attn, mask
+
+
+def sequence_logprobs(
+    model: nn.Module, token_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor
+) -> torch.Tensor:
+    """Summed log-probability of each row's response tokens.
+
+    Args:
+        model: HF causal LM.
+        token_ids: [R, T] int64. Right-padded sequences.
+        attention_mask: [R, T] bool. True on real tokens.
+        response_mask: [R, T] bool. True on the tokens whose log-probabilities are summed.
+
+    Returns:
+        [R] float32 (nats), with gradient when ``model`` has one.
+    """
+    logits = model(input_ids=token_ids, attention_mask=attention_mask.long(), use_cache=False).logits
+    logprobs = token_logprobs(logits, token_ids)
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    return torch.where(response_mask, logprobs, zero).sum(dim=1)
+
+
+@torch.no_grad()
+def reference_logprobs(
+    reference: nn.Module, pairs: Sequence[PairTokens], *, pad_token_id: int, micro_batch_size: int
+) -> torch.Tensor:
+    """Reference-model sequence log-probabilities of every pair.
+
+    Returns:
+        [P, 2] float32: column 0 the chosen, column 1 the rejected response (nats), no gradient.
+    """
+    reference.eval()
+    out = torch.zeros((len(pairs), 2), dtype=torch.float32)
+    for lo in range(0, len(pairs), micro_batch_size):
+        part = pairs[lo : lo + micro_batch_size]
+        ids, attn, mask = collate_pairs(part, pad_token_id)
+        seq = sequence_logprobs(reference, ids, attn, mask)
+        out[lo : lo + len(part), 0] = seq[: len(part)]
+        out[lo : lo + len(part), 1] = seq[len(part) :]
+    return out
+
+
+def dpo_step(
+    policy: nn.Module,
+    pairs: Sequence[PairTokens],
+    ref: torch.Tensor,
+    config: DPOTechniqueConfig,
+    *,
+    pad_token_id: int,
+) -> GradientAccumulator:
+    """Forward/backward of one optimizer step's pairs in micro-batches (no optimizer step).
+
+    Args:
+        policy: The model being trained.
+        pairs: The step's pairs.
+        ref: [P, 2] float32. Reference log-probabilities of ``pairs`` (chosen, rejected).
+        config: ``dpo`` section (micro-batch size, beta, label smoothing).
+        pad_token_id: Padding token id.
+
+    Returns:
+        The accumulator: ``loss`` (mean DPO loss per pair), ``num_tokens`` (pairs) and the metrics
+        of ``dpo_loss`` averaged over pairs.
+
+    Raises:
+        ValueError: ``ref`` is not ``[len(pairs), 2]``.
+    """
+    if ref.shape != (len(pairs), 2):
+        raise ValueError(f"ref: expected shape ({len(pairs)}, 2), got {tuple(ref.shape)}")
+    acc = GradientAccumulator(len(pairs))
+    mbs = config.micro_batch_size
+    for lo in range(0, len(pairs), mbs):
+        part = pairs[lo : lo + mbs]
+        ids, attn, mask = collate_pairs(part, pad_token_id)
+        seq = sequence_logprobs(policy, ids, attn, mask)
+        n = len(part)
+        acc.backward(dpo_loss(seq[:n], seq[n:], ref[lo : lo + n, 0], ref[lo : lo + n, 1], config.loss))
+    return acc
+
+
+@torch.no_grad()
+def preference_metrics(
+    policy: nn.Module,
+    pairs: Sequence[PairTokens],
+    ref: torch.Tensor,
+    config: DPOTechniqueConfig,
+    *,
+    pad_token_id: int,
+) -> dict[str, float]:
+    """Preference accuracy and margin of ``policy`` against the reference on ``pairs`` (no gradient).
+
+    Accuracy is the fraction of pairs whose implicit reward margin
+    ``beta * [(chosen - ref_chosen) - (rejected - ref_rejected)]`` is > 0; at the start of
+    training (policy = reference) every margin is 0 and the accuracy is 0.
+
+    Returns:
+        ``dpo/accuracy``, ``dpo/margin``, ``dpo/chosen_reward``, ``dpo/rejected_reward``,
+        ``loss/dpo`` (means over pairs); empty when ``pairs`` is empty.
+    """
+    if not pairs:
+        return {}
+    was_training = policy.training
+    policy.eval()
+    acc = GradientAccumulator(len(pairs))
+    for lo in range(0, len(pairs), config.micro_batch_size):
+        part = pairs[lo : lo + config.micro_batch_size]
+        ids, attn, mask = collate_pairs(part, pad_token_id)
+        seq = sequence_logprobs(policy, ids, attn, mask)
+        n = len(part)
+        acc.record(dpo_loss(seq[:n], seq[n:], ref[lo : lo + n, 0], ref[lo : lo + n, 1], config.loss))
+    policy.train(was_training)
+    return acc.metrics("loss/dpo")
+
+
+def train_dpo(
+    policy: nn.Module,
+    pairs: Sequence[PairTokens],
+    ref: torch.Tensor,
+    config: DPOTechniqueConfig,
+    *,
+    pad_token_id: int,
+    reference: nn.Module | None = None,
+    seed: int = 0,
+    start_step: int = 0,
+    optimizers: tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR] | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> dict[str, float]:
+    """Train ``policy`` in place for ``config.steps`` optimizer steps of ``config.batch_size`` pairs.
+
+    Args:
+        policy: HF causal LM being trained.
+        pairs: Training pairs (``tokenize_pair``).
+        ref: [P, 2] float32. Precomputed reference log-probabilities of ``pairs``; ignored (may
+            be empty) when ``reference`` is given.
+        config: ``dpo`` section.
+        pad_token_id: Padding token id.
+        reference: Frozen reference model for ``dpo.reference: per_batch``: each batch's reference
+            log-probabilities are computed by it just before the policy forward.
+        seed: Pair sampling seed.
+        start_step: First step (resuming); steps ``start_step .. config.steps - 1`` run.
+        optimizers: ``(optimizer, scheduler)`` to continue with; built from ``config.optim`` when None.
+        on_step: Called as ``on_step(step, metrics)`` after each optimizer step (1-based).
+
+    Returns:
+        Metrics of the last step: ``loss/dpo``, ``dpo/accuracy``, ``dpo/margin``,
+        ``dpo/chosen_reward``, ``dpo/rejected_reward``, ``policy/grad_norm``, ``policy/lr``, ``dpo/pairs``.
+
+    Raises:
+        ValueError: ``pairs`` is empty, or ``ref`` is not ``[len(pairs), 2]`` without ``reference``.
+        FloatingPointError: a non-finite gradient norm.
+    """
+    if not pairs:
+        raise ValueError("pairs: empty")
+    if reference is None and ref.shape != (len(pairs), 2):
+        raise ValueError(f"ref: expected shape ({len(pairs)}, 2), got {tuple(ref.shape)}")
+    optimizer, scheduler = optimizers or build_optimizer(policy, config.optim, config.steps)
+    sampler = EpochSampler(len(pairs), seed)
+    sampler.take(start_step * config.batch_size)
+    policy.train()
+    last: dict[str, float] = {}
+    for step in range(start_step, config.steps):
+        index = sampler.take(config.batch_size)
+        batch = [pairs[i] for i in index]
+        if reference is not None:
+            batch_ref = reference_logprobs(
+                reference, batch, pad_token_id=pad_token_id, micro_batch_size=config.micro_batch_size
+            )
+        else:
+            batch_ref = ref[torch.tensor(index, dtype=torch.long)]
+        acc = dpo_step(policy, batch, batch_ref, config, pad_token_id=pad_token_id)
+        last = acc.metrics("loss/dpo")
+        last["policy/grad_norm"] = clip_and_step(policy, optimizer, scheduler, config.optim.grad_clip)
+        last["policy/lr"] = float(scheduler.get_last_lr()[0])
+        last["dpo/pairs"] = float(acc.num_tokens)
+        if on_step is not None:
+            on_step(step + 1, last)
+    policy.eval()
+    return last
+

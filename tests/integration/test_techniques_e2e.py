@@ -1,0 +1,141 @@
+"""Each technique end to end on the tiny CPU model: ``posttrain run configs/<technique>_cpu.yaml``.
+
+Each test runs the shipped config (with fewer steps where the behaviour shows sooner) through
+``posttrain.flow.run`` into a temporary output directory with MLflow on sqlite there, and checks
+that the model learned (SFT/CPT loss falls, DPO preference accuracy rises, GRPO reward rises),
+that the final model is an HF safetensors directory with its resolved config, and that the run
+logged to MLflow and registered the model. Torch runs single-threaded: on a shared 2-core
+machine that is many times faster than two contending threads.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from posttrain.config import RunConfig, load_config
+from posttrain.flow import run
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _config(name: str, out: Path, *overrides: str) -> RunConfig:
+    path = REPO / "configs" / f"{name}_cpu.yaml"
+    return load_config(path, [f"output_dir={out}", *overrides])
+
+
+@pytest.fixture(autouse=True)
+def _quiet_machine(monkeypatch, tmp_path):
+    """One torch thread here and in child processes; MLflow on sqlite in the test's directory."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.chdir(REPO)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _metric(run_dir: Path, key: str) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    return [float(r[key]) for r in rows if key in r]
+
+
+def _quarters(values: list[float]) -> tuple[float, float]:
+    k = max(1, len(values) // 4)
+    return sum(values[:k]) / k, sum(values[-k:]) / k
+
+
+def _check_outputs(config: RunConfig, expected_metric: str) -> None:
+    """Final model directory, an MLflow run with the metric, and a registered version linked to it."""
+    from mlflow import MlflowClient
+
+    final = Path(config.output_dir) / config.run_name / "final_model"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "resolved_config.yaml"):
+        assert (final / name).is_file(), name
+    assert yaml.safe_load((final / "resolved_config.yaml").read_text(encoding="utf-8"))["technique"] == config.technique
+    uri = f"sqlite:///{(Path(config.output_dir) / 'mlflow.db').resolve()}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    versions = client.search_model_versions(f"name='{config.tracking.registered_model}'")
+    assert len(versions) == 1
+    version = versions[0]
+    assert version.tags["posttrain.technique"] == config.technique
+    assert Path(version.source) == final.resolve()
+    mlflow_run = client.get_run(version.run_id)
+    assert expected_metric in mlflow_run.data.metrics
+    assert mlflow_run.info.status == "FINISHED"
+
+
+def test_sft_run_lowers_the_loss_and_registers_the_model(tmp_path):
+    config = _config("sft", tmp_path, "sft.steps=12", "sft.max_examples=60", "sft.max_seq_len=256",
+                     "sft.checkpoint_every=6", "eval.num_tasks=4", "generator.max_new_tokens=8")
+    summary = run(config)
+    losses = _metric(summary.run_dir, "loss/sft")
+    assert len(losses) == 12
+    assert losses[-1] < 0.8 * losses[0]
+    assert (summary.run_dir / "checkpoints" / "iter-000012" / "policy" / "model.safetensors").is_file()
+    _check_outputs(config, "loss/sft")
+
+
+def test_cpt_run_lowers_the_loss_on_raw_text(tmp_path):
+    config = _config("cpt", tmp_path, "sft.steps=12", "sft.max_examples=60", "sft.max_seq_len=256",
+                     "eval.num_tasks=4", "generator.max_new_tokens=8")
+    summary = run(config)
+    losses = _metric(summary.run_dir, "loss/sft")
+    assert losses[-1] < 0.8 * losses[0]
+    _check_outputs(config, "loss/sft")
+
+
+def test_bad_rows_are_quarantined_beside_the_output(tmp_path):
+    """Two bad rows among three: the run trains on the good one and writes both with their reasons."""
+    data = tmp_path / "mine.jsonl"
+    good = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "#### 4"}]}
+    data.write_text("\n".join([json.dumps(good), "{oops", json.dumps({"messages": [{"role": "user", "content": "q"}]})])
+                    + "\n", encoding="utf-8")
+    config = _config("sft", tmp_path, f"sft.data_path={data}", "sft.steps=2", "sft.batch_size=1",
+                     "sft.micro_batch_size=1", "eval.num_tasks=2", "generator.max_new_tokens=4")
+    summary = run(config)
+    quarantined = [json.loads(line) for line in (summary.run_dir / "quarantine-sft.jsonl").read_text().splitlines()]
+    assert [(q["line"], q["field"]) for q in quarantined] == [(2, "<json>"), (3, "messages")]
+    assert ("quarantined rows", "2") in summary.rows
+
+
+def test_dpo_run_raises_preference_accuracy(tmp_path):
+    config = _config("dpo", tmp_path, "dpo.steps=16", "dpo.max_examples=40", "dpo.heldout_fraction=0.2",
+                     "eval.num_tasks=4", "generator.max_new_tokens=8")
+    summary = run(config)
+    early, late = _quarters(_metric(summary.run_dir, "dpo/accuracy"))
+    assert late > early and late >= 0.75
+    heldout = _metric(summary.run_dir, "heldout/dpo/accuracy")
+    assert heldout[0] == 0.0 and heldout[-1] > heldout[0]  # before training every margin is 0
+    _check_outputs(config, "dpo/accuracy")
+
+
+def test_grpo_sync_run_raises_the_reward_and_logs_throughput(tmp_path):
+    """The shipped config: 16 training tasks, a 30-step warm start (about 20-30% correct), 40 GRPO steps
+    of 8 prompts x 8 rollouts; the last quarter's mean reward beats the first quarter's by 0.1 or more."""
+    config = _config("grpo", tmp_path, "eval.num_tasks=8")
+    summary = run(config)
+    early, late = _quarters(_metric(summary.run_dir, "reward/mean"))
+    assert late > early + 0.1
+    for key in ("throughput/rollouts_per_s", "throughput/trained_action_tokens_per_s", "generator/busy_fraction_mean"):
+        assert _metric(summary.run_dir, key), key
+    _check_outputs(config, "reward/mean")
+
+
+@pytest.mark.timeout(420)
+def test_grpo_async_run_trains_on_whole_groups_with_dis(tmp_path):
+    config = _config("grpo_async", tmp_path, "eval.num_tasks=8")
+    summary = run(config)
+    groups = _metric(summary.run_dir, "grpo/groups")
+    assert groups and all(g == config.grpo.prompts_per_step for g in groups)
+    assert _metric(summary.run_dir, "mask/frac_total")
+    early, late = _quarters(_metric(summary.run_dir, "reward/mean"))
+    assert late > early + 0.1
+    assert _metric(summary.run_dir, "generator/busy_fraction_mean")
+    _check_outputs(config, "reward/mean")
