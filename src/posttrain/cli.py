@@ -17,7 +17,6 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable
 
 from posttrain.config import ConfigError, RunConfig, load_config
 
@@ -92,15 +91,6 @@ def _cmd_learner(args: argparse.Namespace) -> int:
     return 0
 
 
-def _delegate(module: str, func: str) -> Callable[[argparse.Namespace], int]:
-    def call(args: argparse.Namespace) -> int:
-        import importlib
-
-        return int(getattr(importlib.import_module(module), func)(args.rest))
-
-    return call
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``posttrain`` command."""
     parser = argparse.ArgumentParser(prog="posttrain", description="LLM post-training: SFT, DPO, GRPO, SAO.")
@@ -128,20 +118,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start-model", default=None, help="policy to start from (default: <run>/sft_model)")
     p.add_argument("--max-iterations", type=int, default=None, help="stop after N iterations (testing)")
     p.set_defaults(func=_cmd_learner)
-    for name, module, func, text in (
-        ("eval", "posttrain.eval.cli", "eval_cli", "evaluate a model on a benchmark"),
-        ("models", "posttrain.eval.cli", "models_cli", "list, show and promote registered models"),
-        ("tenant", "posttrain.cluster.tenant", "tenant_cli", "render a team's Kueue, RBAC and storage objects"),
-        ("schedule", "posttrain.cluster.schedule", "schedule_cli", "create or update a recurring retraining run"),
+    for name, text in (
+        ("eval", "evaluate a model on a benchmark"),
+        ("models", "list, show and promote registered models"),
+        ("tenant", "render a team's Kueue, RBAC and storage objects"),
+        ("schedule", "create or update a recurring retraining run"),
     ):
-        p = sub.add_parser(name, help=text, add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=_delegate(module, func))
+        sub.add_parser(name, help=text, add_help=False)  # listed in --help; main() dispatches them
     return parser
+
+
+DELEGATED = {
+    "eval": ("posttrain.eval.cli", "eval_cli"),
+    "models": ("posttrain.eval.cli", "models_cli"),
+    "tenant": ("posttrain.cluster.tenant", "tenant_cli"),
+    "schedule": ("posttrain.cluster.schedule", "schedule_cli"),
+}
+"""Sub-commands with their own argument parsers: ``posttrain NAME ARGS`` calls ``func(ARGS)``."""
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``posttrain`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:
+        # Hand the rest over untouched (argparse's REMAINDER refuses a leading --option).
+        import importlib
+
+        module, func = DELEGATED[argv[0]]
+        return int(getattr(importlib.import_module(module), func)(argv[1:]))
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"

@@ -335,8 +335,9 @@ def run(config: RunConfig) -> RunSummary:
         tracker.log_metrics({f"eval_sao/{k}": v for k, v in after.items()}, step=summary.policy_version)
         png = plot_reward_curve(ctx.run_dir / "metrics.jsonl", ctx.run_dir / "reward_curve.png")
         tracker.log_artifact(png)
-        version = tracker.register_model(
-            summary.final_model_dir, technique="sao", scores={"heldout_accuracy": after["accuracy"]}
+        version = (
+            tracker.register_model(summary.final_model_dir, technique="sao", scores={"heldout_accuracy": after["accuracy"]})
+            if config.tracking.register else "not registered"
         )
     result = RunSummary(ctx.run_dir)
     result.rows = [

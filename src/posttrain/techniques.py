@@ -58,10 +58,15 @@ class _Run:
     started: float
 
     def register(self, model_dir: Path, data_paths: list[Path], scores: dict[str, float]) -> str:
-        """Register ``model_dir`` as a new version of ``tracking.registered_model``; return the version."""
+        """Register ``model_dir`` as a new version of ``tracking.registered_model``; return the version.
+
+        Returns ``"not registered"`` when ``tracking.register`` is false.
+        """
         from posttrain.tracking import Lineage, config_hash, dataset_hash, register_checkpoint
 
         cfg = self.config
+        if not cfg.tracking.register:
+            return "not registered"
         info = register_checkpoint(
             str(model_dir),
             registered_model=cfg.tracking.registered_model,

@@ -1,0 +1,1 @@
+"""``register_model``: MLflow registration with lineage and champion promotion (``component.py``)."""

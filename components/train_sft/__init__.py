@@ -1,0 +1,1 @@
+"""``train_sft``: supervised fine-tuning on chat rows (``sft.data_path``) (``component.py``)."""

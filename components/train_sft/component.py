@@ -1,0 +1,35 @@
+"""KFP component ``train_sft``: supervised fine-tuning on chat rows (``sft.data_path``).
+
+Trains from the prepared Dataset artifact with ``posttrain.techniques.run_technique`` (through
+``posttrain.kfp_entry.train_technique``) and writes the final transformers checkpoint into the
+Model artifact. Runs in the ``trainer`` image; the pipelines give it GPUs, the Kueue queue label
+and a workspace volume through ``components/k8s.py``.
+"""
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+
+from components.images import TRAINER_IMAGE
+
+
+@dsl.component(base_image=TRAINER_IMAGE, install_kfp_package=False)
+def train_sft(
+    prepared: Input[Dataset],
+    run_id: str,
+    model: Output[Model],
+    metrics: Output[Metrics],
+    report: Output[Markdown],
+):
+    """SFT training from ``prepared`` into the ``model`` checkpoint.
+
+    Args:
+        prepared: Dataset artifact of ``prepare_dataset`` (technique sft).
+        run_id: Pipeline run id (MLflow tag).
+        model: Final checkpoint (transformers directory + posttrain_model.json).
+        metrics: Numeric rows of the training summary.
+        report: The training summary table.
+    """
+    from posttrain import kfp_entry
+
+    result = kfp_entry.train_technique(prepared.path, model.path, "sft", run_id=run_id)
+    kfp_entry.write_outputs(result, metrics=metrics, artifact=model, markdown=report)

@@ -1,0 +1,161 @@
+"""The posttrain pipelines: prepare the data, train with one technique, evaluate, register.
+
+``post_training`` is what a team starts from the Kubeflow UI: its ``technique`` parameter
+(``sft|dpo|grpo|sao``) selects one branch (``dsl.If`` / ``dsl.Elif``); ``prepare_dataset`` runs
+first and rejects any other value, so a typo fails the run instead of silently training nothing.
+``sft``, ``dpo``, ``grpo`` and ``sao`` are the same steps for one technique each.
+
+Only per-run knobs are pipeline parameters: ``config`` (which run config file), ``model``,
+``dataset``, ``technique``, ``steps``, ``queue`` and, for SAO, where it runs (``mode``). Everything
+else (learning rates, batch shapes, environment, evaluation size, registered model name) comes
+from the config file. Empty strings and 0 keep the config's values.
+
+Kubernetes settings come from ``components/k8s.py``: model-loading steps of sft/dpo/grpo and
+``evaluate`` get a GPU, the Kueue queue label and (training) a workspace volume; every step gets
+the tenant's ConfigMap and S3 credentials. ``train_sao`` in ``cluster`` mode needs neither GPU nor
+queue label itself: the JobSet it creates carries them. Caching is off for every step: a scheduled
+retrain with unchanged parameters must train again (``models:/...@champion`` resolves at run time).
+
+Run locally (CPU, embedded services): ``kfp.local.init(runner=kfp.local.SubprocessRunner(
+use_venv=False))`` then ``post_training(technique="sao", config=..., sao_mode="local")``; compile
+with ``python -m pipelines.compile``.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from components import k8s
+from components.evaluate.component import evaluate
+from components.images import GENERATOR_IMAGE, TRAINER_IMAGE
+from components.prepare_dataset.component import prepare_dataset
+from components.register_model.component import register_model
+from components.train_dpo.component import train_dpo
+from components.train_grpo.component import train_grpo
+from components.train_sao.component import train_sao
+from components.train_sft.component import train_sft
+from kfp import dsl
+
+from posttrain.cluster.tenant import LOCAL_QUEUE
+
+DEFAULT_CONFIGS = {
+    "sft": "configs/sft_cpu.yaml",
+    "dpo": "configs/dpo_cpu.yaml",
+    "grpo": "configs/grpo_cpu.yaml",
+    "sao": "configs/sao_demo_cpu.yaml",
+}
+"""Default run config of each technique's pipeline (looked up in the step's working directory, then
+under ``/opt/posttrain``); ``post_training`` defaults to the SAO one."""
+TRAINERS = {"sft": train_sft, "dpo": train_dpo, "grpo": train_grpo}
+"""Training component of each technique trained inside its step's pod."""
+
+
+def _prepare(config: Any, technique: Any, model: Any, dataset: Any, steps: Any) -> dsl.PipelineTask:
+    task = prepare_dataset(config=config, technique=technique, model=model, dataset=dataset, steps=steps,
+                           run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+    task.set_display_name("prepare dataset").set_caching_options(False)
+    return k8s.use_tenant_config(task)
+
+
+def _train(technique: str, prepared: dsl.PipelineTask, queue: Any = LOCAL_QUEUE, mode: Any = "cluster") -> dsl.PipelineTask:
+    dataset = prepared.outputs["prepared"]
+    if technique == "sao":
+        task = train_sao(prepared=dataset, mode=mode, queue=queue, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                         learner_image=TRAINER_IMAGE, generator_image=GENERATOR_IMAGE)
+    else:
+        task = TRAINERS[technique](prepared=dataset, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+        k8s.use_kueue_queue(task)
+        k8s.request_gpus(task, 1)
+        k8s.mount_workspace(task)
+    task.set_display_name(f"train ({technique})").set_caching_options(False)
+    return k8s.use_tenant_config(task)
+
+
+def _evaluate_and_register(prepared: dsl.PipelineTask, trained: dsl.PipelineTask) -> dsl.PipelineTask:
+    scored = evaluate(prepared=prepared.outputs["prepared"], model=trained.outputs["model"])
+    scored.set_display_name("evaluate").set_caching_options(False)
+    k8s.use_kueue_queue(scored)
+    k8s.request_gpus(scored, 1, cpu="4", memory="32Gi")
+    k8s.use_tenant_config(scored)
+    registered = register_model(prepared=prepared.outputs["prepared"], model=trained.outputs["model"],
+                                eval_metrics=scored.outputs["metrics"], run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+    registered.set_display_name("register model").set_caching_options(False)
+    return k8s.use_tenant_config(registered)
+
+
+@dsl.pipeline(name="post-training", description="posttrain: prepare, train with the chosen technique "
+              "(sft, dpo, grpo or sao), evaluate on held-out tasks, register in MLflow.")
+def post_training(
+    technique: str = "sao",
+    config: str = DEFAULT_CONFIGS["sao"],
+    model: str = "",
+    dataset: str = "",
+    steps: int = 0,
+    queue: str = LOCAL_QUEUE,
+    sao_mode: str = "cluster",
+):
+    """Post-train a model with one technique, chosen per run.
+
+    Args:
+        technique: sft, dpo, grpo or sao.
+        config: Run config YAML (path in the image or s3:// URI); everything not listed here comes from it.
+        model: Base model: "" (the config's), a path, an s3:// URI or models:/<name>@champion.
+        dataset: Training file: "" (the config's) or a path / s3:// URI (RL tasks, sft rows or dpo pairs).
+        steps: Optimizer steps (policy versions for sao); 0 keeps the config's.
+        queue: Kueue LocalQueue of the SAO JobSet.
+        sao_mode: Where SAO runs: cluster (one JobSet admitted by Kueue) or local (processes in the step).
+    """
+    prepared = _prepare(config, technique, model, dataset, steps)
+    with dsl.If(technique == "sft", name="technique-sft"):
+        _evaluate_and_register(prepared, _train("sft", prepared))
+    with dsl.Elif(technique == "dpo", name="technique-dpo"):
+        _evaluate_and_register(prepared, _train("dpo", prepared))
+    with dsl.Elif(technique == "grpo", name="technique-grpo"):
+        _evaluate_and_register(prepared, _train("grpo", prepared))
+    with dsl.Elif(technique == "sao", name="technique-sao"):
+        _evaluate_and_register(prepared, _train("sao", prepared, queue=queue, mode=sao_mode))
+
+
+@dsl.pipeline(name="sft", description="posttrain SFT: prepare chat rows, train, evaluate, register.")
+def sft(config: str = DEFAULT_CONFIGS["sft"], model: str = "", dataset: str = "", steps: int = 0):
+    """Supervised fine-tuning on chat rows (``sft.data_path`` or ``dataset``)."""
+    prepared = _prepare(config, "sft", model, dataset, steps)
+    _evaluate_and_register(prepared, _train("sft", prepared))
+
+
+@dsl.pipeline(name="dpo", description="posttrain DPO: prepare preference pairs, train, evaluate, register.")
+def dpo(config: str = DEFAULT_CONFIGS["dpo"], model: str = "", dataset: str = "", steps: int = 0):
+    """Direct preference optimisation on prompt/chosen/rejected pairs (``dpo.data_path`` or ``dataset``)."""
+    prepared = _prepare(config, "dpo", model, dataset, steps)
+    _evaluate_and_register(prepared, _train("dpo", prepared))
+
+
+@dsl.pipeline(name="grpo", description="posttrain GRPO: prepare tasks, train with group baselines, evaluate, register.")
+def grpo(config: str = DEFAULT_CONFIGS["grpo"], model: str = "", dataset: str = "", steps: int = 0):
+    """GRPO on environment tasks (``data.train_path`` or ``dataset``)."""
+    prepared = _prepare(config, "grpo", model, dataset, steps)
+    _evaluate_and_register(prepared, _train("grpo", prepared))
+
+
+@dsl.pipeline(name="sao", description="posttrain SAO: prepare tasks, train with single-rollout asynchronous "
+              "optimization (one JobSet), evaluate, register.")
+def sao(
+    config: str = DEFAULT_CONFIGS["sao"],
+    model: str = "",
+    dataset: str = "",
+    steps: int = 0,
+    queue: str = LOCAL_QUEUE,
+    mode: str = "cluster",
+):
+    """SAO (arXiv 2607.07508) on environment tasks; ``mode`` cluster runs one JobSet in ``queue``."""
+    prepared = _prepare(config, "sao", model, dataset, steps)
+    _evaluate_and_register(prepared, _train("sao", prepared, queue=queue, mode=mode))
+
+
+PIPELINES: dict[str, Callable[..., Any]] = {
+    "post_training": post_training,
+    "sft": sft,
+    "dpo": dpo,
+    "grpo": grpo,
+    "sao": sao,
+}
+"""Compiled file stem -> pipeline (``pipelines/compiled/<stem>.yaml``)."""

@@ -1,0 +1,8 @@
+"""Fixtures of the pipeline tests; puts the repository root on ``sys.path`` for ``components`` and ``pipelines``."""
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))

