@@ -194,8 +194,16 @@ def metrics_sink(ctx: RunContext, tracker: Any = None):  # noqa: ANN201
     return sink
 
 
-def plot_reward_curve(metrics_path: Path, out_png: Path) -> Path:
-    """Plot ``reward/mean`` and held-out markers per policy version from ``metrics.jsonl`` into a PNG."""
+def plot_reward_curve(
+    metrics_path: Path, out_png: Path, heldout: dict[str, tuple[int, float]] | None = None
+) -> Path:
+    """Plot the training reward per policy version (raw and a moving average) into a PNG.
+
+    Args:
+        metrics_path: ``metrics.jsonl`` of the run (rows with ``reward/mean``).
+        out_png: Where to write the PNG.
+        heldout: Label → ``(policy_version, accuracy)`` markers, e.g. after SFT and after SAO.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,12 +215,20 @@ def plot_reward_curve(metrics_path: Path, out_png: Path) -> Path:
         if "reward/mean" in row:
             steps.append(row["step"])
             rewards.append(row["reward/mean"])
+    window = 5
+    smooth = [sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
+              for i in range(len(rewards))]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, rewards, marker=".", lw=1)
+    ax.plot(steps, rewards, marker=".", lw=0.8, alpha=0.4, label="training reward (batch mean)")
+    ax.plot(steps, smooth, lw=2, label=f"moving average ({window} steps)")
+    for (label, (x, y)), marker in zip((heldout or {}).items(), "os^D", strict=False):
+        ax.scatter([x], [y], marker=marker, s=60, zorder=3, label=f"held-out accuracy {label}: {y:.2f}")
     ax.set_xlabel("policy version")
-    ax.set_ylabel("mean rollout reward")
-    ax.set_title("SAO training reward")
+    ax.set_ylabel("reward / accuracy")
+    ax.set_title("SAO training")
+    ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(out_png, dpi=120)
     plt.close(fig)
@@ -333,11 +349,14 @@ def run(config: RunConfig) -> RunSummary:
         print("[5/5] held-out eval after SAO, registration", flush=True)
         after = evaluate_policy(ctx, summary.final_model_dir)
         tracker.log_metrics({f"eval_sao/{k}": v for k, v in after.items()}, step=summary.policy_version)
-        png = plot_reward_curve(ctx.run_dir / "metrics.jsonl", ctx.run_dir / "reward_curve.png")
+        png = plot_reward_curve(
+            ctx.run_dir / "metrics.jsonl", ctx.run_dir / "reward_curve.png",
+            heldout={"after SFT": (0, before["accuracy"]), "after SAO": (summary.policy_version, after["accuracy"])},
+        )
         tracker.log_artifact(png)
         version = (
             tracker.register_model(summary.final_model_dir, technique="sao", scores={"heldout_accuracy": after["accuracy"]})
-            if config.tracking.register else "not registered"
+            if config.tracking.register_final else "not registered"
         )
     result = RunSummary(ctx.run_dir)
     result.rows = [

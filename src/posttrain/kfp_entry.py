@@ -651,7 +651,7 @@ def train_technique(dataset_dir: Path | str, model_out: Path | str, technique: s
     with workspace(cfg.run_name) as work:
         cfg = _local_model(load_prepared(dataset_dir, work)[0], work)
         # The pipeline's register_model step registers the model; training must not do it twice.
-        cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"register": False})})
+        cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"register_final": False})})
         summary = run_technique(cfg)
         final = RunContext(cfg).final_model_dir
         if not (final / "config.json").is_file():

@@ -60,12 +60,12 @@ class _Run:
     def register(self, model_dir: Path, data_paths: list[Path], scores: dict[str, float]) -> str:
         """Register ``model_dir`` as a new version of ``tracking.registered_model``; return the version.
 
-        Returns ``"not registered"`` when ``tracking.register`` is false.
+        Returns ``"not registered"`` when ``tracking.register_final`` is false.
         """
         from posttrain.tracking import Lineage, config_hash, dataset_hash, register_checkpoint
 
         cfg = self.config
-        if not cfg.tracking.register:
+        if not cfg.tracking.register_final:
             return "not registered"
         info = register_checkpoint(
             str(model_dir),

@@ -216,7 +216,7 @@ class TrackingConfig(_Strict):
     """Experiment name."""
     registered_model: str = "posttrain-policy"
     """Registered model the final checkpoint becomes a version of."""
-    register: bool = True
+    register_final: bool = True
     """Register the final checkpoint at the end of ``posttrain run``; pipelines set false and
     register in their own ``register_model`` step."""
 

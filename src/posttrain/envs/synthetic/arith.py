@@ -4,6 +4,11 @@ A task reads ``Compute 23 + 48.``; the ideal answer is ``#### 71`` (``reference_
 is also the SFT warm-start target. The reward is 1.0 when the integer after the last ``####``
 equals the reference, else 0.0.
 
+``unmarked_fraction`` makes the warm start imperfect on purpose, the way real SFT data often is:
+that share of training tasks carries a reference written ``= 71`` without the ``####`` marker the
+verifier needs. A warm-started policy then answers in both styles, and RL has a reward signal to
+learn the verified style from (besides the arithmetic itself). The held-out tasks are unaffected.
+
 Tasks are generated deterministically. The train/held-out split is decided by hashing the
 problem itself (operands and operator, SHA-256), independent of the seed, so the two splits are
 disjoint for every seed and every ``n``; the seed only decides which problems are drawn and in
@@ -78,9 +83,11 @@ class SyntheticArithEnv:
         high: Operand bound (exclusive), > ``low``.
         operators: Operators to draw from, a subset of ``+``, ``-``, ``*``.
         heldout_fraction: Share of problems in the held-out split, in (0, 1).
+        unmarked_fraction: Share of training tasks whose SFT reference omits the ``####`` marker,
+            in [0, 1) (chosen by hashing the problem, so it is the same for every seed).
 
     Raises:
-        ValueError: an empty range, an unknown operator, or a fraction outside (0, 1).
+        ValueError: an empty range, an unknown operator, or a fraction outside its range.
     """
 
     name = ENV_NAME
@@ -91,6 +98,7 @@ class SyntheticArithEnv:
         high: int = 50,
         operators: Sequence[str] = ("+",),
         heldout_fraction: float = 0.1,
+        unmarked_fraction: float = 0.0,
     ) -> None:
         if high <= low:
             raise ValueError(f"high: must exceed low={low}, got {high}")
@@ -99,6 +107,9 @@ class SyntheticArithEnv:
             raise ValueError(f"operators: expected a non-empty subset of {sorted(_OPS)}, got {list(operators)}")
         if not 0.0 < heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction: must lie in (0, 1), got {heldout_fraction}")
+        if not 0.0 <= unmarked_fraction < 1.0:
+            raise ValueError(f"unmarked_fraction: must lie in [0, 1), got {unmarked_fraction}")
+        self.unmarked_fraction = unmarked_fraction
         self.low, self.high = low, high
         self.operators = tuple(operators)
         self.heldout_fraction = heldout_fraction
@@ -115,6 +126,8 @@ class SyntheticArithEnv:
                     key = f"{a} {op} {b}"
                     if is_heldout(key, self.heldout_fraction) == (split == "eval"):
                         fields = {"a": str(a), "b": str(b), "op": op, "reference": str(_OPS[op](a, b))}
+                        if split == "train" and is_heldout("sft-style " + key, self.unmarked_fraction):
+                            fields["sft_style"] = "unmarked"
                         pool.append((f"Compute {key}.", fields))
         self._pools[split] = pool
         return pool
@@ -172,7 +185,9 @@ class ArithEpisode:
 
 
 def reference_solution(task: Task) -> str:
-    """The ideal assistant text for ``task`` (``#### 71``), the SFT warm-start target."""
+    """The SFT warm-start target for ``task``: ``#### 71``, or ``= 71`` for an unmarked task."""
+    if task.metadata.get("sft_style") == "unmarked":
+        return f"= {task.reference}"
     return f"#### {task.reference}"
 
 
