@@ -37,7 +37,7 @@ lint: setup
 lock:
 	rm -rf /tmp/posttrain-lock && $(PY) -m venv /tmp/posttrain-lock
 	/tmp/posttrain-lock/bin/pip install --quiet -e '.[vllm,kfp,dev]'
-	/tmp/posttrain-lock/bin/pip freeze --exclude-editable | grep -vE '^(torchvision|torchaudio|torchcodec)==' > requirements.lock
+	/tmp/posttrain-lock/bin/pip freeze --all --exclude-editable | grep -vE "^pip==" | grep -vE '^(torchvision|torchaudio|torchcodec)==' > requirements.lock
 
 clean:
 	rm -rf $(VENV) runs
