@@ -19,6 +19,8 @@ import os
 import sys
 
 from posttrain.config import ConfigError, RunConfig, load_config
+from posttrain.data.tasks import DatasetError
+from posttrain.records import RecordError
 
 
 def _config(args: argparse.Namespace) -> RunConfig:
@@ -159,6 +161,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except ConfigError as exc:
         print(f"posttrain: config error: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        print(f"posttrain: file not found: {exc}", file=sys.stderr)
+        return 2
+    except (DatasetError, RecordError) as exc:
+        # A bad dataset row names file:line:field; a bad record names the field.
+        print(f"posttrain: {exc}", file=sys.stderr)
         return 2
 
 
