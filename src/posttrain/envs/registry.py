@@ -9,6 +9,7 @@
   ==================  ==========================================  =============================
   synthetic_arith     generated, hash split                       generated, disjoint hash split
   synthetic_tool      generated, hash split                       generated, disjoint hash split
+  synthetic_longtail  generated, hash split                       generated, disjoint hash split
   gsm8k               ``data/gsm8k/train.jsonl``                  ``data/gsm8k/test.jsonl``
   math_tool           DAPO-Math-17k (parquet)                     BeyondAIME (JSONL)
   swe                 shipped repair tasks, 3 of every 4             the other repair tasks
@@ -44,6 +45,12 @@ def _synthetic_tool(**kwargs: Any) -> Environment:
     return SyntheticToolEnv(**kwargs)
 
 
+def _synthetic_longtail(**kwargs: Any) -> Environment:
+    from posttrain.envs.synthetic.longtail import SyntheticLongTailEnv
+
+    return SyntheticLongTailEnv(**kwargs)
+
+
 def _gsm8k(**kwargs: Any) -> Environment:
     from posttrain.envs.math.gsm8k import GSM8KEnv
 
@@ -65,6 +72,7 @@ def _swe(**kwargs: Any) -> Environment:
 ENVIRONMENTS: dict[str, Callable[..., Environment]] = {
     "synthetic_arith": _synthetic_arith,
     "synthetic_tool": _synthetic_tool,
+    "synthetic_longtail": _synthetic_longtail,
     "gsm8k": _gsm8k,
     "math_tool": _math_tool,
     "swe": _swe,
@@ -116,7 +124,7 @@ def default_tasks(name: str, split: str, n: int, seed: int = 0, **env_kwargs: An
     if n < 0:
         raise ValueError(f"n: must be >= 0, got {n}")
     which = _normalise_split(split)
-    if name in ("synthetic_arith", "synthetic_tool"):
+    if name in ("synthetic_arith", "synthetic_tool", "synthetic_longtail"):
         env: Any = make_environment(name, **env_kwargs)
         return list(env.tasks(which, n, seed))
     from posttrain.data import tasks as loaders
@@ -153,6 +161,10 @@ def reference_actions(name: str, task: Task) -> list[str]:
         from posttrain.envs.synthetic.tool import reference_episode
 
         return reference_episode(task)
+    if name == "synthetic_longtail":
+        from posttrain.envs.synthetic.longtail import reference_episode as chain_episode
+
+        return chain_episode(task)
     if name == "gsm8k":
         from posttrain.envs.math.gsm8k import reference_solution as gsm8k_solution
 

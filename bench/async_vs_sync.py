@@ -1,0 +1,725 @@
+"""SAO against synchronous GRPO (G = 4, 8) and asynchronous GRPO + DIS on a long-tailed multi-turn workload.
+
+Same tiny model (SFT warm start shared by every method), same environment
+(``synthetic_longtail``: log-normal number of required tool calls per task, real token
+generation by the engine, real turns), same number of engines, same rollouts per learner step,
+same learning rate. Each method runs ``--steps`` policy versions through the product code path:
+
+* ``sao``: ``posttrain.flow.train_sao`` (embedded Redis, ``--generators`` generator processes,
+  the SAO learner with critic and DIS);
+* ``grpo_sync_g4`` / ``grpo_sync_g8``: ``posttrain.learner.grpo.run_grpo_sync`` (one engine in the
+  learner's process: generate a whole batch, wait for the slowest episode, train, reload);
+* ``grpo_async_g8``: ``train_sao`` over ``async_runtime_config`` (groups of G share a ``group_id``,
+  DIS mask, staleness bound).
+
+Measured per method (from the learner's metrics sink and the generators' stats):
+
+* ``busy_fraction``: share of the generators' wall time with at least one request inside the
+  engine (``posttrain.generator.stats``), mean over generators;
+* ``trained_action_tokens_per_s``: action tokens that received a policy gradient (GRPO: kept
+  groups only) per second, in the steady window from the first to the last policy update;
+* ``rollouts_per_s``: rollouts the learner consumed per second in the same window;
+* ``time_to_target_s``: seconds from the method's start (services and engines included) to the
+  first weight snapshot whose held-out reward reaches the target. Snapshots are taken every
+  ``--eval-every`` versions and evaluated after all methods finished (``flow.evaluate_policy``,
+  the same held-out tasks and sampling seeds for every snapshot).
+
+The run also records what ``bench/simulate.py`` needs: a trace of episode lengths of the
+warm-started policy (turns, action and observation tokens per turn), the ``hf`` engine's batch
+timings at 1 thread, the weight publish + reload cost, and each method's learner step times.
+
+Writes ``bench/results/async_vs_sync.json`` (with ``busy_fraction`` per method and
+``throughput_ratio_sao_over_grpo_sync``: SAO over the *faster* synchronous GRPO variant) and the
+``async_vs_sync`` section of docs/benchmarks.md.
+
+Run: ``.venv/bin/python -m bench.async_vs_sync`` (about 10 minutes on 2 busy cores, plus about 3
+minutes of SFT warm start the first time, cached under ``--work-dir``), or a smoke run:
+``.venv/bin/python -m bench.async_vs_sync --steps 2 --eval-every 2 --methods sao grpo_sync_g4``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import random
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    REPO,
+    bench_generator_launcher,
+    command_line,
+    machine_info,
+    machine_line,
+    markdown_table,
+    refresh_targets,
+    update_docs_section,
+    write_result,
+)
+
+ENV = "synthetic_longtail"
+"""The long-tailed environment every method runs."""
+
+METHODS = ("sao", "grpo_sync_g4", "grpo_sync_g8", "grpo_async_g8")
+"""Method names: ``sao``, ``grpo_sync_g<G>``, ``grpo_async_g<G>``."""
+
+log = logging.getLogger("bench.async_vs_sync")
+
+
+# ---------------------------------------------------------------------------------- configuration
+def base_config(args: argparse.Namespace, work: Path, run_name: str) -> dict[str, Any]:
+    """The run-config dict every method shares (model, data, generator limits, eval).
+
+    ``generator.max_turns`` is ``max_calls + 2`` so every task is solvable; the episode token
+    budget is ``--max-episode-tokens``.
+    """
+    return {
+        "run_name": run_name,
+        "output_dir": str(work / "runs"),
+        "seed": args.seed,
+        "model": {"tiny": {"hidden_size": 128, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
+                           "intermediate_size": 384, "vocab_size": 2048, "max_position_embeddings": 1024}},
+        "data": {"env": ENV, "train_path": str(work / "tasks" / "train.jsonl"),
+                 "eval_path": str(work / "tasks" / "eval.jsonl"),
+                 "num_train_tasks": args.train_tasks, "num_eval_tasks": args.eval_tasks},
+        "warm_start": {"steps": args.sft_steps, "batch_size": 16, "max_seq_len": args.max_episode_tokens,
+                       "optim": {"lr": 3.0e-3, "warmup_steps": 10, "schedule": "cosine"}},
+        "generator": {"engine": args.engine, "num_processes": args.generators,
+                      "episodes_in_flight": args.episodes_in_flight, "max_new_tokens": args.max_new_tokens,
+                      "max_turns": args.max_calls + 2, "max_episode_tokens": args.max_episode_tokens,
+                      "episode_timeout_s": 600.0, "admission_lease_s": 1200.0},
+        "eval": {"num_tasks": args.eval_tasks, "samples_per_task": args.eval_samples},
+        "tracking": {"experiment": "bench-async-vs-sync"},
+    }
+
+
+def method_config(args: argparse.Namespace, work: Path, method: str) -> dict[str, Any]:
+    """The run-config dict of one method (see the module docstring for the methods).
+
+    Raises:
+        ValueError: an unknown method name, or a group size that does not divide ``--batch-rollouts``.
+    """
+    cfg = base_config(args, work, method)
+    optim = {"lr": args.lr, "grad_clip": 1.0}
+    batch = args.batch_rollouts
+    if method == "sao":
+        cfg["technique"] = "sao"
+        cfg["sao"] = {"steps": args.steps, "batch_size": batch, "micro_batch_size": batch,
+                      "max_staleness": args.max_staleness, "checkpoint_every": args.steps, "optim": optim,
+                      "critic": {"lr": 1.0e-3, "warmup_steps": args.critic_warmup, "updates_per_step": 2}}
+        return cfg
+    kind, _, g = method.rpartition("_g")
+    if kind not in ("grpo_sync", "grpo_async") or not g.isdigit():
+        raise ValueError(f"--methods: unknown method {method!r}; expected sao, grpo_sync_g<G> or grpo_async_g<G>")
+    group = int(g)
+    if batch % group:
+        raise ValueError(f"--batch-rollouts ({batch}) must be a multiple of the group size of {method} ({group})")
+    cfg["technique"] = "grpo"
+    cfg["grpo"] = {"steps": args.steps, "prompts_per_step": batch // group, "group_size": group,
+                   "micro_batch_size": batch, "mini_batches": 1, "drop_uniform_groups": True,
+                   "checkpoint_every": args.steps, "optim": optim}
+    if kind == "grpo_async":
+        cfg["grpo"].update({"async": True, "max_staleness": args.max_staleness,
+                            "loss": {"dis_mask": True, "mask_eps_low": 0.3, "mask_eps_high": 5.0}})
+    return cfg
+
+
+def validated(cfg: dict[str, Any]) -> Any:
+    """``RunConfig`` of a config dict (``synthetic_longtail`` accepted, see ``bench.common``)."""
+    from bench.common import allow_env_in_config
+    from posttrain.config import RunConfig
+
+    allow_env_in_config(ENV)
+    return RunConfig.model_validate(cfg)
+
+
+# -------------------------------------------------------------------------------------- setting up
+def write_tasks(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Generate the train and held-out task files; return the distribution of required calls."""
+    from posttrain.envs.synthetic.longtail import SyntheticLongTailEnv, summarise_calls
+
+    env = SyntheticLongTailEnv(calls_median=args.calls_median, calls_sigma=args.calls_sigma,
+                               max_calls=args.max_calls)
+    out = {}
+    for split, n in (("train", args.train_tasks), ("eval", args.eval_tasks)):
+        tasks = env.tasks(split, n, seed=args.seed)
+        path = work / "tasks" / f"{split}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", encoding="utf-8") as f:
+            for t in tasks:
+                f.write(json.dumps({"task_id": t.task_id, "prompt": t.prompt, "reference": t.reference,
+                                    "metadata": t.metadata}) + "\n")
+        out[split] = summarise_calls(tasks)
+    return out
+
+
+def prepare_shared(args: argparse.Namespace, work: Path) -> tuple[Any, Path, float]:
+    """Tokenizer, base model and SFT warm start, shared by every method (cached in ``work``).
+
+    Returns:
+        ``(base RunContext, SFT model directory, seconds spent)``.
+    """
+    from posttrain import flow
+    from posttrain.runtime import RunContext
+
+    ctx = RunContext(validated(base_config(args, work, "base")))
+    t0 = time.monotonic()
+    flow.prepare(ctx)
+    sft = flow.warm_start(ctx)
+    for f in ctx.tokenizer_dir.iterdir():  # snapshots and evaluation load the tokenizer beside the weights
+        if not (sft / f.name).exists():
+            shutil.copy2(f, sft / f.name)
+    return ctx, sft, time.monotonic() - t0
+
+
+def fresh_run_dir(ctx: Any, base: Any) -> None:
+    """Empty ``ctx.run_dir`` and give it the shared tokenizer."""
+    if ctx.run_dir.exists():
+        shutil.rmtree(ctx.run_dir)
+    ctx.run_dir.mkdir(parents=True)
+    shutil.copytree(base.tokenizer_dir, ctx.tokenizer_dir)
+
+
+# ------------------------------------------------------------------------------ measuring a method
+@dataclass
+class StepRecord:
+    """One learner iteration as seen by the metrics sink.
+
+    Attributes:
+        t: Seconds since the method started.
+        policy_version: Version after the iteration.
+        updated: Whether the policy was updated (a new version).
+        rollouts: Rollouts the iteration consumed.
+        trained_action_tokens: Action tokens that received a policy gradient.
+        action_tokens: Action tokens the iteration's rollouts hold (generated, trained or not).
+        step_s: Learner compute time of the iteration (seconds).
+        reward_mean: Mean training reward of the batch.
+    """
+
+    t: float
+    policy_version: int
+    updated: bool
+    rollouts: float
+    trained_action_tokens: float
+    action_tokens: float
+    step_s: float
+    reward_mean: float
+
+
+@dataclass
+class MethodRun:
+    """What one method's run produced (before held-out evaluation)."""
+
+    method: str
+    wall_s: float = 0.0
+    steps: list[StepRecord] = field(default_factory=list)
+    snapshots: dict[int, tuple[float, Path]] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+    batch_gen_s: list[float] = field(default_factory=list)
+    load_avg: list[float] = field(default_factory=list)
+    """1-minute load average at the start and at the end of the method's run (shared machine)."""
+
+
+def make_sink(run: MethodRun, ctx: Any, t0: float, batch_rollouts: int, eval_every: int, total: int,
+              snap_dir: Path) -> Callable[[dict[str, float], int], None]:
+    """A metrics sink recording ``StepRecord`` s and copying every ``eval_every``-th version's weights."""
+    from posttrain.weight_sync.store import FilesystemWeightStore
+
+    store = FilesystemWeightStore(ctx.weights_dir)
+    last = {"version": 0}
+
+    def sink(metrics: dict[str, float], version: int) -> None:
+        now = time.monotonic() - t0
+        updated = version > last["version"]
+        last["version"] = version
+        generated = metrics.get("response/action_tokens_mean", 0.0) * batch_rollouts
+        # GRPO: only kept (non-uniform) groups get a gradient; SAO trains the whole batch.
+        tokens = metrics.get("grpo/action_tokens_kept", generated)
+        run.steps.append(StepRecord(now, version, updated, float(batch_rollouts), tokens if updated else 0.0,
+                                    generated, metrics.get("learner/step_s", 0.0), metrics.get("reward/mean", 0.0)))
+        if "generator/batch_s" in metrics:
+            run.batch_gen_s.append(metrics["generator/batch_s"])
+        if updated and (version % eval_every == 0 or version == total):
+            dst = snap_dir / f"v{version:06d}"
+            shutil.copytree(store.path_for(version), dst, dirs_exist_ok=True)
+            run.snapshots[version] = (now, dst)
+
+    return sink
+
+
+def run_method(config_dict: dict[str, Any], method: str, base: Any, sft: Path, snap_dir: Path,
+               eval_every: int) -> MethodRun:
+    """Train one method from the shared warm start through the product code path (module docstring).
+
+    Args:
+        config_dict: The method's run config (``method_config``); ``technique`` picks the runner,
+            ``grpo.async`` the asynchronous GRPO runtime.
+        method: Name recorded in the results.
+        base: The shared ``RunContext`` (its tokenizer is copied into the method's run directory).
+        sft: The warm-started model every method starts from.
+        snap_dir: Where weight snapshots go (emptied first).
+        eval_every: Snapshot every this many policy versions (and the last).
+
+    Returns:
+        The ``MethodRun`` (step records, snapshots, counters, wall time).
+    """
+    from posttrain import flow
+    from posttrain.learner.grpo import async_runtime_config, run_grpo_sync
+    from posttrain.runtime import RunContext
+
+    config = validated(config_dict)
+    ctx = RunContext(config)
+    fresh_run_dir(ctx, base)
+    ctx.save_resolved_config()
+    run = MethodRun(method)
+    if snap_dir.exists():
+        shutil.rmtree(snap_dir)
+    snap_dir.mkdir(parents=True)
+    grpo = config.technique == "grpo"
+    steps = config.grpo.steps if grpo else config.sao.steps
+    batch = config.grpo.batch_rollouts if grpo else config.sao.batch_size
+    run.load_avg.append(os.getloadavg()[0])
+    t0 = time.monotonic()
+    sink = make_sink(run, ctx, t0, batch, eval_every, steps, snap_dir)
+    print(f"[{method}] {steps} policy versions of {batch} rollouts", flush=True)
+    if grpo and not config.grpo.async_:
+        summary = run_grpo_sync(config, start_model_dir=sft, sink=sink, progress=False)
+    else:
+        runtime = RunContext(async_runtime_config(config)) if grpo else ctx
+        with bench_generator_launcher(config.data.env):
+            summary = flow.train_sao(runtime, sft, sink)
+    run.wall_s = time.monotonic() - t0
+    run.load_avg.append(os.getloadavg()[0])
+    run.counters = dict(summary.counters)
+    last = [s for s in run.steps if s.updated]
+    if last and last[-1].policy_version not in run.snapshots:
+        # Fewer versions than iterations (GRPO skips a batch of uniform groups): keep the last one too.
+        from posttrain.weight_sync.store import FilesystemWeightStore
+
+        version = last[-1].policy_version
+        dst = snap_dir / f"v{version:06d}"
+        shutil.copytree(FilesystemWeightStore(ctx.weights_dir).path_for(version), dst, dirs_exist_ok=True)
+        run.snapshots[version] = (last[-1].t, dst)
+    return run
+
+
+def steady_window(steps: Sequence[StepRecord]) -> dict[str, float]:
+    """Throughput between the first and the last policy update (start-up and warm-up excluded).
+
+    Tokens and rollouts of the iterations after the first update, over the time between the two
+    updates. Returns zeros when fewer than two updates happened.
+    """
+    updates = [i for i, s in enumerate(steps) if s.updated]
+    if len(updates) < 2:
+        return {"window_s": 0.0, "trained_action_tokens_per_s": 0.0, "action_tokens_per_s": 0.0, "rollouts_per_s": 0.0,
+                "updates": float(len(updates))}
+    first, last = updates[0], updates[-1]
+    window = steps[last].t - steps[first].t
+    inside = steps[first + 1 : last + 1]
+    tokens = sum(s.trained_action_tokens for s in inside)
+    rollouts = sum(s.rollouts for s in inside)
+    return {
+        "window_s": window,
+        "trained_action_tokens_per_s": tokens / window,
+        "action_tokens_per_s": sum(s.action_tokens for s in inside) / window,
+        "rollouts_per_s": rollouts / window,
+        "updates": float(len(updates)),
+    }
+
+
+# ---------------------------------------------------------------------------------- evaluation
+def evaluate_snapshots(base: Any, sft: Path, runs: list[MethodRun]) -> tuple[float, dict[str, dict[int, float]]]:
+    """Held-out reward of the warm start and of every snapshot (same tasks and seeds for all).
+
+    Returns:
+        ``(warm-start reward, {method: {policy_version: reward}})``.
+    """
+    from posttrain import flow
+
+    start = flow.evaluate_policy(base, sft, engine_kind="hf")["reward_mean"]
+    out: dict[str, dict[int, float]] = {}
+    for run in runs:
+        out[run.method] = {}
+        for version, (_, path) in sorted(run.snapshots.items()):
+            for f in base.tokenizer_dir.iterdir():
+                if not (path / f.name).exists():
+                    shutil.copy2(f, path / f.name)
+            out[run.method][version] = flow.evaluate_policy(base, path, engine_kind="hf")["reward_mean"]
+            print(f"  held-out reward {run.method} v{version}: {out[run.method][version]:.3f}", flush=True)
+    return start, out
+
+
+def time_to_target(run: MethodRun, rewards: dict[int, float], target: float) -> float | None:
+    """Seconds to the first snapshot whose held-out reward reaches ``target``; None if none did."""
+    for version in sorted(rewards):
+        if rewards[version] >= target:
+            return run.snapshots[version][0]
+    return None
+
+
+# ------------------------------------------------------------------------ traces and calibration
+def rollout_shape(rollout: Any) -> dict[str, Any]:
+    """Lengths of one rollout: prompt tokens, action tokens per turn, observation tokens after each turn.
+
+    Action turns are the maximal runs of ``action_mask`` True; the prompt is everything before
+    the first; observation ``k`` is the run of False tokens after action turn ``k`` (0 after the last).
+    """
+    runs: list[tuple[bool, int]] = []
+    for m in rollout.action_mask:
+        if runs and runs[-1][0] == bool(m):
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((bool(m), 1))
+    prompt = runs[0][1] if runs and not runs[0][0] else 0
+    body = runs[1:] if prompt else runs
+    actions = [n for is_action, n in body if is_action]
+    observations = [n for is_action, n in body if not is_action]
+    observations += [0] * (len(actions) - len(observations))
+    return {"prompt_tokens": prompt, "action_tokens": actions, "observation_tokens": observations[: len(actions)],
+            "reward": rollout.reward, "finish_reason": rollout.finish_reason}
+
+
+def collect_trace(base: Any, sft: Path, tasks: int, samples: int, seed: int) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Episode shapes of the warm-started policy on ``tasks`` training tasks, ``samples`` episodes each.
+
+    Returns:
+        ``(trace, rollouts)``: one dict per task (``task_id``, ``required_calls`` and ``rollouts``,
+        a ``rollout_shape`` each), and the ``Rollout`` records themselves.
+    """
+    from posttrain.envs.synthetic.longtail import codes_of
+    from posttrain.generator.agent_loop import EpisodeLimits, run_episode
+    from posttrain.generator.engines.factory import make_engine
+    from posttrain.learner.model import load_tokenizer
+
+    gen = base.config.generator
+    chosen = base.tasks("train")[:tasks]
+    tokenizer = load_tokenizer(sft)
+    env = base.environment()
+    limits = EpisodeLimits(max_turns=gen.max_turns, max_new_tokens=gen.max_new_tokens,
+                           max_episode_tokens=gen.max_episode_tokens, timeout_s=gen.episode_timeout_s)
+    engine = make_engine("hf", sft, seed=seed, max_model_len=gen.max_episode_tokens + gen.max_new_tokens,
+                         max_batch=gen.episodes_in_flight)
+
+    async def go() -> list[Any]:
+        sem = asyncio.Semaphore(gen.episodes_in_flight)
+
+        async def one(i: int, task: Any) -> Any:
+            async with sem:
+                return await run_episode(engine, tokenizer, env, task, limits, generator_id="trace", seed=seed + i)
+
+        return await asyncio.gather(*(one(i * 100 + k, t) for i, t in enumerate(chosen) for k in range(samples)))
+
+    try:
+        rollouts = asyncio.run(go())
+    finally:
+        engine.close()
+    out = []
+    for i, task in enumerate(chosen):
+        out.append({"task_id": task.task_id, "required_calls": len(codes_of(task)),
+                    "rollouts": [rollout_shape(r) for r in rollouts[i * samples : (i + 1) * samples]]})
+    return out, list(rollouts)
+
+
+def measure_learner_cost(args: argparse.Namespace, work: Path, sft: Path, rollouts: Sequence[Any],
+                         repeats: int = 3) -> dict[str, float]:
+    """Seconds of one SAO learner iteration and one GRPO iteration on the same batch, alone on the machine.
+
+    The batch is ``--batch-rollouts`` rollouts drawn from ``rollouts``; SAO runs its full iteration
+    (critic values, GAE, the critic updates, the DIS policy update, after the critic warm-up),
+    GRPO (G = 8) trains every group (``drop_uniform_groups`` off), so both see the same padded
+    tokens. Medians over ``repeats``.
+
+    Returns:
+        ``sao_step_s``, ``grpo_step_s``, ``ratio_sao_over_grpo``, ``padded_tokens`` (rows x longest).
+    """
+    from posttrain.learner.batching import collate_rollouts
+    from posttrain.learner.grpo import grpo_train_step
+    from posttrain.learner.model import CriticModel, load_policy, load_tokenizer
+    from posttrain.learner.optim import build_optimizer
+    from posttrain.learner.sao_step import Trainable, sao_train_step
+
+    sao = validated(method_config(args, work, "sao")).sao
+    grpo = validated(method_config(args, work, "grpo_sync_g8")).grpo.model_copy(update={"drop_uniform_groups": False})
+    rng = random.Random(args.seed)
+    picks = [rollouts[rng.randrange(len(rollouts))] for _ in range(args.batch_rollouts)]
+    tokenizer = load_tokenizer(sft)
+    batch = collate_rollouts(picks, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+    model = load_policy(sft)
+    policy = Trainable(model, *build_optimizer(model, sao.optim, 100))
+    critic_model = CriticModel.from_policy_path(sft)
+    critic = Trainable(critic_model, *build_optimizer(critic_model, sao.optim.model_copy(update={"lr": sao.critic.lr}), 100))
+    sao_s = []
+    for r in range(repeats):
+        t = time.perf_counter()
+        sao_train_step(policy=policy, critic=critic, batch=batch, config=sao, iteration=sao.critic.warmup_steps + r)
+        sao_s.append(time.perf_counter() - t)
+    model = load_policy(sft)
+    policy = Trainable(model, *build_optimizer(model, grpo.optim, 100))
+    groups = [f"g{i // grpo.group_size}" for i in range(len(picks))]
+    grpo_s = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        grpo_train_step(policy=policy, batch=batch, group_ids=groups, config=grpo)
+        grpo_s.append(time.perf_counter() - t)
+    return {
+        "sao_step_s": statistics.median(sao_s),
+        "grpo_step_s": statistics.median(grpo_s),
+        "ratio_sao_over_grpo": statistics.median(sao_s) / statistics.median(grpo_s),
+        "padded_tokens": float(batch.token_ids.numel()),
+        "rows": float(batch.token_ids.shape[0]),
+    }
+
+
+def calibrate_engine(sft: Path, batch_sizes: Sequence[int], widths: Sequence[int], new_tokens: int,
+                     repeats: int) -> dict[str, Any]:
+    """Time the ``hf`` engine's static batches at one torch thread (as in a generator process).
+
+    Fits ``batch_s = prefill_s_per_token * rows * width + steps * (step_s + rows * (step_s_per_row +
+    step_s_per_row_token * width))`` by least squares over the grid, where ``steps`` is the longest
+    continuation in the batch and ``width`` the left-padded prompt length (every row attends over it).
+
+    Returns:
+        The fitted coefficients (seconds), the measured points and the fit's worst relative error.
+    """
+    import numpy as np
+    import torch
+
+    from posttrain.generator.engines.base import GenerationRequest
+    from posttrain.generator.engines.hf import HFEngine
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    engine = HFEngine(sft, max_batch=max(batch_sizes), max_model_len=max(widths) + new_tokens + 1)
+    rng = random.Random(0)
+    points = []
+
+    async def one_batch(rows: int, width: int) -> tuple[float, int]:
+        reqs = [GenerationRequest(prompt_token_ids=[rng.randrange(3, 300) for _ in range(width)],
+                                  max_new_tokens=new_tokens, temperature=1.0, stop_token_ids=[], seed=rng.randrange(2**31))
+                for _ in range(rows)]
+        t = time.perf_counter()
+        results = await asyncio.gather(*(engine.generate(r) for r in reqs))
+        return time.perf_counter() - t, max(len(r.token_ids) for r in results)
+
+    try:
+        for rows in batch_sizes:
+            for width in widths:
+                for _ in range(repeats):
+                    seconds, steps = asyncio.run(one_batch(rows, width))
+                    points.append({"rows": rows, "width": width, "steps": steps, "seconds": seconds})
+    finally:
+        engine.close()
+        torch.set_num_threads(threads)
+    a = np.array([[p["rows"] * p["width"], p["steps"], p["steps"] * p["rows"], p["steps"] * p["rows"] * p["width"]]
+                  for p in points], dtype=float)
+    y = np.array([p["seconds"] for p in points])
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    coef = np.maximum(coef, 0.0)
+    pred = a @ coef
+    return {
+        "prefill_s_per_token": float(coef[0]),
+        "step_s": float(coef[1]),
+        "step_s_per_row": float(coef[2]),
+        "step_s_per_row_token": float(coef[3]),
+        "fit_max_rel_error": float(np.max(np.abs(pred - y) / y)),
+        "torch_threads": 1,
+        "points": points,
+    }
+
+
+def measure_weight_sync(sft: Path, repeats: int) -> dict[str, float]:
+    """Seconds to publish the tiny model to a filesystem store and reload it into an ``hf`` engine (medians)."""
+    import tempfile
+
+    from posttrain.generator.engines.hf import HFEngine
+    from posttrain.learner.model import load_policy
+    from posttrain.weight_sync.store import FilesystemWeightStore
+
+    model = load_policy(sft)
+    engine = HFEngine(sft)
+    publish, reload = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        store = FilesystemWeightStore(tmp)
+        for v in range(repeats):
+            t = time.perf_counter()
+            path = store.publish(model.state_dict(), v, sft)
+            publish.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            asyncio.run(engine.update_weights(path, v))
+            reload.append(time.perf_counter() - t)
+    engine.close()
+    return {"publish_s": statistics.median(publish), "reload_s": statistics.median(reload)}
+
+
+# --------------------------------------------------------------------------------------- report
+def summarise(run: MethodRun, rewards: dict[int, float], target: float) -> dict[str, Any]:
+    """The per-method numbers of the results JSON."""
+    window = steady_window(run.steps)
+    updated = [s for s in run.steps if s.updated]
+    return {
+        "busy_fraction": run.counters.get("generator_busy_fraction"),
+        "trained_action_tokens_per_s": window["trained_action_tokens_per_s"],
+        "action_tokens_per_s": window["action_tokens_per_s"],
+        "rollouts_per_s": window["rollouts_per_s"],
+        "steady_window_s": window["window_s"],
+        "wall_s": run.wall_s,
+        "startup_s": run.steps[0].t - run.steps[0].step_s if run.steps else None,
+        "policy_versions": max((s.policy_version for s in run.steps), default=0),
+        "iterations": len(run.steps),
+        "learner_step_s_mean": statistics.fmean(s.step_s for s in updated) if updated else None,
+        "learner_step_s": [s.step_s for s in run.steps],
+        "trained_action_tokens_per_update": [s.trained_action_tokens for s in updated],
+        "step_times_s": [s.t for s in run.steps],
+        "generator_batch_s": run.batch_gen_s,
+        "train_reward_first_last": [run.steps[0].reward_mean, run.steps[-1].reward_mean] if run.steps else None,
+        "heldout_reward": {str(v): r for v, r in sorted(rewards.items())},
+        "time_to_target_s": time_to_target(run, rewards, target),
+        "stale_dropped": run.counters.get("stale_dropped", 0.0),
+        "load_avg_start_end": run.load_avg,
+        "counters": run.counters,
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    """The docs section: machine, command, settings and the table."""
+    m = result["methods"]
+    rows = []
+    for name, r in m.items():
+        ttt = r["time_to_target_s"]
+        rows.append([
+            name, "-" if r["busy_fraction"] is None else f"{r['busy_fraction']:.2f}",
+            f"{r['trained_action_tokens_per_s']:.1f}", f"{r['rollouts_per_s']:.2f}",
+            f"{r['learner_step_s_mean']:.2f}" if r["learner_step_s_mean"] is not None else "-",
+            f"{r['wall_s']:.0f}", "not reached" if ttt is None else f"{ttt:.0f}",
+            " / ".join(f"{v:.2f}" for v in r["heldout_reward"].values()) or "-",
+        ])
+    s = result["settings"]
+    calls = result["task_calls"]["train"]
+    ratio = result["throughput_ratio_sao_over_grpo_sync"]
+    by = ", ".join(f"{k}: {v:.2f}x" for k, v in result["throughput_ratio_by_baseline"].items())
+    ratio_text = "not measured (needs sao and a grpo_sync_g<G> method)" if ratio is None else f"**{ratio:.2f}x**"
+    return "\n".join([
+        machine_line(result["machine"]),
+        "",
+        f"Command: `{result['command']}`",
+        "",
+        f"Setting: `synthetic_longtail`, required calls per task log-normal (median {s['calls_median']}, "
+        f"sigma {s['calls_sigma']}, clipped to 1..{s['max_calls']}; train tasks: mean {calls['mean']:.1f}, "
+        f"p90 {calls['p90']:.0f}, max {calls['max']:.0f}); {s['batch_rollouts']} rollouts per policy version, "
+        f"{s['steps']} versions per method, lr {s['lr']}, engine `{s['engine']}`, {s['generators']} generator "
+        f"process(es) with {s['episodes_in_flight']} episodes in flight (synchronous GRPO: one engine in the "
+        f"learner's process, same batch capacity), tiny Qwen2-shaped model after {s['sft_steps']} SFT steps.",
+        "",
+        markdown_table(
+            ["method", "busy fraction", "trained action tokens/s", "rollouts/s", "learner s/step", "wall s",
+             f"s to held-out reward {result['target']:.2f}", "held-out reward at snapshots"],
+            rows,
+        ),
+        "",
+        f"Held-out reward of the warm start: {result['start_reward']:.3f} ({s['eval_tasks']} tasks x "
+        f"{s['eval_samples']} samples); snapshots every {s['eval_every']} versions.",
+        f"Throughput ratio SAO / synchronous GRPO (trained action tokens per second): {ratio_text} "
+        f"against the faster synchronous variant ({by}).",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry (see the module docstring)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--methods", nargs="+", default=list(METHODS), help=f"any of {METHODS} (other G allowed)")
+    p.add_argument("--steps", type=int, default=20, help="policy versions per method")
+    p.add_argument("--batch-rollouts", type=int, default=32, help="rollouts per policy version (every method)")
+    p.add_argument("--generators", type=int, default=1, help="generator processes (SAO, async GRPO)")
+    p.add_argument("--episodes-in-flight", type=int, default=32, help="concurrent episodes per engine")
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm", "auto"])
+    p.add_argument("--calls-median", type=float, default=3.0)
+    p.add_argument("--calls-sigma", type=float, default=0.8)
+    p.add_argument("--max-calls", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=20, help="tokens per turn")
+    p.add_argument("--max-episode-tokens", type=int, default=768)
+    p.add_argument("--train-tasks", type=int, default=2000)
+    p.add_argument("--eval-tasks", type=int, default=64)
+    p.add_argument("--eval-samples", type=int, default=2)
+    p.add_argument("--eval-every", type=int, default=5, help="snapshot every this many versions")
+    p.add_argument("--sft-steps", type=int, default=500)
+    p.add_argument("--lr", type=float, default=3.0e-4)
+    p.add_argument("--max-staleness", type=int, default=2)
+    p.add_argument("--critic-warmup", type=int, default=1, help="SAO critic-only iterations")
+    p.add_argument("--target", type=float, default=None, help="held-out reward target (default: warm start + gain)")
+    p.add_argument("--target-gain", type=float, default=0.05)
+    p.add_argument("--trace-tasks", type=int, default=32)
+    p.add_argument("--trace-samples", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work-dir", type=Path, default=REPO / "runs" / "bench" / "async_vs_sync")
+    p.add_argument("--no-docs", action="store_true", help="write the JSON only")
+    p.add_argument("--torch-threads", type=int, default=1,
+                   help="torch threads of this process (learner and in-process engines); generator processes use 1")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    import torch
+
+    torch.set_num_threads(args.torch_threads)
+    work = args.work_dir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+
+    t_all = time.monotonic()
+    task_calls = write_tasks(args, work)
+    base, sft, prep_s = prepare_shared(args, work)
+    print(f"warm start ready in {prep_s:.0f} s: {sft}", flush=True)
+    runs = [run_method(method_config(args, work, m), m, base, sft, work / "snapshots" / m, args.eval_every)
+            for m in args.methods]
+    print("evaluating snapshots", flush=True)
+    start, rewards = evaluate_snapshots(base, sft, runs)
+    target = args.target if args.target is not None else round(start + args.target_gain, 3)
+    print("trace and calibration", flush=True)
+    trace, trace_rollouts = collect_trace(base, sft, args.trace_tasks, args.trace_samples, args.seed)
+    learner_cost = measure_learner_cost(args, work, sft, trace_rollouts)
+    engine = calibrate_engine(sft, batch_sizes=[1, 8, 32], widths=[64, 256, 512], new_tokens=args.max_new_tokens,
+                              repeats=2)
+    sync = measure_weight_sync(sft, repeats=3)
+
+    methods = {r.method: summarise(r, rewards[r.method], target) for r in runs}
+    sync_rates = {k: v["trained_action_tokens_per_s"] for k, v in methods.items() if k.startswith("grpo_sync")}
+    sao_rate = methods.get("sao", {}).get("trained_action_tokens_per_s")
+    by_baseline = {k: sao_rate / v for k, v in sync_rates.items() if sao_rate and v > 0}
+    result = {
+        "command": command_line("bench.async_vs_sync", argv),
+        "machine": machine_info(),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "task_calls": task_calls,
+        "start_reward": start,
+        "target": target,
+        "busy_fraction": {k: v["busy_fraction"] for k, v in methods.items()},
+        "trained_action_tokens_per_s": {k: v["trained_action_tokens_per_s"] for k, v in methods.items()},
+        "rollouts_per_s": {k: v["rollouts_per_s"] for k, v in methods.items()},
+        "time_to_target_s": {k: v["time_to_target_s"] for k, v in methods.items()},
+        "throughput_ratio_sao_over_grpo_sync": min(by_baseline.values()) if by_baseline else None,
+        "throughput_ratio_by_baseline": by_baseline,
+        "methods": methods,
+        "trace": trace,
+        "engine_calibration": engine,
+        "learner_cost": learner_cost,
+        "weight_sync": sync,
+        "prepare_s": prep_s,
+        "total_s": time.monotonic() - t_all,
+    }
+    path = write_result("async_vs_sync", result)
+    if not args.no_docs:
+        update_docs_section("async_vs_sync", render(result))
+        refresh_targets()
+    print(render(result))
+    print(f"\nWrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

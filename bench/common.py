@@ -1,0 +1,343 @@
+"""Helpers shared by the benchmarks: machine description, results JSON, sections of docs/benchmarks.md.
+
+Every benchmark writes ``bench/results/<name>.json`` (``write_result``) and rewrites its own
+section of ``docs/benchmarks.md`` (``update_docs_section``): the text between
+``<!-- bench:<name>:begin -->`` and ``<!-- bench:<name>:end -->``, so a re-run replaces only
+its own numbers and leaves hand-written text alone. ``targets_section`` reads every results file
+and renders the table of targets with the measured value beside each.
+
+Benchmark-only environments: ``synthetic_longtail`` (``posttrain.envs.synthetic.longtail``) is
+in the environment registry, but until ``DataConfig.env`` lists it a run config naming it does
+not validate. ``allow_env_in_config`` widens that Literal in the current process only (a no-op
+once the config lists the environment), and ``bench_generator_launcher`` makes
+``posttrain.flow.train_sao`` start its generator processes through this module
+(``python -m bench.common generator CONFIG``), which does the same before calling
+``posttrain.generator.worker.run_generator``. Nothing else of the launch differs from
+``posttrain generator``.
+
+Run:
+  ``.venv/bin/python -m bench.common targets``   re-render the targets table from bench/results/
+  ``.venv/bin/python -m bench.common machine``   print the machine description as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+REPO = Path(__file__).resolve().parent.parent
+"""Repository root (benchmarks run from here: ``python -m bench.<name>``)."""
+RESULTS_DIR = REPO / "bench" / "results"
+"""Where ``<name>.json`` results go."""
+DOCS = REPO / "docs" / "benchmarks.md"
+"""The benchmark report."""
+PLOTS_DIR = REPO / "docs" / "benchmarks"
+"""PNG plots referenced from the report."""
+
+
+# ------------------------------------------------------------------------------------ the machine
+def _meminfo_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        return None
+    return None
+
+
+def machine_info() -> dict[str, Any]:
+    """Describe the machine a benchmark ran on.
+
+    Returns:
+        ``platform``, ``processor``, ``cpu_count``, ``memory_gib``, ``python``, ``torch`` (version,
+        when importable), ``gpu`` (the CUDA device name, or None), ``load_avg`` (1, 5, 15 minute
+        load averages: runnable processes, which on this shared machine include other people's
+        work) and ``when`` (UTC, ISO 8601).
+    """
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "memory_gib": _meminfo_gib(),
+        "python": platform.python_version(),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        info["torch"], info["gpu"] = None, None
+    return info
+
+
+def machine_line(info: dict[str, Any]) -> str:
+    """One Markdown line describing ``info`` (from ``machine_info``)."""
+    load = info.get("load_avg") or []
+    gpu = info.get("gpu") or "no GPU"
+    return (
+        f"Machine: {info.get('platform')}, {info.get('cpu_count')} CPU cores, {info.get('memory_gib')} GiB, "
+        f"{gpu}, Python {info.get('python')}, torch {info.get('torch')}; load average (1/5/15 min) "
+        f"{'/'.join(f'{x:.1f}' for x in load)} at the end of the run ({info.get('when')})."
+    )
+
+
+def command_line(module: str, argv: Sequence[str] | None) -> str:
+    """The command that reproduces a run: ``.venv/bin/python -m <module> <args>``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return " ".join([".venv/bin/python -m", module, *args]).strip()
+
+
+# ------------------------------------------------------------------------------- results and docs
+def write_result(name: str, data: dict[str, Any], results_dir: Path = RESULTS_DIR) -> Path:
+    """Write ``data`` as indented JSON to ``<results_dir>/<name>.json``; return the path.
+
+    Raises:
+        TypeError: ``data`` holds something JSON cannot encode.
+    """
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return path
+
+
+def read_result(name: str, results_dir: Path = RESULTS_DIR) -> dict[str, Any] | None:
+    """The parsed ``<results_dir>/<name>.json``, or None when the benchmark has not been run."""
+    path = results_dir / f"{name}.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
+    """A Markdown table; ``align`` holds one of ``l``/``r`` per column (default: first left, rest right).
+
+    Raises:
+        ValueError: a row or ``align`` whose length differs from ``headers``.
+    """
+    n = len(headers)
+    align = align or ("l" + "r" * (n - 1))
+    if len(align) != n:
+        raise ValueError(f"align: expected {n} characters, got {align!r}")
+    lines = ["| " + " | ".join(str(h) for h in headers) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+    for i, row in enumerate(rows):
+        if len(row) != n:
+            raise ValueError(f"rows[{i}]: expected {n} cells, got {len(row)}")
+        lines.append("| " + " | ".join(str(c) for c in row) + " |")
+    return "\n".join(lines)
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"
+
+
+def update_docs_section(name: str, markdown: str, docs: Path = DOCS) -> Path:
+    """Replace the generated section ``name`` of ``docs`` with ``markdown`` (appended when absent).
+
+    The section is the text between ``<!-- bench:<name>:begin -->`` and ``<!-- bench:<name>:end -->``;
+    text outside the markers is kept as it is.
+
+    Raises:
+        ValueError: ``docs`` has a begin marker without its end marker (or the reverse).
+    """
+    begin, end = _markers(name)
+    text = docs.read_text(encoding="utf-8") if docs.exists() else "# Benchmarks\n"
+    block = f"{begin}\n{markdown.strip()}\n{end}"
+    has_begin, has_end = begin in text, end in text
+    if has_begin != has_end:
+        raise ValueError(f"{docs}: section {name!r} has only one of its markers {begin!r} / {end!r}")
+    if has_begin:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        text = head + block + tail
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    docs.parent.mkdir(parents=True, exist_ok=True)
+    docs.write_text(text, encoding="utf-8")
+    return docs
+
+
+# ------------------------------------------------------------------------------------- targets
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "not measured" if x is None else f"{x:.{digits}f}"
+
+
+def targets_rows(results_dir: Path = RESULTS_DIR) -> list[dict[str, Any]]:
+    """The issue's targets with the measured value of each, from the results files.
+
+    Returns:
+        One dict per target: ``target`` (text), ``measured`` (float or None when the benchmark has
+        not written its result), ``met`` (bool or None), ``source`` (results file).
+    """
+    rows: list[dict[str, Any]] = []
+
+    def add(target: str, measured: float | None, ok: bool | None, source: str) -> None:
+        rows.append({"target": target, "measured": measured, "met": ok, "source": source})
+
+    avs = read_result("async_vs_sync", results_dir)
+    busy = (avs or {}).get("busy_fraction", {}).get("sao")
+    add("SAO generator busy fraction >= 0.9 (long-tailed setting)", busy, None if busy is None else busy >= 0.9,
+        "async_vs_sync.json: busy_fraction.sao")
+    ratio = (avs or {}).get("throughput_ratio_sao_over_grpo_sync")
+    add("SAO trained-token throughput >= 1.5x synchronous GRPO (same setting)", ratio,
+        None if ratio is None else ratio >= 1.5, "async_vs_sync.json: throughput_ratio_sao_over_grpo_sync")
+    stream = read_result("stream", results_dir)
+    q = min((r["ratio_ours_over_raw"] for r in (stream or {}).get("rows", [])), default=None)
+    add("Queue throughput >= 0.5x the raw XADD/XREAD loop (worst size)", q, None if q is None else q >= 0.5,
+        "stream.json: min rows[].ratio_ours_over_raw")
+    ws = read_result("weight_sync", results_dir)
+    w = (ws or {}).get("worst_ratio_over_raw")
+    add("Weight-sync latency <= 2x the raw safetensors write + read (worst model)", w, None if w is None else w <= 2.0,
+        "weight_sync.json: worst_ratio_over_raw")
+    sim = read_result("simulate", results_dir)
+    e = (sim or {}).get("validation", {}).get("max_abs_relative_error")
+    add("Simulator within 15% of the measured small runs (worst quantity)", e, None if e is None else e <= 0.15,
+        "simulate.json: validation.max_abs_relative_error")
+    return rows
+
+
+def targets_section(results_dir: Path = RESULTS_DIR) -> str:
+    """The Markdown table of targets (``targets_rows``) for docs/benchmarks.md."""
+    table = markdown_table(
+        ["target", "measured", "met?", "from"],
+        [
+            [r["target"], _fmt(r["measured"]), {True: "yes", False: "**no**", None: "-"}[r["met"]], f"`{r['source']}`"]
+            for r in targets_rows(results_dir)
+        ],
+        align="lrll",
+    )
+    return (
+        "Re-rendered from `bench/results/*.json` by `.venv/bin/python -m bench.common targets` "
+        "(each benchmark also re-renders it).\n\n" + table
+    )
+
+
+def refresh_targets(results_dir: Path = RESULTS_DIR, docs: Path = DOCS) -> Path:
+    """Rewrite the ``targets`` section of ``docs`` from ``results_dir``."""
+    return update_docs_section("targets", targets_section(results_dir), docs)
+
+
+# -------------------------------------------------------------- benchmark-only environments
+_WIDENED: set[str] = set()
+"""Environment names ``allow_env_in_config`` added to ``DataConfig.env`` in this process."""
+
+
+def allow_env_in_config(name: str) -> bool:
+    """Let ``DataConfig.env`` accept ``name`` in this process, when the config does not list it.
+
+    Rebuilds the pydantic schema of ``DataConfig`` and ``RunConfig`` with ``name`` added to the
+    ``env`` Literal. Used for ``synthetic_longtail`` until the config lists it.
+
+    Returns:
+        True when ``name`` is accepted only thanks to this function (now or by an earlier call),
+        False when the config itself lists it.
+
+    Raises:
+        KeyError: ``name`` is not in ``posttrain.envs.registry.ENVIRONMENTS``.
+    """
+    from posttrain.config import models
+    from posttrain.envs.registry import ENVIRONMENTS
+
+    if name not in ENVIRONMENTS:
+        raise KeyError(f"environment {name!r} is not registered; known: {sorted(ENVIRONMENTS)}")
+    field = models.DataConfig.model_fields["env"]
+    choices = get_args(field.annotation)
+    if name in choices:
+        return name in _WIDENED
+    field.annotation = Literal[(*choices, name)]  # type: ignore[assignment]
+    models.DataConfig.model_rebuild(force=True)
+    models.RunConfig.model_rebuild(force=True)
+    _WIDENED.add(name)
+    return True
+
+
+@contextmanager
+def bench_generator_launcher(env_name: str) -> Iterator[bool]:
+    """While open, ``posttrain.flow.train_sao`` launches generators via ``python -m bench.common generator``.
+
+    Only when ``DataConfig.env`` does not list ``env_name`` (see ``allow_env_in_config``);
+    otherwise nothing changes. Yields whether the launcher was swapped.
+    """
+    from posttrain import flow
+
+    if not allow_env_in_config(env_name):
+        yield False
+        return
+    original = flow.start_generators
+
+    def start_generators(ctx: Any, redis_url: str, config_path: Path) -> list[subprocess.Popen[bytes]]:
+        logs = ctx.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "REDIS_URL": redis_url, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        procs = []
+        for i in range(ctx.config.generator.num_processes):
+            out = (logs / f"generator-g{i}.log").open("ab")
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "bench.common", "generator", str(config_path), "--generator-id", f"g{i}",
+                 "--seed", str(ctx.config.seed * 1000 + i)],
+                env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO),
+            ))
+        return procs
+
+    flow.start_generators = start_generators  # type: ignore[assignment]
+    try:
+        yield True
+    finally:
+        flow.start_generators = original  # type: ignore[assignment]
+
+
+def _serve_generator(config_path: Path, generator_id: str, seed: int) -> int:
+    """``posttrain generator`` for a config whose ``data.env`` may be a benchmark-only environment."""
+    import yaml
+
+    from posttrain.config import load_config
+    from posttrain.generator.worker import run_generator
+
+    raw = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+    env_name = (raw.get("data") or {}).get("env")
+    if env_name:
+        allow_env_in_config(env_name)
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        print("REDIS_URL: not set; a generator needs the run's Redis", file=sys.stderr)
+        return 2
+    summary = run_generator(load_config(config_path), generator_id, url, seed=seed)
+    print(f"generator {summary.generator_id}: {summary.stats['rollouts']:.0f} rollouts, "
+          f"busy fraction {summary.stats['busy_fraction']:.2f}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("targets", help="re-render the targets section of docs/benchmarks.md")
+    sub.add_parser("machine", help="print the machine description")
+    g = sub.add_parser("generator", help="one generator process (REDIS_URL), for benchmark-only environments")
+    g.add_argument("config", type=Path)
+    g.add_argument("--generator-id", default="g0")
+    g.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.cmd == "targets":
+        print(refresh_targets())
+        return 0
+    if args.cmd == "machine":
+        print(json.dumps(machine_info(), indent=2))
+        return 0
+    return _serve_generator(args.config, args.generator_id, args.seed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

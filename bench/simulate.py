@@ -1,0 +1,926 @@
+"""Discrete-event simulator of an RL post-training cluster: SAO and GRPO with N generators and M learner GPUs.
+
+What it models (every time in seconds, every length in tokens):
+
+* **Workload**: episodes drawn from a measured trace (``bench/results/async_vs_sync.json`` ->
+  ``trace``): per task, a few rollouts of the warm-started policy, each with its prompt length,
+  action tokens per turn, observation tokens after each turn and reward. ``token_scale``
+  stretches every length (to emulate longer turns than the tiny model's).
+* **Generators**: N engines, each running up to ``episodes_in_flight`` episodes. An episode is a
+  chain of requests (one per turn: the whole context as prompt, that turn's action tokens to
+  decode), with ``env_step_s`` between turns. Two engine models, both with a decode step time of
+  ``step_s + step_s_per_row * rows`` and a prefill cost of ``prefill_s_per_token`` per prompt
+  token: ``static`` batching (the ``hf`` engine: a batch of queued requests runs until its
+  longest member is done, new requests wait, and each row's decode step also pays
+  ``step_s_per_row_token`` per token of the batch's left-padded context) and ``continuous``
+  batching (vLLM: requests join and leave at every step; a prefill pauses decoding for its
+  duration).
+* **Learner**: M GPUs; one iteration on a batch of rollouts takes ``step_s_fixed +
+  s_per_token * rows * longest_rollout / M`` (padded tokens, perfect data parallelism), then a
+  weight publication (``publish_s``) during which the learner waits, then every engine reloads
+  (``reload_s``; a static engine after its running batch).
+* **Methods**: ``sao`` (one rollout per prompt; AReaL-style admission: at most ``(v + tau + 1) * B``
+  rollouts started by policy version v; rollouts older than tau versions at consumption are
+  dropped and refunded; ``warmup_iterations`` critic-only iterations publish nothing),
+  ``grpo_async`` (the same runtime with groups of G episodes of one task started together and
+  batches of B/G complete groups; groups whose rewards are all equal train nothing and are
+  refunded) and ``grpo_sync`` (B/G prompts x G episodes spread over the engines group by group;
+  wait for the last episode; train; publish; reload; repeat).
+
+Outputs per run: generator **busy fraction** (share of wall time with at least one request
+inside the engine, as ``posttrain.generator.stats`` measures it), slot occupancy (mean decoding
+rows / ``max_batch``), learner busy fraction, and **trained action tokens per second** and
+**rollouts per second** between the first and the last policy update (GRPO counts only tokens of
+groups with unequal rewards, like ``grpo_train_step``).
+
+The command (a) re-simulates the small runs of ``bench/async_vs_sync.py`` with the inputs that
+run measured (trace, ``hf`` engine timings, learner step times, publish and reload costs) and
+reports the relative error of each predicted quantity, then (b) projects busy fraction and the
+SAO / synchronous-GRPO throughput ratio for N = 8 ... 1024 with a GPU-like parameter set (every
+assumed number is printed beside the result), and plots both against N.
+
+Run: ``.venv/bin/python -m bench.simulate`` (about 2 minutes on 2 cores), or
+``.venv/bin/python -m bench.simulate --ns 8 64 --steps 6`` for a quick look.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import math
+import random
+import statistics
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+Method = Literal["sao", "grpo_async", "grpo_sync"]
+"""Simulated methods (see the module docstring)."""
+
+
+# ------------------------------------------------------------------------------------- workload
+@dataclass(frozen=True)
+class RolloutShape:
+    """Lengths of one episode.
+
+    Attributes:
+        prompt_tokens: Tokens before the first action (system and user messages, template).
+        action_tokens: Tokens decoded in each turn, in order (>= 1 turn).
+        observation_tokens: Tokens appended after each turn (tool output and delimiters; 0 after the last).
+        reward: The episode's reward (decides whether a GRPO group is uniform).
+    """
+
+    prompt_tokens: int
+    action_tokens: tuple[int, ...]
+    observation_tokens: tuple[int, ...]
+    reward: float
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt, actions and observations (the learner's row length)."""
+        return self.prompt_tokens + sum(self.action_tokens) + sum(self.observation_tokens)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Tasks, each with the measured rollouts of one task (sampled with replacement)."""
+
+    tasks: tuple[tuple[RolloutShape, ...], ...]
+
+    @classmethod
+    def from_trace(cls, trace: Sequence[dict[str, Any]], token_scale: float = 1.0) -> Workload:
+        """Build from ``async_vs_sync.json``'s ``trace`` (one dict per task with ``rollouts``).
+
+        Args:
+            trace: ``[{"rollouts": [{"prompt_tokens", "action_tokens", "observation_tokens", "reward"}]}]``.
+            token_scale: Multiplies every length (rounded, at least 1 action token per turn).
+
+        Raises:
+            ValueError: an empty trace, a task without rollouts, or a rollout without turns.
+        """
+        if not trace:
+            raise ValueError("trace: empty")
+        tasks = []
+        for i, entry in enumerate(trace):
+            shapes = []
+            for j, r in enumerate(entry.get("rollouts", [])):
+                if not r["action_tokens"]:
+                    raise ValueError(f"trace[{i}].rollouts[{j}].action_tokens: empty (a rollout has at least one turn)")
+                shapes.append(RolloutShape(
+                    prompt_tokens=max(1, round(r["prompt_tokens"] * token_scale)),
+                    action_tokens=tuple(max(1, round(a * token_scale)) for a in r["action_tokens"]),
+                    observation_tokens=tuple(round(o * token_scale) for o in r["observation_tokens"]),
+                    reward=float(r["reward"]),
+                ))
+            if not shapes:
+                raise ValueError(f"trace[{i}].rollouts: empty")
+            tasks.append(tuple(shapes))
+        return cls(tuple(tasks))
+
+    def task(self, rng: random.Random) -> tuple[RolloutShape, ...]:
+        """A uniformly drawn task's rollouts."""
+        return self.tasks[rng.randrange(len(self.tasks))]
+
+    def rollout(self, rng: random.Random) -> RolloutShape:
+        """A rollout of a uniformly drawn task."""
+        shapes = self.task(rng)
+        return shapes[rng.randrange(len(shapes))]
+
+    def summary(self) -> dict[str, float]:
+        """Mean and max turns, mean action tokens per rollout, over all rollouts."""
+        flat = [s for t in self.tasks for s in t]
+        return {
+            "rollouts": float(len(flat)),
+            "turns_mean": statistics.fmean(len(s.action_tokens) for s in flat),
+            "turns_max": float(max(len(s.action_tokens) for s in flat)),
+            "action_tokens_mean": statistics.fmean(sum(s.action_tokens) for s in flat),
+            "total_tokens_mean": statistics.fmean(s.total_tokens for s in flat),
+        }
+
+
+# ---------------------------------------------------------------------------------- models
+@dataclass(frozen=True)
+class EngineModel:
+    """One generator's inference engine (seconds).
+
+    Attributes:
+        batching: ``static`` (hf: a batch runs until its longest request ends) or ``continuous`` (vLLM).
+        max_batch: Most sequences decoded together.
+        step_s: Decode step time at zero rows (fixed cost per step).
+        step_s_per_row: Extra decode step time per row in the batch.
+        prefill_s_per_token: Prefill time per prompt token.
+        step_s_per_row_token: Extra decode step time per row per context token (a static batch's
+            rows all attend over the padded width; 0 for the continuous model).
+    """
+
+    batching: Literal["static", "continuous"] = "static"
+    max_batch: int = 32
+    step_s: float = 0.01
+    step_s_per_row: float = 0.0005
+    prefill_s_per_token: float = 1e-5
+    step_s_per_row_token: float = 0.0
+
+    def step_time(self, rows: int, width: int = 0) -> float:
+        """Seconds per decode step with ``rows`` sequences over a context of ``width`` tokens."""
+        return self.step_s + rows * (self.step_s_per_row + self.step_s_per_row_token * width)
+
+
+@dataclass(frozen=True)
+class LearnerModel:
+    """The learner (seconds).
+
+    Attributes:
+        gpus: M, learner devices (data parallel, perfect scaling).
+        step_s_fixed: Per-iteration cost independent of the batch.
+        s_per_token: Seconds per padded token (rows x longest rollout) on one device.
+        warmup_iterations: Leading iterations that train without publishing a version (SAO critic warm-up).
+    """
+
+    gpus: int = 1
+    step_s_fixed: float = 0.0
+    s_per_token: float = 1e-4
+    warmup_iterations: int = 0
+
+    def train_time(self, batch: Sequence[RolloutShape]) -> float:
+        """Seconds for one iteration on ``batch``."""
+        longest = max((s.total_tokens for s in batch), default=0)
+        return self.step_s_fixed + self.s_per_token * len(batch) * longest / self.gpus
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """One simulated run.
+
+    Attributes:
+        method: ``sao``, ``grpo_async`` or ``grpo_sync``.
+        generators: N engines.
+        episodes_in_flight: Episode slots per generator (async methods; GRPO groups use G slots).
+        batch_rollouts: B, rollouts per learner iteration.
+        group_size: G for GRPO (1 for SAO).
+        max_staleness: tau, policy versions (async methods).
+        steps: Policy versions to publish before the run ends.
+        publish_s: Seconds the learner spends publishing a version.
+        reload_s: Seconds an engine spends loading a new version.
+        env_step_s: Seconds between a turn's end and the next request (environment step).
+        engine: Engine model.
+        learner: Learner model.
+        seed: Sampling seed.
+    """
+
+    method: Method = "sao"
+    generators: int = 1
+    episodes_in_flight: int = 32
+    batch_rollouts: int = 32
+    group_size: int = 1
+    max_staleness: int = 2
+    steps: int = 10
+    publish_s: float = 0.0
+    reload_s: float = 0.0
+    env_step_s: float = 0.0
+    engine: EngineModel = field(default_factory=EngineModel)
+    learner: LearnerModel = field(default_factory=LearnerModel)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        """Validate cross-field constraints.
+
+        Raises:
+            ValueError: a count below 1, or ``batch_rollouts`` not a multiple of ``group_size``.
+        """
+        for name in ("generators", "episodes_in_flight", "batch_rollouts", "group_size", "steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.batch_rollouts % self.group_size:
+            raise ValueError(f"batch_rollouts ({self.batch_rollouts}) must be a multiple of group_size ({self.group_size})")
+        if self.method == "sao" and self.group_size != 1:
+            raise ValueError(f"group_size: must be 1 for method sao, got {self.group_size}")
+
+
+@dataclass
+class SimResult:
+    """What a simulated run measured (see the module docstring)."""
+
+    busy_fraction: float
+    slot_occupancy: float
+    learner_busy_fraction: float
+    trained_action_tokens_per_s: float
+    rollouts_per_s: float
+    window_s: float
+    wall_s: float
+    updates: int
+    stale_dropped: int
+    events: int
+
+
+# -------------------------------------------------------------------------------- event loop
+class EventLoop:
+    """A time-ordered queue of callbacks (ties run in scheduling order)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self.events = 0
+
+    def at(self, t: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` at time ``t`` (not before now)."""
+        heapq.heappush(self._heap, (max(t, self.now), next(self._seq), fn))
+
+    def run(self, until: Callable[[], bool], max_events: int) -> None:
+        """Run events until ``until()`` holds or the queue is empty.
+
+        Raises:
+            RuntimeError: more than ``max_events`` events (a run that cannot finish).
+        """
+        while self._heap and not until():
+            t, _, fn = heapq.heappop(self._heap)
+            self.now = t
+            fn()
+            self.events += 1
+            if self.events > max_events:
+                raise RuntimeError(f"simulation exceeded {max_events} events at t={self.now:.1f}s")
+
+
+@dataclass
+class Request:
+    """One turn's generation request."""
+
+    prompt: int
+    new: int
+    done: Callable[[], None]
+
+
+class Engine:
+    """A simulated engine with busy and occupancy accounting (see ``EngineModel``)."""
+
+    def __init__(self, loop: EventLoop, model: EngineModel) -> None:
+        self.loop, self.model = loop, model
+        self.outstanding = 0
+        self.busy_s = 0.0
+        self._busy_since = 0.0
+        self.row_seconds = 0.0
+        # static batching
+        self._queue: deque[Request] = deque()
+        self._running = False
+        self._start_pending = False
+        self._reload_pending = 0.0
+        self._stall_end = 0.0
+        # continuous batching
+        self._phi = 0.0
+        self._last = 0.0
+        self._stall_start = 0.0
+        self._active: list[tuple[float, int, Request]] = []
+        self._ids = itertools.count()
+        self._token = 0
+
+    # accounting -------------------------------------------------------------------------
+    def _enter(self) -> None:
+        if self.outstanding == 0:
+            self._busy_since = self.loop.now
+        self.outstanding += 1
+
+    def _leave(self) -> None:
+        self.outstanding -= 1
+        if self.outstanding == 0:
+            self.busy_s += self.loop.now - self._busy_since
+
+    def busy_until_now(self) -> float:
+        """Busy seconds so far, including a busy period still open."""
+        return self.busy_s + (self.loop.now - self._busy_since if self.outstanding else 0.0)
+
+    # public -----------------------------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        """Accept a request; ``request.done`` runs when its tokens are decoded."""
+        self._enter()
+        if self.model.batching == "static":
+            self._queue.append(request)
+            if not self._start_pending:
+                # Like the hf engine's batching loop: requests submitted at the same instant share a batch.
+                self._start_pending = True
+                self.loop.at(self.loop.now, self._maybe_start)
+        else:
+            self._advance()
+            self._stall(self.model.prefill_s_per_token * request.prompt)
+            heapq.heappush(self._active, (self._phi + request.new, next(self._ids), request))
+            self._reschedule()
+
+    def reload(self, seconds: float) -> None:
+        """Load new weights: after the running batch (static) or now, pausing decoding (continuous)."""
+        if seconds <= 0:
+            return
+        if self.model.batching == "static":
+            if self._running:
+                self._reload_pending += seconds
+            else:
+                self._stall_end = max(self._stall_end, self.loop.now) + seconds
+                self.loop.at(self._stall_end, self._maybe_start)
+        else:
+            self._advance()
+            self._stall(seconds)
+            self._reschedule()
+
+    # static batching ----------------------------------------------------------------------
+    def _maybe_start(self) -> None:
+        self._start_pending = False
+        if self._running or not self._queue:
+            return
+        now = self.loop.now
+        if self._reload_pending > 0:
+            self._stall_end = max(self._stall_end, now) + self._reload_pending
+            self._reload_pending = 0.0
+        if now < self._stall_end:
+            self.loop.at(self._stall_end, self._maybe_start)
+            return
+        batch = [self._queue.popleft() for _ in range(min(self.model.max_batch, len(self._queue)))]
+        rows = len(batch)
+        width = max(r.prompt for r in batch)
+        steps = max(r.new for r in batch)
+        decode = steps * self.model.step_time(rows, width + steps // 2)
+        duration = self.model.prefill_s_per_token * rows * width + decode
+        self.row_seconds += rows * duration
+        self._running = True
+
+        def finish() -> None:
+            self._running = False
+            for r in batch:
+                self._leave()
+                r.done()
+            self._maybe_start()
+
+        self.loop.at(now + duration, finish)
+
+    # continuous batching ------------------------------------------------------------------
+    def _stall(self, seconds: float) -> None:
+        now = self.loop.now
+        if self._stall_end <= now:
+            self._stall_start, self._stall_end = now, now + seconds
+        else:
+            self._stall_end += seconds
+
+    def _advance(self) -> None:
+        now = self.loop.now
+        dt = now - self._last
+        overlap = max(0.0, min(now, self._stall_end) - max(self._last, self._stall_start))
+        if self._active and dt > 0:
+            rows = len(self._active)
+            self._phi += (dt - overlap) / self.model.step_time(rows)
+            self.row_seconds += rows * dt
+        self._last = now
+
+    def _reschedule(self) -> None:
+        self._token += 1
+        if not self._active:
+            return
+        token = self._token
+        need = (self._active[0][0] - self._phi) * self.model.step_time(len(self._active))
+        start = max(self.loop.now, self._stall_end)
+        self.loop.at(start + max(need, 0.0), lambda: self._complete(token))
+
+    def _complete(self, token: int) -> None:
+        if token != self._token:
+            return
+        self._advance()
+        finished = []
+        while self._active and self._active[0][0] <= self._phi + 1e-9:
+            finished.append(heapq.heappop(self._active)[2])
+        for _ in finished:
+            self._leave()
+        self._reschedule()
+        for r in finished:
+            r.done()
+
+
+# -------------------------------------------------------------------------------- the cluster
+class Cluster:
+    """Generators, learner and the controller of one method; call ``run()``."""
+
+    def __init__(self, config: ClusterConfig, workload: Workload) -> None:
+        self.cfg, self.workload = config, workload
+        self.rng = random.Random(config.seed)
+        self.loop = EventLoop()
+        self.engines = [Engine(self.loop, config.engine) for _ in range(config.generators)]
+        self.version = 0
+        self.iteration = 0
+        self.started = 0  # rollouts started and not refunded (admission)
+        self.ready: deque[tuple[list[RolloutShape], int]] = deque()  # complete units (1 rollout or a group)
+        self.learner_busy = False
+        self.learner_busy_s = 0.0
+        self.waiting: list[int] = []  # generator index of each slot waiting for admission
+        self.updates: list[tuple[float, float, float]] = []  # (time, rollouts, trained action tokens)
+        self.stale_dropped = 0
+        self._sync_left = 0
+
+    # episodes -------------------------------------------------------------------------------
+    def _episode(self, gen: int, shape: RolloutShape, on_done: Callable[[], None]) -> None:
+        engine = self.engines[gen]
+        state = {"turn": 0, "context": shape.prompt_tokens}
+
+        def submit() -> None:
+            engine.submit(Request(state["context"], shape.action_tokens[state["turn"]], after_turn))
+
+        def after_turn() -> None:
+            turn = state["turn"]
+            state["context"] += shape.action_tokens[turn] + (shape.observation_tokens[turn] if turn < len(shape.observation_tokens) else 0)
+            state["turn"] = turn + 1
+            if state["turn"] >= len(shape.action_tokens):
+                on_done()
+            elif self.cfg.env_step_s > 0:
+                self.loop.at(self.loop.now + self.cfg.env_step_s, submit)
+            else:
+                submit()
+
+        submit()
+
+    def _group(self, gen: int, on_done: Callable[[list[RolloutShape], int], None]) -> None:
+        """Start G episodes of one task on ``gen``; ``on_done(shapes, start_version)`` after the last."""
+        task = self.workload.task(self.rng)
+        shapes = [task[self.rng.randrange(len(task))] for _ in range(self.cfg.group_size)]
+        version = self.version
+        left = {"n": len(shapes)}
+
+        def one_done() -> None:
+            left["n"] -= 1
+            if left["n"] == 0:
+                on_done(shapes, version)
+
+        for s in shapes:
+            self._episode(gen, s, one_done)
+
+    # asynchronous methods -------------------------------------------------------------------
+    def _capacity(self) -> int:
+        return (self.version + self.cfg.max_staleness + 1) * self.cfg.batch_rollouts
+
+    def _slot(self, gen: int) -> None:
+        g = self.cfg.group_size
+        if self.started + g > self._capacity():
+            self.waiting.append(gen)
+            return
+        self.started += g
+
+        def done(shapes: list[RolloutShape], version: int) -> None:
+            self.ready.append((shapes, version))
+            self._slot(gen)
+            self._maybe_train()
+
+        self._group(gen, done)
+
+    def _kept(self, units: list[tuple[list[RolloutShape], int]]) -> tuple[float, int]:
+        """Trained action tokens and rollouts of a batch: all (SAO), or groups with unequal rewards (GRPO)."""
+        tokens, rollouts = 0.0, 0
+        for shapes, _ in units:
+            if self.cfg.method != "sao" and len({s.reward for s in shapes}) == 1:
+                continue
+            tokens += sum(sum(s.action_tokens) for s in shapes)
+            rollouts += len(shapes)
+        return tokens, rollouts
+
+    def _maybe_train(self) -> None:
+        if self.learner_busy or len(self.updates) >= self.cfg.steps:
+            return
+        need = self.cfg.batch_rollouts // self.cfg.group_size
+        fresh: list[tuple[list[RolloutShape], int]] = []
+        while self.ready and len(fresh) < need:
+            unit = self.ready.popleft()
+            if self.version - unit[1] > self.cfg.max_staleness:
+                self.stale_dropped += len(unit[0])
+                self.started -= len(unit[0])
+                continue
+            fresh.append(unit)
+        if len(fresh) < need:
+            self.ready.extendleft(reversed(fresh))
+            self._wake()
+            return
+        batch = [s for shapes, _ in fresh for s in shapes]
+        tokens, kept = self._kept(fresh)
+        self._train(batch, tokens, refund=len(batch) - kept if self.cfg.method == "grpo_async" else 0)
+
+    def _wake(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for gen in waiting:
+            self._slot(gen)
+
+    # the learner ------------------------------------------------------------------------------
+    def _train(self, batch: list[RolloutShape], tokens: float, refund: int = 0) -> None:
+        self.learner_busy = True
+        seconds = self.cfg.learner.train_time(batch)
+        publishes = self.iteration >= self.cfg.learner.warmup_iterations
+        total = seconds + (self.cfg.publish_s if publishes else 0.0)
+        self.learner_busy_s += total
+
+        def done() -> None:
+            self.iteration += 1
+            self.started -= refund
+            if publishes:
+                self.version += 1
+                self.updates.append((self.loop.now, float(len(batch)), tokens))
+                for e in self.engines:
+                    e.reload(self.cfg.reload_s)
+            self.learner_busy = False
+            if self.cfg.method == "grpo_sync":
+                self._sync_iteration()
+            else:
+                self._wake()
+                self._maybe_train()
+
+        self.loop.at(self.loop.now + total, done)
+
+    # synchronous GRPO ---------------------------------------------------------------------------
+    def _sync_iteration(self) -> None:
+        if len(self.updates) >= self.cfg.steps:
+            return
+        groups = self.cfg.batch_rollouts // self.cfg.group_size
+        units: list[tuple[list[RolloutShape], int]] = []
+        self._sync_left = groups
+
+        def group_done(shapes: list[RolloutShape], version: int) -> None:
+            units.append((shapes, version))
+            self._sync_left -= 1
+            if self._sync_left == 0:
+                tokens, _ = self._kept(units)
+                self._train([s for sh, _ in units for s in sh], tokens)
+
+        for i in range(groups):
+            self._group(i % self.cfg.generators, group_done)
+
+    # running ------------------------------------------------------------------------------------
+    def run(self, max_events: int = 50_000_000) -> SimResult:
+        """Simulate until ``steps`` versions are published.
+
+        Raises:
+            RuntimeError: the run cannot finish within ``max_events`` events.
+        """
+        if self.cfg.method == "grpo_sync":
+            self._sync_iteration()
+        else:
+            slots = max(1, self.cfg.episodes_in_flight // self.cfg.group_size)
+            for gen in range(self.cfg.generators):
+                for _ in range(slots):
+                    self._slot(gen)
+        self.loop.run(lambda: len(self.updates) >= self.cfg.steps, max_events)
+        wall = self.loop.now
+        busy = statistics.fmean(e.busy_until_now() for e in self.engines) / wall if wall > 0 else 0.0
+        occupancy = statistics.fmean(e.row_seconds for e in self.engines) / (wall * self.cfg.engine.max_batch) if wall > 0 else 0.0
+        window, tokens, rollouts = steady_window(self.updates)
+        return SimResult(
+            busy_fraction=min(1.0, busy),
+            slot_occupancy=min(1.0, occupancy),
+            learner_busy_fraction=min(1.0, self.learner_busy_s / wall) if wall > 0 else 0.0,
+            trained_action_tokens_per_s=tokens / window if window > 0 else 0.0,
+            rollouts_per_s=rollouts / window if window > 0 else 0.0,
+            window_s=window,
+            wall_s=wall,
+            updates=len(self.updates),
+            stale_dropped=self.stale_dropped,
+            events=self.loop.events,
+        )
+
+
+def steady_window(updates: Sequence[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """``(seconds, rollouts, trained tokens)`` from the first to the last update, the first's own excluded.
+
+    The same window ``bench/async_vs_sync.py`` measures: the first update's batch was produced
+    during start-up, so it is left out. Zeros with fewer than two updates.
+    """
+    if len(updates) < 2:
+        return 0.0, 0.0, 0.0
+    window = updates[-1][0] - updates[0][0]
+    return window, sum(u[2] for u in updates[1:]), sum(u[1] for u in updates[1:])
+
+
+def simulate(config: ClusterConfig, workload: Workload) -> SimResult:
+    """Run one simulation of ``config`` on ``workload`` (see ``Cluster``)."""
+    return Cluster(config, workload).run()
+
+
+# ----------------------------------------------------------------------------------- validation
+def measured_config(measured: dict[str, Any], method: str) -> ClusterConfig:
+    """The simulated twin of one method of ``async_vs_sync.json``, built from what that run measured.
+
+    Engine: the ``hf`` engine's static batching with the calibrated coefficients (1 torch thread,
+    as in a generator process). Learner: the method's mean measured step time (``step_s_fixed``),
+    so only the scheduling is predicted. Publish and reload: the measured medians.
+
+    Raises:
+        KeyError: the method or a needed field is missing from ``measured``.
+    """
+    s = measured["settings"]
+    cal = measured["engine_calibration"]
+    m = measured["methods"][method]
+    kind, _, g = method.rpartition("_g")
+    sim_method: Method = "sao" if method == "sao" else ("grpo_sync" if kind == "grpo_sync" else "grpo_async")
+    return ClusterConfig(
+        method=sim_method,
+        generators=s["generators"] if sim_method != "grpo_sync" else 1,
+        episodes_in_flight=s["episodes_in_flight"],
+        batch_rollouts=s["batch_rollouts"],
+        group_size=1 if method == "sao" else int(g),
+        max_staleness=s["max_staleness"],
+        steps=max(2, int(m["policy_versions"])),
+        publish_s=measured["weight_sync"]["publish_s"],
+        reload_s=measured["weight_sync"]["reload_s"],
+        engine=EngineModel(
+            batching="static",
+            max_batch=max(s["episodes_in_flight"], s["batch_rollouts"]) if sim_method == "grpo_sync" else s["episodes_in_flight"],
+            step_s=cal["step_s"], step_s_per_row=cal["step_s_per_row"], prefill_s_per_token=cal["prefill_s_per_token"],
+            step_s_per_row_token=cal.get("step_s_per_row_token", 0.0),
+        ),
+        learner=LearnerModel(gpus=1, step_s_fixed=float(m["learner_step_s_mean"]), s_per_token=0.0,
+                             warmup_iterations=s["critic_warmup"] if method == "sao" else 0),
+        seed=s["seed"],
+    )
+
+
+def validate(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
+    """Re-simulate every measured method; relative error of busy fraction and both throughputs.
+
+    Each prediction is the mean over ``repeats`` seeds. Relative error = (predicted - measured) /
+    measured.
+
+    Returns:
+        ``rows`` (per method and quantity) and ``max_abs_relative_error``.
+    """
+    workload = Workload.from_trace(measured["trace"])
+    rows = []
+    for method, m in measured["methods"].items():
+        if m.get("learner_step_s_mean") is None:
+            continue
+        base = measured_config(measured, method)
+        sims = [simulate(replace(base, seed=base.seed + k), workload) for k in range(repeats)]
+        for quantity in ("busy_fraction", "trained_action_tokens_per_s", "rollouts_per_s"):
+            pred = statistics.fmean(getattr(r, quantity) for r in sims)
+            meas = float(m[quantity])
+            rows.append({"method": method, "quantity": quantity, "measured": meas, "predicted": pred,
+                         "relative_error": (pred - meas) / meas if meas else math.inf})
+    worst = max((abs(r["relative_error"]) for r in rows), default=None)
+    return {"rows": rows, "max_abs_relative_error": worst, "repeats": repeats}
+
+
+# ----------------------------------------------------------------------------------- projection
+def gpu_assumptions(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, Any]:
+    """The assumed GPU-cluster parameters of the projection (printed in the docs beside the result).
+
+    The SAO learner's cost per token relative to GRPO's (SAO also trains a critic) is the ratio
+    ``async_vs_sync`` measured on one batch (``learner_cost``), or ``--sao-learner-cost`` when
+    absent; everything else comes from the flags.
+    """
+    ratio = measured.get("learner_cost", {}).get("ratio_sao_over_grpo", args.sao_learner_cost)
+    return {
+        "engine": asdict(EngineModel(batching="continuous", max_batch=args.gpu_max_batch, step_s=args.gpu_step_s,
+                                     step_s_per_row=args.gpu_step_s_per_row,
+                                     prefill_s_per_token=args.gpu_prefill_s_per_token)),
+        "episodes_in_flight": args.gpu_max_batch,
+        "grpo_learner_s_per_token": args.gpu_train_s_per_token,
+        "sao_learner_cost_ratio": ratio,
+        "learner_gpus_per_generator": args.learner_ratio,
+        "rollouts_per_generator_per_step": args.rollouts_per_generator,
+        "publish_s": args.gpu_publish_s,
+        "reload_s": args.gpu_reload_s,
+        "token_scale": args.token_scale,
+        "group_size": args.group_size,
+        "max_staleness": args.max_staleness,
+        "steps": args.steps,
+    }
+
+
+def project(ns: Sequence[int], assumptions: dict[str, Any], workload: Workload, seed: int = 0,
+            learner_ratio: float | None = None) -> list[dict[str, Any]]:
+    """SAO and synchronous GRPO for each N with the GPU assumptions; one row per N.
+
+    ``learner_ratio`` (learner GPUs per generator) overrides the assumptions' ratio.
+    """
+    a = assumptions
+    ratio = a["learner_gpus_per_generator"] if learner_ratio is None else learner_ratio
+    engine = EngineModel(**a["engine"])
+    rows = []
+    for n in ns:
+        gpus = max(1, round(n * ratio))
+        batch = n * a["rollouts_per_generator_per_step"]
+        batch -= batch % a["group_size"]
+        common = dict(generators=n, episodes_in_flight=a["episodes_in_flight"], batch_rollouts=batch,
+                      max_staleness=a["max_staleness"], steps=a["steps"], publish_s=a["publish_s"],
+                      reload_s=a["reload_s"], engine=engine, seed=seed)
+        t0 = time.monotonic()
+        sao = simulate(ClusterConfig(method="sao", group_size=1, learner=LearnerModel(
+            gpus=gpus, s_per_token=a["grpo_learner_s_per_token"] * a["sao_learner_cost_ratio"]), **common), workload)
+        grpo = simulate(ClusterConfig(method="grpo_sync", group_size=a["group_size"], learner=LearnerModel(
+            gpus=gpus, s_per_token=a["grpo_learner_s_per_token"]), **common), workload)
+        rows.append({
+            "generators": n, "learner_gpus": gpus, "batch_rollouts": batch,
+            "sao": asdict(sao), "grpo_sync": asdict(grpo),
+            "speedup_sao_over_grpo_sync": sao.trained_action_tokens_per_s / grpo.trained_action_tokens_per_s
+            if grpo.trained_action_tokens_per_s > 0 else None,
+            "sim_seconds": time.monotonic() - t0,
+        })
+        print(f"  N={n}: busy SAO {sao.busy_fraction:.2f} / GRPO {grpo.busy_fraction:.2f}, "
+              f"speedup {rows[-1]['speedup_sao_over_grpo_sync']:.2f}x ({rows[-1]['sim_seconds']:.0f} s)", flush=True)
+    return rows
+
+
+def plot(rows: list[dict[str, Any]], out_png: Any) -> Any:
+    """Busy fraction and slot occupancy (left) and SAO/GRPO speedup (right) against N; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ns = [r["generators"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for method, marker in (("sao", "o"), ("grpo_sync", "s")):
+        left.plot(ns, [r[method]["busy_fraction"] for r in rows], marker=marker, ls="-", label=f"{method} busy fraction")
+        left.plot(ns, [r[method]["slot_occupancy"] for r in rows], marker=marker, ls="--", alpha=0.6,
+                  label=f"{method} slot occupancy")
+    left.set_xscale("log", base=2)
+    left.set_ylim(0, 1.05)
+    left.set_xlabel("generators N")
+    left.set_ylabel("fraction of wall time")
+    left.set_title("Generator utilisation")
+    left.grid(alpha=0.3)
+    left.legend(fontsize=7)
+    right.plot(ns, [r["speedup_sao_over_grpo_sync"] for r in rows], "-o", color="tab:green")
+    right.axhline(1.5, color="grey", ls=":", label="target 1.5x")
+    right.set_xscale("log", base=2)
+    right.set_xlabel("generators N")
+    right.set_ylabel("SAO / sync GRPO trained tokens per s")
+    right.set_title("Projected speedup")
+    right.grid(alpha=0.3)
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def render(result: dict[str, Any]) -> str:
+    """The docs section: machine, command, validation table, assumptions, projection table, plot."""
+    from bench.common import machine_line, markdown_table
+
+    v = result["validation"]
+    vrows = [[r["method"], r["quantity"], f"{r['measured']:.3g}", f"{r['predicted']:.3g}",
+              f"{100 * r['relative_error']:+.0f}%"] for r in v["rows"]]
+    a = result["assumptions"]
+    prow = [[r["generators"], r["learner_gpus"], r["batch_rollouts"], f"{r['sao']['busy_fraction']:.2f}",
+             f"{r['grpo_sync']['busy_fraction']:.2f}", f"{r['sao']['slot_occupancy']:.2f}",
+             f"{r['grpo_sync']['slot_occupancy']:.2f}", f"{r['speedup_sao_over_grpo_sync']:.2f}"]
+            for r in result["projection"]]
+    e = a["engine"]
+    worst = v["max_abs_relative_error"]
+    return "\n".join([
+        machine_line(result["machine"]),
+        "",
+        f"Command: `{result['command']}` (inputs: `{result['measured_from']}`, measured at {result['measured_when']})",
+        "",
+        f"**Check against the small runs** (mean of {v['repeats']} seeds; inputs: the run's trace, the `hf` "
+        "engine's calibrated batch timings, each method's mean learner step time, publish and reload medians). "
+        f"Worst relative error: **{100 * worst:.0f}%** (target: within 15%).",
+        "",
+        markdown_table(["method", "quantity", "measured", "simulated", "error"], vrows, align="llrrr"),
+        "",
+        f"**Projection** to a GPU cluster (assumed, not measured: continuous batching, decode step "
+        f"{e['step_s'] * 1e3:.0f} ms + {e['step_s_per_row'] * 1e3:.2f} ms per row, up to {e['max_batch']} rows, "
+        f"prefill {e['prefill_s_per_token'] * 1e6:.0f} us/token; GRPO learner {a['grpo_learner_s_per_token'] * 1e6:.0f} "
+        f"us per padded token per GPU, SAO learner x{a['sao_learner_cost_ratio']:.2f} (critic; the ratio `async_vs_sync` "
+        f"measured on one batch); {a['learner_gpus_per_generator']} learner GPU per generator; "
+        f"{a['rollouts_per_generator_per_step']} rollouts per generator per step; publish {a['publish_s']} s, "
+        f"reload {a['reload_s']} s; turn lengths of the trace x{a['token_scale']}; G = {a['group_size']}, "
+        f"tau = {a['max_staleness']}, {a['steps']} versions per run).",
+        "",
+        markdown_table(["N", "learner GPUs", "B", "busy SAO", "busy GRPO", "occupancy SAO", "occupancy GRPO",
+                        "speedup SAO/GRPO"], prow),
+        "",
+        f"![utilisation and speedup against N]({result['plot']})",
+        "",
+        f"Learner GPUs per generator at N = {result['learner_sensitivity'][0]['generators']} (same assumptions "
+        "otherwise):",
+        "",
+        markdown_table(["learner GPUs per generator", "learner GPUs", "busy SAO", "busy GRPO", "speedup SAO/GRPO"],
+                       [[f"{r['learner_ratio']:g}", r["learner_gpus"], f"{r['sao']['busy_fraction']:.2f}",
+                         f"{r['grpo_sync']['busy_fraction']:.2f}", f"{r['speedup_sao_over_grpo_sync']:.2f}"]
+                        for r in result["learner_sensitivity"]]),
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry (see the module docstring)."""
+    from bench.common import (
+        PLOTS_DIR,
+        REPO,
+        command_line,
+        machine_info,
+        read_result,
+        refresh_targets,
+        update_docs_section,
+        write_result,
+    )
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ns", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256, 512, 1024], help="generator counts")
+    p.add_argument("--steps", type=int, default=8, help="policy versions per projected run")
+    p.add_argument("--repeats", type=int, default=3, help="seeds per validation run")
+    p.add_argument("--token-scale", type=float, default=10.0, help="stretch the trace's lengths for the projection")
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--max-staleness", type=int, default=2)
+    p.add_argument("--rollouts-per-generator", type=int, default=64)
+    p.add_argument("--learner-ratio", type=float, default=1.0, help="learner GPUs per generator")
+    p.add_argument("--gpu-max-batch", type=int, default=64)
+    p.add_argument("--gpu-step-s", type=float, default=0.02)
+    p.add_argument("--gpu-step-s-per-row", type=float, default=0.0002)
+    p.add_argument("--gpu-prefill-s-per-token", type=float, default=2e-5)
+    p.add_argument("--gpu-train-s-per-token", type=float, default=1.5e-4)
+    p.add_argument("--sao-learner-cost", type=float, default=2.0, help="used when the runs lack a measured ratio")
+    p.add_argument("--gpu-publish-s", type=float, default=2.0)
+    p.add_argument("--gpu-reload-s", type=float, default=1.0)
+    p.add_argument("--sensitivity-n", type=int, default=64, help="N of the learner-GPU sensitivity table")
+    p.add_argument("--sensitivity-ratios", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0],
+                   help="learner GPUs per generator in the sensitivity table")
+    p.add_argument("--no-docs", action="store_true")
+    args = p.parse_args(argv)
+
+    measured = read_result("async_vs_sync")
+    if measured is None:
+        print("bench/results/async_vs_sync.json is missing: run .venv/bin/python -m bench.async_vs_sync first",
+              file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    print("validating against the measured small runs", flush=True)
+    validation = validate(measured, args.repeats)
+    for r in validation["rows"]:
+        print(f"  {r['method']:>14} {r['quantity']:<28} measured {r['measured']:.3g} simulated {r['predicted']:.3g} "
+              f"({100 * r['relative_error']:+.0f}%)")
+    assumptions = gpu_assumptions(args, measured)
+    workload = Workload.from_trace(measured["trace"], token_scale=args.token_scale)
+    print(f"projecting N = {args.ns}", flush=True)
+    rows = project(args.ns, assumptions, workload)
+    print(f"learner-GPU sensitivity at N = {args.sensitivity_n}", flush=True)
+    sensitivity = [{"learner_ratio": r, **project([args.sensitivity_n], assumptions, workload, learner_ratio=r)[0]}
+                   for r in args.sensitivity_ratios]
+    png = plot(rows, PLOTS_DIR / "simulate.png")
+    result = {
+        "command": command_line("bench.simulate", argv),
+        "machine": machine_info(),
+        "measured_from": "bench/results/async_vs_sync.json",
+        "measured_when": measured["machine"]["when"],
+        "validation": validation,
+        "assumptions": assumptions,
+        "workload": workload.summary(),
+        "projection": rows,
+        "learner_sensitivity": sensitivity,
+        "plot": str(png.relative_to(REPO / "docs")),
+        "seconds": time.monotonic() - t0,
+    }
+    path = write_result("simulate", result)
+    if not args.no_docs:
+        update_docs_section("simulate", render(result))
+        refresh_targets()
+    print(render(result))
+    print(f"\nWrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

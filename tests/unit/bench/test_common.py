@@ -1,0 +1,44 @@
+"""bench.common: generated docs sections keep hand-written text; the targets table reads the results files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from bench.common import markdown_table, targets_rows, update_docs_section
+
+
+def test_update_docs_section_replaces_only_its_own_block_and_appends_new_ones(tmp_path: Path) -> None:
+    docs = tmp_path / "b.md"
+    docs.write_text("# B\n\nhand text\n<!-- bench:x:begin -->\nold\n<!-- bench:x:end -->\nafter\n")
+    update_docs_section("x", "new table", docs)
+    update_docs_section("y", "other", docs)
+    assert docs.read_text() == (
+        "# B\n\nhand text\n<!-- bench:x:begin -->\nnew table\n<!-- bench:x:end -->\nafter\n\n"
+        "<!-- bench:y:begin -->\nother\n<!-- bench:y:end -->\n"
+    )
+
+
+def test_update_docs_section_refuses_a_half_marked_section(tmp_path: Path) -> None:
+    docs = tmp_path / "b.md"
+    docs.write_text("<!-- bench:x:begin -->\nno end\n")
+    with pytest.raises(ValueError, match="x"):
+        update_docs_section("x", "t", docs)
+
+
+def test_markdown_table_aligns_numbers_right_and_checks_row_width() -> None:
+    assert markdown_table(["a", "b"], [[1, 2]]) == "| a | b |\n|---|---:|\n| 1 | 2 |"
+    with pytest.raises(ValueError, match="rows\\[0\\]"):
+        markdown_table(["a", "b"], [[1]])
+
+
+def test_targets_read_each_result_and_judge_it(tmp_path: Path) -> None:
+    """Busy 0.95 >= 0.9 met; ratio 1.2 < 1.5 not met; stream worst of 0.6 and 0.4 is 0.4 < 0.5; rest missing."""
+    (tmp_path / "async_vs_sync.json").write_text(json.dumps(
+        {"busy_fraction": {"sao": 0.95}, "throughput_ratio_sao_over_grpo_sync": 1.2}))
+    (tmp_path / "stream.json").write_text(json.dumps(
+        {"rows": [{"ratio_ours_over_raw": 0.6}, {"ratio_ours_over_raw": 0.4}]}))
+    rows = targets_rows(tmp_path)
+    assert [(r["measured"], r["met"]) for r in rows] == [(0.95, True), (1.2, False), (0.4, False), (None, None),
+                                                         (None, None)]

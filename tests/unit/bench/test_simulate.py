@@ -1,0 +1,153 @@
+"""The cluster simulator's logic: engine timing, admission, GRPO waiting and waste, the steady window."""
+
+from __future__ import annotations
+
+import pytest
+from bench.simulate import (
+    ClusterConfig,
+    Engine,
+    EngineModel,
+    EventLoop,
+    LearnerModel,
+    Request,
+    RolloutShape,
+    Workload,
+    measured_config,
+    simulate,
+    steady_window,
+)
+
+
+def finish_times(model: EngineModel, requests: list[tuple[int, int]], reload_s: float = 0.0) -> list[float]:
+    """Submit ``(prompt, new)`` requests at t=0 (after a reload of ``reload_s``); return each one's finish time."""
+    loop = EventLoop()
+    engine = Engine(loop, model)
+    done: list[float] = [0.0] * len(requests)
+    engine.reload(reload_s)
+    for i, (prompt, new) in enumerate(requests):
+        engine.submit(Request(prompt, new, lambda i=i: done.__setitem__(i, loop.now)))
+    loop.run(lambda: False, 10_000)
+    assert engine.outstanding == 0
+    return done
+
+
+def one_turn(tokens: int, reward: float = 1.0, prompt: int = 1) -> RolloutShape:
+    return RolloutShape(prompt_tokens=prompt, action_tokens=(tokens,), observation_tokens=(0,), reward=reward)
+
+
+def test_static_batch_runs_until_its_longest_request_and_pays_prefill_on_the_padded_width() -> None:
+    """Rows 2, width 100, 10 steps: 0.001*2*100 + 10*(0.1 + 0.01*2) = 0.2 + 1.2 = 1.4 s for both requests."""
+    model = EngineModel(batching="static", max_batch=8, step_s=0.1, step_s_per_row=0.01, prefill_s_per_token=0.001)
+    assert finish_times(model, [(100, 10), (50, 2)]) == pytest.approx([1.4, 1.4])
+
+
+def test_static_engine_queues_requests_beyond_max_batch_for_the_next_batch() -> None:
+    """max_batch 1: 5 steps of 0.2 s each, one after the other -> 1.0 s and 2.0 s."""
+    model = EngineModel(batching="static", max_batch=1, step_s=0.2, step_s_per_row=0.0, prefill_s_per_token=0.0)
+    assert finish_times(model, [(1, 5), (1, 5)]) == pytest.approx([1.0, 2.0])
+
+
+def test_continuous_engine_releases_short_requests_early_and_speeds_up_the_rest() -> None:
+    """Steps 0.12 s at 2 rows, 0.11 s at 1: the 2-token request ends at 0.24 s; the other needs 8 more -> 1.12 s."""
+    model = EngineModel(batching="continuous", max_batch=8, step_s=0.1, step_s_per_row=0.01, prefill_s_per_token=0.0)
+    assert finish_times(model, [(1, 10), (1, 2)]) == pytest.approx([1.12, 0.24])
+
+
+def test_continuous_engine_pauses_for_a_reload_and_for_prefill() -> None:
+    """0.5 s reload + 0.1 s prefill (100 tokens x 1 ms) + 10 steps x 0.1 s = 1.6 s."""
+    model = EngineModel(batching="continuous", max_batch=8, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.001)
+    assert finish_times(model, [(100, 10)], reload_s=0.5) == pytest.approx([1.6])
+
+
+def test_synchronous_grpo_alternates_generation_and_training() -> None:
+    """B 4 (G 2), one 10-token turn each, static batch of 4: 10 * (0.1 + 0.01*4) = 1.4 s generating, then
+    1.0 s training + 0.5 s publishing: updates at 2.9, 5.8, 8.7 s; busy 3 * 1.4 / 8.7 = 0.483; after the
+    first update 8 rollouts in 5.8 s. Every reward is 1, so every group is uniform and trains no token."""
+    work = Workload(((one_turn(10, 1.0), one_turn(10, 1.0)),))
+    cfg = ClusterConfig(method="grpo_sync", batch_rollouts=4, group_size=2, steps=3, publish_s=0.5,
+                        engine=EngineModel(max_batch=4, step_s=0.1, step_s_per_row=0.01, prefill_s_per_token=0.0),
+                        learner=LearnerModel(step_s_fixed=1.0, s_per_token=0.0))
+    result = simulate(cfg, work)
+    assert result.wall_s == pytest.approx(8.7)
+    assert result.busy_fraction == pytest.approx(4.2 / 8.7)
+    assert result.rollouts_per_s == pytest.approx(8 / 5.8)
+    assert result.trained_action_tokens_per_s == 0.0  # every group has rewards 1, 1: uniform, no gradient
+
+
+def test_sao_trains_every_token_of_the_same_workload() -> None:
+    """SAO counts all 4 x 10 action tokens of each batch; with a 0-second learner it is generation-bound."""
+    work = Workload(((one_turn(10, 1.0),),))
+    cfg = ClusterConfig(method="sao", batch_rollouts=4, episodes_in_flight=4, steps=5,
+                        engine=EngineModel(max_batch=4, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0),
+                        learner=LearnerModel(step_s_fixed=0.0, s_per_token=0.0))
+    result = simulate(cfg, work)
+    assert result.trained_action_tokens_per_s == pytest.approx(40 / 1.0)  # one 1.0 s batch of 4 per update
+    assert result.busy_fraction == pytest.approx(1.0)
+
+
+def test_admission_bounds_started_rollouts_and_idles_generators_behind_a_slow_learner() -> None:
+    """tau 0, B 2: at most (v + 1) * 2 rollouts started; a 10 s learner leaves the 1 s generator mostly idle."""
+    work = Workload(((one_turn(10),),))
+    cfg = ClusterConfig(method="sao", batch_rollouts=2, episodes_in_flight=8, max_staleness=0, steps=4,
+                        engine=EngineModel(max_batch=8, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0),
+                        learner=LearnerModel(step_s_fixed=10.0, s_per_token=0.0))
+    result = simulate(cfg, work)
+    assert result.busy_fraction < 0.2
+    assert result.stale_dropped == 0
+    assert result.learner_busy_fraction > 0.9
+
+
+def test_long_tail_makes_synchronous_grpo_slower_than_sao_when_the_learner_is_cheap() -> None:
+    """Tasks of 1 turn and of 12 turns: sync GRPO waits for the 12-turn group every step, SAO does not."""
+    short, long = one_turn(5), RolloutShape(1, (5,) * 12, (3,) * 12, 1.0)
+    work = Workload(((short, RolloutShape(1, (5,), (0,), 0.0)), (long, RolloutShape(1, (5,) * 12, (3,) * 12, 0.0))))
+    engine = EngineModel(batching="continuous", max_batch=16, step_s=0.01, step_s_per_row=0.0, prefill_s_per_token=0.0)
+    learner = LearnerModel(step_s_fixed=0.05, s_per_token=0.0)
+    sao = simulate(ClusterConfig(method="sao", batch_rollouts=8, episodes_in_flight=16, steps=10, engine=engine,
+                                 learner=learner), work)
+    grpo = simulate(ClusterConfig(method="grpo_sync", batch_rollouts=8, group_size=2, steps=10, engine=engine,
+                                  learner=learner), work)
+    assert sao.rollouts_per_s > 1.5 * grpo.rollouts_per_s
+    assert sao.busy_fraction > grpo.busy_fraction
+
+
+def test_steady_window_leaves_out_the_first_update() -> None:
+    """Updates (t, rollouts, tokens) at 2, 5, 8 s: window 6 s, rollouts 4 + 4, tokens 30 + 50."""
+    assert steady_window([(2.0, 4.0, 10.0), (5.0, 4.0, 30.0), (8.0, 4.0, 50.0)]) == (6.0, 80.0, 8.0)
+    assert steady_window([(2.0, 4.0, 10.0)]) == (0.0, 0.0, 0.0)
+
+
+def test_workload_from_trace_scales_lengths_and_rejects_empty_input() -> None:
+    """Scale 2: prompt 10 -> 20, turns (3, 4) -> (6, 8), observations (5, 0) -> (10, 0)."""
+    trace = [{"rollouts": [{"prompt_tokens": 10, "action_tokens": [3, 4], "observation_tokens": [5, 0], "reward": 1.0}]}]
+    shape = Workload.from_trace(trace, token_scale=2.0).tasks[0][0]
+    assert (shape.prompt_tokens, shape.action_tokens, shape.observation_tokens) == (20, (6, 8), (10, 0))
+    assert shape.total_tokens == 44
+    with pytest.raises(ValueError, match="trace"):
+        Workload.from_trace([])
+    with pytest.raises(ValueError, match="action_tokens"):
+        Workload.from_trace([{"rollouts": [{"prompt_tokens": 1, "action_tokens": [], "observation_tokens": [], "reward": 0}]}])
+
+
+def test_cluster_config_rejects_a_batch_that_is_not_whole_groups() -> None:
+    with pytest.raises(ValueError, match="group_size"):
+        ClusterConfig(method="grpo_sync", batch_rollouts=10, group_size=4)
+    with pytest.raises(ValueError, match="sao"):
+        ClusterConfig(method="sao", group_size=2, batch_rollouts=4)
+
+
+def test_measured_config_builds_the_twin_of_each_measured_method() -> None:
+    measured = {
+        "settings": {"generators": 1, "episodes_in_flight": 32, "batch_rollouts": 32, "max_staleness": 2,
+                     "critic_warmup": 1, "seed": 0},
+        "engine_calibration": {"step_s": 0.01, "step_s_per_row": 0.001, "prefill_s_per_token": 1e-5},
+        "weight_sync": {"publish_s": 0.1, "reload_s": 0.05},
+        "methods": {"sao": {"policy_versions": 12, "learner_step_s_mean": 3.0},
+                    "grpo_sync_g4": {"policy_versions": 12, "learner_step_s_mean": 1.0},
+                    "grpo_async_g8": {"policy_versions": 12, "learner_step_s_mean": 1.0}},
+    }
+    sao = measured_config(measured, "sao")
+    assert (sao.method, sao.group_size, sao.learner.warmup_iterations, sao.learner.step_s_fixed) == ("sao", 1, 1, 3.0)
+    g4 = measured_config(measured, "grpo_sync_g4")
+    assert (g4.method, g4.group_size, g4.generators, g4.learner.warmup_iterations) == ("grpo_sync", 4, 1, 0)
+    assert measured_config(measured, "grpo_async_g8").method == "grpo_async"
