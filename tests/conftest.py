@@ -7,6 +7,7 @@ on 2-core machines, where oversubscribed threads made single steps 10-100x slowe
 import os
 
 import torch
+
 from fixtures_models import tiny_model
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -7,8 +7,10 @@ from posttrain.config.load import ConfigError, load_config, parse_overrides
 from posttrain.config.models import (
     CriticConfig,
     DataConfig,
+    DPOLossConfig,
     EvalConfig,
     GeneratorConfig,
+    GRPOLossConfig,
     ModelConfig,
     OptimConfig,
     QueueConfig,
@@ -18,8 +20,6 @@ from posttrain.config.models import (
     SFTConfig,
     TinyModelConfig,
     TrackingConfig,
-    GRPOLossConfig,
-    DPOLossConfig,
 )
 
 __all__ = [

@@ -35,9 +35,6 @@ from posttrain.losses.sao import band_metrics, check_finite, dis_band, mismatch_
 from posttrain.losses.types import LossOutput, PolicyLossInputs
 
 
-"""Bound on |log r| (nats) before exp; ``GRPOLossConfig`` has no field for it."""
-
-
 def grpo_loss(inputs: PolicyLossInputs, config: GRPOLossConfig) -> LossOutput:
     """GRPO/PPO clipped surrogate summed over action tokens (see the module doc for the equation).
 

@@ -3,7 +3,12 @@ import json
 import torch
 
 from posttrain.learner.batching import collate_rollouts, micro_batches
-from posttrain.learner.checkpoint import LearnerState, latest_checkpoint, load_checkpoint_state, save_checkpoint
+from posttrain.learner.checkpoint import (
+    LearnerState,
+    latest_checkpoint,
+    load_checkpoint_state,
+    save_checkpoint,
+)
 from posttrain.records import Rollout
 
 
