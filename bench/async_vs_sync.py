@@ -429,6 +429,73 @@ def collect_trace(base: Any, sft: Path, tasks: int, samples: int, seed: int) -> 
     return out, list(rollouts)
 
 
+def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed: int) -> dict[str, Any]:
+    """Rollouts per second of one ``hf`` engine (1 thread, alone) fed two ways, ``seconds`` each.
+
+    ``lockstep``: ``slots`` episodes start together and the next ``slots`` start when all are done
+    (how synchronous GRPO feeds its engine); ``continuous``: ``slots`` episode slots, each starting
+    a new episode as soon as its last one ends (how a generator process feeds it). Both use the
+    training tasks of the run. The engine's static, left-padded batches make mixed contexts cost
+    more, which this isolates from CPU sharing.
+
+    Returns:
+        Per mode: ``rollouts``, ``rollouts_per_s``, ``mean_batch`` (requests per engine batch).
+    """
+    import torch
+
+    from posttrain.generator.agent_loop import EpisodeLimits, run_episode
+    from posttrain.generator.engines.hf import HFEngine
+    from posttrain.learner.model import load_tokenizer
+
+    gen = base.config.generator
+    tasks = base.tasks("train")
+    tokenizer = load_tokenizer(sft)
+    env = base.environment()
+    limits = EpisodeLimits(max_turns=gen.max_turns, max_new_tokens=gen.max_new_tokens,
+                           max_episode_tokens=gen.max_episode_tokens, timeout_s=gen.episode_timeout_s)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    engine = HFEngine(sft, max_batch=slots, max_model_len=gen.max_episode_tokens + gen.max_new_tokens)
+    rng = random.Random(seed)
+
+    def episode() -> Any:
+        return run_episode(engine, tokenizer, env, tasks[rng.randrange(len(tasks))], limits, seed=rng.randrange(2**31))
+
+    async def lockstep(stop: float) -> int:
+        n = 0
+        while time.monotonic() < stop:
+            await asyncio.gather(*(episode() for _ in range(slots)))
+            n += slots
+        return n
+
+    async def continuous(stop: float) -> int:
+        done = [0]
+
+        async def slot() -> None:
+            while time.monotonic() < stop:
+                await episode()
+                done[0] += 1
+
+        await asyncio.gather(*(slot() for _ in range(slots)))
+        return done[0]
+
+    out: dict[str, Any] = {"load_avg_start": os.getloadavg()[0]}
+    try:
+        for name, mode in (("lockstep", lockstep), ("continuous", continuous)):
+            engine.batch_sizes.clear()
+            t = time.monotonic()
+            n = asyncio.run(mode(t + seconds))
+            elapsed = time.monotonic() - t
+            sizes = engine.batch_sizes
+            out[name] = {"rollouts": n, "seconds": elapsed, "rollouts_per_s": n / elapsed,
+                         "mean_batch": statistics.fmean(sizes) if sizes else 0.0}
+    finally:
+        engine.close()
+        torch.set_num_threads(threads)
+    out["load_avg_end"] = os.getloadavg()[0]
+    return out
+
+
 def measure_learner_cost(args: argparse.Namespace, work: Path, sft: Path, rollouts: Sequence[Any],
                          repeats: int = 3) -> dict[str, float]:
     """Seconds of one SAO learner iteration and one GRPO iteration on the same batch, alone on the machine.
@@ -526,6 +593,7 @@ def calibrate_engine(sft: Path, batch_sizes: Sequence[int], widths: Sequence[int
     coef = np.maximum(coef, 0.0)
     pred = a @ coef
     return {
+        "load_avg": os.getloadavg()[0],
         "prefill_s_per_token": float(coef[0]),
         "step_s": float(coef[1]),
         "step_s_per_row": float(coef[2]),
@@ -629,7 +697,51 @@ def render(result: dict[str, Any]) -> str:
         f"{s['eval_samples']} samples); snapshots every {s['eval_every']} versions.",
         f"Throughput ratio SAO / synchronous GRPO (trained action tokens per second): {ratio_text} "
         f"against the faster synchronous variant ({by}).",
+        *extra_lines(result),
     ])
+
+
+def extra_lines(result: dict[str, Any]) -> list[str]:
+    """Lines about the learner-cost and engine-feeding measurements, when the results hold them."""
+    out = []
+    lc = result.get("learner_cost")
+    if lc:
+        out.append(
+            f"Learner alone, same batch ({lc['rows']:.0f} rollouts, {lc['padded_tokens']:.0f} padded tokens): SAO "
+            f"iteration {lc['sao_step_s']:.2f} s, GRPO iteration {lc['grpo_step_s']:.2f} s "
+            f"(**{lc['ratio_sao_over_grpo']:.1f}x**: the critic's value pass and its updates)."
+        )
+    em = result.get("engine_modes")
+    if em:
+        lock, cont = em["lockstep"], em["continuous"]
+        out.append(
+            f"`hf` engine alone (1 thread, {result['settings']['episodes_in_flight']} episodes): lockstep feeding "
+            f"{lock['rollouts_per_s']:.1f} rollouts/s (mean batch {lock['mean_batch']:.1f}), continuous feeding "
+            f"{cont['rollouts_per_s']:.1f} rollouts/s (mean batch {cont['mean_batch']:.1f}); load average "
+            f"{em['load_avg_start']:.1f} -> {em['load_avg_end']:.1f}."
+        )
+    return out
+
+
+def engine_modes_only(args: argparse.Namespace, work: Path) -> int:
+    """``--engine-modes-only``: run ``measure_engine_modes`` on the cached warm start, store it in the results.
+
+    Raises:
+        FileNotFoundError: no results file or no cached warm start (run the benchmark first).
+    """
+    from bench.common import read_result
+
+    result = read_result("async_vs_sync")
+    if result is None:
+        raise FileNotFoundError("bench/results/async_vs_sync.json: run the benchmark first")
+    base, sft, _ = prepare_shared(args, work)
+    modes = measure_engine_modes(base, sft, seconds=20.0, slots=args.episodes_in_flight, seed=args.seed)
+    result["engine_modes"] = {**modes, "command": command_line("bench.async_vs_sync", None), "machine": machine_info()}
+    write_result("async_vs_sync", result)
+    if not args.no_docs:
+        update_docs_section("async_vs_sync", render(result))
+    print(json.dumps(modes, indent=2))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -661,6 +773,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", type=Path, default=REPO / "runs" / "bench" / "async_vs_sync")
     p.add_argument("--no-docs", action="store_true", help="write the JSON only")
+    p.add_argument("--engine-modes-only", action="store_true",
+                   help="only measure the engine's lockstep vs continuous feeding and add it to the existing JSON")
     p.add_argument("--torch-threads", type=int, default=1,
                    help="torch threads of this process (learner and in-process engines); generator processes use 1")
     args = p.parse_args(argv)
@@ -670,6 +784,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.torch_threads)
     work = args.work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
+    if args.engine_modes_only:
+        return engine_modes_only(args, work)
 
     t_all = time.monotonic()
     task_calls = write_tasks(args, work)
@@ -683,6 +799,7 @@ def main(argv: list[str] | None = None) -> int:
     print("trace and calibration", flush=True)
     trace, trace_rollouts = collect_trace(base, sft, args.trace_tasks, args.trace_samples, args.seed)
     learner_cost = measure_learner_cost(args, work, sft, trace_rollouts)
+    engine_modes = measure_engine_modes(base, sft, seconds=20.0, slots=args.episodes_in_flight, seed=args.seed)
     engine = calibrate_engine(sft, batch_sizes=[1, 8, 32], widths=[64, 256, 512], new_tokens=args.max_new_tokens,
                               repeats=2)
     sync = measure_weight_sync(sft, repeats=3)
@@ -708,6 +825,7 @@ def main(argv: list[str] | None = None) -> int:
         "trace": trace,
         "engine_calibration": engine,
         "learner_cost": learner_cost,
+        "engine_modes": engine_modes,
         "weight_sync": sync,
         "prepare_s": prep_s,
         "total_s": time.monotonic() - t_all,

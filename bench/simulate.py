@@ -209,6 +209,10 @@ class ClusterConfig:
         engine: Engine model.
         learner: Learner model.
         seed: Sampling seed.
+        engine_scale_idle: Multiplies engine batch times while the learner is idle (CPU share, see
+            ``cpu_share``; 1 on dedicated devices).
+        engine_scale_learner_busy: The same while the learner trains (on a shared CPU the learner
+            takes cores from the generators).
     """
 
     method: Method = "sao"
@@ -224,6 +228,8 @@ class ClusterConfig:
     engine: EngineModel = field(default_factory=EngineModel)
     learner: LearnerModel = field(default_factory=LearnerModel)
     seed: int = 0
+    engine_scale_idle: float = 1.0
+    engine_scale_learner_busy: float = 1.0
 
     def __post_init__(self) -> None:
         """Validate cross-field constraints.
@@ -297,8 +303,9 @@ class Request:
 class Engine:
     """A simulated engine with busy and occupancy accounting (see ``EngineModel``)."""
 
-    def __init__(self, loop: EventLoop, model: EngineModel) -> None:
+    def __init__(self, loop: EventLoop, model: EngineModel, scale: Callable[[], float] = lambda: 1.0) -> None:
         self.loop, self.model = loop, model
+        self._scale = scale
         self.outstanding = 0
         self.busy_s = 0.0
         self._busy_since = 0.0
@@ -380,7 +387,7 @@ class Engine:
         width = max(r.prompt for r in batch)
         steps = max(r.new for r in batch)
         decode = steps * self.model.step_time(rows, width + steps // 2)
-        duration = self.model.prefill_s_per_token * rows * width + decode
+        duration = (self.model.prefill_s_per_token * rows * width + decode) * self._scale()
         self.row_seconds += rows * duration
         self._running = True
 
@@ -442,7 +449,7 @@ class Cluster:
         self.cfg, self.workload = config, workload
         self.rng = random.Random(config.seed)
         self.loop = EventLoop()
-        self.engines = [Engine(self.loop, config.engine) for _ in range(config.generators)]
+        self.engines = [Engine(self.loop, config.engine, self._engine_scale) for _ in range(config.generators)]
         self.version = 0
         self.iteration = 0
         self.started = 0  # rollouts started and not refunded (admission)
@@ -453,6 +460,9 @@ class Cluster:
         self.updates: list[tuple[float, float, float]] = []  # (time, rollouts, trained action tokens)
         self.stale_dropped = 0
         self._sync_left = 0
+
+    def _engine_scale(self) -> float:
+        return self.cfg.engine_scale_learner_busy if self.learner_busy else self.cfg.engine_scale_idle
 
     # episodes -------------------------------------------------------------------------------
     def _episode(self, gen: int, shape: RolloutShape, on_done: Callable[[], None]) -> None:
@@ -637,12 +647,28 @@ def simulate(config: ClusterConfig, workload: Workload) -> SimResult:
 
 
 # ----------------------------------------------------------------------------------- validation
+def cpu_share(cores: int, background_load: float, busy: int) -> float:
+    """Cores one busy single-threaded process gets when ``busy`` of ours and ``background_load`` others run.
+
+    ``min(1, cores / (background_load + busy))``: the fair share of a CPU-bound process on a Linux
+    machine with ``cores`` cores (other users' work counted by its run-queue load).
+    """
+    return min(1.0, cores / max(background_load + busy, 1e-9))
+
+
 def measured_config(measured: dict[str, Any], method: str) -> ClusterConfig:
     """The simulated twin of one method of ``async_vs_sync.json``, built from what that run measured.
 
     Engine: the ``hf`` engine's static batching with the calibrated coefficients (1 torch thread,
     as in a generator process). Learner: the method's mean measured step time (``step_s_fixed``),
     so only the scheduling is predicted. Publish and reload: the measured medians.
+
+    CPU sharing (the runs share 2 cores with other people's work): the engine was calibrated
+    alone at 1-minute load ``L_cal`` (our process included); during a method the load was
+    ``L`` (mean of its start and end), of which ``k`` busy processes were ours (1 for synchronous
+    GRPO, 2 for the asynchronous methods: generator and learner). Engine times are scaled by
+    ``cpu_share(cores, L_cal - 1, 1) / cpu_share(cores, L - k, busy)`` with ``busy`` = 2 while the
+    asynchronous learner trains and 1 otherwise.
 
     Raises:
         KeyError: the method or a needed field is missing from ``measured``.
@@ -652,7 +678,15 @@ def measured_config(measured: dict[str, Any], method: str) -> ClusterConfig:
     m = measured["methods"][method]
     kind, _, g = method.rpartition("_g")
     sim_method: Method = "sao" if method == "sao" else ("grpo_sync" if kind == "grpo_sync" else "grpo_async")
+    cores = int(measured["machine"].get("cpu_count") or 1)
+    l_cal = float(cal.get("load_avg", measured["machine"]["load_avg"][0]))
+    loads = m.get("load_avg_start_end") or [l_cal]
+    ours = 1 if sim_method == "grpo_sync" else 2
+    background = max(0.0, statistics.fmean(loads) - ours)
+    calibrated = cpu_share(cores, max(0.0, l_cal - 1), 1)
     return ClusterConfig(
+        engine_scale_idle=calibrated / cpu_share(cores, background, 1),
+        engine_scale_learner_busy=calibrated / cpu_share(cores, background, 1 if sim_method == "grpo_sync" else 2),
         method=sim_method,
         generators=s["generators"] if sim_method != "grpo_sync" else 1,
         episodes_in_flight=s["episodes_in_flight"],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from bench.simulate import (
     ClusterConfig,
@@ -137,17 +139,33 @@ def test_cluster_config_rejects_a_batch_that_is_not_whole_groups() -> None:
 
 
 def test_measured_config_builds_the_twin_of_each_measured_method() -> None:
+    """2 cores. Calibrated alone at load 2 (background 1): share min(1, 2/2) = 1. SAO ran at load 4 with 2 busy
+    processes of ours (background 2): generator share 2/3 with the learner idle, 2/4 with it busy -> engine
+    times x1.5 and x2. Sync GRPO at load 3 (background 2, one process): share 2/3 -> x1.5 in both states."""
     measured = {
+        "machine": {"cpu_count": 2, "load_avg": [9.0, 9.0, 9.0]},
         "settings": {"generators": 1, "episodes_in_flight": 32, "batch_rollouts": 32, "max_staleness": 2,
                      "critic_warmup": 1, "seed": 0},
-        "engine_calibration": {"step_s": 0.01, "step_s_per_row": 0.001, "prefill_s_per_token": 1e-5},
+        "engine_calibration": {"step_s": 0.01, "step_s_per_row": 0.001, "prefill_s_per_token": 1e-5, "load_avg": 2.0},
         "weight_sync": {"publish_s": 0.1, "reload_s": 0.05},
-        "methods": {"sao": {"policy_versions": 12, "learner_step_s_mean": 3.0},
-                    "grpo_sync_g4": {"policy_versions": 12, "learner_step_s_mean": 1.0},
+        "methods": {"sao": {"policy_versions": 12, "learner_step_s_mean": 3.0, "load_avg_start_end": [4.0, 4.0]},
+                    "grpo_sync_g4": {"policy_versions": 12, "learner_step_s_mean": 1.0, "load_avg_start_end": [3.0, 3.0]},
                     "grpo_async_g8": {"policy_versions": 12, "learner_step_s_mean": 1.0}},
     }
     sao = measured_config(measured, "sao")
     assert (sao.method, sao.group_size, sao.learner.warmup_iterations, sao.learner.step_s_fixed) == ("sao", 1, 1, 3.0)
+    assert (sao.engine_scale_idle, sao.engine_scale_learner_busy) == pytest.approx((1.5, 2.0))
     g4 = measured_config(measured, "grpo_sync_g4")
     assert (g4.method, g4.group_size, g4.generators, g4.learner.warmup_iterations) == ("grpo_sync", 4, 1, 0)
+    assert (g4.engine_scale_idle, g4.engine_scale_learner_busy) == pytest.approx((1.5, 1.5))
     assert measured_config(measured, "grpo_async_g8").method == "grpo_async"
+
+
+def test_engine_times_follow_the_learner_state_scale() -> None:
+    """Learner busy for the whole generation (10 s step): engine times x3 -> a 1.0 s batch takes 3.0 s."""
+    work = Workload(((one_turn(10),),))
+    base = ClusterConfig(method="sao", batch_rollouts=2, episodes_in_flight=2, steps=2, max_staleness=0,
+                         engine=EngineModel(max_batch=2, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0),
+                         learner=LearnerModel(step_s_fixed=0.0, s_per_token=0.0))
+    assert simulate(base, work).wall_s == pytest.approx(2.0)
+    assert simulate(replace(base, engine_scale_idle=3.0), work).wall_s == pytest.approx(6.0)
