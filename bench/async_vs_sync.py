@@ -32,9 +32,15 @@ Writes ``bench/results/async_vs_sync.json`` (with ``busy_fraction`` per method a
 ``throughput_ratio_sao_over_grpo_sync``: SAO over the *faster* synchronous GRPO variant) and the
 ``async_vs_sync`` section of docs/benchmarks.md.
 
-Run: ``.venv/bin/python -m bench.async_vs_sync`` (about 10 minutes on 2 busy cores, plus about 3
-minutes of SFT warm start the first time, cached under ``--work-dir``), or a smoke run:
+Threads: this process (learner, in-process engine) uses ``--torch-threads`` (default 1) and every
+generator process uses 1 (``posttrain.generator.worker``): on 2 shared cores one thread per role
+was about twice as fast as two for the synchronous baseline too.
+
+Run: ``.venv/bin/python -m bench.async_vs_sync`` (16 minutes measured at load average 5 on 2
+cores, SAO taking 7 of them, plus 8 minutes of SFT warm start the first time, cached under
+``--work-dir``; ``--steps 10`` halves it), or a smoke run:
 ``.venv/bin/python -m bench.async_vs_sync --steps 2 --eval-every 2 --methods sao grpo_sync_g4``.
+``--engine-modes-only`` re-measures only the engine's lockstep-versus-continuous feeding.
 """
 
 from __future__ import annotations
@@ -354,7 +360,7 @@ def evaluate_snapshots(base: Any, sft: Path, runs: list[MethodRun]) -> tuple[flo
                 if not (path / f.name).exists():
                     shutil.copy2(f, path / f.name)
             out[run.method][version] = flow.evaluate_policy(base, path, engine_kind="hf")["reward_mean"]
-            print(f"  held-out reward {run.method} v{version}: {out[run.method][version]:.3f}", flush=True)
+            print(f"  eval reward {run.method} v{version}: {out[run.method][version]:.3f}", flush=True)
     return start, out
 
 

@@ -39,8 +39,8 @@ reports the relative error of each predicted quantity, then (b) projects busy fr
 SAO / synchronous-GRPO throughput ratio for N = 8 ... 1024 with a GPU-like parameter set (every
 assumed number is printed beside the result), and plots both against N.
 
-Run: ``.venv/bin/python -m bench.simulate`` (about 2 minutes on 2 cores), or
-``.venv/bin/python -m bench.simulate --ns 8 64 --steps 6`` for a quick look.
+Run: ``.venv/bin/python -m bench.simulate`` (4.5 minutes on one core, 3 of them for N = 1024), or
+``.venv/bin/python -m bench.simulate --ns 8 64`` for a quick look.
 """
 
 from __future__ import annotations
@@ -456,7 +456,7 @@ class Cluster:
         self.ready: deque[tuple[list[RolloutShape], int]] = deque()  # complete units (1 rollout or a group)
         self.learner_busy = False
         self.learner_busy_s = 0.0
-        self.waiting: list[int] = []  # generator index of each slot waiting for admission
+        self.waiting: deque[int] = deque()  # generator index of each slot waiting for admission, FIFO
         self.updates: list[tuple[float, float, float]] = []  # (time, rollouts, trained action tokens)
         self.stale_dropped = 0
         self._sync_left = 0
@@ -533,25 +533,29 @@ class Cluster:
             return
         need = self.cfg.batch_rollouts // self.cfg.group_size
         fresh: list[tuple[list[RolloutShape], int]] = []
+        refunded = False
         while self.ready and len(fresh) < need:
             unit = self.ready.popleft()
             if self.version - unit[1] > self.cfg.max_staleness:
                 self.stale_dropped += len(unit[0])
                 self.started -= len(unit[0])
+                refunded = True
                 continue
             fresh.append(unit)
+        if refunded:
+            self._wake()
         if len(fresh) < need:
             self.ready.extendleft(reversed(fresh))
-            self._wake()
             return
         batch = [s for shapes, _ in fresh for s in shapes]
         tokens, kept = self._kept(fresh)
         self._train(batch, tokens, refund=len(batch) - kept if self.cfg.method == "grpo_async" else 0)
 
     def _wake(self) -> None:
-        waiting, self.waiting = self.waiting, []
-        for gen in waiting:
-            self._slot(gen)
+        """Start waiting slots, oldest first, while admission capacity allows."""
+        g = self.cfg.group_size
+        while self.waiting and self.started + g <= self._capacity():
+            self._slot(self.waiting.popleft())
 
     # the learner ------------------------------------------------------------------------------
     def _train(self, batch: list[RolloutShape], tokens: float, refund: int = 0) -> None:
@@ -894,14 +898,15 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ns", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256, 512, 1024], help="generator counts")
-    p.add_argument("--steps", type=int, default=8, help="policy versions per projected run")
+    p.add_argument("--steps", type=int, default=6, help="policy versions per projected run")
     p.add_argument("--repeats", type=int, default=3, help="seeds per validation run")
     p.add_argument("--token-scale", type=float, default=10.0, help="stretch the trace's lengths for the projection")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--max-staleness", type=int, default=2)
-    p.add_argument("--rollouts-per-generator", type=int, default=64)
+    p.add_argument("--rollouts-per-generator", type=int, default=32,
+                   help="B / N; with --gpu-max-batch 32 one step fills every engine once (GRPO's best case)")
     p.add_argument("--learner-ratio", type=float, default=1.0, help="learner GPUs per generator")
-    p.add_argument("--gpu-max-batch", type=int, default=64)
+    p.add_argument("--gpu-max-batch", type=int, default=32)
     p.add_argument("--gpu-step-s", type=float, default=0.02)
     p.add_argument("--gpu-step-s-per-row", type=float, default=0.0002)
     p.add_argument("--gpu-prefill-s-per-token", type=float, default=2e-5)

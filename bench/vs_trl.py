@@ -23,7 +23,8 @@ of training prompts (same tasks and seeds for every snapshot; see ``probe_contex
 
 Writes ``bench/results/vs_trl.json`` and the ``vs_trl`` section of docs/benchmarks.md.
 
-Run: ``.venv/bin/python -m bench.vs_trl`` (about 8 minutes on 2 busy cores) or
+Run: ``.venv/bin/python -m bench.vs_trl`` (2 minutes on 2 cores, plus about 2 minutes of SFT warm
+start the first time, cached under ``--work-dir``) or
 ``.venv/bin/python -m bench.vs_trl --steps 4 --methods trl_grpo grpo_sync`` for a quick look.
 """
 
@@ -199,8 +200,8 @@ def render(result: dict[str, Any]) -> str:
         "",
         f"Probe reward (the first {s['eval_tasks']} training prompts x {s['eval_samples']} samples, temperature 1) of "
         f"the warm start: {result['start_reward']:.3f}; snapshots every {s['eval_every']} steps. The tiny model does "
-        "not learn to add unseen numbers in this budget (held-out reward of a few percent), so the time to a reward "
-        "is measured on training prompts.",
+        "not learn to add unseen numbers in this budget (with operands below 20, every method's held-out reward stayed "
+        "between 2% and 8% over 40 steps), so the time to a reward is measured on training prompts.",
     ])
 
 
@@ -208,16 +209,16 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=80)
     p.add_argument("--prompts", type=int, default=8, help="prompts per step")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--generators", type=int, default=1, help="SAO generator processes")
     p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--operand-high", type=int, default=20)
+    p.add_argument("--operand-high", type=int, default=10)
     p.add_argument("--train-tasks", type=int, default=360)
     p.add_argument("--eval-tasks", type=int, default=40)
     p.add_argument("--eval-samples", type=int, default=4)
-    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--sft-steps", type=int, default=300)
     p.add_argument("--lr", type=float, default=3.0e-4)
     p.add_argument("--target-gain", type=float, default=0.1)
@@ -274,8 +275,9 @@ def main(argv: list[str] | None = None) -> int:
 def probe_context(args: argparse.Namespace, work: Path, base: Any) -> Any:
     """A ``RunContext`` whose evaluation tasks are the first ``--eval-tasks`` training tasks (the probe set).
 
-    The tiny model does not learn to add unseen numbers within this budget (the warm start's
-    held-out reward is a few percent), so learning speed is measured on training prompts, the
+    The tiny model does not learn to add unseen numbers within this budget (with operands below
+    20, held-out reward stayed between 2% and 8% for every method), so learning speed is measured
+    on training prompts, the
     same fixed probe set, sampling seeds and evaluation code for every method and snapshot.
     """
     import json
