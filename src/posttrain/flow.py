@@ -269,7 +269,7 @@ def start_generators(ctx: RunContext, redis_url: str, config_path: Path) -> list
 
 def stop_generators(ctx: RunContext, client: Any, procs: list[subprocess.Popen[bytes]], grace_s: float = 30.0) -> None:
     """Set the run's stop key, wait ``grace_s`` for generators to exit, then terminate the rest."""
-    from posttrain.generator.worker import stop_key
+    from posttrain.generator.stats import stop_key
 
     client.set(stop_key(ctx), "1")
     deadline = time.monotonic() + grace_s
@@ -295,7 +295,9 @@ def train_sao(ctx: RunContext, start_model: Path, sink: Any) -> Any:
     url, server = resolve_redis(ctx.config.queue.redis_url)
     try:
         client = redis.Redis.from_url(url)
-        client.delete(f"{ctx.keys.base}:stop")
+        from posttrain.generator.stats import stats_key, stop_key
+
+        client.delete(stop_key(ctx))
         config_path = ctx.save_resolved_config()
         from posttrain.weight_sync.store import FilesystemWeightStore
 
@@ -307,7 +309,7 @@ def train_sao(ctx: RunContext, start_model: Path, sink: Any) -> Any:
         procs = start_generators(ctx, url, config_path)
         try:
             summary = run_sao_learner(ctx.config, url, start_model_dir=start_model, sink=sink)
-            gen_stats = {k.decode(): json.loads(v) for k, v in client.hgetall(f"{ctx.keys.base}:generator_stats").items()}
+            gen_stats = {k.decode(): json.loads(v) for k, v in client.hgetall(stats_key(ctx)).items()}
         finally:
             stop_generators(ctx, client, procs)
         summary.counters["generators"] = float(len(procs))

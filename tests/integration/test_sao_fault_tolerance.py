@@ -17,6 +17,7 @@ import redis
 
 from posttrain.config import load_config
 from posttrain.flow import prepare, warm_start
+from posttrain.generator.stats import stats_key
 from posttrain.runtime import RunContext
 from posttrain.services.embedded_redis import EmbeddedRedis
 
@@ -96,7 +97,7 @@ def test_sigkill_of_one_generator_does_not_stop_the_run_or_lose_acknowledged_rol
         # no un-acknowledged entry: everything read was trained, dropped as stale, or dead-lettered.
         assert len(trained) == len(set(trained)) == 4 * len(iterations)
         assert client.xpending(ctx.keys.rollouts, "learner")["pending"] == 0
-        stats = {k.decode(): json.loads(v) for k, v in client.hgetall(f"{ctx.keys.base}:generator_stats").items()}
+        stats = {k.decode(): json.loads(v) for k, v in client.hgetall(stats_key(ctx)).items()}
         assert stats["g1"]["rollouts"] > 0
         state = json.loads((ctx.checkpoints_dir / (ctx.checkpoints_dir / "LATEST").read_text() / "state.json").read_text())
         assert state["policy_version"] == 6

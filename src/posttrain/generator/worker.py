@@ -26,7 +26,7 @@ import redis
 from posttrain.config import RunConfig
 from posttrain.generator.agent_loop import EpisodeLimits, run_episode
 from posttrain.generator.engines.factory import make_engine
-from posttrain.generator.stats import GeneratorStats, MeteredEngine
+from posttrain.generator.stats import GeneratorStats, MeteredEngine, stats_key, stop_key
 from posttrain.learner.grpo import run_group
 from posttrain.learner.model import load_tokenizer
 from posttrain.records import RecordError
@@ -36,20 +36,6 @@ from posttrain.runtime import RunContext
 from posttrain.weight_sync.store import FilesystemWeightStore
 
 log = logging.getLogger("posttrain.generator")
-
-STATS_KEY_SUFFIX = "generator_stats"
-STOP_KEY_SUFFIX = "stop"
-
-
-def stats_key(ctx: RunContext) -> str:
-    """Redis hash of generator id → JSON stats."""
-    return f"{ctx.keys.base}:{STATS_KEY_SUFFIX}"
-
-
-def stop_key(ctx: RunContext) -> str:
-    """Redis key whose presence tells generators to finish."""
-    return f"{ctx.keys.base}:{STOP_KEY_SUFFIX}"
-
 
 @dataclass
 class GeneratorSummary:

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from posttrain.advantages import RunningMeanBaseline
 from posttrain.config import RunConfig
+from posttrain.generator.stats import stats_key
 from posttrain.learner.batching import collate_rollouts
 from posttrain.learner.checkpoint import (
     LearnerState,
@@ -248,7 +249,7 @@ def run_sao_learner(
             bar.update(1)
         metrics = dict(result.metrics)
         metrics.update(staleness.as_metrics())
-        metrics.update(_generator_metrics(client, f"{ctx.keys.base}:generator_stats"))
+        metrics.update(_generator_metrics(client, stats_key(ctx)))
         elapsed = max(time.monotonic() - t_start, 1e-9)
         metrics.update({
             "learner/step_s": step_s,
