@@ -14,7 +14,7 @@ How. The command is wrapped in util-linux programs, outermost first:
    RLIMIT_NOFILE, RLIMIT_CORE = 0.
 2. ``bwrap`` (bubblewrap, Debian package ``bubblewrap``) in **bwrap mode**: new mount, PID, IPC,
    UTS, cgroup and (unless ``allow_network``) network namespaces. The root file system is empty
-   except: ``/usr`` (and the ``/bin``, ``/lib``... links into it) read-only, the ld.so cache,
+   apart from ``/usr`` (and the ``/bin``, ``/lib``... links into it) read-only, the ld.so cache,
    the Python interpreter's prefixes read-only (so ``python`` and the venv's packages work; the
    ``posttrain`` package directory itself is hidden under an empty tmpfs, so task data such as
    hidden tests is not readable), a private ``/proc`` and minimal ``/dev``, a size-limited

@@ -103,6 +103,9 @@ def sao_train_step(
     metrics: dict[str, float] = {}
     n_tokens = batch.num_action_tokens
     mbs = micro_batches(batch, config.micro_batch_size)
+    # Rows [lo, hi) and width (columns) of each micro-batch inside the batch tensors.
+    spans = [(i * config.micro_batch_size, i * config.micro_batch_size + mb.token_ids.shape[0], mb.token_ids.shape[1])
+             for i, mb in enumerate(mbs)]
     action_lengths = batch.action_mask.sum(dim=1)
 
     # 1. Advantages (and critic targets).
@@ -112,9 +115,8 @@ def sao_train_step(
         critic.model.eval()
         with torch.no_grad():
             old_values = torch.zeros_like(batch.behaviour_logprobs)
-            for i, mb in enumerate(mbs):
-                lo = i * config.micro_batch_size
-                old_values[lo : lo + mb.token_ids.shape[0], : mb.token_ids.shape[1]] = critic_values(critic.model, mb)
+            for mb, (lo, hi, width) in zip(mbs, spans, strict=True):
+                old_values[lo:hi, :width] = critic_values(critic.model, mb)
             lam_policy = length_adaptive_lambda(action_lengths, config.lam_alpha)
             advantages, _ = skip_observation_gae(
                 values=old_values, rewards=batch.rewards, action_mask=batch.action_mask,
@@ -128,9 +130,7 @@ def sao_train_step(
         critic.model.train()
         for _ in range(config.critic.updates_per_step):
             parts, weights = [], []
-            for i, mb in enumerate(mbs):
-                lo, hi = i * config.micro_batch_size, i * config.micro_batch_size + mb.token_ids.shape[0]
-                width = mb.token_ids.shape[1]
+            for mb, (lo, hi, width) in zip(mbs, spans, strict=True):
                 out = value_loss(
                     critic_values(critic.model, mb), old_values[lo:hi, :width], returns[lo:hi, :width],
                     mb.action_mask, config.critic.value_clip,
@@ -161,9 +161,7 @@ def sao_train_step(
         return StepResult(policy_updated=False, metrics=metrics)
     policy.model.train()
     parts, weights = [], []
-    for i, mb in enumerate(mbs):
-        lo, hi = i * config.micro_batch_size, i * config.micro_batch_size + mb.token_ids.shape[0]
-        width = mb.token_ids.shape[1]
+    for mb, (lo, hi, width) in zip(mbs, spans, strict=True):
         inputs = PolicyLossInputs(
             logprobs=policy_logprobs(policy.model, mb),
             behaviour_logprobs=mb.behaviour_logprobs,
