@@ -1,0 +1,134 @@
+"""``sao_train_step``: micro-batch invariance, critic warm-up, the DIS band and config errors.
+
+Real tiny Qwen2 policy and a critic initialised from it (zero value head), SGD so that equal
+gradients give equal updates.
+"""
+
+import copy
+
+import pytest
+import torch
+
+from posttrain.advantages import RunningMeanBaseline
+from posttrain.config import SAOConfig
+from posttrain.learner.batching import collate_rollouts
+from posttrain.learner.model import CriticModel, load_policy
+from posttrain.learner.sao_step import Trainable, sao_train_step
+from posttrain.losses.logprobs import token_logprobs
+from posttrain.records import Rollout
+
+PROMPT = 3
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Single-threaded torch: contending threads on a shared 2-core machine are far slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def policy_model(tiny_model):
+    return load_policy(tiny_model.path)
+
+
+@pytest.fixture(scope="module")
+def critic_model(tiny_model):
+    return CriticModel.from_policy_path(tiny_model.path)
+
+
+def _trainable(model, lr):
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    return Trainable(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0))
+
+
+def _rollouts(model, specs, seed=0, behaviour_shift=0.0):
+    """specs: (action tokens, reward); behaviour logprobs are the policy's own plus ``behaviour_shift``."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i, (n, reward) in enumerate(specs):
+        ids = torch.randint(5, 300, (PROMPT + n,), generator=gen)
+        with torch.no_grad():
+            lp = token_logprobs(model(input_ids=ids[None], use_cache=False).logits, ids[None])[0]
+        mask = [False] * PROMPT + [True] * n
+        out.append(Rollout(
+            rollout_id=f"r{i}", task_id=f"t{i}", env_name="synthetic_arith", token_ids=ids.tolist(),
+            behaviour_logprobs=[float(lp[t]) + behaviour_shift if m else 0.0 for t, m in enumerate(mask)],
+            action_mask=mask, reward=reward, policy_version=0,
+        ))
+    return out
+
+
+def _config(**updates):
+    base = {"micro_batch_size": 4, "critic": {"warmup_steps": 0, "updates_per_step": 2}}
+    return SAOConfig.model_validate({**base, **updates})
+
+
+def _run(policy_model, critic_model, rollouts, config, iteration=0, lr=0.1):
+    policy = _trainable(copy.deepcopy(policy_model), lr)
+    critic = _trainable(copy.deepcopy(critic_model), lr) if config.advantage == "gae" else None
+    batch = collate_rollouts(rollouts, pad_token_id=0)
+    result = sao_train_step(policy=policy, critic=critic, batch=batch, config=config, iteration=iteration,
+                            baseline=RunningMeanBaseline(4) if config.advantage == "running_mean" else None)
+    return result, policy.model, critic.model if critic else None
+
+
+def _same(a, b):
+    for x, y in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-5)
+
+
+def _moved(before, after):
+    return any(not torch.equal(x, y) for x, y in zip(before.parameters(), after.parameters(), strict=True))
+
+
+def test_micro_batches_of_one_give_the_same_policy_and_critic_update_as_one_batch(policy_model, critic_model):
+    """Each loss is a sum over action tokens divided by the step's 2+3+4+2 = 11 action tokens, so
+    micro-batches of 1 rollout and one micro-batch of 4 give the same SGD updates of both models,
+    after K = 2 critic updates and one policy update."""
+    rollouts = _rollouts(policy_model, [(2, 1.0), (3, 0.0), (4, 0.0), (2, 1.0)], seed=1)
+    whole, p4, c4 = _run(policy_model, critic_model, rollouts, _config(micro_batch_size=4))
+    split, p1, c1 = _run(policy_model, critic_model, rollouts, _config(micro_batch_size=1))
+    assert whole.policy_updated and split.policy_updated
+    _same(p4, p1)
+    _same(c4, c1)
+    assert _moved(policy_model, p4) and _moved(critic_model, c4)
+    assert whole.metrics["reward/mean"] == pytest.approx(0.5)
+    assert whole.metrics["loss/policy"] == pytest.approx(split.metrics["loss/policy"], rel=1e-5, abs=1e-7)
+
+
+def test_critic_warmup_trains_only_the_critic(policy_model, critic_model):
+    """Iteration 0 < warmup_steps = 1: the critic moves, the policy keeps its weights."""
+    rollouts = _rollouts(policy_model, [(2, 1.0), (3, 0.0)], seed=2)
+    result, policy, critic = _run(policy_model, critic_model, rollouts, _config(critic={"warmup_steps": 1}))
+    assert not result.policy_updated
+    _same(policy_model, policy)
+    assert _moved(critic_model, critic)
+    assert "loss/policy" not in result.metrics
+
+
+def test_tokens_outside_the_dis_band_give_no_policy_gradient(policy_model, critic_model):
+    """Behaviour logprobs 2 nats below the policy's: r = e^2 = 7.39 >= 1 + eps_high = 6 for every
+    action token, so all are masked (mask/frac_high = 1) and the policy does not move."""
+    rollouts = _rollouts(policy_model, [(2, 1.0), (3, 0.0)], seed=3, behaviour_shift=-2.0)
+    result, policy, _ = _run(policy_model, critic_model, rollouts,
+                             _config(loss={"mask_eps_low": 0.3, "mask_eps_high": 5.0}))
+    assert result.policy_updated
+    assert result.metrics["mask/frac_high"] == pytest.approx(1.0)
+    _same(policy_model, policy)
+
+
+def test_gae_without_a_critic_is_refused(policy_model):
+    batch = collate_rollouts(_rollouts(policy_model, [(2, 1.0)]), pad_token_id=0)
+    with pytest.raises(ValueError, match="needs a critic"):
+        sao_train_step(policy=_trainable(copy.deepcopy(policy_model), 0.1), critic=None, batch=batch,
+                       config=_config(), iteration=0)
+
+
+def test_running_mean_without_a_baseline_is_refused(policy_model):
+    batch = collate_rollouts(_rollouts(policy_model, [(2, 1.0)]), pad_token_id=0)
+    with pytest.raises(ValueError, match="RunningMeanBaseline"):
+        sao_train_step(policy=_trainable(copy.deepcopy(policy_model), 0.1), critic=None, batch=batch,
+                       config=_config(advantage="running_mean"), iteration=0)
