@@ -14,6 +14,7 @@ A bad config prints one line naming the field and the allowed values, and exits 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -66,9 +67,10 @@ def _redis_url_from_env() -> str:
 
 
 def _cmd_generator(args: argparse.Namespace) -> int:
+    from posttrain.cluster.role_inputs import generator_ready
     from posttrain.generator.worker import run_generator
 
-    cfg = _config(args)
+    cfg = generator_ready(_config(args))  # cluster pods: s3:// inputs downloaded, tokenizer from the weight store
     summary = run_generator(cfg, args.generator_id, _redis_url_from_env(), seed=args.seed)
     print(f"generator {summary.generator_id}: {summary.stats['rollouts']:.0f} rollouts, "
           f"busy fraction {summary.stats['busy_fraction']:.2f}")
@@ -78,17 +80,26 @@ def _cmd_generator(args: argparse.Namespace) -> int:
 def _cmd_learner(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from posttrain.cluster.role_inputs import learner_start_model, localize_inputs
     from posttrain.flow import metrics_sink
     from posttrain.learner.sao_loop import run_sao_learner
     from posttrain.runtime import RunContext
 
-    cfg = _config(args)
+    cfg = localize_inputs(_config(args))  # cluster pods: s3:// task files and model downloaded
     ctx = RunContext(cfg)
-    start = Path(args.start_model) if args.start_model else ctx.sft_model_dir
-    summary = run_sao_learner(
-        cfg, _redis_url_from_env(), start_model_dir=start, sink=metrics_sink(ctx),
-        max_iterations=args.max_iterations,
-    )
+    start = Path(args.start_model) if args.start_model else learner_start_model(ctx)
+    # Cluster pods get MLFLOW_TRACKING_URI from the tenant ConfigMap: metrics go to MLflow, into
+    # the same run after a restart. Without a tracking URI they go to <run dir>/metrics.jsonl only.
+    tracker = None
+    if cfg.tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"):
+        from posttrain.tracking import Tracker
+
+        tracker = Tracker.for_learner(cfg)
+    with tracker if tracker is not None else contextlib.nullcontext():
+        summary = run_sao_learner(
+            cfg, _redis_url_from_env(), start_model_dir=start, sink=metrics_sink(ctx, tracker),
+            max_iterations=args.max_iterations,
+        )
     print(f"learner: policy version {summary.policy_version}, {summary.counters['rollouts_trained']:.0f} rollouts trained")
     return 0
 
@@ -117,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_generator)
     p = sub.add_parser("learner", help="run the learner process (REDIS_URL); resumes from the latest checkpoint")
     with_config(p)
-    p.add_argument("--start-model", default=None, help="policy to start from (default: <run>/sft_model)")
+    p.add_argument("--start-model", default=None,
+                   help="policy to start from (default: <run>/sft_model, prepared and warm-started when absent)")
     p.add_argument("--max-iterations", type=int, default=None, help="stop after N iterations (testing)")
     p.set_defaults(func=_cmd_learner)
     for name, text in (

@@ -299,9 +299,9 @@ def train_sao(ctx: RunContext, start_model: Path, sink: Any) -> Any:
 
         client.delete(stop_key(ctx))
         config_path = ctx.save_resolved_config()
-        from posttrain.weight_sync.store import FilesystemWeightStore
+        from posttrain.weight_sync.factory import open_weight_store
 
-        store = FilesystemWeightStore(ctx.weights_dir)
+        store = open_weight_store(ctx)
         if store.latest_version() is None:
             from posttrain.learner.model import load_policy
 
@@ -351,6 +351,8 @@ def run(config: RunConfig) -> RunSummary:
         print("[5/5] held-out eval after SAO, registration", flush=True)
         after = evaluate_policy(ctx, summary.final_model_dir)
         tracker.log_metrics({f"eval_sao/{k}": v for k, v in after.items()}, step=summary.policy_version)
+        quarantined = ctx.quarantined_rows()
+        tracker.log_metrics({"data/quarantined_rows": float(quarantined)}, step=summary.policy_version)
         png = plot_reward_curve(
             ctx.run_dir / "metrics.jsonl", ctx.run_dir / "reward_curve.png",
             heldout={"after SFT": (0, before["accuracy"]), "after SAO": (summary.policy_version, after["accuracy"])},
@@ -369,6 +371,7 @@ def run(config: RunConfig) -> RunSummary:
         ("rollouts trained", f"{summary.counters['rollouts_trained']:.0f}"),
         ("stale rollouts dropped", f"{summary.counters['stale_dropped']:.0f}"),
         ("dead letters", f"{summary.counters.get('dead_letters', 0):.0f}"),
+        ("quarantined rows", str(quarantined)),
         ("generators", f"{summary.counters['generators']:.0f}"),
         ("generator busy fraction", f"{summary.counters['generator_busy_fraction']:.2f}"),
         ("max episodes in flight", f"{summary.counters['generator_max_in_flight']:.0f}"),

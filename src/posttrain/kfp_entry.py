@@ -591,7 +591,14 @@ def _train_sao_cluster(
     dataset_dir: Path | str, model_out: Path | str, *, queue: str, run_id: str, learner_image: str,
     generator_image: str, poll_s: float, timeout_s: float,
 ) -> StepResult:
-    """Stage the run's files, create (or re-attach to) the SAO JobSet and follow it to ``Completed``."""
+    """Stage the run's files, create (or re-attach to) the SAO JobSet and follow it to ``Completed``.
+
+    Everything the pods exchange lives under ``<runs_uri>/<jobset name>``: ``config.yaml`` (with
+    ``weights_uri``, ``final_model_uri`` and, on S3, ``checkpoints_uri`` pointing below it),
+    ``dataset/``, ``weights/`` (the ``S3WeightStore``), ``checkpoints/`` (the learner's checkpoints
+    and start model, so a restarted learner pod resumes) and ``final_model/``, which the learner uploads at the end and the returned
+    ``checkpoint_uri`` names.
+    """
     from posttrain.cluster.jobset import SAOImages, build_sao_jobset, jobset_name
     from posttrain.cluster.launcher import launch_or_attach, wait_for_jobset
     from posttrain.cluster.tenant import REDIS_CREDENTIALS_SECRET
@@ -606,7 +613,13 @@ def _train_sao_cluster(
     base = f"{runs_uri()}/{name}"
     store = storage_for(base)
     store.upload_dir(Path(dataset_dir), f"{base}/dataset")
-    staged = _with_fields(cfg, {k: f"{base}/dataset/{v}" for k, v in manifest["files"].items()})
+    # The pods share no volume: tasks, weights and the final model all live under the run's prefix.
+    checkpoint_uri = f"{base}/final_model"
+    fields = {**{k: f"{base}/dataset/{v}" for k, v in manifest["files"].items()},
+              "weights_uri": f"{base}/weights", "final_model_uri": checkpoint_uri}
+    if base.startswith("s3://"):  # a restarted learner pod resumes from checkpoints kept there
+        fields["checkpoints_uri"] = f"{base}/checkpoints"
+    staged = _with_fields(cfg, fields)
     config_uri = f"{base}/{CONFIG_FILE}"
     store.write_bytes(config_uri, yaml.safe_dump(staged.model_dump(mode="json", by_alias=True), sort_keys=False).encode())
     body = build_sao_jobset(run_id, namespace, SAOImages(learner=learner_image, generator=generator_image),
@@ -617,7 +630,7 @@ def _train_sao_cluster(
     status = wait_for_jobset(api, core, namespace, name, poll_s=poll_s, timeout_s=timeout_s,
                              on_status=lambda s: print(s.summary(), flush=True))
     info = {"technique": "sao", "run_name": cfg.run_name, "jobset": name, "namespace": namespace,
-            "checkpoint_uri": f"{base}/final_model", "config_uri": config_uri}
+            "checkpoint_uri": checkpoint_uri, "config_uri": config_uri}
     out = Path(model_out)
     out.mkdir(parents=True, exist_ok=True)
     (out / MODEL_INFO_FILE).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")

@@ -10,6 +10,7 @@ A run lives in ``<output_dir>/<run_name>/``::
     checkpoints/           learner checkpoints and LATEST
     final_model/           the trained policy (HF directory), registered in MLflow
     metrics.jsonl          one JSON object per learner step
+    quarantine-<split>.jsonl  bad task-file rows (data.on_bad_row=quarantine), one line each
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ class RunContext:
     def tasks(self, split: str) -> list[Task]:
         """Training (``train``) or held-out (``eval``) tasks of the configured environment.
 
+        With ``data.on_bad_row=quarantine`` bad rows of a task file go to ``quarantine_path(split)``,
+        once each however many processes load the file.
+
         Raises:
             posttrain.data.tasks.DatasetError: a malformed task file row (file, line, field).
         """
@@ -95,12 +99,32 @@ class RunContext:
         path = data.train_path if split == "train" else data.eval_path
         n = data.num_train_tasks if split == "train" else data.num_eval_tasks
         if path:
-            quarantine = self.run_dir / f"quarantine-{split}.jsonl"
-            tasks = load_tasks_jsonl(Path(path), data.env, on_bad_row=data.on_bad_row, quarantine_path=quarantine)
+            tasks = load_tasks_jsonl(
+                Path(path), data.env, on_bad_row=data.on_bad_row, quarantine_path=self.quarantine_path(split)
+            )
             return tasks[:n]
-        if data.env in ("synthetic_arith", "synthetic_tool"):
+        if data.env in ("synthetic_arith", "synthetic_tool", "synthetic_longtail"):
             return default_tasks(data.env, split, n, data.seed, **data.env_args)
         return default_tasks(data.env, split, n, data.seed)
+
+    def quarantine_path(self, split: str) -> Path:
+        """``<run_dir>/quarantine-<split>.jsonl``: bad rows of the ``split`` task file (``data.on_bad_row=quarantine``)."""
+        return self.run_dir / f"quarantine-{split}.jsonl"
+
+    def quarantined_rows(self) -> int:
+        """Bad task-file rows quarantined so far, over the train and eval files (count of rows).
+
+        Every process of the run (learner, generators, evaluator) loads the task files, but a bad row
+        is written to its quarantine file only once (``posttrain.data.tasks.RowSink``), so the lines
+        of the two files count distinct bad rows. 0 when nothing was quarantined.
+        """
+        total = 0
+        for split in ("train", "eval"):
+            path = self.quarantine_path(split)
+            if path.is_file():
+                with path.open("rb") as fh:
+                    total += sum(1 for line in fh if line.strip())
+        return total
 
     def environment(self) -> Any:
         """The configured environment, built with ``data.env_args``."""

@@ -322,6 +322,53 @@ class S3Storage:
         except (BotoCoreError, ClientError) as exc:
             raise StorageError(f"get {location}: {exc}") from exc
 
+    def read_bytes_if_exists(self, location: str) -> bytes | None:
+        """Get one object, or None when it does not exist (``NoSuchKey`` / 404).
+
+        Raises:
+            StorageError: the server refused the read for another reason (missing bucket,
+                credentials, unreachable after botocore's bounded retries).
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, key = parse_s3_uri(location)
+        try:
+            return bytes(self.client.get_object(Bucket=bucket, Key=key)["Body"].read())
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise StorageError(f"get {location}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StorageError(f"get {location}: {exc}") from exc
+
+    def delete(self, location: str) -> int:
+        """Delete the object at ``location`` and every object below ``location/``; return how many.
+
+        Raises:
+            StorageError: listing or deleting failed (the message names the first failed key).
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, prefix = parse_s3_uri(location)
+        keys = list(self._keys(bucket, prefix))
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
+            chunk = keys[start : start + 1000]
+            try:
+                reply = self.client.delete_objects(
+                    Bucket=bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True}
+                )
+            except (BotoCoreError, ClientError) as exc:
+                raise StorageError(f"delete s3://{bucket}/{prefix}: {exc}") from exc
+            errors = reply.get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise StorageError(
+                    f"delete s3://{bucket}/{first.get('Key')}: {first.get('Code')} {first.get('Message')} "
+                    f"({len(errors)} keys failed)"
+                )
+        return len(keys)
+
 
 def storage_for(location: str, *, endpoint_url: str | None = None) -> Storage:
     """``S3Storage`` for ``s3://`` URIs, ``LocalStorage`` for everything else.

@@ -61,6 +61,15 @@ def default_tracking_uri(output_dir: str | Path = "runs") -> str:
     return f"sqlite:///{path}"
 
 
+def experiment_name(config: RunConfig) -> str:
+    """The MLflow experiment of a run.
+
+    ``$MLFLOW_EXPERIMENT_NAME`` when set (a tenant's pods get their team's experiment from the
+    tenant ConfigMap), else ``tracking.experiment`` of the config.
+    """
+    return os.environ.get("MLFLOW_EXPERIMENT_NAME") or config.tracking.experiment
+
+
 def _client(tracking_uri: str | None) -> Any:
     from mlflow import MlflowClient
 
@@ -176,17 +185,48 @@ class Tracker:
         """A new MLflow run for a ``RunConfig``; ``register_model`` then uses the config.
 
         Tracking URI: ``tracking.tracking_uri``, else ``default_tracking_uri(output_dir)``; experiment
-        and run name from the config; tagged with the technique. ``run_dir`` (the run's output directory) is recorded as the tag ``posttrain.run_dir``.
+        from ``experiment_name(config)``, run name from the config; tagged with the technique. ``run_dir`` (the run's output directory) is recorded as the tag ``posttrain.run_dir``.
         """
         tags: dict[str, str] = {"posttrain.technique": config.technique}
         if run_dir is not None:
             tags["posttrain.run_dir"] = str(Path(run_dir).resolve())
         tracker = cls(
             config.tracking.tracking_uri or default_tracking_uri(config.output_dir),
-            config.tracking.experiment,
+            experiment_name(config),
             run_name=config.run_name,
             tags=tags,
         )
+        tracker.config = config
+        return tracker
+
+    @classmethod
+    def for_learner(cls, config: RunConfig) -> Tracker:
+        """The MLflow run of a learner process that may be a restart: resumed when it exists.
+
+        A learner pod of a cluster run that a JobSet restarts logs into the same MLflow run as its
+        predecessor: the newest run of the experiment tagged ``posttrain.learner_of=<run_name>``;
+        the first pod creates it. Tracking URI and experiment as in ``for_run``.
+
+        Raises:
+            TrackingError: the tracking server refused the search or the run.
+        """
+        from mlflow.exceptions import MlflowException
+
+        uri = config.tracking.tracking_uri or default_tracking_uri(config.output_dir)
+        client = _client(uri)
+        run_id = None
+        try:
+            exp = client.get_experiment_by_name(experiment_name(config))
+            if exp is not None:
+                found = client.search_runs(
+                    [exp.experiment_id], filter_string=f"tags.`posttrain.learner_of` = '{config.run_name}'",
+                    max_results=1, order_by=["attributes.start_time DESC"],
+                )
+                run_id = found[0].info.run_id if found else None
+        except MlflowException as exc:
+            raise TrackingError(f"{uri}: searching the learner run of {config.run_name!r} failed ({exc})") from exc
+        tracker = cls(uri, experiment_name(config), run_name=config.run_name, run_id=run_id,
+                      tags={"posttrain.technique": config.technique, "posttrain.learner_of": config.run_name})
         tracker.config = config
         return tracker
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 
 class _Strict(BaseModel):
@@ -70,10 +71,13 @@ class ModelConfig(_Strict):
 class DataConfig(_Strict):
     """Which tasks to train and evaluate on."""
 
-    env: Literal["synthetic_arith", "synthetic_tool", "gsm8k", "math_tool", "swe"] = "synthetic_arith"
-    """Environment (and task family)."""
+    env: Literal["synthetic_arith", "synthetic_tool", "synthetic_longtail", "gsm8k", "math_tool", "swe"] = (
+        "synthetic_arith"
+    )
+    """Environment (and task family); ``synthetic_longtail`` is the long-tailed tool-call task of the benchmarks."""
     env_args: dict[str, Any] = Field(default_factory=dict)
-    """Constructor arguments of the environment (e.g. ``{low: 0, high: 20}`` for synthetic_arith)."""
+    """Constructor arguments of the environment (e.g. ``{low: 0, high: 20}`` for synthetic_arith); every
+    key must be an argument of ``env``'s constructor (checked when the config is validated)."""
     train_path: str | None = None
     """Task file for training (JSONL); None uses the environment's built-in source."""
     eval_path: str | None = None
@@ -86,6 +90,26 @@ class DataConfig(_Strict):
     """Malformed dataset row: stop with file:line:field, or write it to a quarantine file and go on."""
     seed: int = Field(0, ge=0)
     """Seed for synthetic task generation and shuffling."""
+
+    @field_validator("env_args")
+    @classmethod
+    def _env_args_fit_env(cls, env_args: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Reject keys the environment's constructor does not take (else a TypeError at run time)."""
+        env = info.data.get("env")
+        if env is None:  # ``env`` itself failed validation; that error is reported instead.
+            return env_args
+        from posttrain.envs.registry import environment_arguments, unknown_environment_arguments
+
+        unknown = unknown_environment_arguments(env, env_args)
+        if unknown:
+            others = f" (also unknown: {', '.join(unknown[1:])})" if len(unknown) > 1 else ""
+            raise PydanticCustomError(
+                "env_args_unknown",
+                "unknown key data.env_args.{key} for data.env='{env}'{others}; {env} accepts: {accepted}",
+                {"key": unknown[0], "env": env, "others": others,
+                 "accepted": ", ".join(environment_arguments(env)) or "no arguments"},
+            )
+        return env_args
 
 
 class OptimConfig(_Strict):
@@ -241,6 +265,15 @@ class RunConfig(_Strict):
     """Run name: output directory, stream keys and MLflow run name derive from it."""
     output_dir: str = "runs"
     """Parent directory of run outputs (``<output_dir>/<run_name>``)."""
+    weights_uri: str | None = None
+    """Weight store the learner publishes to and generators read: None is ``<run dir>/weights``; a path
+    or ``file://`` URI is a shared directory; ``s3://bucket/prefix`` is an S3 store (cluster mode)."""
+    final_model_uri: str | None = None
+    """Where the learner also uploads its final model (a path, ``file://`` or ``s3://`` URI); None: only
+    ``<run dir>/final_model``."""
+    checkpoints_uri: str | None = None
+    """``s3://bucket/prefix`` where the SAO learner also keeps its checkpoints and start model, so a
+    restarted learner pod resumes (cluster mode; ``learner.remote_checkpoint``); None: local only."""
     seed: int = Field(0, ge=0)
     """Global seed."""
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -258,6 +291,25 @@ class RunConfig(_Strict):
     """Technique dpo: preference file, reference mode, beta, batch shape, optimizer."""
     grpo: GRPOTechniqueConfig = Field(default_factory=lambda: GRPOTechniqueConfig())
     """Technique grpo: group size, clipping, KL, uniform-group dropping, synchronous or asynchronous."""
+
+    @field_validator("checkpoints_uri")
+    @classmethod
+    def _checkpoints_on_s3(cls, value: str | None) -> str | None:
+        """Only ``s3://bucket[/prefix]``: a local path would not outlive the pod either."""
+        if value is not None and (not value.startswith("s3://") or not value[5:].strip("/")):
+            raise ValueError("checkpoints_uri must be an s3://bucket/prefix URI (or unset)")
+        return value
+
+    @field_validator("weights_uri", "final_model_uri")
+    @classmethod
+    def _location_scheme(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """A path, ``file://`` URI or ``s3://bucket[/prefix]`` URI; any other scheme is an error."""
+        if value is None:
+            return value
+        scheme, sep, rest = value.partition("://")
+        if not value.strip() or (sep and (scheme not in ("s3", "file") or not rest.strip("/"))):
+            raise ValueError(f"{info.field_name} must be a path, a file:// URI or an s3://bucket/prefix URI")
+        return value
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:

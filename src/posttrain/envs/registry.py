@@ -1,6 +1,9 @@
 """Environment registry: a plain dict from name to factory, default task splits and SFT references.
 
-* ``make_environment(name, **kwargs)`` builds an environment (kwargs go to its constructor).
+* ``make_environment(name, **kwargs)`` builds an environment (kwargs go to its constructor);
+  ``environment_arguments(name)`` lists the keyword arguments that constructor accepts, and
+  ``unknown_environment_arguments(name, env_args)`` the ones it would reject (the run config's
+  ``data.env_args`` check uses it at validation time).
 * ``default_tasks(name, split, n, seed)`` returns ``n`` training (``train``) or held-out
   (``eval``) tasks from the environment's built-in source:
 
@@ -25,58 +28,73 @@ vllm. Run ``python -m posttrain.envs.registry`` to list the environments.
 
 from __future__ import annotations
 
+import inspect
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from posttrain.envs.base import Environment
 from posttrain.records import Task
 
 
-def _synthetic_arith(**kwargs: Any) -> Environment:
+def _synthetic_arith_class() -> type:
     from posttrain.envs.synthetic.arith import SyntheticArithEnv
 
-    return SyntheticArithEnv(**kwargs)
+    return SyntheticArithEnv
 
 
-def _synthetic_tool(**kwargs: Any) -> Environment:
+def _synthetic_tool_class() -> type:
     from posttrain.envs.synthetic.tool import SyntheticToolEnv
 
-    return SyntheticToolEnv(**kwargs)
+    return SyntheticToolEnv
 
 
-def _synthetic_longtail(**kwargs: Any) -> Environment:
+def _synthetic_longtail_class() -> type:
     from posttrain.envs.synthetic.longtail import SyntheticLongTailEnv
 
-    return SyntheticLongTailEnv(**kwargs)
+    return SyntheticLongTailEnv
 
 
-def _gsm8k(**kwargs: Any) -> Environment:
+def _gsm8k_class() -> type:
     from posttrain.envs.math.gsm8k import GSM8KEnv
 
-    return GSM8KEnv(**kwargs)
+    return GSM8KEnv
 
 
-def _math_tool(**kwargs: Any) -> Environment:
+def _math_tool_class() -> type:
     from posttrain.envs.math.math_tool import MathToolEnv
 
-    return MathToolEnv(**kwargs)
+    return MathToolEnv
 
 
-def _swe(**kwargs: Any) -> Environment:
+def _swe_class() -> type:
     from posttrain.envs.swe.env import SWEEnvironment
 
-    return SWEEnvironment(**kwargs)
+    return SWEEnvironment
 
 
-ENVIRONMENTS: dict[str, Callable[..., Environment]] = {
-    "synthetic_arith": _synthetic_arith,
-    "synthetic_tool": _synthetic_tool,
-    "synthetic_longtail": _synthetic_longtail,
-    "gsm8k": _gsm8k,
-    "math_tool": _math_tool,
-    "swe": _swe,
+ENVIRONMENT_CLASSES: dict[str, Callable[[], type]] = {
+    "synthetic_arith": _synthetic_arith_class,
+    "synthetic_tool": _synthetic_tool_class,
+    "synthetic_longtail": _synthetic_longtail_class,
+    "gsm8k": _gsm8k_class,
+    "math_tool": _math_tool_class,
+    "swe": _swe_class,
 }
+"""Environment name → function importing and returning its class (modules load on first use)."""
+
+
+def _factory(name: str) -> Callable[..., Environment]:
+    def build(**kwargs: Any) -> Environment:
+        env: Environment = ENVIRONMENT_CLASSES[name]()(**kwargs)
+        return env
+
+    build.__name__ = f"_{name}"
+    build.__doc__ = f"Build the {name!r} environment from its constructor keyword arguments."
+    return build
+
+
+ENVIRONMENTS: dict[str, Callable[..., Environment]] = {name: _factory(name) for name in ENVIRONMENT_CLASSES}
 """Environment name → factory taking the environment's constructor keyword arguments."""
 
 
@@ -90,6 +108,36 @@ def make_environment(name: str, **kwargs: Any) -> Environment:
     if name not in ENVIRONMENTS:
         raise KeyError(f"environment {name!r} is not registered; known: {sorted(ENVIRONMENTS)}")
     return ENVIRONMENTS[name](**kwargs)
+
+
+def environment_arguments(name: str) -> tuple[str, ...]:
+    """Keyword arguments the constructor of environment ``name`` accepts (what ``data.env_args`` may hold).
+
+    Imports the environment's module (a few hundred ms; no torch, no vllm) and reads the
+    constructor's signature.
+
+    Raises:
+        KeyError: unknown name (the message lists the known ones).
+    """
+    if name not in ENVIRONMENT_CLASSES:
+        raise KeyError(f"environment {name!r} is not registered; known: {sorted(ENVIRONMENT_CLASSES)}")
+    params = inspect.signature(ENVIRONMENT_CLASSES[name]()).parameters.values()
+    return tuple(
+        p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    )
+
+
+def unknown_environment_arguments(name: str, env_args: Mapping[str, Any]) -> list[str]:
+    """Keys of ``env_args`` that environment ``name``'s constructor does not accept, in their given order.
+
+    An empty list means ``make_environment(name, **env_args)`` will not fail with a TypeError for
+    an unexpected keyword (values are still checked by the constructor itself).
+
+    Raises:
+        KeyError: unknown name (the message lists the known ones).
+    """
+    accepted = set(environment_arguments(name))
+    return [key for key in env_args if key not in accepted]
 
 
 def _normalise_split(split: str) -> str:

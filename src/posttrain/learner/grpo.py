@@ -440,7 +440,8 @@ def run_grpo_sync(
 
     Resumes from the newest checkpoint in ``<run>/checkpoints`` when there is one. Every
     ``grpo.checkpoint_every`` iterations (and at the end) writes a learner checkpoint; the final
-    policy goes to ``<run>/final_model`` (HF safetensors, tokenizer, ``resolved_config.yaml``).
+    policy goes to ``<run>/final_model`` (HF safetensors, tokenizer, ``resolved_config.yaml``), and
+    also to ``final_model_uri`` when the config sets it.
 
     Args:
         config: Run config with ``technique: grpo`` and ``grpo.async`` false.
@@ -471,7 +472,7 @@ def run_grpo_sync(
     from posttrain.learner.optim import build_optimizer
     from posttrain.learner.sao_loop import LearnerSummary
     from posttrain.runtime import RunContext
-    from posttrain.weight_sync.store import FilesystemWeightStore
+    from posttrain.weight_sync.factory import open_weight_store, upload_final_model
 
     ctx = RunContext(config)
     grpo = config.grpo
@@ -489,7 +490,7 @@ def run_grpo_sync(
     counters = {"rollouts_trained": 0.0, "rollouts_kept": 0.0, "action_tokens_trained": 0.0,
                 "skipped_batches": 0.0, **state.counters}
 
-    store = FilesystemWeightStore(ctx.weights_dir)
+    store = open_weight_store(ctx)
     store.publish(model.state_dict(), state.policy_version, start_model_dir, overwrite=True)
     stats = GeneratorStats()
     engine = MeteredEngine(
@@ -582,4 +583,5 @@ def run_grpo_sync(
     model.save_pretrained(str(final_dir), safe_serialization=True)
     tokenizer.save_pretrained(str(final_dir))
     (final_dir / "resolved_config.yaml").write_text(ctx.resolved_config_yaml(), encoding="utf-8")
+    upload_final_model(config, final_dir)
     return LearnerSummary(state.policy_version, state.iteration, final_dir, counters)

@@ -2,13 +2,13 @@
 
 Layout of a ``FilesystemWeightStore`` rooted at ``root``::
 
-    root/v000000/config.json          (copied from the model directory)
+    root/v000000/config.json          (copied from the model directory, with the tokenizer files)
     root/v000000/model.safetensors    (every tensor, always with lm_head.weight)
     root/v000001/...
     root/LATEST                       (text: the newest published policy version, e.g. "1")
 
-Each version directory is a loadable transformers model directory (config plus weights), so a
-generator reloads it in place (vLLM ``reload_weights(weights_path=...)``, or the ``hf`` engine's
+Each version directory is a loadable transformers model directory (config, tokenizer and weights),
+so a generator reloads it in place, and a generator on another machine takes its tokenizer from it (vLLM ``reload_weights(weights_path=...)``, or the ``hf`` engine's
 ``load_state_dict``). Versions count weight publications: v0 is the initial weights. A version
 directory appears atomically (written under a temporary name, then renamed), and ``LATEST`` is
 replaced atomically after it, so a reader that sees ``LATEST = k`` finds ``v{k}`` complete.
@@ -16,6 +16,9 @@ replaced atomically after it, so a reader that sees ``LATEST = k`` finds ``v{k}`
 ``lm_head.weight`` is always written, also for tied-embedding models (a copy of
 ``model.embed_tokens.weight``): vLLM's in-place reload leaves the LM head unloaded otherwise
 (see ``research/data_models_services.md`` §1, "Gotcha for tied embeddings").
+
+``posttrain.weight_sync.s3_store.S3WeightStore`` keeps the same layout under an ``s3://`` prefix;
+``posttrain.weight_sync.factory.open_weight_store`` picks one from the run config's ``weights_uri``.
 
 Run the tests: ``python -m pytest -q tests/unit/weight_sync``.
 """
@@ -39,8 +42,26 @@ WEIGHTS_FILE = "model.safetensors"
 LATEST_FILE = "LATEST"
 """Name of the text file holding the newest published policy version."""
 
-COPIED_CONFIG_FILES = ("config.json", "generation_config.json")
-"""Files copied from the model directory into each version (``config.json`` is required)."""
+COPIED_CONFIG_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+)
+"""Files copied from the model directory into each version when present (``config.json`` is required).
+
+The tokenizer files make a version directory self-contained: a generator pod with no shared run
+directory loads its tokenizer from the weight store (``posttrain.weight_sync.factory.fetch_tokenizer``).
+"""
+
+TOKENIZER_FILES = COPIED_CONFIG_FILES[2:]
+"""The tokenizer's files among ``COPIED_CONFIG_FILES``."""
 
 LM_HEAD_KEY = "lm_head.weight"
 EMBED_KEY = "model.embed_tokens.weight"
@@ -50,8 +71,9 @@ EMBED_KEY = "model.embed_tokens.weight"
 class WeightStore(Protocol):
     """Where the learner publishes policy weights and generators find them.
 
-    Implementations: ``FilesystemWeightStore`` (local directory or shared volume); an S3-backed
-    store satisfies the same methods, with ``path_for`` downloading to a local cache first.
+    Implementations: ``FilesystemWeightStore`` (local directory or shared volume) and
+    ``posttrain.weight_sync.s3_store.S3WeightStore`` (an ``s3://`` prefix; ``path_for`` downloads
+    a published version into a local cache first).
     """
 
     def publish(
@@ -130,6 +152,69 @@ def prepare_state_dict(state_dict: Mapping[str, Tensor], tied_embeddings: bool) 
     return out
 
 
+def check_publish_order(
+    policy_version: int, latest: int | None, *, exists: bool, overwrite: bool, where: str
+) -> None:
+    """Refuse a publication that would not move the store forward (shared by every store).
+
+    Args:
+        policy_version: The version about to be published (>= 0).
+        latest: The store's latest published version, None before the first.
+        exists: A version directory (or prefix) for ``policy_version`` exists already.
+        overwrite: The caller replaces versions on purpose (a restarted learner).
+        where: The version's location, named in the error.
+
+    Raises:
+        ValueError: negative ``policy_version``, or not above ``latest`` without ``overwrite``.
+        FileExistsError: the version exists and ``overwrite`` is False.
+    """
+    if policy_version < 0:
+        raise ValueError(f"policy_version: must be >= 0, got {policy_version}")
+    if overwrite:
+        return
+    if exists:
+        raise FileExistsError(f"policy_version {policy_version}: {where} already exists")
+    if latest is not None and policy_version <= latest:
+        raise ValueError(f"policy_version: must exceed the latest published version {latest}, got {policy_version}")
+
+
+def write_version_files(
+    out_dir: Path, state_dict: Mapping[str, Tensor], policy_version: int, config_dir: Path
+) -> list[Path]:
+    """Write one version's files into the existing directory ``out_dir`` and fsync them.
+
+    Args:
+        out_dir: An empty directory (a temporary one; the caller renames or uploads it).
+        state_dict: HF checkpoint names to tensors (see ``prepare_state_dict``).
+        policy_version: Recorded in the safetensors metadata (``policy_version``).
+        config_dir: Model directory; ``COPIED_CONFIG_FILES`` present there are copied.
+
+    Returns:
+        The written files (``model.safetensors`` first).
+
+    Raises:
+        FileNotFoundError: ``config_dir`` has no ``config.json``.
+        ValueError: a bad ``state_dict`` (see ``prepare_state_dict``).
+    """
+    config_dir = Path(config_dir)
+    if not (config_dir / "config.json").is_file():
+        raise FileNotFoundError(f"config_dir {config_dir}: no config.json to copy into the weight store")
+    tensors = prepare_state_dict(state_dict, _config_ties_embeddings(config_dir))
+    from safetensors.torch import save_file
+
+    written = [out_dir / WEIGHTS_FILE]
+    save_file(tensors, str(written[0]), metadata={"policy_version": str(policy_version)})
+    for name in COPIED_CONFIG_FILES:
+        if (config_dir / name).is_file():
+            shutil.copyfile(config_dir / name, out_dir / name)
+            written.append(out_dir / name)
+    for path in written:
+        with open(path, "rb") as fh:
+            os.fsync(fh.fileno())
+    _fsync_dir(out_dir)
+    return written
+
+
 class FilesystemWeightStore:
     """A ``WeightStore`` in a local directory (or a shared volume mounted by every pod).
 
@@ -190,8 +275,9 @@ class FilesystemWeightStore:
                 ``lm_head.weight`` (or a tied model) gets a copy of ``model.embed_tokens.weight``.
             policy_version: Count of weight publications; 0 is the initial weights. Must exceed
                 the latest published version unless ``overwrite``.
-            config_dir: Model directory whose ``config.json`` (and ``generation_config.json`` if
-                present) is copied, so the version directory is a loadable model.
+            config_dir: Model directory whose ``config.json`` (and the other
+                ``COPIED_CONFIG_FILES`` present) is copied, so the version directory is a loadable
+                model with its tokenizer.
             overwrite: Replace an existing version directory (a learner restarted from a
                 checkpoint re-publishing versions it had published before it stopped); ``LATEST``
                 is then set to ``policy_version`` even if it was higher.
@@ -209,29 +295,13 @@ class FilesystemWeightStore:
         config_dir = Path(config_dir)
         if not (config_dir / "config.json").is_file():
             raise FileNotFoundError(f"config_dir {config_dir}: no config.json to copy into the weight store")
-        latest = self.latest_version()
-        if not overwrite:
-            if final.exists():
-                raise FileExistsError(f"policy_version {policy_version}: {final} already exists")
-            if latest is not None and policy_version <= latest:
-                raise ValueError(
-                    f"policy_version: must exceed the latest published version {latest}, got {policy_version}"
-                )
-        tensors = prepare_state_dict(state_dict, _config_ties_embeddings(config_dir))
-
-        from safetensors.torch import save_file
-
+        check_publish_order(
+            policy_version, self.latest_version(), exists=final.exists(), overwrite=overwrite, where=str(final)
+        )
         tmp = self.root / f".tmp-{version_dirname(policy_version)}-{uuid.uuid4().hex}"
         tmp.mkdir()
         try:
-            save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"policy_version": str(policy_version)})
-            for name in COPIED_CONFIG_FILES:
-                if (config_dir / name).is_file():
-                    shutil.copyfile(config_dir / name, tmp / name)
-            for child in tmp.iterdir():
-                with open(child, "rb") as fh:
-                    os.fsync(fh.fileno())
-            _fsync_dir(tmp)
+            write_version_files(tmp, state_dict, policy_version, config_dir)
             if final.exists():
                 trash = self.root / f".old-{version_dirname(policy_version)}-{uuid.uuid4().hex}"
                 os.rename(final, trash)

@@ -67,3 +67,39 @@ def test_validate_config_cli_prints_one_line_error_and_exits_2(tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "sao.batch_size" in err[0] and "greater than or equal to 1" in err[0]
     assert main(["validate-config", str(CONFIGS[0])]) == 0
+
+
+def test_env_args_not_taken_by_the_environment_fail_at_validation_naming_key_and_accepted_args(tmp_path):
+    """synthetic_arith's low/high under data.env=gsm8k used to pass validation and raise a TypeError
+    in the environment constructor at run time; now load_config rejects them and names them."""
+    p = tmp_path / "c.yaml"
+    p.write_text("data:\n  env: gsm8k\n  env_args: {low: 0, high: 20}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "data.env_args.low" in msg and "also unknown: high" in msg
+    assert "gsm8k accepts: system_prompt, verify_timeout_s" in msg
+
+
+def test_env_args_check_follows_an_env_override():
+    """low/high are fine for synthetic_arith; calls_median (a synthetic_longtail argument) is not
+    one of synthetic_tool's."""
+    cfg = load_config(None, ["data.env_args={low: 0, high: 20}"])
+    assert cfg.data.env == "synthetic_arith" and cfg.data.env_args == {"low": 0, "high": 20}
+    with pytest.raises(ConfigError, match=r"data\.env_args\.calls_median for data\.env='synthetic_tool'"):
+        load_config(None, ["data.env=synthetic_tool", "data.env_args={low: 0, calls_median: 2.0}"])
+
+
+def test_synthetic_longtail_is_a_config_environment_and_takes_its_own_args():
+    cfg = load_config(None, ["data.env=synthetic_longtail", "data.env_args={calls_median: 2.0, max_calls: 6}"])
+    assert cfg.data.env == "synthetic_longtail"
+
+
+def test_validate_config_cli_rejects_env_args_of_another_env_with_exit_2(tmp_path, capsys):
+    p = tmp_path / "c.yaml"
+    p.write_text("data:\n  env: gsm8k\n  env_args: {low: 0}\n")
+    assert main(["validate-config", str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "data.env_args.low" in err and "gsm8k accepts: system_prompt, verify_timeout_s" in err

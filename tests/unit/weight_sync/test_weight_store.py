@@ -26,9 +26,12 @@ def test_publish_writes_loadable_version_dir_and_latest(tiny_model: TinyModel, t
     assert store.latest_version() == 0
     assert (tmp_path / "store" / LATEST_FILE).read_text().strip() == "0"
     assert sorted(p.name for p in path.iterdir()) == [
+        "chat_template.jinja",
         "config.json",
         "generation_config.json",
         "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
     ]
     reloaded = load_policy(path)
     for name, tensor in model.state_dict().items():
