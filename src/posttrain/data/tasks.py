@@ -16,6 +16,7 @@ Run ``python -m posttrain.data.tasks FILE ENV_NAME`` to validate a task file.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 from posttrain.records import Task
 
@@ -72,7 +73,15 @@ def data_dir() -> Path:
 
 
 class RowSink:
-    """Applies the bad-row policy: raise, or append ``{file, line, field, reason, row}`` to a file."""
+    """Applies the bad-row policy: raise, or append ``{file, line, field, reason, row}`` to a file.
+
+    Quarantine writes are idempotent: a row already in the quarantine file with the same
+    ``file``, ``line``, ``field`` and ``reason`` is not written again. Every process of a run that
+    loads the task file (learner, each generator, the evaluator) and every reload after a restart
+    therefore leaves each bad row in the file exactly once. Check and append happen under an
+    exclusive ``fcntl.flock`` on the quarantine file, so processes loading at the same moment do
+    not both write. ``count`` is the number of bad rows *this* load met, written or already there.
+    """
 
     def __init__(self, path: Path, on_bad_row: OnBadRow, quarantine_path: Path | None) -> None:
         if on_bad_row not in ("stop", "quarantine"):
@@ -81,17 +90,59 @@ class RowSink:
             raise ValueError("quarantine_path: required when on_bad_row='quarantine'")
         self.path, self.on_bad_row, self.quarantine_path = path, on_bad_row, quarantine_path
         self.count = 0
+        self.written = 0
+        """Rows this sink appended (``count`` minus the ones another load had written already)."""
+        self._known: set[tuple[str, int, str, str]] = set()
+        self._read_upto = 0
+
+    def _scan(self, fh: BinaryIO) -> None:
+        """Add the keys of quarantine lines written since the last scan (by any process) to ``_known``.
+
+        Raises:
+            DatasetError: a line of the quarantine file that is not a JSON object (names the byte offset).
+        """
+        fh.seek(self._read_upto)
+        for line in fh:
+            start = self._read_upto
+            self._read_upto += len(line)
+            try:
+                rec = json.loads(line)
+                key = (str(rec["file"]), int(rec["line"]), str(rec["field"]), str(rec["reason"]))
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise DatasetError(
+                    self.quarantine_path or "<quarantine>", 0, "<json>",
+                    f"quarantine file has an unreadable record at byte {start}: {exc}",
+                ) from exc
+            self._known.add(key)
 
     def bad(self, err: DatasetError, raw: Any) -> None:
-        """Raise ``err`` or quarantine the row."""
+        """Raise ``err`` (``stop``), or quarantine the row unless the file already holds it (``quarantine``).
+
+        Raises:
+            DatasetError: ``err`` with ``on_bad_row="stop"``, or an unreadable quarantine file.
+        """
         if self.on_bad_row == "stop":
             raise err
         assert self.quarantine_path is not None
+        self.count += 1
+        key = (err.path, err.line, err.field, err.reason)
+        if key in self._known:
+            return
         self.quarantine_path.parent.mkdir(parents=True, exist_ok=True)
         record = {"file": err.path, "line": err.line, "field": err.field, "reason": err.reason, "row": raw}
-        with self.quarantine_path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record, default=str, ensure_ascii=False) + "\n")
-        self.count += 1
+        data = (json.dumps(record, default=str, ensure_ascii=False) + "\n").encode("utf-8")
+        with self.quarantine_path.open("a+b") as fh:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            try:
+                self._scan(fh)
+                if key not in self._known:
+                    fh.write(data)  # append mode: always at the end of the file
+                    fh.flush()
+                    self._known.add(key)
+                    self._read_upto += len(data)
+                    self.written += 1
+            finally:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
     def result(self, tasks: list[Task]) -> TaskLoadResult:
         """Wrap up, logging the quarantine count."""

@@ -5,7 +5,9 @@ optionally the base model's reports on the same benchmarks:
 
 * ``<benchmark>.json``: one ``EvalReport`` each (read back with ``read_report``);
 * ``report.md``: a score table (base vs trained with the difference when a baseline is given),
-  per-category tables, response-length statistics and the "needs judge" counts;
+  per-category tables, response-length statistics (with responses truncated at the token budget
+  and prompts longer than the context counted apart), how each sample was graded (math-verify,
+  exact number, verbatim match, judge, needs judge...) and the "needs judge" counts;
 * ``report.html``: the same, self-contained (the plot embedded as a data URI), for the KFP UI;
 * ``comparison.png``: bars of avg@k with confidence intervals, base vs trained, per benchmark
   (matplotlib, Agg backend; only with a baseline).
@@ -28,6 +30,22 @@ import msgspec
 from posttrain.eval.metrics import LengthStats, ScoreSummary, avg_at_k, length_stats, summarize_scores
 
 REPORT_SCHEMA_VERSION = 1
+
+PROMPT_TOO_LONG = "prompt_too_long"
+"""Finish reason (and grading method) of a sample whose prompt alone fills the model's context."""
+
+METHOD_LABELS: dict[str, str] = {
+    "math_verify": "math-verify (symbolic equivalence)",
+    "exact_number": "exact number",
+    "exact_match": "verbatim match",
+    "judge": "LLM judge",
+    "none": "needs judge (ungraded)",
+    "no_answer": "no final answer found",
+    "tests": "repository tests",
+    "episode_error": "episode failed",
+    PROMPT_TOO_LONG: "prompt longer than the context",
+}
+"""Readable name of each ``SampleRecord.method`` in the Markdown and HTML reports (others show raw)."""
 """Version of the ``EvalReport`` JSON layout."""
 
 
@@ -44,7 +62,9 @@ class SampleRecord(msgspec.Struct, kw_only=True):
         category: The task's category for the breakdown, or "".
         response: Response text (the final answer; cut to its last 4,000 characters).
         num_tokens: Tokens the model generated (action tokens), >= 0.
-        finish_reason: ``stop``, ``length``, ``tool_error`` or ``timeout``.
+        finish_reason: ``stop``, ``length`` (truncated at ``max_new_tokens`` or the context),
+            ``tool_error``, ``timeout``, or ``prompt_too_long`` (the prompt alone fills the context;
+            nothing was sampled).
         judge_reply: The judge's reply when a judge graded it, else "".
     """
 
@@ -79,10 +99,12 @@ class EvalReport(msgspec.Struct, kw_only=True):
         num_needs_judge: Samples left ungraded (reported, never scored wrong).
         needs_judge_task_ids: Tasks with at least one ungraded sample (excluded from ``scores``).
         categories: Per-category scores (fully graded tasks of that category).
-        response_tokens: Length statistics of every response (tokens).
+        response_tokens: Length statistics of every response (tokens); samples with finish reason
+            ``prompt_too_long`` have no response and are left out of the three length fields.
         response_tokens_correct: Of correct responses, or None.
         response_tokens_wrong: Of wrong responses, or None.
-        finish_reasons: Count of each finish reason (``length`` = truncated).
+        finish_reasons: Count of each finish reason (``length`` = truncated at max tokens,
+            ``prompt_too_long`` = prompt longer than the context).
         grading_methods: Count of each grading method.
         wall_s: Wall time of the evaluation (seconds).
         created_at: Unix time (seconds).
@@ -172,7 +194,10 @@ def build_report(
     upper = avg_at_k([[s.status != "wrong" for s in g] for g in by_task.values()])
 
     def _lengths(status: str | None) -> LengthStats | None:
-        xs = [s.num_tokens for s in samples if status is None or s.status == status]
+        xs = [
+            s.num_tokens for s in samples
+            if (status is None or s.status == status) and s.finish_reason != PROMPT_TOO_LONG
+        ]
         return length_stats(xs) if xs else None
 
     return EvalReport(
@@ -289,11 +314,29 @@ def _tables(reports: Sequence[EvalReport], baseline: Sequence[EvalReport] | None
             len_rows.append(_length_row(f"{who}: all", rep.response_tokens))
             len_rows.append(_length_row(f"{who}: correct", rep.response_tokens_correct))
             len_rows.append(_length_row(f"{who}: wrong", rep.response_tokens_wrong))
-            truncated = rep.finish_reasons.get("length", 0)
             total = sum(rep.finish_reasons.values()) or 1
-            len_rows.append([f"{who}: truncated at max tokens", str(truncated), f"{100 * truncated / total:.1f}%", "", "", ""])
+            for reason, text in (("length", "truncated at max tokens"), (PROMPT_TOO_LONG, "prompt longer than the context")):
+                n = rep.finish_reasons.get(reason, 0)
+                if n or reason == "length":
+                    len_rows.append([f"{who}: {text}", str(n), f"{100 * n / total:.1f}%", "", "", ""])
         tables.append((f"{r.benchmark}: response length (tokens)", ["responses", "count", "mean", "median", "p90", "max"], len_rows))
+    for r, b in pairs:
+        tables.append((f"{r.benchmark}: grading methods", *_method_table(r, b)))
     return tables
+
+
+def _method_table(r: EvalReport, b: EvalReport | None) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) counting how the samples of ``r`` (and of the baseline ``b``) were graded."""
+    who = r.label or "trained"
+    reps = [(who, r)] if b is None else [("base", b), (who, r)]
+    methods = sorted({m for _, rep in reps for m in rep.grading_methods}, key=lambda m: (-r.grading_methods.get(m, 0), m))
+    header = ["method"] + [f"{name}: samples" for name, _ in reps] + [f"{name}: %" for name, _ in reps]
+    rows = []
+    for m in methods:
+        counts = [rep.grading_methods.get(m, 0) for _, rep in reps]
+        shares = [f"{100 * c / (sum(rep.grading_methods.values()) or 1):.1f}" for c, (_, rep) in zip(counts, reps, strict=True)]
+        rows.append([METHOD_LABELS.get(m, m), *map(str, counts), *shares])
+    return header, rows
 
 
 def render_markdown(reports: Sequence[EvalReport], baseline: Sequence[EvalReport] | None = None) -> str:

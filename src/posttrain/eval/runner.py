@@ -10,8 +10,11 @@ response per line).
 
 Sampling: temperature 0 (greedy) for k = 1, 0.6 for k > 1 unless given; top-p 1. Each (task,
 sample) pair has its own seed derived from ``seed``, so a rerun with the same engine reproduces.
-A response whose episode fails (the prompt alone is longer than the context) is recorded wrong
-with method ``episode_error`` and counted in the report's ``grading_methods``.
+A prompt that leaves no room for a response (its chat-formatted tokens fill ``max_model_len``) is
+not sampled: it is recorded wrong with finish reason and method ``prompt_too_long``, counted apart
+from responses truncated at the token budget (finish reason ``length``). Any other failed episode
+is recorded wrong with method ``episode_error``. Both are counted in the report's
+``finish_reasons`` and ``grading_methods``.
 
 Run: ``python -m posttrain.eval.cli eval --benchmark gsm8k --model runs/x/final --limit 20``.
 """
@@ -33,7 +36,7 @@ import msgspec
 from posttrain.envs.base import StepResult
 from posttrain.eval.benchmarks import Benchmark, BenchmarkDataError, get_benchmark, load_tasks
 from posttrain.eval.grading import JudgeClient, grade_math, resolve_with_judge
-from posttrain.eval.report import EvalReport, SampleRecord, build_report
+from posttrain.eval.report import PROMPT_TOO_LONG, EvalReport, SampleRecord, build_report
 from posttrain.records import Task
 
 log = logging.getLogger(__name__)
@@ -105,7 +108,16 @@ async def _sample_all(
     limits = EpisodeLimits(max_turns=1, max_new_tokens=max_new_tokens, max_episode_tokens=max_model_len, timeout_s=timeout_s)
     gate = asyncio.Semaphore(concurrency)
 
+    prompt_tokens = [len(chat.prompt_ids(env.start(t).messages())) for t in tasks]
+
     async def one(task_index: int, task: Task, i: int) -> _Sample:
+        if prompt_tokens[task_index] >= max_model_len:
+            # The same condition under which run_episode refuses the prompt; reported as its own
+            # finish reason rather than as a response truncated at max tokens.
+            return _Sample(
+                task, i, "", 0, PROMPT_TOO_LONG,
+                error=f"prompt is {prompt_tokens[task_index]} tokens; the context is {max_model_len} tokens",
+            )
         async with gate:
             try:
                 rollout = await run_episode(
@@ -142,7 +154,8 @@ async def _grade_math(
 
     async def one(s: _Sample) -> SampleRecord:
         if s.error:
-            return SampleRecord(task_id=s.task.task_id, sample_index=s.index, status="wrong", method="episode_error",
+            method = PROMPT_TOO_LONG if s.finish_reason == PROMPT_TOO_LONG else "episode_error"
+            return SampleRecord(task_id=s.task.task_id, sample_index=s.index, status="wrong", method=method,
                                 reason=s.error[:300], category=_category(bench, s.task), finish_reason=s.finish_reason)
         async with gate:
             g = await asyncio.to_thread(
@@ -203,7 +216,7 @@ async def _grade_swe(
             )
 
         if s.error:
-            return record("wrong", "episode_error", s.error)
+            return record("wrong", PROMPT_TOO_LONG if s.finish_reason == PROMPT_TOO_LONG else "episode_error", s.error)
         patch = extract_patch(s.text)
         if patch is None:
             return record("wrong", "no_answer", "no diff in the response")

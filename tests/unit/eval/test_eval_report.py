@@ -92,3 +92,37 @@ def test_read_report_names_the_bad_file(tmp_path: Path) -> None:
     bad.write_text('{"benchmark": 3}')
     with pytest.raises(ValueError, match="bad.json"):
         read_report(bad)
+
+
+def test_prompt_too_long_is_counted_apart_from_truncation_and_left_out_of_lengths() -> None:
+    """4 samples: 10 tokens (stop), 30 tokens (length), and two prompt_too_long (0 tokens). Lengths
+    cover the 2 responses only (mean 20); the Markdown shows 1 truncated (25.0%) and 2 prompts longer
+    than the context (50.0%) on separate rows."""
+    samples = [
+        _s("A", 0, "correct", tokens=10), _s("A", 1, "wrong", tokens=30, finish="length"),
+        SampleRecord(task_id="B", sample_index=0, status="wrong", method="prompt_too_long", reason="r",
+                     finish_reason="prompt_too_long"),
+        SampleRecord(task_id="B", sample_index=1, status="wrong", method="prompt_too_long", reason="r",
+                     finish_reason="prompt_too_long"),
+    ]
+    r = _report(samples)
+    assert r.finish_reasons == {"stop": 1, "length": 1, "prompt_too_long": 2}
+    assert r.response_tokens is not None and (r.response_tokens.count, r.response_tokens.mean) == (2, 20.0)
+    assert r.response_tokens_wrong is not None and r.response_tokens_wrong.count == 1
+    md = render_markdown([r])
+    assert "| trained: truncated at max tokens | 1 | 25.0% |" in md
+    assert "| trained: prompt longer than the context | 2 | 50.0% |" in md
+
+
+def test_markdown_counts_grading_methods_for_trained_and_base() -> None:
+    """SAMPLES: 5 graded by math-verify, 1 needs a judge (method "none") -> 83.3% / 16.7%.
+    The base run: 2 math-verify of 2 -> 100.0%, 0 needing a judge."""
+    md = render_markdown([_report()])
+    assert "## imo_answerbench: grading methods" in md
+    assert "| math-verify (symbolic equivalence) | 5 | 83.3 |" in md
+    assert "| needs judge (ungraded) | 1 | 16.7 |" in md
+    base = _report([_s("A", 0, "correct"), _s("A", 1, "wrong")], label="base")
+    both = render_markdown([_report()], baseline=[base])
+    assert "| method | base: samples | trained: samples | base: % | trained: % |" in both
+    assert "| math-verify (symbolic equivalence) | 2 | 5 | 100.0 | 83.3 |" in both
+    assert "| needs judge (ungraded) | 0 | 1 | 0.0 | 16.7 |" in both

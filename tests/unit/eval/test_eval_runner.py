@@ -156,3 +156,30 @@ def test_default_vllm_engine_samples_the_benchmark(tiny_model: TinyModel, tmp_pa
     assert report.engine == "VLLMEngine" and report.num_tasks == 2
     assert report.response_tokens is not None and report.response_tokens.count == 4 and report.response_tokens.max <= 16
     assert len((tmp_path / "gsm8k.samples.jsonl").read_text().splitlines()) == 4
+
+
+def test_prompt_longer_than_the_context_is_its_own_finish_reason_not_truncation(
+    tiny_model: TinyModel, tmp_path: Path
+) -> None:
+    """3 GSM8K tasks; the context is set one token above the shortest chat prompt, so the two longer
+    prompts cannot be answered. They are recorded wrong with finish reason and method
+    prompt_too_long (never sampled), not as "truncated at max tokens"; the short one is sampled (its
+    one-token budget holds only the stop token from the scripted engine: finish reason stop)."""
+    from posttrain.generator.agent_loop import ChatFormat
+
+    tok = load_tokenizer(tiny_model.path)
+    tasks = load_tasks("gsm8k", limit=3)
+    lengths = [len(ChatFormat(tok).prompt_ids([{"role": "user", "content": t.prompt}])) for t in tasks]
+    assert len(set(lengths)) == 3
+    context = min(lengths) + 1
+    replies = {t.metadata["problem"]: [f"So the answer is \\boxed{{{t.reference}}}."] for t in tasks}
+    engine = OracleEngine(tok, replies)
+    report = evaluate(tiny_model.path, "gsm8k", limit=3, out_dir=tmp_path, max_model_len=context,
+                      engine=engine, tokenizer=tok)
+    assert report.finish_reasons == {"prompt_too_long": 2, "stop": 1}
+    assert report.grading_methods.get("prompt_too_long") == 2
+    assert sum(engine.calls.values()) == 1
+    rows = [json.loads(x) for x in (tmp_path / "gsm8k.samples.jsonl").read_text().splitlines()]
+    too_long = [r for r in rows if r["finish_reason"] == "prompt_too_long"]
+    assert len(too_long) == 2 and all(r["status"] == "wrong" and "tokens; the context is" in r["reason"] for r in too_long)
+    assert report.response_tokens is not None and report.response_tokens.count == 1

