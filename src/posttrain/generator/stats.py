@@ -1,14 +1,29 @@
 """Generator throughput accounting: busy fraction, rollouts/s, tokens/s, episodes in flight.
 
-The engine counts as *busy* while at least one generation request is inside it; the busy
-fraction is busy time over wall time since the generator started serving. Generators publish
-their stats as JSON to a Redis hash (``<prefix>:<run>:generator_stats``) that the learner logs.
+What ``busy_fraction`` measures: seconds during which the inference engine was *generating*
+(running a forward/sampling pass for at least one request) divided by wall seconds since the
+generator started serving (``started_at``), capped at 1.
+
+* Engines that report their own generating time (``generating_seconds()``; the ``hf`` engine
+  counts the time its dedicated thread spends inside a batch) are measured by that clock.
+  Time a request spends queued for the engine's thread, waiting for a weight reload, or
+  waiting in the batching window is *not* busy.
+* Other engines (``vllm``, whose scheduler owns the queue) fall back to "at least one request
+  inside the engine wrapper" (``in_engine_s``). ``busy_measured_by_engine`` says which.
+
+Waiting for admission tickets, for tool calls (environment ``step``) and for the rollout stream
+happens outside the engine and never counts. ``in_engine_s`` is reported for every engine, so
+the gap ``in_engine_s - busy_s`` shows time requests sat queued in front of the engine.
+
+Generators publish their stats as JSON to a Redis hash (``<prefix>:<run>:generator_stats``)
+that the learner logs.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 
 from posttrain.generator.engines.base import GenerationRequest, GenerationResult, InferenceEngine
 from posttrain.runtime import RunContext
@@ -30,7 +45,8 @@ class GeneratorStats:
 
     Attributes:
         started_at: Unix time (s) the generator began serving.
-        busy_s: Seconds with at least one request inside the engine.
+        in_engine_s: Seconds with at least one request inside the engine wrapper (queued or
+            generating); the busy time of engines without their own clock.
         rollouts: Rollouts put on the stream.
         rejected: Rollouts rejected before sending (invalid record, e.g. a NaN logprob).
         failed: Episodes that raised (environment or engine error), counted, not sent.
@@ -39,11 +55,13 @@ class GeneratorStats:
         in_flight: Episodes running now.
         max_in_flight: Most episodes ever running at once.
         weight_reloads: In-place weight updates applied.
+        weight_announcements: New-weights announcements received (``generator.weight_watch``).
+        weight_wait_timeouts: Waits for an announcement that timed out (the store was read anyway).
         admission_wait_s: Seconds spent waiting for admission tickets (summed over episode slots).
     """
 
     started_at: float = field(default_factory=time.time)
-    busy_s: float = 0.0
+    in_engine_s: float = 0.0
     rollouts: int = 0
     rejected: int = 0
     failed: int = 0
@@ -52,9 +70,32 @@ class GeneratorStats:
     in_flight: int = 0
     max_in_flight: int = 0
     weight_reloads: int = 0
+    weight_announcements: int = 0
+    weight_wait_timeouts: int = 0
     admission_wait_s: float = 0.0
     _active: int = 0
     _busy_since: float = 0.0
+    _engine_clock: Callable[[], float] | None = None
+    _engine_clock_start: float = 0.0
+
+    def use_engine_clock(self, generating_seconds: Callable[[], float]) -> None:
+        """Measure busy time with the engine's own clock from now on (module docstring).
+
+        Args:
+            generating_seconds: Returns the engine's cumulative generating seconds (monotonic);
+                the value at this call is the zero point.
+        """
+        self._engine_clock = generating_seconds
+        self._engine_clock_start = generating_seconds()
+
+    def busy_seconds(self) -> float:
+        """Seconds the engine has been generating (engine clock), else with a request inside (module docstring)."""
+        if self._engine_clock is not None:
+            return self._engine_clock() - self._engine_clock_start
+        return self._in_engine_now()
+
+    def _in_engine_now(self) -> float:
+        return self.in_engine_s + (time.monotonic() - self._busy_since if self._active else 0.0)
 
     def request_started(self) -> None:
         """Mark a request entering the engine."""
@@ -66,7 +107,7 @@ class GeneratorStats:
         """Mark a request leaving the engine."""
         self._active -= 1
         if self._active == 0:
-            self.busy_s += time.monotonic() - self._busy_since
+            self.in_engine_s += time.monotonic() - self._busy_since
 
     def episode_started(self) -> None:
         """Mark an episode starting."""
@@ -78,12 +119,20 @@ class GeneratorStats:
         self.in_flight -= 1
 
     def snapshot(self) -> dict[str, float]:
-        """Flat metrics: ``busy_fraction``, ``rollouts_per_s``, ``tokens_per_s`` and the raw counters."""
+        """Flat metrics: the public counters, busy time and rates.
+
+        Keys beyond the counters: ``busy_s`` and ``wall_s`` (seconds), ``busy_fraction``,
+        ``busy_measured_by_engine`` (1.0 when the engine's own clock was used),
+        ``rollouts_per_s`` and ``tokens_per_s`` (action tokens per second).
+        """
         wall = max(time.time() - self.started_at, 1e-9)
-        busy = self.busy_s + (time.monotonic() - self._busy_since if self._active else 0.0)
-        out = {k: float(v) for k, v in asdict(self).items() if not k.startswith("_")}
+        busy = self.busy_seconds()
+        out = {f.name: float(getattr(self, f.name)) for f in fields(self) if not f.name.startswith("_")}
         out.update(
+            in_engine_s=self._in_engine_now(),
+            busy_s=busy,
             busy_fraction=min(1.0, busy / wall),
+            busy_measured_by_engine=float(self._engine_clock is not None),
             rollouts_per_s=self.rollouts / wall,
             tokens_per_s=self.action_tokens / wall,
             wall_s=wall,
@@ -92,11 +141,19 @@ class GeneratorStats:
 
 
 class MeteredEngine:
-    """Wraps an ``InferenceEngine`` and records busy time in ``GeneratorStats``."""
+    """Wraps an ``InferenceEngine`` and records busy time in ``GeneratorStats``.
+
+    When the engine has a ``generating_seconds()`` method (the ``hf`` engine), ``stats`` uses it
+    as its busy clock (``GeneratorStats.use_engine_clock``); requests entering and leaving are
+    counted either way (``in_engine_s``).
+    """
 
     def __init__(self, engine: InferenceEngine, stats: GeneratorStats) -> None:
         self._engine = engine
         self._stats = stats
+        clock = getattr(engine, "generating_seconds", None)
+        if callable(clock):
+            stats.use_engine_clock(clock)
 
     @property
     def policy_version(self) -> int:

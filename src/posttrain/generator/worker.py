@@ -3,11 +3,19 @@
 Run one with ``posttrain generator CONFIG --generator-id g0`` (``REDIS_URL`` must point at the
 run's Redis). Each of ``generator.episodes_in_flight`` episode slots loops: take an admission
 ticket (so no rollout starts that would be more than ``max_staleness`` policy versions old when
-consumed), pick the next task, run the token-in/token-out agent loop, and XADD the rollout. A
-watcher reloads weights in place whenever the weight store has a newer version (between
-requests; a reload between two turns of one episode is allowed, the rollout then carries the
-oldest version), publishes the generator's stats, and stops the generator when the run's stop
-key is set or SIGTERM arrives.
+consumed), pick the next task, run the token-in/token-out agent loop, and XADD the rollout.
+
+Waiting never parks threads: tickets come through ``AsyncTicketGate`` (one poller per process,
+backoff on the event loop), and the ``hf`` engine runs its batches on its own thread, so an
+engine batch never queues behind blocked work in asyncio's default pool.
+
+A watcher waits for the learner's new-weights announcement (``generator.weight_watch``: Redis
+pub/sub) for at most ``WEIGHT_WAIT_S`` seconds, then reads the weight store's latest version
+either way (a missed announcement costs at most that long) and reloads in place when it is new
+(between requests; a reload between two turns of one episode is allowed, the rollout then
+carries the oldest version). Each wake-up also nudges the admission gate (a new version raises
+capacity), publishes the generator's stats, and checks the run's stop key. On stop (key or
+SIGTERM) episodes in flight are cancelled and their tickets released.
 """
 
 from __future__ import annotations
@@ -27,15 +35,22 @@ from posttrain.config import RunConfig
 from posttrain.generator.agent_loop import EpisodeLimits, run_episode
 from posttrain.generator.engines.factory import make_engine
 from posttrain.generator.stats import GeneratorStats, MeteredEngine, stats_key, stop_key
+from posttrain.generator.weight_watch import WeightAnnouncements
 from posttrain.learner.grpo import run_group
 from posttrain.learner.model import load_tokenizer
 from posttrain.records import RecordError
-from posttrain.rollout.admission import RedisAdmissionController
+from posttrain.rollout.admission import AsyncTicketGate, RedisAdmissionController
 from posttrain.rollout.redis_streams import RedisStreamQueue
 from posttrain.runtime import RunContext
-from posttrain.weight_sync.store import FilesystemWeightStore
+from posttrain.weight_sync.factory import open_weight_store
 
 log = logging.getLogger("posttrain.generator")
+
+WEIGHT_WAIT_S = 1.0
+"""Longest wait (seconds) for a new-weights announcement before the watcher reads the store anyway."""
+
+TICKET_WAIT_S = 1.0
+"""Longest wait (seconds) of one episode slot for an admission ticket before it re-checks for stop."""
 
 @dataclass
 class GeneratorSummary:
@@ -48,7 +63,7 @@ class GeneratorSummary:
 async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int) -> GeneratorSummary:
     ctx = RunContext(config)
     client = redis.Redis.from_url(redis_url)
-    store = FilesystemWeightStore(ctx.weights_dir)
+    store = open_weight_store(ctx)
     version = store.latest_version()
     deadline = time.monotonic() + 600
     while version is None:
@@ -77,6 +92,9 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
         client, ctx.keys, batch_size=config.sao.batch_size, max_staleness=config.sao.max_staleness,
         lease_s=gen.admission_lease_s,
     )
+    gate = AsyncTicketGate(admission)
+    announcements = WeightAnnouncements(redis_url, ctx.keys)
+    await announcements.subscribe()
     limits = EpisodeLimits(
         max_turns=gen.max_turns,
         max_new_tokens=gen.max_new_tokens,
@@ -97,7 +115,7 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
             held: list[Any] = []
             while len(held) < group_size and not stopping.is_set():
                 t0 = time.monotonic()
-                ticket = await asyncio.to_thread(admission.acquire, 1.0)
+                ticket = await gate.acquire(TICKET_WAIT_S)
                 stats.admission_wait_s += time.monotonic() - t0
                 if ticket is None:
                     break
@@ -107,6 +125,36 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
                     admission.release(ticket)
                 return []
             return held
+
+    sending: set[asyncio.Task[None]] = set()
+
+    async def send(pairs: list[tuple[Any, Any]]) -> None:
+        """XADD each rollout, then consume its ticket (or release it when the record is refused)."""
+        for ticket, rollout in pairs:
+            try:
+                await asyncio.to_thread(queue.put, rollout)
+            except RecordError as exc:
+                stats.rejected += 1
+                admission.release(ticket)
+                log.warning("generator %s: rollout of %s rejected: %s", generator_id, rollout.task_id, exc)
+                continue
+            except (OSError, RuntimeError, ValueError) as exc:
+                stats.failed += 1
+                admission.release(ticket)
+                log.error("generator %s: rollout of %s not sent: %s", generator_id, rollout.task_id, exc)
+                continue
+            admission.consume(ticket)
+            stats.rollouts += 1
+            stats.action_tokens += rollout.num_action_tokens
+            stats.total_tokens += len(rollout.token_ids)
+
+    async def send_shielded(pairs: list[tuple[Any, Any]]) -> None:
+        # A stop arriving during the XADD must not leave a ticket neither consumed nor released:
+        # the send finishes on its own task (awaited before the process exits).
+        task = asyncio.create_task(send(pairs))
+        sending.add(task)
+        task.add_done_callback(sending.discard)
+        await asyncio.shield(task)
 
     async def group_slot(index: int) -> None:
         """GRPO: G episodes of one task sharing a group_id; a group is sent whole or not at all."""
@@ -122,6 +170,10 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
                     engine, tokenizer, env, task, limits, group_size=group_size, seed=rng.randrange(2**31),
                     generator_id=generator_id, temperature=gen.temperature, top_p=gen.top_p,
                 )
+            except asyncio.CancelledError:  # stopping: give the slots back before unwinding
+                for ticket in tickets:
+                    admission.release(ticket)
+                raise
             except (OSError, RuntimeError, ValueError) as exc:
                 stats.failed += 1
                 for ticket in tickets:
@@ -131,17 +183,12 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
             finally:
                 for _ in tickets:
                     stats.episode_finished()
-            for ticket, rollout in zip(tickets, rollouts, strict=True):
-                await asyncio.to_thread(queue.put, rollout)
-                admission.consume(ticket)
-                stats.rollouts += 1
-                stats.action_tokens += rollout.num_action_tokens
-                stats.total_tokens += len(rollout.token_ids)
+            await send_shielded(list(zip(tickets, rollouts, strict=True)))
 
     async def slot(index: int) -> None:
         while not stopping.is_set():
             t0 = time.monotonic()
-            ticket = await asyncio.to_thread(admission.acquire, 1.0)
+            ticket = await gate.acquire(TICKET_WAIT_S)
             stats.admission_wait_s += time.monotonic() - t0
             if ticket is None:
                 continue
@@ -151,7 +198,9 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
                 rollout = await run_episode(
                     engine, tokenizer, env, task, limits, generator_id=generator_id, seed=rng.randrange(2**31)
                 )
-                await asyncio.to_thread(queue.put, rollout)
+            except asyncio.CancelledError:  # stopping: give the slot back before unwinding
+                admission.release(ticket)
+                raise
             except RecordError as exc:
                 stats.rejected += 1
                 admission.release(ticket)
@@ -164,10 +213,7 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
                 continue
             finally:
                 stats.episode_finished()
-            admission.consume(ticket)
-            stats.rollouts += 1
-            stats.action_tokens += rollout.num_action_tokens
-            stats.total_tokens += len(rollout.token_ids)
+            await send_shielded([(ticket, rollout)])
 
     def stamp(version: int) -> tuple[int, int]:
         # A restarted learner re-publishes versions past its checkpoint: same number, new directory.
@@ -176,13 +222,19 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
     served = stamp(version)
 
     async def watcher() -> None:
+        try:
+            await watch()
+        finally:  # a failing watcher stops the slots too, so the error surfaces instead of a hang
+            stopping.set()
+
+    async def watch() -> None:
         nonlocal served
         while not stopping.is_set():
             latest = store.latest_version()
             if latest is not None:
                 try:
                     current = stamp(latest)
-                except FileNotFoundError:  # pruned or being replaced right now; look again next tick
+                except FileNotFoundError:  # pruned or being replaced right now; look again next wake-up
                     current = served
                 if current != served:
                     await engine.update_weights(store.path_for(latest), latest)
@@ -190,16 +242,41 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
             client.hset(stats_key(ctx), generator_id, json.dumps(stats.snapshot()))
             if client.exists(stop_key(ctx)):
                 stopping.set()
-            await asyncio.sleep(0.2)
+                break
+            try:
+                announced = await announcements.wait(WEIGHT_WAIT_S)
+            except redis.ConnectionError as exc:  # redis-py re-subscribes on the next wait
+                log.warning("generator %s: weight announcements: %s; reading the store instead", generator_id, exc)
+                announced = None
+            if announced is None:
+                stats.weight_wait_timeouts += 1
+            else:
+                stats.weight_announcements += 1
+                gate.wake()  # the learner moved on: admission capacity grew
+
+    async def stop_slots(slot_tasks: list[asyncio.Task[None]]) -> None:
+        await stopping.wait()
+        for t in slot_tasks:
+            t.cancel()
 
     try:
         if group_size > 1:
             slots = [group_slot(i) for i in range(max(1, gen.episodes_in_flight // group_size))]
         else:
             slots = [slot(i) for i in range(gen.episodes_in_flight)]
-        await asyncio.gather(watcher(), *slots)
+        slot_tasks = [asyncio.create_task(s, name=f"episode-slot-{i}") for i, s in enumerate(slots)]
+        for t in slot_tasks:  # a slot dying of an unexpected error stops the generator (raised below)
+            t.add_done_callback(lambda done: stopping.set() if not done.cancelled() and done.exception() else None)
+        results = await asyncio.gather(watcher(), stop_slots(slot_tasks), *slot_tasks, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError)]
+        if errors:
+            raise errors[0]
     finally:
+        for result in await asyncio.gather(*sending, return_exceptions=True):
+            if isinstance(result, BaseException):
+                log.error("generator %s: sending a rollout failed while stopping: %r", generator_id, result)
         client.hset(stats_key(ctx), generator_id, json.dumps(stats.snapshot()))
+        await announcements.close()
         engine.close()
     return GeneratorSummary(generator_id, stats.snapshot())
 

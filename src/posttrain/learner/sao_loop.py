@@ -30,6 +30,7 @@ from tqdm import tqdm
 from posttrain.advantages import RunningMeanBaseline
 from posttrain.config import RunConfig
 from posttrain.generator.stats import stats_key
+from posttrain.generator.weight_watch import announce_weights
 from posttrain.learner.batching import collate_rollouts
 from posttrain.learner.checkpoint import (
     LearnerState,
@@ -40,12 +41,13 @@ from posttrain.learner.checkpoint import (
 from posttrain.learner.grpo import GroupAssembler, collect_groups, grpo_train_step
 from posttrain.learner.model import CriticModel, load_policy, load_tokenizer
 from posttrain.learner.optim import build_optimizer
+from posttrain.learner.remote_checkpoint import fetch_checkpoint, mirror_checkpoint
 from posttrain.learner.sao_step import Trainable, sao_train_step
 from posttrain.rollout.admission import RedisAdmissionController, StalenessStats, is_stale
 from posttrain.rollout.queue import QueueEntry
 from posttrain.rollout.redis_streams import RedisPolicyVersionStore, RedisStreamQueue
 from posttrain.runtime import RunContext
-from posttrain.weight_sync.store import FilesystemWeightStore
+from posttrain.weight_sync.factory import open_weight_store, upload_final_model
 
 log = logging.getLogger("posttrain.learner")
 
@@ -114,14 +116,18 @@ def run_sao_learner(
     sao = config.sao
     torch.manual_seed(config.seed)
     client = redis.Redis.from_url(redis_url)
-    queue = RedisStreamQueue(client, ctx.keys, consumer="learner-0", maxlen=config.queue.maxlen)
+    # arrays=True: rollouts arrive as read-only numpy views of the payload; collation copies them
+    # into tensors without a per-token Python loop (see bench/stream.py).
+    queue = RedisStreamQueue(client, ctx.keys, consumer="learner-0", maxlen=config.queue.maxlen, arrays=True)
     versions = RedisPolicyVersionStore(client, ctx.keys)
     admission = RedisAdmissionController(client, ctx.keys, batch_size=sao.batch_size, max_staleness=sao.max_staleness)
-    store = FilesystemWeightStore(ctx.weights_dir)
+    store = open_weight_store(ctx)
     tokenizer = load_tokenizer(ctx.tokenizer_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     ckpt = latest_checkpoint(ctx.checkpoints_dir)
+    if ckpt is None and config.checkpoints_uri:  # a restarted learner pod has a new, empty disk
+        ckpt = fetch_checkpoint(config.checkpoints_uri, ctx.checkpoints_dir)
     policy_model = load_policy(ckpt / "policy" if ckpt else start_model_dir)
     p_opt, p_sched = build_optimizer(policy_model, sao.optim, sao.steps)
     policy = Trainable(policy_model, p_opt, p_sched)
@@ -141,8 +147,10 @@ def run_sao_learner(
         optimizers.update(critic_opt=critic.optimizer, critic_sched=critic.scheduler)
 
     state = LearnerState()
-    # After a restart, versions the dead learner published past its checkpoint are replaced.
-    resumed = ckpt is not None
+    # After a restart, versions the dead learner published past its checkpoint are replaced (past
+    # v0 when it died before its first checkpoint).
+    latest = store.latest_version()
+    resumed = ckpt is not None or (latest is not None and latest > 0)
     if ckpt is not None:
         state = load_checkpoint_state(ckpt, critic=critic.model if critic else None, optimizers=optimizers)
         # Entries the checkpoint already covers: acknowledge them now, never train on them again.
@@ -151,11 +159,12 @@ def run_sao_learner(
             queue.ack(sorted(already))
         state.consumed_entry_ids = []
         log.info("learner resumed from %s at policy version %d", ckpt.name, state.policy_version)
-    if ckpt is not None or store.latest_version() is None:
+    if resumed or latest is None:
         # (Re)publish the weights the learner starts from. After a restart, generators may serve
         # weights the dead learner published after its last checkpoint; they reload these.
-        store.publish(policy_model.state_dict(), state.policy_version, start_model_dir, overwrite=ckpt is not None)
+        store.publish(policy_model.state_dict(), state.policy_version, start_model_dir, overwrite=resumed)
     versions.set(state.policy_version)
+    announce_weights(client, ctx.keys, state.policy_version)  # generators wake now instead of at their timeout
     baseline = RunningMeanBaseline(sao.running_mean_window) if sao.advantage == "running_mean" else None
     if baseline is not None and state.baseline_rewards:
         baseline.load_state_dict({"window": sao.running_mean_window, "rewards": state.baseline_rewards})
@@ -166,11 +175,13 @@ def run_sao_learner(
         if baseline is not None:
             state.baseline_rewards = [float(r) for r in baseline.state_dict()["rewards"]]  # type: ignore[union-attr]
         state.counters = dict(counters)
-        save_checkpoint(
+        saved = save_checkpoint(
             ctx.checkpoints_dir, state=state, policy=policy.model, tokenizer=tokenizer,
             critic=critic.model if critic else None, optimizers=optimizers,
             resolved_config_yaml=ctx.resolved_config_yaml(),
         )
+        if config.checkpoints_uri:  # durable where a restarted pod looks, before acknowledging
+            mirror_checkpoint(saved, config.checkpoints_uri)
         queue.ack(state.consumed_entry_ids)
         state.consumed_entry_ids = []
 
@@ -246,6 +257,7 @@ def run_sao_learner(
             state.policy_version += 1
             store.publish(policy.model.state_dict(), state.policy_version, start_model_dir, overwrite=resumed)
             versions.set(state.policy_version)
+            announce_weights(client, ctx.keys, state.policy_version)
             bar.update(1)
         metrics = dict(result.metrics)
         metrics.update(staleness.as_metrics())
@@ -276,4 +288,7 @@ def run_sao_learner(
         policy.model.save_pretrained(str(final_dir), safe_serialization=True)
         tokenizer.save_pretrained(str(final_dir))
         (final_dir / "resolved_config.yaml").write_text(ctx.resolved_config_yaml(), encoding="utf-8")
+        uploaded = upload_final_model(config, final_dir)  # cluster mode: the pod's disk goes away
+        if uploaded:
+            log.info("final model uploaded to %s", uploaded)
     return LearnerSummary(state.policy_version, state.iteration, final_dir, counters)

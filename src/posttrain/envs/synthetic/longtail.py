@@ -38,8 +38,24 @@ Rules of an episode:
   1.0 only when all ``k`` calls were made *and* the answer equals the last code; an answer given
   before ``left 0`` earns 0.0 (``early_answer`` = 1), whatever its value.
 
+Tool latency (wall time, no accelerator time): real agentic tools (a sandbox starting, a test
+suite running, a web request) take seconds of wall time while the model waits, and that latency,
+more than the token count, is what makes agentic rollouts long-tailed in wall time. With
+``tool_latency_median_s > 0`` each well-formed ``next`` call costs a wall-time delay spent with
+``asyncio.sleep`` inside the async ``step`` (the event loop, and so the generator's other
+episodes and its engine, keep running)::
+
+    latency(task, i) = min(tool_latency_max_s, tool_latency_median_s * exp(tool_latency_sigma * z)),
+    z ~ N(0, 1) drawn from a generator seeded by (tool_latency_seed, task id, box, codes, i)
+
+for the ``i``-th call (0-based) of an episode of that task, so every method, generator and
+replay sees the same latencies for the same task (several calls in one action wait in order;
+malformed actions and final answers run no tool and wait nothing). The default
+``tool_latency_median_s = 0`` keeps the environment instantaneous, as before.
+``call_latency_s(task, i)`` gives the delay without waiting.
+
 Every step reports ``correct``, ``tool_calls``, ``required_calls``, ``extra_calls``,
-``early_answer`` and ``malformed_actions``.
+``early_answer``, ``malformed_actions`` and ``tool_wait_s`` (seconds of tool latency so far).
 
 Tasks carry everything an episode needs in ``Task.metadata`` (``box``, and ``codes`` as
 space-separated digits), so task files written by ``SyntheticLongTailEnv.tasks`` replay exactly.
@@ -51,6 +67,7 @@ distribution of required calls and a few tasks.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import statistics
@@ -109,6 +126,12 @@ class SyntheticLongTailEnv:
         heldout_fraction: Share of (box, codes) pairs in the held-out split, in (0, 1).
         max_malformed_actions: Malformed actions in a row that end the episode with ``tool_error`` (>= 1).
         system_prompt: System message describing the tool, or ``None`` for none.
+        tool_latency_median_s: Median wall-time latency of one tool call (seconds, >= 0; 0
+            disables latency). See the module docstring.
+        tool_latency_sigma: Standard deviation of the latency's logarithm (>= 0; larger means a
+            longer tail; 0 gives every call the median).
+        tool_latency_max_s: Cap on one call's latency (seconds, > 0).
+        tool_latency_seed: Seed of the per-task latency draws.
 
     Raises:
         ValueError: a bad count, fraction or distribution parameter; the message names it.
@@ -126,6 +149,10 @@ class SyntheticLongTailEnv:
         heldout_fraction: float = 0.1,
         max_malformed_actions: int = 2,
         system_prompt: str | None = SYSTEM_PROMPT,
+        tool_latency_median_s: float = 0.0,
+        tool_latency_sigma: float = 1.0,
+        tool_latency_max_s: float = 60.0,
+        tool_latency_seed: int = 0,
     ) -> None:
         if not calls_median > 0:
             raise ValueError(f"calls_median: must be > 0, got {calls_median}")
@@ -141,6 +168,16 @@ class SyntheticLongTailEnv:
             raise ValueError(f"heldout_fraction: must lie in (0, 1), got {heldout_fraction}")
         if max_malformed_actions < 1:
             raise ValueError(f"max_malformed_actions: must be >= 1, got {max_malformed_actions}")
+        if not tool_latency_median_s >= 0:
+            raise ValueError(f"tool_latency_median_s: must be >= 0 seconds, got {tool_latency_median_s}")
+        if not tool_latency_sigma >= 0:
+            raise ValueError(f"tool_latency_sigma: must be >= 0, got {tool_latency_sigma}")
+        if not tool_latency_max_s > 0:
+            raise ValueError(f"tool_latency_max_s: must be > 0 seconds, got {tool_latency_max_s}")
+        self.tool_latency_median_s = float(tool_latency_median_s)
+        self.tool_latency_sigma = float(tool_latency_sigma)
+        self.tool_latency_max_s = float(tool_latency_max_s)
+        self.tool_latency_seed = int(tool_latency_seed)
         self.calls_median, self.calls_sigma = float(calls_median), float(calls_sigma)
         self.min_calls, self.max_calls = min_calls, max_calls
         self.boxes = boxes
@@ -186,6 +223,26 @@ class SyntheticLongTailEnv:
             )
         return out
 
+    def call_latency_s(self, task: Task, call_index: int) -> float:
+        """Wall-time latency (seconds) of the ``call_index``-th tool call (0-based) in an episode of ``task``.
+
+        Deterministic in (``tool_latency_seed``, task id, box, codes, ``call_index``); 0.0 when
+        ``tool_latency_median_s`` is 0. Formula in the module docstring.
+
+        Raises:
+            ValueError: ``call_index < 0``.
+        """
+        if call_index < 0:
+            raise ValueError(f"call_index: must be >= 0, got {call_index}")
+        if self.tool_latency_median_s == 0:
+            return 0.0
+        meta = task.metadata
+        rng = random.Random(
+            f"{ENV_NAME}:latency:{self.tool_latency_seed}:{task.task_id}:{meta.get('box')}:{meta.get('codes')}:{call_index}"
+        )
+        z = rng.gauss(0.0, 1.0)
+        return min(self.tool_latency_max_s, self.tool_latency_median_s * math.exp(self.tool_latency_sigma * z))
+
     def start(self, task: Task) -> CodeEpisode:
         """Begin an episode for ``task``.
 
@@ -222,6 +279,7 @@ class CodeEpisode:
         self.codes = codes_of(task)
         self.tool_calls = 0
         self.malformed_actions = 0
+        self.tool_wait_s = 0.0
         self._malformed_in_a_row = 0
 
     @property
@@ -242,10 +300,11 @@ class CodeEpisode:
             "extra_calls": float(max(0, self.tool_calls - len(self.codes))),
             "early_answer": float(early),
             "malformed_actions": float(self.malformed_actions),
+            "tool_wait_s": self.tool_wait_s,
         }
 
     async def step(self, action_text: str) -> StepResult:
-        """Return the next code for each ``next`` call, or grade the final answer."""
+        """Return the next code for each ``next`` call (after its tool latency), or grade the final answer."""
         try:
             calls = parse_tool_calls(action_text)
         except ToolCallError as exc:
@@ -261,6 +320,10 @@ class CodeEpisode:
             return self._malformed(f"error: the only tool is {TOOL_NAME!r} and it takes no arguments")
         lines = []
         for _ in calls:
+            wait = self.env.call_latency_s(self.task, self.tool_calls)
+            if wait > 0:
+                await asyncio.sleep(wait)  # models sandbox / test execution: wall time, no accelerator time
+                self.tool_wait_s += wait
             self.tool_calls += 1
             code = self.codes[min(self.tool_calls, len(self.codes)) - 1]
             lines.append(f"code {code}, left {self.left}")

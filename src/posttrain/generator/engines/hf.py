@@ -1,9 +1,12 @@
 """The ``hf`` inference engine: plain transformers with an asyncio batching loop (CPU fallback, tests).
 
 Concurrent ``generate`` calls are put on a queue; one background task takes what is queued (up to
-``max_batch`` requests), left-pads the prompts into one batch and runs the sampling loop in a
-worker thread (``asyncio.to_thread``), so the event loop that drives the episodes stays
-responsive. The loop keeps a KV cache, samples each row at its own temperature / top-p with its
+``max_batch`` requests), left-pads the prompts into one batch and runs the sampling loop on the
+engine's own single-thread executor, so the event loop that drives the episodes stays
+responsive and an engine batch never queues behind unrelated blocking work in asyncio's
+default thread pool (weight reloads run on the same thread, between batches).
+``generating_seconds()`` is the time that thread has spent inside batches: the engine's busy
+clock (``posttrain.generator.stats``). The loop keeps a KV cache, samples each row at its own temperature / top-p with its
 own ``torch.Generator``, and stops each row at its own stop tokens or token budget.
 
 Behaviour logprobs are ``log_softmax(logits / temperature)`` of the sampled token in float32,
@@ -22,6 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -174,6 +180,19 @@ class HFEngine:
         self._worker: asyncio.Task[None] | None = None
         self.batch_sizes: list[int] = []
         """Size (requests) of every batch run so far, in order; for tests and metrics."""
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
+        self._clock_lock = threading.Lock()
+        self._generating_s = 0.0
+        self._generating_since: float | None = None
+
+    def generating_seconds(self) -> float:
+        """Seconds (monotonic clock) the engine's thread has spent running batches, the current one included.
+
+        Excludes weight reloads, the batching window and time requests wait for the thread.
+        """
+        with self._clock_lock:
+            since = self._generating_since
+            return self._generating_s + (time.monotonic() - since if since is not None else 0.0)
 
     @property
     def policy_version(self) -> int:
@@ -240,7 +259,7 @@ class HFEngine:
             async with lock:
                 version = self._policy_version
                 try:
-                    outputs = await asyncio.to_thread(self._run_batch, live)
+                    outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self._run_batch, live)
                 except Exception as exc:  # forwarded to every caller of the batch
                     logger.exception("hf engine batch of %d requests failed", len(live))
                     for pending in live:
@@ -259,8 +278,16 @@ class HFEngine:
     def _run_batch(
         self, batch: list[_Pending]
     ) -> list[tuple[list[int], list[float], Literal["stop", "length"]]]:
-        with torch.inference_mode():
-            return self._sample(batch)
+        with self._clock_lock:
+            self._generating_since = time.monotonic()
+        try:
+            with torch.inference_mode():
+                return self._sample(batch)
+        finally:
+            with self._clock_lock:
+                assert self._generating_since is not None
+                self._generating_s += time.monotonic() - self._generating_since
+                self._generating_since = None
 
     def _sample(
         self, batch: list[_Pending]
@@ -360,7 +387,7 @@ class HFEngine:
         if not path.is_file():
             raise FileNotFoundError(f"weights_dir {weights_dir}: no model.safetensors")
         async with lock:
-            await asyncio.to_thread(self._load, path)
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._load, path)
             self._policy_version = policy_version
 
     def _load(self, path: Path) -> None:
@@ -382,8 +409,12 @@ class HFEngine:
             raise ValueError(f"{path}: {exc}") from exc
 
     def close(self) -> None:
-        """Stop the batching task and drop the model; later calls raise RuntimeError."""
+        """Stop the batching task and its thread, drop the model; later calls raise RuntimeError.
+
+        A batch already running on the engine's thread finishes; queued ones are cancelled.
+        """
         self._closed = True
+        self._executor.shutdown(wait=False, cancel_futures=True)
         worker, loop = self._worker, self._loop
         if worker is not None and loop is not None and not loop.is_closed() and not worker.done():
             loop.call_soon_threadsafe(worker.cancel)

@@ -1,0 +1,103 @@
+"""Busy fraction: the engine's own generating clock when it has one, requests-in-engine otherwise.
+
+Also: the ``hf`` engine runs its batches on its own thread, so a saturated default thread pool
+(the old failure: episode slots parked in ``asyncio.to_thread(admission.acquire, ...)``) cannot
+hold its batches back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from posttrain.generator.engines.base import GenerationRequest, GenerationResult
+from posttrain.generator.engines.hf import HFEngine
+from posttrain.generator.stats import GeneratorStats, MeteredEngine
+
+
+class ClockedEngine:
+    """An engine whose generating clock the test sets by hand (seconds)."""
+
+    def __init__(self) -> None:
+        self.generating = 5.0
+        self.policy_version = 0
+
+    def generating_seconds(self) -> float:
+        return self.generating
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        return GenerationResult(token_ids=[1], logprobs=[-0.5], finish_reason="stop", policy_version=0)
+
+    async def update_weights(self, weights_dir, policy_version: int) -> None:  # noqa: ANN001
+        self.policy_version = policy_version
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class PlainEngine(ClockedEngine):
+    """Same engine without a generating clock (as ``vllm``)."""
+
+    generating_seconds = None  # type: ignore[assignment]
+
+
+def test_busy_fraction_follows_the_engine_clock_from_the_moment_it_is_attached() -> None:
+    """Clock at 5 s when wrapped, 35 s later; wall 100 s -> busy 30 s, fraction 0.30, measured by the engine."""
+    engine = ClockedEngine()
+    stats = GeneratorStats()
+    MeteredEngine(engine, stats)
+    engine.generating = 35.0
+    stats.started_at = time.time() - 100.0
+    snap = stats.snapshot()
+    assert snap["busy_s"] == 30.0
+    assert abs(snap["busy_fraction"] - 0.30) < 1e-3
+    assert snap["busy_measured_by_engine"] == 1.0
+
+
+def test_engines_without_a_clock_count_time_with_a_request_inside() -> None:
+    """No clock: busy = in_engine_s; after one finished request both are equal and the flag is 0."""
+    stats = GeneratorStats()
+    metered = MeteredEngine(PlainEngine(), stats)
+    asyncio.run(metered.generate(GenerationRequest(prompt_token_ids=[1], max_new_tokens=1)))
+    snap = stats.snapshot()
+    assert snap["busy_measured_by_engine"] == 0.0
+    assert snap["busy_s"] == snap["in_engine_s"]
+    assert 0.0 <= snap["busy_fraction"] <= 1.0
+
+
+def test_hf_batches_run_while_the_default_thread_pool_is_blocked(tiny_model) -> None:
+    """Default pool of 1 thread held by a blocked job; 3 concurrent requests still finish (1 batch of 3).
+
+    Before the engine had its own thread, this deadlocked: the batch waited for the pool forever.
+    The engine's clock is 0 before the batch and > 0 after; requests-in-engine time is at least as long.
+    """
+    engine = HFEngine(tiny_model.path, max_batch=8, batch_wait_s=0.05)
+    stats = GeneratorStats()
+    metered = MeteredEngine(engine, stats)
+    release = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=1)
+    assert engine.generating_seconds() == 0.0
+
+    async def go() -> list[GenerationResult]:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(pool)
+        blocker = loop.run_in_executor(None, release.wait)
+        try:
+            reqs = [GenerationRequest(prompt_token_ids=[40 + i, 41, 42], max_new_tokens=4, seed=i) for i in range(3)]
+            return list(await asyncio.wait_for(asyncio.gather(*(metered.generate(r) for r in reqs)), timeout=120))
+        finally:
+            release.set()
+            await blocker
+
+    try:
+        results = asyncio.run(go())
+    finally:
+        engine.close()
+        pool.shutdown(wait=True)
+    assert [len(r.token_ids) > 0 for r in results] == [True, True, True]
+    assert engine.batch_sizes == [3]
+    snap = stats.snapshot()
+    assert snap["busy_measured_by_engine"] == 1.0
+    assert 0.0 < snap["busy_s"] <= snap["in_engine_s"]
