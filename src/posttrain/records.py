@@ -20,7 +20,8 @@ ROLLOUT_SCHEMA_VERSION = 2
 
 v2 packs the per-token arrays as little-endian bytes (int32 token ids, float32 logprobs, uint8
 mask) inside the msgpack map, which makes encoding and validating a 32k-token rollout ~50x
-cheaper than a msgpack list per token (see docs/benchmarks.md, stream)."""
+cheaper than a msgpack list per token; with numpy arrays in and out (no python object per
+token) the queue runs near the raw Redis loop (see docs/benchmarks.md, stream)."""
 
 FinishReason = Literal["stop", "length", "tool_error", "timeout"]
 """Why an episode ended: the model stopped, a token/turn limit was hit, a tool failed, or wall time ran out."""
@@ -66,6 +67,11 @@ class Rollout(msgspec.Struct, kw_only=True):
         behaviour_logprobs: ``[T]`` float. Log-probability (nats) of each sampled token under the
             generator's policy at sampling temperature 1.0; 0.0 on observation tokens.
         action_mask: ``[T]`` bool. True where the token was sampled by the policy.
+
+            The three per-token fields are python lists, or 1-D numpy arrays (``[T]`` int32,
+            float32, bool): ``encode_rollout`` packs arrays without a per-token loop, and
+            ``decode_rollout(payload, arrays=True)`` returns read-only views of the payload.
+            Consumers that only take ``len()``, index, slice or build tensors accept both.
         reward: Scalar reward of the whole episode (SAO places it on the last action token).
         policy_version: The *oldest* policy version (count of weight publications) that sampled
             any token of this rollout; staleness is measured from it.
@@ -100,6 +106,8 @@ class Rollout(msgspec.Struct, kw_only=True):
     @property
     def num_action_tokens(self) -> int:
         """Number of tokens sampled by the policy (tokens)."""
+        if isinstance(self.action_mask, np.ndarray):
+            return int(np.count_nonzero(self.action_mask))
         return sum(self.action_mask)
 
     def validate(self) -> Rollout:
@@ -205,20 +213,61 @@ _wire_decoder = msgspec.msgpack.Decoder(_RolloutWire)
 _version_decoder = msgspec.msgpack.Decoder(_VersionOnly)
 
 
+def _tokens(values: list[int] | np.ndarray) -> np.ndarray:
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1 or not np.issubdtype(values.dtype, np.integer):
+            raise RecordError(f"token_ids: expected a 1-D integer array, got shape {values.shape} dtype {values.dtype}")
+        return values
+    # np.fromiter over a python list is ~2x faster than np.array for long lists.
+    return np.fromiter(values, dtype=np.int64, count=len(values))
+
+
+def _logprobs(values: list[float] | np.ndarray) -> np.ndarray:
+    # Converted (and later checked) as float32, the wire type: a finite float64 that overflows
+    # float32 is refused here instead of arriving as -inf.
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1:
+            raise RecordError(f"behaviour_logprobs: expected a 1-D array, got shape {values.shape}")
+        return values.astype(np.float32, copy=False)
+    # fromiter to float64, then one cast: ~2x faster than fromiter straight to float32.
+    with np.errstate(over="ignore"):
+        return np.fromiter(values, dtype=np.float64, count=len(values)).astype(np.float32)
+
+
+def _mask(values: list[bool] | np.ndarray) -> np.ndarray:
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1:
+            raise RecordError(f"action_mask: expected a 1-D array, got shape {values.shape}")
+        return values.astype(bool, copy=False)
+    try:
+        # bytes() of a list of python bools is one C loop, ~3x faster than np.fromiter(dtype=bool).
+        raw = np.frombuffer(bytes(values), dtype=np.uint8)
+    except (TypeError, ValueError):  # numpy bools or other truthy objects: the general path
+        return np.fromiter(values, dtype=bool, count=len(values))
+    return _mask_from_bytes(raw)
+
+
+def _mask_from_bytes(raw: np.ndarray) -> np.ndarray:
+    """View ``raw`` ([T] uint8, each 0 or 1) as [T] bool without a copy; other bytes are an error."""
+    if raw.size and raw.max() > 1:
+        t = int(np.argmax(raw > 1))
+        raise RecordError(f"action_mask[{t}]: must be 0/1 (False/True), got {int(raw[t])}")
+    return raw.view(np.bool_)
+
+
 def _arrays(rollout: Rollout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    # np.fromiter over the lists is ~2x faster than np.array for long python lists.
-    return (
-        np.fromiter(rollout.token_ids, dtype=np.int64, count=len(rollout.token_ids)),
-        np.fromiter(rollout.behaviour_logprobs, dtype=np.float64, count=len(rollout.behaviour_logprobs)),
-        np.fromiter(rollout.action_mask, dtype=bool, count=len(rollout.action_mask)),
-    )
+    """``token_ids`` [T] int, ``behaviour_logprobs`` [T] float32, ``action_mask`` [T] bool of ``rollout``.
+
+    Arrays held by the rollout are used as they are (no copy when already of the wire dtype).
+    """
+    return _tokens(rollout.token_ids), _logprobs(rollout.behaviour_logprobs), _mask(rollout.action_mask)
 
 
 def _pack(rollout: Rollout, tokens: np.ndarray, logprobs: np.ndarray, mask: np.ndarray) -> bytes:
     wire = _RolloutWire(
-        token_ids=tokens.astype("<i4").tobytes(),
-        behaviour_logprobs=logprobs.astype("<f4").tobytes(),
-        action_mask=mask.astype(np.uint8).tobytes(),
+        token_ids=tokens.astype("<i4", copy=False).tobytes(),
+        behaviour_logprobs=logprobs.astype("<f4", copy=False).tobytes(),
+        action_mask=mask.view(np.uint8).tobytes() if mask.dtype == np.bool_ else mask.astype(np.uint8).tobytes(),
         **{f: getattr(rollout, f) for f in _SCALARS},
     )
     return _encoder.encode(wire)
@@ -248,8 +297,16 @@ def encode_rollout(rollout: Rollout) -> bytes:
     return _pack(rollout, tokens, logprobs, mask)
 
 
-def decode_rollout(payload: bytes) -> Rollout:
+def decode_rollout(payload: bytes, *, arrays: bool = False) -> Rollout:
     """Decode and validate a msgpack rollout.
+
+    Args:
+        payload: ``encode_rollout`` bytes.
+        arrays: Return the per-token fields as read-only numpy views of ``payload`` instead of
+            python lists (no copy: ``token_ids`` [T] int32, ``behaviour_logprobs`` [T] float32,
+            ``action_mask`` [T] bool). About 1.3 ms cheaper per 32k-token rollout; for consumers
+            that only take ``len()``, index, slice or call ``torch.as_tensor`` on the fields
+            (the learner's batching). Validation is the same either way.
 
     Raises:
         RecordError: undecodable bytes, an unknown schema version, a wrong field type, a byte
@@ -265,20 +322,20 @@ def decode_rollout(payload: bytes) -> Rollout:
         if version != ROLLOUT_SCHEMA_VERSION:
             raise RecordError(f"schema_version: got {version}, this build reads {ROLLOUT_SCHEMA_VERSION}") from exc
         raise RecordError(f"undecodable rollout: {exc}") from exc
+    if wire.schema_version != ROLLOUT_SCHEMA_VERSION:  # checked before the arrays: their layout is versioned
+        raise RecordError(f"schema_version: got {wire.schema_version}, this build reads {ROLLOUT_SCHEMA_VERSION}")
     if len(wire.token_ids) % 4 or len(wire.behaviour_logprobs) % 4:
         raise RecordError("token_ids/behaviour_logprobs: byte length is not a multiple of 4")
     tokens = np.frombuffer(wire.token_ids, dtype="<i4")
     logprobs = np.frombuffer(wire.behaviour_logprobs, dtype="<f4")
-    mask = np.frombuffer(wire.action_mask, dtype=np.uint8)
-    if (mask > 1).any():
-        raise RecordError("action_mask: bytes must be 0 or 1")
-    mask_b = mask.astype(bool)
-    _check_arrays(tokens, logprobs, mask_b)
-    rollout = Rollout(
-        token_ids=tokens.tolist(),
-        behaviour_logprobs=logprobs.astype(np.float64).tolist(),
-        action_mask=mask_b.tolist(),
-        **{f: getattr(wire, f) for f in _SCALARS},
-    )
+    mask = _mask_from_bytes(np.frombuffer(wire.action_mask, dtype=np.uint8))
+    _check_arrays(tokens, logprobs, mask)
+    scalars = {f: getattr(wire, f) for f in _SCALARS}
+    if arrays:
+        rollout = Rollout(token_ids=tokens, behaviour_logprobs=logprobs, action_mask=mask, **scalars)  # type: ignore[arg-type]
+    else:
+        rollout = Rollout(
+            token_ids=tokens.tolist(), behaviour_logprobs=logprobs.tolist(), action_mask=mask.tolist(), **scalars
+        )
     _check_scalars(rollout)
     return rollout

@@ -12,6 +12,7 @@ import sys
 import threading
 import uuid
 
+import numpy as np
 import pytest
 import redis
 
@@ -174,6 +175,27 @@ def test_corrupt_entries_go_to_dead_letter_and_learner_gets_only_good_ones(clien
     assert "lengths differ" in dead[short_id].reason
     assert all(d.consumer == "learner-0" for d in dead.values())
     assert q.pending() == [good0, good1]
+
+
+def test_array_mode_delivers_read_only_numpy_views_and_still_dead_letters(client, keys):
+    """arrays=True: good (4 tokens), NaN logprob, good -> 2 rollouts whose fields are int32 /
+    float32 / bool arrays equal to what was put; the NaN entry is dead-lettered as in list mode."""
+    q = RedisStreamQueue(client, keys, arrays=True)
+    good0 = q.put(make_rollout(0))
+    nan = make_rollout(1)
+    nan.behaviour_logprobs[2] = math.nan
+    nan_id = client.xadd(keys.rollouts, {"payload": pack_rollout_unvalidated(nan)}).decode()
+    good1 = q.put(make_rollout(2))
+    batch = q.get_batch(10, timeout_s=0.0)
+    assert [e.entry_id for e in batch] == [good0, good1]
+    r = batch[0].rollout
+    assert r.token_ids.dtype == np.int32 and r.token_ids.tolist() == [0, 1, 2, 3]
+    assert r.behaviour_logprobs.tolist() == [0.0, -0.5, -0.5, -0.5]
+    assert r.action_mask.tolist() == [False, True, True, True] and r.num_action_tokens == 3
+    assert not r.token_ids.flags.writeable
+    assert [d.original_id for d in q.dead_letters()] == [nan_id]
+    assert "behaviour_logprobs[2]" in q.dead_letters()[0].reason
+    assert q.ack([good0, good1]) == 2
 
 
 def test_unacked_entries_are_redelivered_to_the_same_consumer_after_restart(client, keys, server):

@@ -1,6 +1,7 @@
 import math
 
 import msgspec
+import numpy as np
 import pytest
 
 from posttrain.records import (
@@ -74,3 +75,75 @@ def test_truncated_array_bytes_are_detected():
     raw["token_ids"] = raw["token_ids"][:-2]
     with pytest.raises(RecordError, match="multiple of 4"):
         decode_rollout(msgspec.msgpack.encode(raw))
+
+
+def test_rollouts_holding_numpy_arrays_encode_to_the_same_bytes_as_lists():
+    """The generator may hand over int32/float32/bool arrays: same 5-token payload as the lists."""
+    r = _rollout()
+    arr = _rollout(
+        token_ids=np.array(r.token_ids, dtype=np.int32),
+        behaviour_logprobs=np.array(r.behaviour_logprobs, dtype=np.float32),
+        action_mask=np.array(r.action_mask, dtype=bool),
+    )
+    assert encode_rollout(arr) == encode_rollout(r)
+    assert arr.num_action_tokens == 3
+
+
+def test_decode_with_arrays_returns_read_only_views_equal_to_the_lists():
+    """ids [5..9] int32, logprobs float32 (exact), mask bool with 3 True; writing to them fails."""
+    payload = encode_rollout(_rollout())
+    lists = decode_rollout(payload)
+    back = decode_rollout(payload, arrays=True)
+    assert back.token_ids.dtype == np.int32 and back.token_ids.tolist() == lists.token_ids
+    assert back.behaviour_logprobs.dtype == np.float32 and back.behaviour_logprobs.tolist() == lists.behaviour_logprobs
+    assert back.action_mask.dtype == np.bool_ and back.action_mask.tolist() == lists.action_mask
+    assert back.num_action_tokens == 3 and isinstance(back.num_action_tokens, int)
+    assert back.reward == lists.reward and back.turn_policy_versions == [3, 4]
+    with pytest.raises(ValueError, match="read-only"):
+        back.token_ids[0] = 1
+
+
+@pytest.mark.parametrize("arrays", [False, True])
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"behaviour_logprobs": [0.0, -0.5, 0.0, math.nan, -0.1]}, r"behaviour_logprobs\[3\]: not finite"),
+        ({"behaviour_logprobs": [0.0, 0.5, 0.0, -1.0, -0.1]}, r"behaviour_logprobs\[1\]: a log-probability must be <= 0"),
+        ({"action_mask": [False] * 5}, "action_mask: no action token"),
+        ({"token_ids": [5, 6, -1, 8, 9]}, r"token_ids\[2\]: negative token id -1"),
+    ],
+)
+def test_decode_with_arrays_validates_like_the_list_path(changes, message, arrays):
+    with pytest.raises(RecordError, match=message):
+        decode_rollout(pack_rollout_unvalidated(_rollout(**changes)), arrays=arrays)
+
+
+def test_mask_bytes_other_than_0_and_1_are_refused():
+    """Mask byte 2 at index 1 of the payload -> "action_mask[1]" (lists in: the same check on encode)."""
+    raw = msgspec.msgpack.decode(encode_rollout(_rollout()))
+    raw["action_mask"] = b"\x00\x02\x00\x01\x01"
+    with pytest.raises(RecordError, match=r"action_mask\[1\]: must be 0/1"):
+        decode_rollout(msgspec.msgpack.encode(raw))
+    with pytest.raises(RecordError, match=r"action_mask\[1\]: must be 0/1"):
+        encode_rollout(_rollout(action_mask=[0, 2, 0, 1, 1]))
+
+
+def test_a_logprob_that_overflows_float32_is_refused_on_encode():
+    """-1e39 is finite as float64 but -inf as float32 (the wire type), so encode refuses index 3."""
+    with pytest.raises(RecordError, match=r"behaviour_logprobs\[3\]: not finite"):
+        encode_rollout(_rollout(behaviour_logprobs=[0.0, -0.5, 0.0, -1e39, -0.125]))
+
+
+def test_two_dimensional_arrays_are_refused_naming_the_field():
+    with pytest.raises(RecordError, match="token_ids: expected a 1-D integer array"):
+        encode_rollout(_rollout(token_ids=np.array([[5, 6, 7, 8, 9]])))
+    with pytest.raises(RecordError, match="behaviour_logprobs: expected a 1-D array"):
+        encode_rollout(_rollout(behaviour_logprobs=np.zeros((5, 1))))
+
+
+def test_other_schema_version_with_valid_layout_is_named():
+    """A v3 entry with the v2 layout is refused by version, not decoded."""
+    raw = msgspec.msgpack.decode(encode_rollout(_rollout()))
+    raw["schema_version"] = 3
+    with pytest.raises(RecordError, match="schema_version: got 3, this build reads 2"):
+        decode_rollout(msgspec.msgpack.encode(raw), arrays=True)

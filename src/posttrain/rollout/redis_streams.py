@@ -33,7 +33,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from posttrain.records import RecordError, Rollout, encode_rollout
+from posttrain.records import RecordError, Rollout, decode_rollout, encode_rollout
 from posttrain.rollout.keys import StreamKeys
 from posttrain.rollout.queue import (
     PAYLOAD_FIELD,
@@ -132,6 +132,16 @@ def _str_fields(fields: Mapping[Any, Any] | None) -> dict[str, bytes] | None:
     return {_s(k): v for k, v in fields.items()}
 
 
+def _decode_arrays(fields: Mapping[str, bytes] | None) -> Rollout:
+    """``posttrain.rollout.queue.decode_entry`` with ``decode_rollout(arrays=True)``; same errors."""
+    if not fields:
+        raise RecordError("entry deleted from the stream before ack (trimmed by maxlen?)")
+    payload = fields.get(PAYLOAD_FIELD)
+    if payload is None:
+        raise RecordError(f"{PAYLOAD_FIELD}: field missing (fields present: {sorted(fields)})")
+    return decode_rollout(payload, arrays=True)
+
+
 class RedisStreamQueue:
     """``RolloutQueue`` on a Redis Stream with one consumer group.
 
@@ -151,6 +161,11 @@ class RedisStreamQueue:
         retries: Retries per operation on connection errors (see ``with_retries``).
         create_group: Create the consumer group (``XGROUP CREATE ... 0 MKSTREAM``) now, so
             entries put before the learner starts are delivered; generators may pass False.
+        arrays: Deliver rollouts whose ``token_ids`` / ``behaviour_logprobs`` / ``action_mask``
+            are read-only numpy views of the entry's payload ([T] int32 / float32 / bool) instead
+            of python lists (``decode_rollout(arrays=True)``: same validation, no per-token
+            python objects; ~1.3 ms less per 32k-token rollout). For a learner that only turns
+            them into tensors.
 
     Raises:
         ValueError: a bad argument (the message names it).
@@ -167,6 +182,7 @@ class RedisStreamQueue:
         block_ms: int = 1000,
         retries: int = DEFAULT_RETRIES,
         create_group: bool = True,
+        arrays: bool = False,
     ) -> None:
         if not group or not consumer:
             raise ValueError(f"group/consumer: must be non-empty, got {group!r}/{consumer!r}")
@@ -189,6 +205,7 @@ class RedisStreamQueue:
         self.maxlen = maxlen
         self.block_ms = block_ms
         self.retries = retries
+        self.arrays = arrays
         self._cursor: str | None = "0"  # own-pending recovery cursor; None once drained
         self._delivered: set[str] = set()  # handed out by this object and not acked
         if create_group:
@@ -270,7 +287,7 @@ class RedisStreamQueue:
             if entry_id in self._delivered:
                 continue
             try:
-                rollout = decode_entry(fields)
+                rollout = decode_entry(fields) if not self.arrays else _decode_arrays(fields)
             except RecordError as exc:
                 self._dead_letter(entry_id, fields, str(exc))
                 continue
