@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from posttrain.envs.base import Environment, Episode, StepResult
@@ -71,6 +72,39 @@ def test_tool_reference_episode_calls_the_calculator_then_answers() -> None:
     last = step(episode, turns[1])
     assert (last.done, last.reward, last.finish_reason) == (True, 1.0, "stop")
     assert last.metrics == {"correct": 1.0, "tool_calls": 1.0, "malformed_actions": 0.0}
+
+
+def test_tool_unmarked_reference_still_calls_the_calculator_but_earns_zero() -> None:
+    """An ``unmarked`` task: turn 1 is the same call (observation "61", episode goes on), turn 2 is
+    "= 61" -> no ``####`` answer, so reward 0.0 and correct 0.0 with one tool call."""
+    env = SyntheticToolEnv(unmarked_fraction=0.5)
+    base = tool_task()
+    task = msgspec.structs.replace(base, metadata={**base.metadata, "sft_style": "unmarked"})
+    turns = reference_episode(task)
+    assert turns == [reference_episode(base)[0], "= 61"]
+    episode = env.start(task)
+    first = step(episode, turns[0])
+    assert not first.done and first.observation == '<tool_result name="calculator">\n61\n</tool_result>'
+    last = step(episode, turns[1])
+    assert (last.done, last.reward, last.finish_reason) == (True, 0.0, "stop")
+    assert last.metrics == {"correct": 0.0, "tool_calls": 1.0, "malformed_actions": 0.0}
+
+
+def test_tool_unmarked_fraction_marks_only_training_tasks_the_same_for_every_seed() -> None:
+    """Pool: 2 x 2 operator pairs x 10^3 operands = 4,000 expressions, ~90% train. With
+    unmarked_fraction=0.5 about half the train tasks are unmarked (hash-chosen, so the same
+    expressions for seeds 0 and 1); the default 0.0 and the held-out split have none."""
+    default = SyntheticToolEnv().tasks("train", 3600, seed=0)
+    assert not any("sft_style" in t.metadata for t in default)
+    env = SyntheticToolEnv(unmarked_fraction=0.5)
+    train = {seed: env.tasks("train", 3600, seed=seed) for seed in (0, 1)}
+    unmarked = {seed: {t.prompt for t in tasks if t.metadata.get("sft_style") == "unmarked"}
+                for seed, tasks in train.items()}
+    assert unmarked[0] == unmarked[1]
+    assert 0.4 < len(unmarked[0]) / len({t.prompt for t in train[0]}) < 0.6
+    assert not any("sft_style" in t.metadata for t in env.tasks("eval", 400, seed=0))
+    with pytest.raises(ValueError, match="unmarked_fraction"):
+        SyntheticToolEnv(unmarked_fraction=1.0)
 
 
 def test_tool_correct_answer_without_calling_the_tool_pays_the_penalty() -> None:

@@ -21,6 +21,14 @@ Rules of an episode:
 
 Every step reports ``correct``, ``tool_calls`` and ``malformed_actions``.
 
+``unmarked_fraction`` (default 0.0) makes the warm start imperfect on purpose, like
+``synthetic_arith``'s argument of the same name: that share of training tasks (chosen by hashing
+the expression, so the same for every seed) carries a reference episode whose final turn reads
+``= 61`` instead of ``#### 61``. The episode still calls the calculator and reads its result, so
+the SFT data stays multi-turn with observation tokens; only the answer marker the verifier needs
+is missing. A warm-started policy then answers in both styles, and RL has a reward signal to
+learn the verified style from. The held-out tasks are unaffected.
+
 Run ``python -m posttrain.envs.synthetic.tool "7*8+5"`` to evaluate an expression with the calculator.
 """
 
@@ -165,6 +173,9 @@ class SyntheticToolEnv:
         max_malformed_actions: Malformed tool-call actions in a row that end the episode with
             ``tool_error`` (>= 1).
         system_prompt: System message describing the tool, or ``None`` for none.
+        unmarked_fraction: Share of training tasks whose SFT reference answers ``= <value>``
+            without the ``####`` marker, in [0, 1) (chosen by hashing the expression, so the same
+            for every seed; held-out tasks are never marked this way).
 
     Raises:
         ValueError: a bad range, operator, fraction, penalty or count; the message names it.
@@ -181,6 +192,7 @@ class SyntheticToolEnv:
         no_tool_penalty: float = 0.1,
         max_malformed_actions: int = 2,
         system_prompt: str | None = SYSTEM_PROMPT,
+        unmarked_fraction: float = 0.0,
     ) -> None:
         if high <= low:
             raise ValueError(f"high: must exceed low={low}, got {high}")
@@ -193,6 +205,9 @@ class SyntheticToolEnv:
             raise ValueError(f"no_tool_penalty: must lie in [0, 1], got {no_tool_penalty}")
         if max_malformed_actions < 1:
             raise ValueError(f"max_malformed_actions: must be >= 1, got {max_malformed_actions}")
+        if not 0.0 <= unmarked_fraction < 1.0:
+            raise ValueError(f"unmarked_fraction: must lie in [0, 1), got {unmarked_fraction}")
+        self.unmarked_fraction = unmarked_fraction
         self.low, self.high, self.operators = low, high, tuple(operators)
         self.heldout_fraction = heldout_fraction
         self._pools: dict[str, list[tuple[str, dict[str, str]]]] = {}
@@ -214,6 +229,8 @@ class SyntheticToolEnv:
                             expr = f"{a} {op1} {b} {op2} {c}"
                             if is_heldout(expr, self.heldout_fraction) == (split == "eval"):
                                 fields = {"expression": expr, "reference": calculate(expr)}
+                                if split == "train" and is_heldout("sft-style " + expr, self.unmarked_fraction):
+                                    fields["sft_style"] = "unmarked"
                                 pool.append((f"Compute {expr} using the calculator.", fields))
         self._pools[split] = pool
         return pool
@@ -233,7 +250,7 @@ class SyntheticToolEnv:
                 prompt=prompt,
                 reference=fields["reference"],
                 data_source=ENV_NAME,
-                metadata={"expression": fields["expression"]},
+                metadata={k: v for k, v in fields.items() if k != "reference"},
             )
             for i, (prompt, fields) in enumerate(sample_from_pool(self._pool(split), n, seed))
         ]
@@ -308,14 +325,18 @@ class ToolEpisode:
 
 
 def reference_episode(task: Task) -> list[str]:
-    """Assistant turns of the ideal episode: one calculator call, then ``#### <value>``.
+    """Assistant turns of the SFT warm-start episode: one calculator call, then ``#### <value>``.
+
+    A task marked ``sft_style="unmarked"`` (see ``unmarked_fraction``) ends with ``= <value>``
+    instead, an answer the verifier does not accept.
 
     Raises:
         KeyError: the task has no ``expression`` in its metadata (not a ``synthetic_tool`` task).
     """
     expression = task.metadata["expression"].replace(" ", "")
     call = format_tool_call(ToolCall(name=TOOL_NAME, arguments={"expression": expression}))
-    return [call, f"#### {task.reference}"]
+    marker = "=" if task.metadata.get("sft_style") == "unmarked" else "####"
+    return [call, f"{marker} {task.reference}"]
 
 
 if __name__ == "__main__":
