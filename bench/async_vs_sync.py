@@ -3,7 +3,22 @@
 Same tiny model (SFT warm start shared by every method), same environment
 (``synthetic_longtail``: log-normal number of required tool calls per task, real token
 generation by the engine, real turns), same number of engines, same rollouts per learner step,
-same learning rate. Each method runs ``--steps`` policy versions through the product code path:
+same learning rate.
+
+Two settings:
+
+* **tool latency** (``--tool-latency-median-s > 0``, the setting the issue's targets are judged
+  on): every tool call costs a log-normal wall-time delay spent in the environment's async
+  ``step`` (``asyncio.sleep``: sandbox start-up, test runs; wall time, no accelerator time),
+  seeded per task so every method waits the same seconds for the same task. Episodes are then
+  long-tailed in *wall time*, as real agentic rollouts are, and a synchronous batch waits for
+  its slowest group while the engine idles;
+* **compute-bound** (``--tool-latency-median-s 0``): tool calls are instantaneous, so wall time
+  is token generation and training, which on a 2-core CPU share the same cores: overlapping
+  them buys nothing there, and this setting measures mostly that.
+
+The results file keeps one result per setting: the tool-latency run at the top level (what the
+targets table reads), the compute-bound run under ``compute_bound``; a run replaces only its own. Each method runs ``--steps`` policy versions through the product code path:
 
 * ``sao``: ``posttrain.flow.train_sao`` (embedded Redis, ``--generators`` generator processes,
   the SAO learner with critic and DIS);
@@ -14,8 +29,10 @@ same learning rate. Each method runs ``--steps`` policy versions through the pro
 
 Measured per method (from the learner's metrics sink and the generators' stats):
 
-* ``busy_fraction``: share of the generators' wall time with at least one request inside the
-  engine (``posttrain.generator.stats``), mean over generators;
+* ``busy_fraction``: share of the generators' wall time during which the engine was generating
+  for at least one request (the ``hf`` engine's own clock: time its thread spends in batches;
+  ``posttrain.generator.stats``), mean over generators; waiting for tools, tickets or a queued
+  batch is not busy;
 * ``trained_action_tokens_per_s``: action tokens that received a policy gradient (GRPO: kept
   groups only) per second, in the steady window from the first to the last policy update;
 * ``rollouts_per_s``: rollouts the learner consumed per second in the same window;
@@ -36,9 +53,12 @@ Threads: this process (learner, in-process engine) uses ``--torch-threads`` (def
 generator process uses 1 (``posttrain.generator.worker``): on 2 shared cores one thread per role
 was about twice as fast as two for the synchronous baseline too.
 
-Run: ``.venv/bin/python -m bench.async_vs_sync`` (16 minutes measured at load average 5 on 2
-cores, SAO taking 7 of them, plus 8 minutes of SFT warm start the first time, cached under
-``--work-dir``; ``--steps 10`` halves it), or a smoke run:
+Run: ``.venv/bin/python -m bench.async_vs_sync --steps 12 --eval-every 4`` (the tool-latency
+setting, 31 minutes measured on 2 shared cores: synchronous GRPO spends most of it waiting for
+each batch's slowest group; plus 8 minutes of SFT warm start the first time, cached under
+``--work-dir``), the compute-bound setting with
+``.venv/bin/python -m bench.async_vs_sync --tool-latency-median-s 0 --episodes-in-flight 32 --steps 12 --eval-every 4``,
+or a smoke run:
 ``.venv/bin/python -m bench.async_vs_sync --steps 2 --eval-every 2 --methods sao grpo_sync_g4``.
 ``--engine-modes-only`` re-measures only the engine's lockstep-versus-continuous feeding.
 """
@@ -62,7 +82,6 @@ from typing import Any
 
 from bench.common import (
     REPO,
-    bench_generator_launcher,
     command_line,
     machine_info,
     machine_line,
@@ -108,6 +127,23 @@ def base_config(args: argparse.Namespace, work: Path, run_name: str) -> dict[str
     }
 
 
+def tool_latency_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``data.env_args`` of the methods' environment: the tool-latency settings, or {} when latency is off.
+
+    Only the training runs get them: the shared warm start, the held-out evaluation and the
+    trace use the instantaneous environment (same tasks, same rewards), so they stay cached and fast.
+    """
+    if args.tool_latency_median_s <= 0:
+        return {}
+    return {"tool_latency_median_s": args.tool_latency_median_s, "tool_latency_sigma": args.tool_latency_sigma,
+            "tool_latency_max_s": args.tool_latency_max_s, "tool_latency_seed": args.seed}
+
+
+def setting_label(args: argparse.Namespace) -> str:
+    """``tool_latency`` when tool calls cost wall time, else ``compute_bound`` (module docstring)."""
+    return "tool_latency" if args.tool_latency_median_s > 0 else "compute_bound"
+
+
 def method_config(args: argparse.Namespace, work: Path, method: str) -> dict[str, Any]:
     """The run-config dict of one method (see the module docstring for the methods).
 
@@ -115,6 +151,7 @@ def method_config(args: argparse.Namespace, work: Path, method: str) -> dict[str
         ValueError: an unknown method name, or a group size that does not divide ``--batch-rollouts``.
     """
     cfg = base_config(args, work, method)
+    cfg["data"]["env_args"] = tool_latency_args(args)
     optim = {"lr": args.lr, "grad_clip": 1.0}
     batch = args.batch_rollouts
     if method == "sao":
@@ -140,11 +177,9 @@ def method_config(args: argparse.Namespace, work: Path, method: str) -> dict[str
 
 
 def validated(cfg: dict[str, Any]) -> Any:
-    """``RunConfig`` of a config dict (``synthetic_longtail`` accepted, see ``bench.common``)."""
-    from bench.common import allow_env_in_config
+    """``RunConfig`` of a config dict."""
     from posttrain.config import RunConfig
 
-    allow_env_in_config(ENV)
     return RunConfig.model_validate(cfg)
 
 
@@ -301,8 +336,7 @@ def run_method(config_dict: dict[str, Any], method: str, base: Any, sft: Path, s
         summary = run_grpo_sync(config, start_model_dir=sft, sink=sink, progress=False)
     else:
         runtime = RunContext(async_runtime_config(config)) if grpo else ctx
-        with bench_generator_launcher(config.data.env):
-            summary = flow.train_sao(runtime, sft, sink)
+        summary = flow.train_sao(runtime, sft, sink)
     run.wall_s = time.monotonic() - t0
     run.load_avg.append(os.getloadavg()[0])
     run.counters = dict(summary.counters)
@@ -664,7 +698,27 @@ def summarise(run: MethodRun, rewards: dict[int, float], target: float) -> dict[
 
 
 def render(result: dict[str, Any]) -> str:
-    """The docs section: machine, command, settings and the table."""
+    """The docs section: the top-level result, then the compute-bound one when the file keeps it."""
+    parts = [render_one(result)]
+    if result.get("compute_bound"):
+        parts.append(render_one(result["compute_bound"]))
+    return "\n\n".join(parts)
+
+
+def setting_text(result: dict[str, Any]) -> str:
+    """Heading line naming the setting of one result (older files without ``setting`` are compute-bound)."""
+    s = result["settings"]
+    if result.get("setting") == "tool_latency":
+        return (f"**Tool-latency setting** (targets judged here): each tool call waits a log-normal wall time, "
+                f"median {s['tool_latency_median_s']} s, sigma {s['tool_latency_sigma']}, capped at "
+                f"{s['tool_latency_max_s']} s, seeded per task (sandbox / test execution: wall time, no accelerator time).")
+    note = result.get("runtime_note")
+    return ("**Compute-bound setting**: tool calls are instantaneous; generation and training share the same "
+            "2 CPU cores." + (f" {note}" if note else ""))
+
+
+def render_one(result: dict[str, Any]) -> str:
+    """One setting's part of the docs section: heading, machine, command, settings and the table."""
     m = result["methods"]
     rows = []
     for name, r in m.items():
@@ -682,6 +736,8 @@ def render(result: dict[str, Any]) -> str:
     by = ", ".join(f"{k}: {v:.2f}x" for k, v in result["throughput_ratio_by_baseline"].items())
     ratio_text = "not measured (needs sao and a grpo_sync_g<G> method)" if ratio is None else f"**{ratio:.2f}x**"
     return "\n".join([
+        setting_text(result),
+        "",
         machine_line(result["machine"]),
         "",
         f"Command: `{result['command']}`",
@@ -750,6 +806,38 @@ def engine_modes_only(args: argparse.Namespace, work: Path) -> int:
     return 0
 
 
+def merge_results(previous: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """The results file after a run: one result per setting (module docstring).
+
+    A tool-latency run becomes the top level and keeps the previous compute-bound result (the old
+    top level when that was compute-bound, else the previous ``compute_bound``) under
+    ``compute_bound``. A compute-bound run goes under ``compute_bound`` when the file's top level is
+    a tool-latency result, else it becomes the top level. Files written before settings existed
+    are compute-bound, measured before the runtime fixes; they are marked so (``runtime_note``).
+    """
+    def carried(r: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in r.items() if k not in ("compute_bound",)}
+        if "setting" not in r:
+            out["setting"] = "compute_bound"
+            out["runtime_note"] = ("Measured before the runtime fixes of this commit: admission waits parked "
+                                   "threads of the default pool and the busy fraction counted queued requests.")
+        return out
+
+    if new["setting"] == "tool_latency":
+        out = dict(new)
+        if previous is not None:
+            if previous.get("setting", "compute_bound") == "compute_bound":
+                out["compute_bound"] = carried(previous)
+            elif previous.get("compute_bound"):
+                out["compute_bound"] = previous["compute_bound"]
+        return out
+    if previous is not None and previous.get("setting") == "tool_latency":
+        out = dict(previous)
+        out["compute_bound"] = carried(new)
+        return out
+    return dict(new)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -757,11 +845,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20, help="policy versions per method")
     p.add_argument("--batch-rollouts", type=int, default=32, help="rollouts per policy version (every method)")
     p.add_argument("--generators", type=int, default=1, help="generator processes (SAO, async GRPO)")
-    p.add_argument("--episodes-in-flight", type=int, default=32, help="concurrent episodes per engine")
+    p.add_argument("--episodes-in-flight", type=int, default=64, help="concurrent episodes per engine")
     p.add_argument("--engine", default="hf", choices=["hf", "vllm", "auto"])
     p.add_argument("--calls-median", type=float, default=3.0)
     p.add_argument("--calls-sigma", type=float, default=0.8)
     p.add_argument("--max-calls", type=int, default=16)
+    p.add_argument("--tool-latency-median-s", type=float, default=3.0,
+                   help="median wall-time latency of one tool call (s); 0 = compute-bound setting")
+    p.add_argument("--tool-latency-sigma", type=float, default=1.0, help="log-sd of the tool latency")
+    p.add_argument("--tool-latency-max-s", type=float, default=30.0, help="cap on one call's latency (s)")
     p.add_argument("--max-new-tokens", type=int, default=20, help="tokens per turn")
     p.add_argument("--max-episode-tokens", type=int, default=768)
     p.add_argument("--train-tasks", type=int, default=2000)
@@ -815,6 +907,7 @@ def main(argv: list[str] | None = None) -> int:
     sao_rate = methods.get("sao", {}).get("trained_action_tokens_per_s")
     by_baseline = {k: sao_rate / v for k, v in sync_rates.items() if sao_rate and v > 0}
     result = {
+        "setting": setting_label(args),
         "command": command_line("bench.async_vs_sync", argv),
         "machine": machine_info(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -836,11 +929,14 @@ def main(argv: list[str] | None = None) -> int:
         "prepare_s": prep_s,
         "total_s": time.monotonic() - t_all,
     }
-    path = write_result("async_vs_sync", result)
+    from bench.common import read_result
+
+    merged = merge_results(read_result("async_vs_sync"), result)
+    path = write_result("async_vs_sync", merged)
     if not args.no_docs:
-        update_docs_section("async_vs_sync", render(result))
+        update_docs_section("async_vs_sync", render(merged))
         refresh_targets()
-    print(render(result))
+    print(render_one(result))
     print(f"\nWrote {path}")
     return 0
 

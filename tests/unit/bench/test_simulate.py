@@ -13,9 +13,13 @@ from bench.simulate import (
     LearnerModel,
     Request,
     RolloutShape,
+    ThreadPool,
     Workload,
     measured_config,
+    measured_worker,
+    reward_posteriors,
     simulate,
+    simulate_feeding,
     steady_window,
 )
 
@@ -169,3 +173,74 @@ def test_engine_times_follow_the_learner_state_scale() -> None:
                          learner=LearnerModel(step_s_fixed=0.0, s_per_token=0.0))
     assert simulate(base, work).wall_s == pytest.approx(2.0)
     assert simulate(replace(base, engine_scale_idle=3.0), work).wall_s == pytest.approx(6.0)
+
+
+def test_thread_pool_runs_jobs_in_order_on_free_workers() -> None:
+    """2 workers, 3 jobs: the third starts only when the first releases its worker."""
+    pool = ThreadPool(2)
+    started: list[int] = []
+    releases: list = []
+    for i in range(3):
+        pool.submit(lambda release, i=i: (started.append(i), releases.append(release)))
+    assert started == [0, 1]
+    releases[0]()
+    releases[0]()  # releasing twice frees one worker only
+    assert started == [0, 1, 2] and pool.free == 0
+
+
+def test_blocking_admission_pool_counts_queued_batches_as_in_engine_but_not_as_generating() -> None:
+    """tau 0, B 2, 8 slots, a 10 s learner, 6 pool threads. Fixed worker: in-engine = generating. Old worker:
+    waiting slots hold all 6 threads in acquire(1 s), so each 1 s batch of 2 first waits 1 s for a thread:
+    4 versions in 48 s -> generating 4 x 1 s / 48 = 0.083, in engine 4 x 2 s / 48 = 0.167."""
+    work = Workload(((one_turn(10),),))
+    base = ClusterConfig(method="sao", batch_rollouts=2, episodes_in_flight=8, max_staleness=0, steps=4,
+                         engine=EngineModel(max_batch=8, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0),
+                         learner=LearnerModel(step_s_fixed=10.0, s_per_token=0.0))
+    fixed = simulate(base, work)
+    old = simulate(replace(base, pool_workers=6), work)
+    assert fixed.in_engine_fraction == pytest.approx(fixed.busy_fraction, abs=0.02)
+    assert old.busy_fraction == pytest.approx(4 / 48)
+    assert old.in_engine_fraction == pytest.approx(8 / 48)
+
+
+def test_tool_latency_is_paid_between_turns_not_after_the_last() -> None:
+    """One episode of 3 turns of 10 tokens (1.0 s each) with a fixed 2 s tool call after turns 1 and 2
+    (sigma 0): 3 + 2 * 2 = 7 s until the first update, then the next episode, 7 s later."""
+    work = Workload(((RolloutShape(1, (10, 10, 10), (0, 0, 0), 1.0),),))
+    cfg = ClusterConfig(method="sao", batch_rollouts=1, episodes_in_flight=1, steps=2, max_staleness=0,
+                        engine=EngineModel(max_batch=1, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0),
+                        learner=LearnerModel(step_s_fixed=0.0, s_per_token=0.0),
+                        tool_latency_median_s=2.0, tool_latency_sigma=0.0)
+    result = simulate(cfg, work)
+    assert result.wall_s == pytest.approx(14.0)
+    assert result.busy_fraction == pytest.approx(6.0 / 14.0)
+
+
+def test_reward_posteriors_shrink_each_task_towards_the_pooled_rate() -> None:
+    """Tasks with 0/4, 4/4, 2/4, 2/4 successes: m = 0.5, var(k/n) = 0.125, var_p = (0.125 - 0.0625) / 0.75
+    = 0.0833, kappa = 0.25 / 0.0833 - 1 = 2: task 0 gets Beta(0 + 1, 4 + 1), task 1 Beta(5, 1)."""
+    def task(k: int) -> tuple[RolloutShape, ...]:
+        return tuple(one_turn(5, 1.0 if i < k else 0.0) for i in range(4))
+
+    beta = Workload.from_trace([{"rollouts": [{"prompt_tokens": 1, "action_tokens": [5], "observation_tokens": [0],
+                                               "reward": s.reward} for s in task(k)]} for k in (0, 4, 2, 2)]).reward_beta
+    assert beta[0] == pytest.approx((1.0, 5.0)) and beta[1] == pytest.approx((5.0, 1.0))
+    assert reward_posteriors([(one_turn(5, 0.5),), (one_turn(5, 1.0),)]) == ()  # non-binary rewards: none
+
+
+def test_measured_worker_reads_the_busy_clock_flag_then_the_setting_marker() -> None:
+    """A flag wins; else a result with a ``setting`` is current unless marked as carried from before the fix."""
+    assert measured_worker({"methods": {"sao": {"busy_measured_by_engine": 1.0}}}) == "current"
+    assert measured_worker({"methods": {"sao": {"counters": {"generator_busy_measured_by_engine": 0.0}}},
+                            "setting": "tool_latency"}) == "blocking_pool"
+    assert measured_worker({"methods": {}, "setting": "tool_latency"}) == "current"
+    assert measured_worker({"methods": {}, "setting": "compute_bound", "runtime_note": "before the fix"}) == "blocking_pool"
+    assert measured_worker({"methods": {}}) == "blocking_pool"
+
+
+def test_engine_alone_rate_is_inversely_proportional_to_the_speed_factor() -> None:
+    """Lockstep feeding of 2 one-turn 10-token episodes, 0.1 s steps: 1 s per wave -> 2 rollouts/s; x2 slower -> 1."""
+    work = Workload(((one_turn(10),),))
+    model = EngineModel(max_batch=2, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0)
+    assert simulate_feeding(model, 1.0, work, "lockstep", 2, 10.0, 0) == pytest.approx(2.0, rel=0.11)
+    assert simulate_feeding(model, 2.0, work, "lockstep", 2, 10.0, 0) == pytest.approx(1.0, rel=0.11)

@@ -1,0 +1,37 @@
+"""``bench.async_vs_sync.merge_results``: one result per setting, the tool-latency one on top."""
+
+from __future__ import annotations
+
+from bench.async_vs_sync import merge_results
+
+
+def result(setting: str | None, ratio: float) -> dict:
+    r = {"throughput_ratio_sao_over_grpo_sync": ratio, "busy_fraction": {"sao": 0.5}}
+    if setting is not None:
+        r["setting"] = setting
+    return r
+
+
+def test_a_tool_latency_run_goes_on_top_and_keeps_an_old_compute_bound_file_marked_as_such() -> None:
+    """Old file (no setting, ratio 0.42) + tool-latency run (2.0) -> top 2.0, compute_bound 0.42 with a note."""
+    merged = merge_results(result(None, 0.42), result("tool_latency", 2.0))
+    assert merged["throughput_ratio_sao_over_grpo_sync"] == 2.0
+    assert merged["compute_bound"]["throughput_ratio_sao_over_grpo_sync"] == 0.42
+    assert merged["compute_bound"]["setting"] == "compute_bound"
+    assert "before the runtime fixes" in merged["compute_bound"]["runtime_note"]
+
+
+def test_a_compute_bound_run_replaces_only_the_compute_bound_part() -> None:
+    """Top tool-latency 2.0 with compute_bound 0.42; a new compute-bound run 0.8 -> top 2.0, compute_bound 0.8."""
+    top = {**result("tool_latency", 2.0), "compute_bound": result("compute_bound", 0.42)}
+    merged = merge_results(top, result("compute_bound", 0.8))
+    assert merged["throughput_ratio_sao_over_grpo_sync"] == 2.0
+    assert merged["compute_bound"]["throughput_ratio_sao_over_grpo_sync"] == 0.8
+    assert "runtime_note" not in merged["compute_bound"]
+    again = merge_results(merged, result("tool_latency", 3.0))
+    assert (again["throughput_ratio_sao_over_grpo_sync"], again["compute_bound"]["throughput_ratio_sao_over_grpo_sync"]) == (3.0, 0.8)
+
+
+def test_without_a_previous_file_the_run_is_the_top_level() -> None:
+    assert merge_results(None, result("compute_bound", 0.8)) == result("compute_bound", 0.8)
+    assert "compute_bound" not in merge_results(None, result("tool_latency", 2.0))
