@@ -9,7 +9,8 @@ What it models (every time in seconds, every length in tokens):
   rewards are drawn from the task's success-rate posterior (``Workload``), not from its few
   traced rewards.
 * **Tools**: after every turn but the last, ``env_step_s`` plus the ``synthetic_longtail``
-  environment's tool latency (log-normal, capped; the same draws for the G episodes of a group).
+  environment's tool latency (log-normal, capped; drawn per task instance: the same draws for
+  the G episodes of a group, independent ones for every other group or SAO episode).
 * **Generators**: N engines, each running up to ``episodes_in_flight`` episodes. An episode is a
   chain of requests (one per turn: the whole context as prompt, that turn's action tokens to
   decode). Two engine models, both with a decode step time of ``step_s + step_s_per_row * rows``
@@ -48,7 +49,9 @@ fraction and the SAO / synchronous-GRPO throughput ratio for N = 8 ... 1024 with
 parameter set (every assumed number is printed beside the result), and plots both against N.
 
 Run: ``.venv/bin/python -m bench.simulate`` (about 5 minutes on one core, 3 of them for N =
-1024), or ``.venv/bin/python -m bench.simulate --ns 8 64`` for a quick look.
+1024), ``.venv/bin/python -m bench.simulate --ns 8 64`` for a quick look, or
+``.venv/bin/python -m bench.simulate --validate-only`` for the check against the small runs alone
+(printed, nothing written).
 """
 
 from __future__ import annotations
@@ -256,7 +259,8 @@ class ClusterConfig:
         tool_latency_median_s: Median wall time of one tool call (seconds; 0: instantaneous tools),
             the ``synthetic_longtail`` environment's latency: after every turn but the last, a delay
             of ``min(tool_latency_max_s, median * exp(tool_latency_sigma * z))``, z ~ N(0, 1) drawn
-            per (task, call index), so the G episodes of a GRPO group wait alike.
+            per (task instance, call index): the G episodes of a GRPO group wait alike, and every
+            group or SAO episode is a new task instance (``Cluster._tool_latency``).
         tool_latency_sigma: Standard deviation of the latency's logarithm.
         tool_latency_max_s: Cap on one call's latency (seconds).
         pool_workers: 0 for the current generator worker (tickets awaited on the event loop, the
@@ -596,20 +600,28 @@ class Cluster:
         self.stale_dropped = 0
         self.finished_rollouts = 0
         self._sync_left = 0
+        self._instances = itertools.count()  # task instances drawn so far (tool-latency seeds)
 
     def _engine_scale(self) -> float:
         return self.cfg.engine_scale_learner_busy if self.learner_busy else self.cfg.engine_scale_idle
 
     # episodes -------------------------------------------------------------------------------
-    def _tool_latency(self, task_index: int, call: int) -> float:
-        """Seconds of the ``call``-th tool call of an episode of task ``task_index`` (0 without latency)."""
+    def _tool_latency(self, instance: int, call: int) -> float:
+        """Seconds of the ``call``-th tool call of an episode of task instance ``instance`` (0 without latency).
+
+        ``instance`` numbers the tasks the run draws (one per SAO episode, one per GRPO group), not
+        the trace's task: the real run draws from thousands of tasks, each with its own latencies
+        (``synthetic_longtail`` seeds them by task id), and the trace's few tasks only lend their
+        lengths and rewards. Seeding by trace task made concurrent episodes of one trace task wait
+        alike and share batches they would not share.
+        """
         c = self.cfg
         if c.tool_latency_median_s <= 0:
             return 0.0
-        z = random.Random((c.seed * 1_000_003 + task_index) * 101 + call).gauss(0.0, 1.0)
+        z = random.Random((c.seed * 1_000_003 + instance) * 101 + call).gauss(0.0, 1.0)
         return min(c.tool_latency_max_s, c.tool_latency_median_s * math.exp(c.tool_latency_sigma * z))
 
-    def _episode(self, gen: int, shape: RolloutShape, on_done: Callable[[], None], task_index: int = 0) -> None:
+    def _episode(self, gen: int, shape: RolloutShape, on_done: Callable[[], None], instance: int = 0) -> None:
         engine = self.engines[gen]
         state = {"turn": 0, "context": shape.prompt_tokens}
 
@@ -623,7 +635,7 @@ class Cluster:
             if state["turn"] >= len(shape.action_tokens):
                 on_done()
                 return
-            wait = self.cfg.env_step_s + self._tool_latency(task_index, turn)
+            wait = self.cfg.env_step_s + self._tool_latency(instance, turn)
             if wait > 0:
                 self.loop.at(self.loop.now + wait, submit)
             else:
@@ -641,6 +653,7 @@ class Cluster:
             p = self.rng.betavariate(*self.workload.reward_beta[index])
             shapes = [replace(sh, reward=1.0 if self.rng.random() < p else 0.0) for sh in shapes]
         version = self.version
+        instance = next(self._instances)  # the G episodes share one task, hence its tool latencies
         left = {"n": len(shapes)}
 
         def one_done() -> None:
@@ -650,7 +663,7 @@ class Cluster:
                 on_done(shapes, version)
 
         for s in shapes:
-            self._episode(gen, s, one_done, index)
+            self._episode(gen, s, one_done, instance)
 
     # asynchronous methods -------------------------------------------------------------------
     def _capacity(self) -> int:
@@ -873,6 +886,17 @@ def cpu_share(cores: int, background_load: float, busy: int) -> float:
     return min(1.0, cores / max(background_load + busy, 1e-9))
 
 
+GENERATOR_BUSY_THREADS = 2
+"""CPU-busy threads of a generating generator: the engine's batch thread and the event loop running the agent loop.
+
+The ``hf`` engine runs its batches on a thread of its own while the generator's event loop runs
+the episodes (chat template, tokenizer, environment, Redis): two runnable threads, not one.
+Counting one made a learner training beside a generator on 2 cores look free (share 1 instead
+of 2/3), which under-predicted SAO's generating time (compute-bound busy fraction -45%) and
+over-predicted asynchronous GRPO's throughput (+30%).
+"""
+
+
 def measured_config(measured: dict[str, Any], method: str, engine_factor: float = 1.0) -> ClusterConfig:
     """The simulated twin of one method of ``async_vs_sync.json``, built from what that run measured.
 
@@ -882,10 +906,10 @@ def measured_config(measured: dict[str, Any], method: str, engine_factor: float 
 
     CPU sharing (the runs share 2 cores with other people's work): the engine was calibrated
     alone at 1-minute load ``L_cal`` (our process included); during a method the load was
-    ``L`` (mean of its start and end), of which ``k`` busy processes were ours (1 for synchronous
-    GRPO, 2 for the asynchronous methods: generator and learner). Engine times are scaled by
-    ``cpu_share(cores, L_cal - 1, 1) / cpu_share(cores, L - k, busy)`` with ``busy`` = 2 while the
-    asynchronous learner trains and 1 otherwise.
+    ``L`` (mean of its start and end), of which ``k`` busy threads were ours (the generator's
+    ``GENERATOR_BUSY_THREADS`` = 2 for synchronous GRPO, plus the learner's 1 for the asynchronous
+    methods). Engine times are scaled by ``cpu_share(cores, L_cal - 1, 1) / cpu_share(cores, L - k,
+    busy)`` with ``busy`` = 3 while the asynchronous learner trains and 2 otherwise.
 
     Tool latency: ``settings.tool_latency_median_s`` / ``_sigma`` / ``_max_s`` when the run had it
     (absent or 0: instantaneous tools). Generator worker: ``pool_workers = cores + 4`` (asyncio's
@@ -903,13 +927,13 @@ def measured_config(measured: dict[str, Any], method: str, engine_factor: float 
     cores = int(measured["machine"].get("cpu_count") or 1)
     l_cal = float(cal.get("load_avg", measured["machine"]["load_avg"][0]))
     loads = m.get("load_avg_start_end") or [l_cal]
-    ours = 1 if sim_method == "grpo_sync" else 2
+    generator = GENERATOR_BUSY_THREADS
+    ours = generator if sim_method == "grpo_sync" else generator + 1
     background = max(0.0, statistics.fmean(loads) - ours)
     calibrated = cpu_share(cores, max(0.0, l_cal - 1), 1)
     return ClusterConfig(
-        engine_scale_idle=engine_factor * calibrated / cpu_share(cores, background, 1),
-        engine_scale_learner_busy=engine_factor * calibrated
-        / cpu_share(cores, background, 1 if sim_method == "grpo_sync" else 2),
+        engine_scale_idle=engine_factor * calibrated / cpu_share(cores, background, generator),
+        engine_scale_learner_busy=engine_factor * calibrated / cpu_share(cores, background, ours),
         method=sim_method,
         generators=s["generators"] if sim_method != "grpo_sync" else 1,
         episodes_in_flight=s["episodes_in_flight"],
@@ -958,6 +982,33 @@ def busy_clock(measured: dict[str, Any]) -> Literal["generating", "in_engine"]:
     return "generating" if measured_worker(measured) == "current" else "in_engine"
 
 
+ENGINE_FREE_FACTOR = 1e-6
+"""Engine speed factor that makes generation practically free: the phase left is tool and environment waits."""
+
+
+def phase_identifies_engine_speed(phases: Sequence[float], engine_free_s: float, at_current_s: float) -> bool:
+    """Whether the measured generation phases say anything about the engine's speed.
+
+    A synchronous step's generation phase (seconds) is the engine's work on the critical path plus
+    the slowest episode's tool waits. The engine's share at the current speed is
+    ``at_current_s - engine_free_s`` (simulated phase at the speed of ``measured_config`` minus the
+    phase with a free engine). When that share is below twice the standard error of the measured
+    mean phase (``stdev(phases) / sqrt(n)``), any speed within the noise fits: the phases do not
+    identify it.
+
+    Args:
+        phases: Measured generation seconds per step (``generator_batch_s``), >= 1 value.
+        engine_free_s: Simulated mean phase with a free engine (seconds).
+        at_current_s: Simulated mean phase at the current engine speed (seconds).
+
+    Returns:
+        True when the engine's share exceeds twice the standard error (always with one phase and
+        no tool wait).
+    """
+    se = statistics.stdev(phases) / math.sqrt(len(phases)) if len(phases) > 1 else 0.0
+    return at_current_s - engine_free_s > 2 * se
+
+
 def calibrate_engine_speed(base: ClusterConfig, measured_method: dict[str, Any], workload: Workload,
                            repeats: int) -> tuple[ClusterConfig, str]:
     """Scale the engine's speed to what the run itself measured, when it measured it.
@@ -966,14 +1017,18 @@ def calibrate_engine_speed(base: ClusterConfig, measured_method: dict[str, Any],
     times are scaled by the factor (bisection, 1/20 to 20) at which the simulated mean
     generation phase equals the measured one, the same factor while the learner trains (it
     never overlaps generation there); the phase includes tool latency, which the factor leaves
-    alone. A run that records its
+    alone. Only when the engine's share of the phase is above the phases' noise
+    (``phase_identifies_engine_speed``): with long tool waits the phase is the slowest group's
+    waits, and the fit used to push their sampling noise into the speed (x1/20 for G = 4, x5 for
+    G = 8 in the tool-latency setting, so -96% and +380% busy fraction). A run that records its
     generators' engine-clock seconds and rollouts (``generator_busy_s``, ``generator_rollouts``,
     per method or in its ``counters``) is scaled so the simulated generating seconds per rollout
     match. Other runs keep the load-based scale of ``measured_config``.
 
     Returns:
         The config and where its engine speed came from (``"generator_batch_s"``,
-        ``"generator_busy_s"`` or ``"load average"``).
+        ``"generator_busy_s"``, ``"load average (generator_batch_s is tool waits)"`` or
+        ``"load average"``).
     """
     phases = measured_method.get("generator_batch_s") or []
     counters = measured_method.get("counters", {})
@@ -987,6 +1042,11 @@ def calibrate_engine_speed(base: ClusterConfig, measured_method: dict[str, Any],
                           engine_scale_learner_busy=base.engine_scale_learner_busy * f)
             sims = [simulate(replace(cfg, seed=cfg.seed + k), workload).generation_phase_s for k in range(repeats)]
             return statistics.fmean(x for x in sims if x is not None)
+
+        if not phase_identifies_engine_speed(phases, phase(ENGINE_FREE_FACTOR), phase(1.0)):
+            # The phase is the slowest group's tool waits: fitting it would turn their sampling noise
+            # into the engine's speed (x1/20 or x5 in the tool-latency setting).
+            return base, "load average (generator_batch_s is tool waits)"
 
         # The phase grows with the factor but also holds tool waits that do not scale with it:
         # bisect on log(factor) in [1/20, 20] instead of assuming proportionality.
@@ -1050,8 +1110,8 @@ def validate(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
             continue
         base = measured_config(measured, method, engine_factor=factor or 1.0)
         base, speed_from = calibrate_engine_speed(base, m, workload, repeats)
-        if speed_from == "load average" and factor:
-            speed_from = "engine_modes x load average"
+        if speed_from.startswith("load average") and factor:
+            speed_from = "engine_modes x " + speed_from
         sims = [simulate(replace(base, seed=base.seed + k), workload) for k in range(repeats)]
         for quantity in ("busy_fraction", "trained_action_tokens_per_s", "rollouts_per_s"):
             attr = "in_engine_fraction" if quantity == "busy_fraction" and clock == "in_engine" else quantity
@@ -1070,13 +1130,17 @@ def validate(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
 
 
 def engine_alone(measured: dict[str, Any]) -> tuple[EngineModel, float]:
-    """The calibrated ``hf`` engine (without host cost) and its time scale at the ``engine_modes`` load."""
+    """The calibrated ``hf`` engine (without host cost) and its time scale at the ``engine_modes`` load.
+
+    The ``engine_modes`` run had the generator's ``GENERATOR_BUSY_THREADS`` busy (engine and agent loop).
+    """
     cal = measured["engine_calibration"]
     em = measured.get("engine_modes") or {}
     cores = int(measured["machine"].get("cpu_count") or 1)
     l_cal = float(cal.get("load_avg", measured["machine"]["load_avg"][0]))
     load = statistics.fmean([float(em.get("load_avg_start", l_cal)), float(em.get("load_avg_end", l_cal))])
-    scale = cpu_share(cores, max(0.0, l_cal - 1), 1) / cpu_share(cores, max(0.0, load - 1), 1)
+    busy = GENERATOR_BUSY_THREADS
+    scale = cpu_share(cores, max(0.0, l_cal - 1), 1) / cpu_share(cores, max(0.0, load - busy), busy)
     slots = int(measured["settings"]["episodes_in_flight"])
     engine = EngineModel(batching="static", max_batch=slots, step_s=cal["step_s"], step_s_per_row=cal["step_s_per_row"],
                          prefill_s_per_token=cal["prefill_s_per_token"],
@@ -1346,7 +1410,9 @@ def render(result: dict[str, Any]) -> str:
         "timings times one speed factor fitted on `engine_modes` (the engine fed by real episodes), each method's "
         "learner step time, publish and reload medians, the setting's tool latency, and where the run recorded "
         "it its own generation speed (column *speed from*: `generator_batch_s`, the synchronous runs' generation "
-        "time per step; otherwise the CPU share its load average implied). *Measured SE*: the relative standard "
+        "time per step, unless that time is mostly tool waits: *generator_batch_s is tool waits*; otherwise the "
+        "CPU share its load average implied, counting the generator as 2 busy threads). *Measured SE*: the "
+        "relative standard "
         "error of the measured value from its own step-to-step spread. "
         f"Worst relative error: **{100 * worst:.0f}%** ({w.get('setting')}, {w.get('method')}, {w.get('quantity')}; "
         f"target: within 15%, {'met' if worst <= 0.15 else 'not met'}).",
@@ -1417,6 +1483,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--measured", type=Path, default=None,
                    help="results of async_vs_sync to check against (default bench/results/async_vs_sync.json)")
     p.add_argument("--no-docs", action="store_true")
+    p.add_argument("--validate-only", action="store_true",
+                   help="only the check against the small runs: print it, skip the projection, write no file")
     args = p.parse_args(argv)
 
     if args.measured is not None:
@@ -1433,6 +1501,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in validation["rows"]:
         print(f"  {r['setting']:>13} {r['method']:>17} {r['quantity']:<28} measured {r['measured']:.3g} "
               f"simulated {r['predicted']:.3g} ({100 * r['relative_error']:+.0f}%)")
+    if args.validate_only:
+        w = validation["worst"] or {}
+        print(f"worst relative error {100 * (validation['max_abs_relative_error'] or 0.0):.0f}% ({w.get('setting')}, "
+              f"{w.get('method')}, {w.get('quantity')}); {time.monotonic() - t0:.0f} s; nothing written (--validate-only)")
+        return 0
     assumptions = gpu_assumptions(args, measured)
     workload = Workload.from_trace(measured["trace"], token_scale=args.token_scale)
     print(f"projecting N = {args.ns}", flush=True)

@@ -15,8 +15,10 @@ from bench.simulate import (
     RolloutShape,
     ThreadPool,
     Workload,
+    calibrate_engine_speed,
     measured_config,
     measured_worker,
+    phase_identifies_engine_speed,
     reward_posteriors,
     simulate,
     simulate_feeding,
@@ -143,9 +145,10 @@ def test_cluster_config_rejects_a_batch_that_is_not_whole_groups() -> None:
 
 
 def test_measured_config_builds_the_twin_of_each_measured_method() -> None:
-    """2 cores. Calibrated alone at load 2 (background 1): share min(1, 2/2) = 1. SAO ran at load 4 with 2 busy
-    processes of ours (background 2): generator share 2/3 with the learner idle, 2/4 with it busy -> engine
-    times x1.5 and x2. Sync GRPO at load 3 (background 2, one process): share 2/3 -> x1.5 in both states."""
+    """2 cores. Calibrated alone at load 2 (background 1): share min(1, 2/2) = 1. SAO ran at load 4 with 3 busy
+    threads of ours (generator 2, learner 1; background 1): generator share 2/(1 + 2) = 2/3 with the learner
+    idle, 2/(1 + 3) = 2/4 with it busy -> engine times x1.5 and x2. Sync GRPO at load 3 (background 1, the
+    generator's 2 threads): share 2/3 -> x1.5 in both states."""
     measured = {
         "machine": {"cpu_count": 2, "load_avg": [9.0, 9.0, 9.0]},
         "settings": {"generators": 1, "episodes_in_flight": 32, "batch_rollouts": 32, "max_staleness": 2,
@@ -244,3 +247,65 @@ def test_engine_alone_rate_is_inversely_proportional_to_the_speed_factor() -> No
     model = EngineModel(max_batch=2, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0)
     assert simulate_feeding(model, 1.0, work, "lockstep", 2, 10.0, 0) == pytest.approx(2.0, rel=0.11)
     assert simulate_feeding(model, 2.0, work, "lockstep", 2, 10.0, 0) == pytest.approx(1.0, rel=0.11)
+
+
+def test_a_learner_beside_a_generator_on_two_idle_cores_slows_the_engine() -> None:
+    """2 cores, calibrated at load 1 (background 0), SAO at load 1.5: below our 3 busy threads, so background 0.
+    The generator's 2 threads alone fit (share min(1, 2/2) = 1, x1); with the learner training, 3 threads
+    share 2 cores: 2/3 -> x1.5 (counting the generator as one thread gave x1 in both states)."""
+    measured = {
+        "machine": {"cpu_count": 2, "load_avg": [1.0, 1.0, 1.0]},
+        "settings": {"generators": 1, "episodes_in_flight": 32, "batch_rollouts": 32, "max_staleness": 2,
+                     "critic_warmup": 1, "seed": 0},
+        "engine_calibration": {"step_s": 0.01, "step_s_per_row": 0.001, "prefill_s_per_token": 1e-5, "load_avg": 1.0},
+        "weight_sync": {"publish_s": 0.1, "reload_s": 0.05},
+        "methods": {"sao": {"policy_versions": 12, "learner_step_s_mean": 3.0, "load_avg_start_end": [1.0, 2.0]}},
+    }
+    sao = measured_config(measured, "sao")
+    assert (sao.engine_scale_idle, sao.engine_scale_learner_busy) == pytest.approx((1.0, 1.5))
+
+
+def test_generation_phase_made_of_tool_waits_does_not_identify_the_engine_speed() -> None:
+    """Phases 24, 48, 72 s: stdev 24, standard error 24 / sqrt(3) = 13.9 s; an engine share of 50 - 49 = 1 s is
+    below 2 x 13.9, so no fit. Phases 1.0, 1.2, 1.4 s (SE 0.2 / sqrt(3) = 0.115) with a 1.2 s share (no tool
+    wait): fit."""
+    assert not phase_identifies_engine_speed([24.0, 48.0, 72.0], engine_free_s=49.0, at_current_s=50.0)
+    assert phase_identifies_engine_speed([1.0, 1.2, 1.4], engine_free_s=0.0, at_current_s=1.2)
+
+
+def test_sync_engine_speed_is_fitted_on_engine_bound_phases_and_kept_when_tool_waits_dominate() -> None:
+    """B 4 (G 2), one 10-token turn per episode, static batch of 4: phase 10 * (0.1 + 0.01 * 4) = 1.4 s at x1.
+    Measured 2.8 s each step (no spread): the fitted factor is 2.8 / 1.4 = 2 (bisection in log space).
+    With two turns and a 5 s tool call between them (sigma 0) the phase is 5 s + 2 x 1.4 s = 7.8 s; measured
+    phases 10, 30, 50 s (SE 11.5 s) say nothing about a 2.8 s engine share: the speed stays at x1."""
+    cfg = ClusterConfig(method="grpo_sync", batch_rollouts=4, group_size=2, steps=3,
+                        engine=EngineModel(max_batch=4, step_s=0.1, step_s_per_row=0.01, prefill_s_per_token=0.0),
+                        learner=LearnerModel(step_s_fixed=1.0, s_per_token=0.0))
+    fitted, source = calibrate_engine_speed(cfg, {"generator_batch_s": [2.8, 2.8, 2.8]},
+                                            Workload(((one_turn(10, 1.0), one_turn(10, 0.0)),)), repeats=1)
+    assert source == "generator_batch_s"
+    assert fitted.engine_scale_idle == pytest.approx(2.0, rel=1e-3)
+    two_turns = RolloutShape(1, (10, 10), (0, 0), 1.0)
+    slow_tools = replace(cfg, tool_latency_median_s=5.0, tool_latency_sigma=0.0)
+    kept, source = calibrate_engine_speed(slow_tools, {"generator_batch_s": [10.0, 30.0, 50.0]},
+                                          Workload(((two_turns, two_turns),)), repeats=1)
+    assert source == "load average (generator_batch_s is tool waits)"
+    assert kept == slow_tools
+
+
+def test_every_task_instance_draws_its_own_tool_latencies() -> None:
+    """One trace task, two turns of 10 tokens, steps of 0.1 s at any batch size (1.0 s per turn batch), tool
+    latency median 1 s, sigma 1. SAO, two episodes started together: their first turns share a batch, then
+    each waits its own draw (two task instances), so the second turns run alone: 3 batches, 3.0 s for 2
+    rollouts = 1.5 s each (tau 0: no third episode starts). A GRPO group of 2 is one task instance: both wait
+    alike, 2 batches, 1.0 s each."""
+    shape = RolloutShape(1, (10, 10), (0, 0), 1.0)
+    work = Workload(((shape,),))
+    engine = EngineModel(max_batch=2, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0)
+    common = dict(batch_rollouts=2, episodes_in_flight=2, steps=1, max_staleness=0, engine=engine,
+                  tool_latency_median_s=1.0, tool_latency_sigma=1.0,
+                  learner=LearnerModel(step_s_fixed=0.0, s_per_token=0.0))
+    sao = simulate(ClusterConfig(method="sao", **common), work)
+    grpo = simulate(ClusterConfig(method="grpo_sync", group_size=2, **common), work)
+    assert sao.generating_s_per_rollout == pytest.approx(1.5)
+    assert grpo.generating_s_per_rollout == pytest.approx(1.0)
