@@ -274,7 +274,10 @@ def _bwrap_argv(
     for path in etc:
         if os.path.exists(path):
             argv += ["--ro-bind", path, path]
-    created: set[str] = {"/usr", "/etc"}
+    # /tmp before the interpreter prefixes: a virtualenv that lives under /tmp (a checkout there) is
+    # bound on top of the tmpfs instead of being hidden by it.
+    argv += ["--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
+    created: set[str] = {"/usr", "/etc", "/tmp"}
     prefixes = _interpreter_prefixes()
     for prefix in prefixes:
         for parent in _ancestors(prefix + "/x"):
@@ -286,7 +289,6 @@ def _bwrap_argv(
     if any(package_dir.startswith(p + "/") for p in prefixes):
         argv += ["--tmpfs", package_dir]
     argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
     argv += ["--bind", workdir, SANDBOX_WORKDIR]
     if code_file is not None:
         argv += ["--perms", "0755", "--dir", "/run", "--perms", "0755", "--dir", "/run/sandbox"]

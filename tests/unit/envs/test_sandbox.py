@@ -296,3 +296,18 @@ def test_tmp_is_a_size_limited_tmpfs():
     )
     assert "No space left on device" in result.stderr
     assert result.stdout.split() == ["rc=1", "1048576"]
+
+
+def test_an_interpreter_under_tmp_is_bound_after_the_tmp_tmpfs(monkeypatch):
+    """A checkout under /tmp (its virtualenv at /tmp/checkout/.venv) must stay visible: bwrap applies
+    mounts in order, so the /tmp tmpfs comes first and the prefix is bound on top of it (before the
+    fix the tmpfs hid the interpreter and every sandboxed python exited 127)."""
+    from posttrain.envs import sandbox
+
+    monkeypatch.setattr(sandbox, "_interpreter_prefixes", lambda: ["/tmp/checkout/.venv"])
+    argv = sandbox._bwrap_argv("bwrap", root=False, allow_network=False, workdir="/w", tmp_bytes=1 << 20,
+                               code_file=None, env={})
+    tmpfs = next(i for i in range(len(argv) - 1) if argv[i] == "--tmpfs" and argv[i + 1] == "/tmp")
+    bind = next(i for i in range(len(argv) - 2) if argv[i] == "--ro-bind" and argv[i + 1] == "/tmp/checkout/.venv")
+    assert tmpfs < bind
+    assert argv.count("/tmp") == 1  # the tmpfs target only: /tmp is not re-created over it
