@@ -168,8 +168,9 @@ def test_hidden_tests_are_not_reachable_from_the_sandbox(episode):
     result = step(episode, call("bash", command=f"cat {hidden}"))
     assert "No such file or directory" in result.observation
     assert "Ten items, three per page" not in result.observation
-    found = step(episode, call("bash", command="find /workspace /tmp -name 'test_pager*'"))
-    assert "test_pager" not in found.observation
+    # Exact name: a checkout under /tmp has its read-only virtualenv there (networkx ships test_pagerank.py).
+    found = step(episode, call("bash", command="find /workspace /tmp -name 'test_pager.py'"))
+    assert "test_pager.py" not in found.observation
 
 
 CHEAT_CONFTEST = """import pytest
