@@ -143,12 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 DELEGATED = {
-    "eval": ("posttrain.eval.cli", "eval_cli"),
-    "models": ("posttrain.eval.cli", "models_cli"),
-    "tenant": ("posttrain.cluster.tenant", "tenant_cli"),
-    "schedule": ("posttrain.cluster.schedule", "schedule_cli"),
+    "eval": ("posttrain.eval.cli", "eval_cli", None),
+    "models": ("posttrain.eval.cli", "models_cli", None),
+    "tenant": ("posttrain.cluster.tenant", "tenant_cli", "render"),
+    "schedule": ("posttrain.cluster.schedule", "schedule_cli", None),
 }
-"""Sub-commands with their own argument parsers: ``posttrain NAME ARGS`` calls ``func(ARGS)``."""
+"""Sub-commands with their own argument parsers: ``posttrain NAME [VERB] ARGS`` calls ``func(ARGS)``;
+where a verb is given (``posttrain tenant render ...``) it is required."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,8 +159,16 @@ def main(argv: list[str] | None = None) -> int:
         # Hand the rest over untouched (argparse's REMAINDER refuses a leading --option).
         import importlib
 
-        module, func = DELEGATED[argv[0]]
-        return int(getattr(importlib.import_module(module), func)(argv[1:]))
+        module, func, verb = DELEGATED[argv[0]]
+        rest = argv[1:]
+        if verb is not None:
+            if not rest or rest[0] != verb:
+                got = repr(rest[0]) if rest else "nothing"
+                print(f"posttrain {argv[0]}: expected the sub-command {verb!r}, got {got} "
+                      f"(usage: posttrain {argv[0]} {verb} -h)", file=sys.stderr)
+                return 2
+            rest = rest[1:]
+        return int(getattr(importlib.import_module(module), func)(rest))
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"

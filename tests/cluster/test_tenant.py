@@ -184,3 +184,17 @@ def test_tenant_cli_prints_the_yaml_and_rejects_bad_input_with_the_field_name():
     with redirect_stderr(err):
         assert tenant_cli(["team-b", "--gpu-quota", "4", "--lending-limit-gpus", "5"]) == 2
     assert re.search(r"error: lending_limit_gpus \(5\)", err.getvalue())
+
+
+def test_the_posttrain_command_renders_a_tenant_only_through_the_render_verb(capsys):
+    """``posttrain tenant render NAME ...`` (what README and docs show) reaches the renderer with NAME;
+    ``posttrain tenant NAME ...`` and a bare ``posttrain tenant --gpu-quota 8`` are refused (exit 2)
+    instead of rendering a tenant named after the first word."""
+    from posttrain.cli import main
+
+    assert main(["tenant", "render", "team-c", "--gpu-quota", "2"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert docs[0]["metadata"]["name"] == "team-c"
+    assert main(["tenant", "team-c", "--gpu-quota", "2"]) == 2
+    assert "expected the sub-command 'render', got 'team-c'" in capsys.readouterr().err
+    assert main(["tenant"]) == 2
