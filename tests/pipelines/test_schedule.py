@@ -155,3 +155,17 @@ def test_posttrain_schedule_accepts_options_first(kfp_api):
     rc = posttrain_main(["schedule", "--host", kfp_api.url, "--name", "n", "--cron", "0 0 2 * * *",
                          "--pipeline", str(PIPELINE), "--registered-model", "m"])
     assert rc == 0
+
+
+def test_an_unreachable_kfp_api_is_one_error_line_not_a_traceback(capsys):
+    """A port nothing listens on (bound, then closed): exit 1 and one ``error:`` line naming --host."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    rc = posttrain_main(["schedule", "--host", f"http://127.0.0.1:{port}", "--name", "n", "--cron", "0 0 2 * * *",
+                         "--pipeline", str(PIPELINE), "--registered-model", "m"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1
+    assert err.startswith(f"error: --host http://127.0.0.1:{port}: KFP API unreachable") and "\n" not in err

@@ -345,6 +345,7 @@ def schedule_cli(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse printed usage or help; turn its exit into a return code
         return int(exc.code or 0)
     import kfp_server_api
+    import urllib3
 
     try:
         pipeline = Path(args.pipeline)
@@ -367,6 +368,10 @@ def schedule_cli(argv: list[str] | None = None) -> int:
                             service_account=args.service_account, max_concurrency=args.max_concurrency,
                             enabled=not args.disable)
         result = ensure_recurring_run(connect(args.host, args.namespace), spec)
+    except urllib3.exceptions.HTTPError as exc:  # unreachable host: urllib3 gave up after its bounded retries
+        print(f"error: --host {args.host}: KFP API unreachable ({type(exc).__name__}: "
+              f"{' '.join(str(getattr(exc, 'reason', exc)).split())})", file=sys.stderr)
+        return 1
     except (ScheduleError, kfp_server_api.ApiException, OSError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1

@@ -56,6 +56,8 @@ def _describe(err: ValidationError) -> str:
         msg = "unknown field"
     elif first["type"] == "literal_error" and "expected" in ctx:
         msg = f"allowed values are {ctx['expected']}"
+    elif first["type"] == "value_error":
+        msg = msg.removeprefix("Value error, ")  # our validators' own sentence, without pydantic's label
     given = first.get("input")
     more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
     shown = "" if isinstance(given, dict) or first["type"] == "extra_forbidden" else f", got {given!r}"
@@ -94,5 +96,11 @@ def load_config(path: Path | str | None, overrides: list[str] | None = None) -> 
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        where = f"{path}: " if path is not None else ""
+        loc = ".".join(str(part) for part in exc.errors()[0]["loc"])
+        overridden = [o for o in overrides or [] if loc == o.partition("=")[0].strip()
+                      or loc.startswith(o.partition("=")[0].strip() + ".")]
+        if overridden:  # the bad value came from the command line, not from the file
+            where = f"override {overridden[-1]!r}: "
+        else:
+            where = f"{path}: " if path is not None else ""
         raise ConfigError(f"{where}{_describe(exc)}") from exc

@@ -20,6 +20,7 @@ Run ``python -m posttrain.data.formats FILE {sft,cpt,dpo,rl}`` to list every bad
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import tempfile
 from collections.abc import Callable
@@ -273,11 +274,18 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m posttrain.data.formats FILE {sft,cpt,dpo,rl}", file=sys.stderr)
         return 2
     fmt = formats[args[1]]
+    # validate_file collects the bad rows through a temporary quarantine file that is gone when it
+    # returns; the loaders' "quarantined N rows into <tmp>" warning would point at nothing.
+    data_log = logging.getLogger("posttrain.data")
+    level = data_log.level
+    data_log.setLevel(logging.ERROR)
     try:
         num_valid, errors = validate_file(args[0], fmt)
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        data_log.setLevel(level)
     for err in errors:
         print(err)
     print(f"{num_valid} valid rows, {len(errors)} bad rows")

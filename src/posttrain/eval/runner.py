@@ -314,7 +314,8 @@ def evaluate(
         try:
             local_model = materialize(str(model_dir), Path(cache))
         except StorageError as exc:
-            raise EvalError(f"model {model_dir}: {exc}") from exc
+            # The storage error already names the location.
+            raise EvalError(f"model: {exc}") from exc
         context = max_model_len or _model_max_len(local_model)
         if tokenizer is None:
             from posttrain.learner.model import load_tokenizer

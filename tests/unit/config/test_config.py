@@ -103,3 +103,17 @@ def test_validate_config_cli_rejects_env_args_of_another_env_with_exit_2(tmp_pat
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "data.env_args.low" in err and "gsm8k accepts: system_prompt, verify_timeout_s" in err
+
+
+def test_a_bad_override_is_blamed_on_the_override_not_the_file(tmp_path):
+    """The file is valid; ``sao.batch_size=0`` from the command line is what the error names."""
+    path = tmp_path / "ok.yaml"
+    path.write_text("technique: sao\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["sao.batch_size=0"])
+    assert str(err.value).startswith("override 'sao.batch_size=0': sao.batch_size: ")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["seed=1", "checkpoints_uri=/tmp/x"])
+    # Our validators' sentence, without pydantic's "Value error, " label.
+    assert str(err.value) == ("override 'checkpoints_uri=/tmp/x': checkpoints_uri: checkpoints_uri must be an "
+                              "s3://bucket/prefix URI (or unset), got '/tmp/x'")
