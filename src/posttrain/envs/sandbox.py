@@ -325,7 +325,8 @@ def _probe(argv: list[str], cwd: str) -> str | None:
 def sandbox_capabilities() -> SandboxCapabilities:
     """Probe which isolation works on this machine (cached for the process).
 
-    Runs ``true`` once through the bwrap wrapper and once through each network-namespace wrapper.
+    Runs the project's Python interpreter once through the bwrap wrapper and ``true`` once through
+    each network-namespace wrapper.
 
     Returns:
         The ``SandboxCapabilities``; never raises for a missing feature, it reports it.
@@ -344,7 +345,9 @@ def sandbox_capabilities() -> SandboxCapabilities:
                     bwrap, root=root, allow_network=False, workdir=tmp, tmp_bytes=1 << 20, code_file=None,
                     env={"PATH": "/usr/bin:/bin"},
                 )
-                bwrap_error = _probe(argv + _setpriv_argv(uid) + ["true"], tmp)
+                # The project's interpreter, not just ``true``: a bwrap layout that hides it (the
+                # python tool and SWE grading would exit 127 on every call) counts as unusable.
+                bwrap_error = _probe(argv + _setpriv_argv(uid) + [sys.executable, "-I", "-c", "pass"], tmp)
             except SandboxUnavailableError as exc:
                 bwrap_error = str(exc)
             if bwrap_error is not None:
