@@ -138,12 +138,14 @@ class PolicyVersionStore(Protocol):
         ...
 
 
-def decode_entry(fields: Mapping[str, bytes] | None) -> Rollout:
+def decode_entry(fields: Mapping[str, bytes] | None, *, arrays: bool = False) -> Rollout:
     """Decode the fields of one stream entry into a validated rollout.
 
     Args:
         fields: The entry's fields, names as ``str``; ``None`` or empty when the entry was deleted
             from the stream (trimmed) while still pending.
+        arrays: Per-token fields as read-only numpy views of the payload instead of python lists
+            (``decode_rollout(arrays=True)``; same validation).
 
     Raises:
         RecordError: the entry was deleted, lacks ``payload``, or the payload does not decode to a
@@ -154,7 +156,7 @@ def decode_entry(fields: Mapping[str, bytes] | None) -> Rollout:
     payload = fields.get(PAYLOAD_FIELD)
     if payload is None:
         raise RecordError(f"{PAYLOAD_FIELD}: field missing (fields present: {sorted(fields)})")
-    return decode_rollout(payload)
+    return decode_rollout(payload, arrays=arrays)
 
 
 def entry_fields(rollout: Rollout, payload: bytes) -> dict[str, bytes]:

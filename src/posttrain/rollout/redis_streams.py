@@ -33,7 +33,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from posttrain.records import RecordError, Rollout, decode_rollout, encode_rollout
+from posttrain.records import RecordError, Rollout, encode_rollout
 from posttrain.rollout.keys import StreamKeys
 from posttrain.rollout.queue import (
     PAYLOAD_FIELD,
@@ -130,16 +130,6 @@ def _str_fields(fields: Mapping[Any, Any] | None) -> dict[str, bytes] | None:
     if fields is None:
         return None
     return {_s(k): v for k, v in fields.items()}
-
-
-def _decode_arrays(fields: Mapping[str, bytes] | None) -> Rollout:
-    """``posttrain.rollout.queue.decode_entry`` with ``decode_rollout(arrays=True)``; same errors."""
-    if not fields:
-        raise RecordError("entry deleted from the stream before ack (trimmed by maxlen?)")
-    payload = fields.get(PAYLOAD_FIELD)
-    if payload is None:
-        raise RecordError(f"{PAYLOAD_FIELD}: field missing (fields present: {sorted(fields)})")
-    return decode_rollout(payload, arrays=True)
 
 
 class RedisStreamQueue:
@@ -287,7 +277,7 @@ class RedisStreamQueue:
             if entry_id in self._delivered:
                 continue
             try:
-                rollout = decode_entry(fields) if not self.arrays else _decode_arrays(fields)
+                rollout = decode_entry(fields, arrays=self.arrays)
             except RecordError as exc:
                 self._dead_letter(entry_id, fields, str(exc))
                 continue
