@@ -602,7 +602,7 @@ def _train_sao_cluster(
     from posttrain.cluster.jobset import SAOImages, build_sao_jobset, jobset_name
     from posttrain.cluster.launcher import launch_or_attach, wait_for_jobset
     from posttrain.cluster.tenant import REDIS_CREDENTIALS_SECRET
-    from posttrain.storage import storage_for
+    from posttrain.storage import is_s3_uri, storage_for
 
     if not learner_image or not generator_image:
         raise PipelineStepError("learner_image / generator_image: both are required in cluster mode")
@@ -617,7 +617,7 @@ def _train_sao_cluster(
     checkpoint_uri = f"{base}/final_model"
     fields = {**{k: f"{base}/dataset/{v}" for k, v in manifest["files"].items()},
               "weights_uri": f"{base}/weights", "final_model_uri": checkpoint_uri}
-    if base.startswith("s3://"):  # a restarted learner pod resumes from checkpoints kept there
+    if is_s3_uri(base):  # a restarted learner pod resumes from checkpoints kept there
         fields["checkpoints_uri"] = f"{base}/checkpoints"
     staged = _with_fields(cfg, fields)
     config_uri = f"{base}/{CONFIG_FILE}"

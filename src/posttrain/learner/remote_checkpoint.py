@@ -52,6 +52,24 @@ def _join(uri: str, *parts: str) -> str:
     return "/".join([uri.rstrip("/"), *parts])
 
 
+def _download_complete(store: S3Storage, src: str, dest: Path, required: str) -> Path:
+    """Download ``src`` into a temporary sibling of ``dest``, check ``required`` is there, rename.
+
+    Raises:
+        posttrain.storage.StorageError: a download failed, or the copy lacks ``required``.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}-{uuid.uuid4().hex[:8]}"
+    store.download_dir(src, tmp)
+    if not (tmp / required).is_file():
+        shutil.rmtree(tmp)
+        raise StorageError(f"{src}: no {required}; the copy is incomplete")
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp.rename(dest)
+    return dest
+
+
 def mirror_checkpoint(checkpoint_dir: Path, uri: str, *, keep: int = 2) -> str:
     """Upload one local checkpoint directory, then point ``<uri>/LATEST`` at it; drop old copies.
 
@@ -106,16 +124,7 @@ def fetch_checkpoint(uri: str, root: Path) -> Path | None:
     if not _CHECKPOINT_NAME.fullmatch(name):
         raise ValueError(f"{_join(uri, LATEST_OBJECT)}: {name[:40]!r} is not a checkpoint name (iter-NNNNNN)")
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".fetch-{name}-{uuid.uuid4().hex[:8]}"
-    store.download_dir(_join(uri, name), tmp)
-    if not (tmp / "state.json").is_file():
-        shutil.rmtree(tmp)
-        raise StorageError(f"{_join(uri, name)}: no state.json; the copy is incomplete")
-    final = root / name
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
+    final = _download_complete(store, _join(uri, name), root / name, "state.json")
     pointer_tmp = root / "LATEST.tmp"
     pointer_tmp.write_text(name, encoding="utf-8")
     pointer_tmp.replace(root / "LATEST")
@@ -153,14 +162,5 @@ def fetch_start_model(uri: str, dest: Path) -> bool:
     store = _s3(uri)
     if store.read_bytes_if_exists(_join(uri, START_MODEL_OBJECT)) is None:
         return False
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}-{uuid.uuid4().hex[:8]}"
-    store.download_dir(_join(uri, START_MODEL_PREFIX), tmp)
-    if not (tmp / "config.json").is_file():
-        shutil.rmtree(tmp)
-        raise StorageError(f"{_join(uri, START_MODEL_PREFIX)}: no config.json; the copy is incomplete")
-    if dest.exists():
-        shutil.rmtree(dest)
-    tmp.rename(dest)
+    _download_complete(store, _join(uri, START_MODEL_PREFIX), Path(dest), "config.json")
     return True
