@@ -17,15 +17,6 @@ from posttrain.rollout.queue import QueueEntry
 PROMPT = 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Single-threaded torch: on a shared 2-core machine two contending threads are ~100x slower here."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model(tiny_model):
     return load_policy(tiny_model.path)

@@ -24,15 +24,6 @@ def _example(n, first_trained=False, start=10):
     return TokenExample(list(range(start, start + n)), [first_trained] + [True] * (n - 1))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Single-threaded torch: on a shared 2-core machine two contending threads are ~100x slower here."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model(tiny_model):
     torch.manual_seed(0)

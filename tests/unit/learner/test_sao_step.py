@@ -20,15 +20,6 @@ from posttrain.records import Rollout
 PROMPT = 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Single-threaded torch: contending threads on a shared 2-core machine are far slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def policy_model(tiny_model):
     return load_policy(tiny_model.path)
