@@ -86,7 +86,7 @@ from bench.common import (
     machine_info,
     machine_line,
     markdown_table,
-    refresh_targets,
+    publish_result,
     update_docs_section,
     write_result,
 )
@@ -932,12 +932,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.common import read_result
 
     merged = merge_results(read_result("async_vs_sync"), result)
-    path = write_result("async_vs_sync", merged)
-    if not args.no_docs:
-        update_docs_section("async_vs_sync", render(merged))
-        refresh_targets()
-    print(render_one(result))
-    print(f"\nWrote {path}")
+    publish_result("async_vs_sync", merged, render(merged), docs=not args.no_docs, shown=render_one(result))
     return 0
 
 

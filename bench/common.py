@@ -218,6 +218,39 @@ def refresh_targets(results_dir: Path = RESULTS_DIR, docs: Path = DOCS) -> Path:
     return update_docs_section("targets", targets_section(results_dir), docs)
 
 
+def publish_result(
+    name: str,
+    data: dict[str, Any],
+    markdown: str,
+    *,
+    docs: bool,
+    shown: str | None = None,
+    results_dir: Path = RESULTS_DIR,
+    docs_path: Path = DOCS,
+) -> Path:
+    """A benchmark's last step: write its JSON, rewrite its docs section and the targets, print it.
+
+    Args:
+        name: Benchmark name (``bench/results/<name>.json``, docs markers ``bench:<name>``).
+        data: The result to write.
+        markdown: The rendered section (printed; written into the docs when ``docs``).
+        docs: Whether to rewrite ``docs/benchmarks.md`` (False for ``--no-docs``).
+        shown: What to print instead of ``markdown`` (e.g. only this run of a merged section).
+        results_dir: Where the JSON goes.
+        docs_path: The benchmarks page.
+
+    Returns:
+        The JSON path.
+    """
+    path = write_result(name, data, results_dir)
+    if docs:
+        update_docs_section(name, markdown, docs_path)
+        refresh_targets(results_dir, docs_path)
+    print(markdown if shown is None else shown)
+    print(f"\nWrote {path}")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

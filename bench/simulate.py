@@ -1453,10 +1453,8 @@ def main(argv: list[str] | None = None) -> int:
         REPO,
         command_line,
         machine_info,
+        publish_result,
         read_result,
-        refresh_targets,
-        update_docs_section,
-        write_result,
     )
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -1527,12 +1525,7 @@ def main(argv: list[str] | None = None) -> int:
         "plot": str(png.relative_to(REPO / "docs")),
         "seconds": time.monotonic() - t0,
     }
-    path = write_result("simulate", result)
-    if not args.no_docs:
-        update_docs_section("simulate", render(result))
-        refresh_targets()
-    print(render(result))
-    print(f"\nWrote {path}")
+    publish_result("simulate", result, render(result), docs=not args.no_docs)
     return 0
 
 

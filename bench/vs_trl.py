@@ -52,8 +52,7 @@ from bench.common import (
     machine_info,
     machine_line,
     markdown_table,
-    update_docs_section,
-    write_result,
+    publish_result,
 )
 
 TRL_PIN = "trl==1.16.0"
@@ -264,11 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         "methods": methods,
         "prepare_s": prep_s,
     }
-    path = write_result("vs_trl", result)
-    if not args.no_docs:
-        update_docs_section("vs_trl", render(result))
-    print(render(result))
-    print(f"\nWrote {path}")
+    publish_result("vs_trl", result, render(result), docs=not args.no_docs)
     return 0
 
 

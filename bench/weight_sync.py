@@ -49,9 +49,7 @@ from bench.common import (
     machine_info,
     machine_line,
     markdown_table,
-    refresh_targets,
-    update_docs_section,
-    write_result,
+    publish_result,
 )
 
 SERVED_KEY = "served"
@@ -332,12 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "worst_ratio_over_raw": max(r["ratio_over_raw"] for r in rows),
     }
-    path = write_result("weight_sync", result)
-    if not args.no_docs:
-        update_docs_section("weight_sync", render(result))
-        refresh_targets()
-    print(render(result))
-    print(f"\nWrote {path}")
+    publish_result("weight_sync", result, render(result), docs=not args.no_docs)
     return 0
 
 

@@ -42,3 +42,18 @@ def test_targets_read_each_result_and_judge_it(tmp_path: Path) -> None:
     rows = targets_rows(tmp_path)
     assert [(r["measured"], r["met"]) for r in rows] == [(0.95, True), (1.2, False), (0.4, False), (None, None),
                                                          (None, None)]
+
+
+def test_publish_result_writes_json_then_docs_and_targets_only_when_asked(tmp_path: Path, capsys) -> None:
+    from bench.common import publish_result
+
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("# B\n")
+    path = publish_result("stream", {"rows": []}, "the table", docs=False, shown="this run",
+                          results_dir=tmp_path, docs_path=docs)
+    assert json.loads(path.read_text()) == {"rows": []}
+    assert docs.read_text() == "# B\n"
+    assert capsys.readouterr().out.startswith("this run\n")
+    publish_result("stream", {"rows": []}, "the table", docs=True, results_dir=tmp_path, docs_path=docs)
+    text = docs.read_text()
+    assert "the table" in text and "<!-- bench:targets:begin -->" in text
