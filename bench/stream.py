@@ -167,9 +167,9 @@ def render(result: dict, repeats: int) -> str:
                         "lists: ours/raw", "lists: encode + decode ms", "arrays: entries/s", "arrays: ours/raw",
                         "arrays: encode + decode ms"], rows),
         "",
-        f"Worst ratio ours/raw: **{worst:.2f}x** with python lists in and out (what the generator and learner "
-        f"use today), **{worst_a:.2f}x** with numpy arrays in and `RedisStreamQueue(arrays=True)` out "
-        "(target: at least 0.5x).",
+        f"Worst ratio ours/raw: **{worst:.2f}x** with python lists in and out, **{worst_a:.2f}x** with numpy "
+        "arrays in and `RedisStreamQueue(arrays=True)` out (target: at least 0.5x). Today generators put "
+        "python lists and the SAO learner reads arrays.",
     ])
 
 
