@@ -83,6 +83,55 @@ def collate_rollouts(rollouts: Sequence[Rollout], pad_token_id: int) -> RolloutB
     )
 
 
+def select_rows(batch: RolloutBatch, index: Sequence[int]) -> RolloutBatch:
+    """The rows ``index`` of ``batch`` (in that order), trimmed to their longest real sequence.
+
+    Shapes as in ``RolloutBatch``: ``[len(index), T'] ``, ``T'`` the longest real row of ``index``.
+
+    Raises:
+        ValueError: ``index`` is empty.
+    """
+    if not index:
+        raise ValueError("index: empty")
+    idx = torch.tensor(list(index), dtype=torch.long)
+    attn = batch.attention_mask[idx]
+    width = int(attn.sum(dim=1).max())
+    return RolloutBatch(
+        token_ids=batch.token_ids[idx, :width],
+        attention_mask=attn[:, :width],
+        action_mask=batch.action_mask[idx, :width],
+        behaviour_logprobs=batch.behaviour_logprobs[idx, :width],
+        rewards=batch.rewards[idx],
+        policy_versions=batch.policy_versions[idx],
+    )
+
+
+def length_order(batch: RolloutBatch, rows: Sequence[int] | None = None) -> list[int]:
+    """Row indices ordered by real sequence length (shortest first; ties keep their order).
+
+    Consecutive micro-batches of length-ordered rows pad each row only up to the longest of a few
+    similar rows instead of the longest of the batch (the "group by length" of HF Trainer and
+    verl's length-balanced micro-batches). Every loss here is a sum over tokens divided by the
+    step's action-token count and every advantage is computed per row or per group, so the row
+    order changes no gradient, only the padded tokens each forward pass computes.
+
+    Args:
+        batch: Padded rollouts (``attention_mask [B, T] bool``).
+        rows: A subset of row indices to order (default: all ``B`` rows).
+
+    Returns:
+        The indices of ``rows`` (or ``0..B-1``) sorted by their count of real tokens.
+    """
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    index = range(batch.token_ids.shape[0]) if rows is None else rows
+    return sorted(index, key=lambda i: lengths[i])
+
+
+def padded_tokens(parts: Sequence[RolloutBatch]) -> int:
+    """Tokens (real and padding) one forward pass over ``parts`` computes: sum of rows x width."""
+    return sum(int(mb.token_ids.numel()) for mb in parts)
+
+
 def micro_batches(batch: RolloutBatch, micro_batch_size: int) -> list[RolloutBatch]:
     """Split a batch into consecutive micro-batches of at most ``micro_batch_size`` rows.
 

@@ -41,7 +41,14 @@ from posttrain.advantages import group_relative_advantages
 from posttrain.config import RunConfig
 from posttrain.config.techniques import GRPOTechniqueConfig
 from posttrain.learner.accumulate import EpochSampler, GradientAccumulator
-from posttrain.learner.batching import RolloutBatch, collate_rollouts, micro_batches
+from posttrain.learner.batching import (
+    RolloutBatch,
+    collate_rollouts,
+    length_order,
+    micro_batches,
+    padded_tokens,
+    select_rows,
+)
 from posttrain.learner.optim import clip_and_step
 from posttrain.learner.sao_step import StepResult, Trainable
 from posttrain.losses import PolicyLossInputs, grpo_loss
@@ -56,27 +63,6 @@ MetricsSink = Callable[[dict[str, float], int], None]
 
 
 # ------------------------------------------------------------------------------------ train step
-def select_rows(batch: RolloutBatch, index: Sequence[int]) -> RolloutBatch:
-    """The rows ``index`` of ``batch`` (in that order), trimmed to their longest real sequence.
-
-    Raises:
-        ValueError: ``index`` is empty.
-    """
-    if not index:
-        raise ValueError("index: empty")
-    idx = torch.tensor(list(index), dtype=torch.long)
-    attn = batch.attention_mask[idx]
-    width = int(attn.sum(dim=1).max())
-    return RolloutBatch(
-        token_ids=batch.token_ids[idx, :width],
-        attention_mask=attn[:, :width],
-        action_mask=batch.action_mask[idx, :width],
-        behaviour_logprobs=batch.behaviour_logprobs[idx, :width],
-        rewards=batch.rewards[idx],
-        policy_versions=batch.policy_versions[idx],
-    )
-
-
 def rollout_logprobs(model: nn.Module, batch: RolloutBatch, temperature: float = 1.0) -> torch.Tensor:
     """``logprobs [B, T] float32`` of the batch tokens under ``model`` at ``temperature`` (gradient if enabled)."""
     logits = model(input_ids=batch.token_ids, attention_mask=batch.attention_mask.long(), use_cache=False).logits
@@ -131,7 +117,9 @@ def grpo_train_step(
         ``response/action_tokens_mean``, ``grpo/groups``, ``grpo/uniform_groups_frac``,
         ``grpo/rollouts_kept``, ``grpo/action_tokens_kept`` and, after an update, ``loss/policy``,
         the ``grpo_loss`` metrics (``clip/*``, ``ppo_ratio/*``, ``kl/ref_k3``, mismatch, ``mask/*``
-        with DIS), ``policy/grad_norm`` and ``policy/lr`` (means over mini-batches).
+        with DIS), ``policy/grad_norm`` and ``policy/lr`` (means over mini-batches),
+        ``batch/padded_tokens`` (tokens the forward passes of the update computed; kept rows are
+        split into micro-batches in order of length, ``length_order``) and ``batch/real_tokens``.
 
     Raises:
         ValueError: ``len(group_ids)`` differs from B, or ``kl_coef > 0`` without ``reference``.
@@ -167,6 +155,8 @@ def grpo_train_step(
     if not kept_rows:
         return StepResult(policy_updated=False, metrics=metrics)
 
+    # Kept rows shortest first, so consecutive micro-batches pad little (``length_order``).
+    kept_rows = length_order(batch, kept_rows)
     sub = select_rows(batch, kept_rows)
     sub_adv = advantages[torch.tensor(kept_rows, dtype=torch.long), : sub.token_ids.shape[1]]
     mbs = config.micro_batch_size
@@ -183,16 +173,19 @@ def grpo_train_step(
                 )
     position = {row: k for k, row in enumerate(kept_rows)}
     parts: list[dict[str, float]] = []
+    padded = 0
     policy.model.train()
     for chunk in chunks:
-        local = [position[i] for g in chunk for i in members[g]]
+        local = sorted(position[i] for g in chunk for i in members[g])
         mini = select_rows(sub, local)
         local_t = torch.tensor(local, dtype=torch.long)
         width = mini.token_ids.shape[1]
         mini_adv = sub_adv[local_t, :width]
         mini_old = old_all[local_t, :width] if old_all is not None else None
         acc = GradientAccumulator(mini.num_action_tokens)
-        for j, mb in enumerate(micro_batches(mini, mbs)):
+        mini_parts = micro_batches(mini, mbs)
+        padded += padded_tokens(mini_parts)
+        for j, mb in enumerate(mini_parts):
             lo, hi, w = j * mbs, j * mbs + mb.token_ids.shape[0], mb.token_ids.shape[1]
             logprobs = rollout_logprobs(policy.model, mb, temperature)
             if config.async_:
@@ -222,6 +215,8 @@ def grpo_train_step(
         parts.append(step_metrics)
     metrics.update(_mean_of(parts))
     metrics["grpo/optimizer_steps"] = float(len(chunks))
+    metrics["batch/padded_tokens"] = float(padded)
+    metrics["batch/real_tokens"] = float(sub.attention_mask.sum())
     return StepResult(policy_updated=True, metrics=metrics)
 
 

@@ -22,7 +22,7 @@ from posttrain.advantages import (
     skip_observation_gae,
 )
 from posttrain.config import SAOConfig
-from posttrain.learner.batching import RolloutBatch, micro_batches
+from posttrain.learner.batching import RolloutBatch, length_order, micro_batches, padded_tokens, select_rows
 from posttrain.learner.optim import clip_and_step
 from posttrain.losses import PolicyLossInputs, sao_loss
 from posttrain.losses.logprobs import token_logprobs
@@ -88,13 +88,16 @@ def sao_train_step(
         policy: The policy, its AdamW and scheduler.
         critic: The critic (``config.advantage == "gae"``), else None.
         batch: Padded rollouts; ``batch.rewards [B] float32``, masks ``[B, T] bool``.
-        config: SAO settings (DIS band, γ, α, K, warm-up, micro-batch size).
+        config: SAO settings (DIS band, γ, α, K, warm-up, micro-batch size). Rows are split into
+            micro-batches in order of length (``length_order``), which changes no gradient.
         iteration: 0-based learner iteration; iterations < ``config.critic.warmup_steps`` train
             only the critic.
         baseline: Running-mean baseline state for ``advantage == "running_mean"``.
 
     Returns:
-        ``StepResult`` with ``policy_updated`` and the step's metrics.
+        ``StepResult`` with ``policy_updated`` and the step's metrics, among them
+        ``batch/padded_tokens`` (tokens one forward pass over the micro-batches computes) and
+        ``batch/real_tokens``.
 
     Raises:
         ValueError: if the configured advantage needs a critic/baseline that was not given.
@@ -102,7 +105,11 @@ def sao_train_step(
     """
     metrics: dict[str, float] = {}
     n_tokens = batch.num_action_tokens
+    # Rows shortest first: each micro-batch pads to the longest of similar rows (``length_order``).
+    batch = select_rows(batch, length_order(batch))
     mbs = micro_batches(batch, config.micro_batch_size)
+    metrics["batch/padded_tokens"] = float(padded_tokens(mbs))
+    metrics["batch/real_tokens"] = float(batch.attention_mask.sum())
     # Rows [lo, hi) and width (columns) of each micro-batch inside the batch tensors.
     spans = [(i * config.micro_batch_size, i * config.micro_batch_size + mb.token_ids.shape[0], mb.token_ids.shape[1])
              for i, mb in enumerate(mbs)]

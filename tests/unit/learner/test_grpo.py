@@ -117,6 +117,23 @@ def test_two_micro_batches_give_the_same_update_as_one_batch(model):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
+def test_kept_rows_are_trained_in_length_order_which_cuts_padding_and_changes_no_update(model):
+    """Groups a = (20, 2), b = (19, 3) action tokens (prompt 3), micro-batches of 2: by group each
+    micro-batch pads to its long row (2 x 23 + 2 x 22 = 90 tokens); ordered by length 2 x 6 +
+    2 x 23 = 58. Listing the rollouts in reverse gives the same SGD update."""
+    rollouts = _rollouts(model, [("a", 20, 1.0), ("a", 2, 0.0), ("b", 19, 0.0), ("b", 3, 1.0)], seed=4)
+    params, padded = [], []
+    for order in (rollouts, rollouts[::-1]):
+        m = copy.deepcopy(model)
+        result, _ = _step(m, order, GRPOTechniqueConfig(micro_batch_size=2), lr=0.1)
+        params.append(list(m.parameters()))
+        padded.append(result.metrics["batch/padded_tokens"])
+        assert result.metrics["batch/real_tokens"] == 4 * PROMPT + 44
+    assert padded == [58, 58]
+    for a, b in zip(*params, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
 def test_mini_batches_take_one_optimizer_step_each(model):
     rollouts = _rollouts(model, [("a", 2, 1.0), ("a", 3, 0.0), ("b", 4, 0.0), ("b", 2, 1.0)], seed=3)
     config = GRPOTechniqueConfig(micro_batch_size=4, mini_batches=2, prompts_per_step=2)

@@ -123,3 +123,17 @@ def test_running_mean_without_a_baseline_is_refused(policy_model):
     with pytest.raises(ValueError, match="RunningMeanBaseline"):
         sao_train_step(policy=_trainable(copy.deepcopy(policy_model), 0.1), critic=None, batch=batch,
                        config=_config(advantage="running_mean"), iteration=0)
+
+
+def test_rows_are_trained_in_length_order_which_cuts_padding_and_changes_no_update(policy_model, critic_model):
+    """Action lengths 20, 2, 19, 3 (prompt 3) in micro-batches of 2: in arrival order each
+    micro-batch pads to a long row (2 x 23 + 2 x 22 = 90 tokens); ordered by length it is
+    2 x 6 + 2 x 23 = 58. Reversing the arrival order gives the same SGD updates of both models."""
+    rollouts = _rollouts(policy_model, [(20, 1.0), (2, 0.0), (19, 0.0), (3, 1.0)], seed=3)
+    ahead, p_a, c_a = _run(policy_model, critic_model, rollouts, _config(micro_batch_size=2))
+    behind, p_b, c_b = _run(policy_model, critic_model, rollouts[::-1], _config(micro_batch_size=2))
+    assert ahead.metrics["batch/padded_tokens"] == 58 == behind.metrics["batch/padded_tokens"]
+    assert ahead.metrics["batch/real_tokens"] == 4 * PROMPT + 44
+    _same(p_a, p_b)
+    _same(c_a, c_b)
+    assert ahead.metrics["loss/policy"] == pytest.approx(behind.metrics["loss/policy"], rel=1e-5, abs=1e-7)
