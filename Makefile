@@ -18,7 +18,7 @@ define install_torch
 	  $(1) install --quiet --no-deps --index-url $(TORCH_INDEX) "$(TORCH_PIN)"; }
 endef
 
-.PHONY: setup demo test lint lock clean
+.PHONY: setup demo test lint lock clean bench-deps
 
 $(STAMP): requirements.lock pyproject.toml
 	@# bubblewrap isolates the code sandbox's filesystem (src/posttrain/envs/sandbox.py).
@@ -41,6 +41,10 @@ demo: setup
 # oversubscribed torch threads made single steps 10-100x slower there.
 test: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The peer bench/vs_trl.py compares against (pinned; not a dependency of posttrain).
+bench-deps: setup
+	$(BIN)/pip install --quiet --no-deps -r bench/requirements-trl.txt
 
 lint: setup
 	$(BIN)/ruff check .

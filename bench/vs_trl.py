@@ -23,7 +23,8 @@ of training prompts (same tasks and seeds for every snapshot; see ``probe_contex
 
 Writes ``bench/results/vs_trl.json`` and the ``vs_trl`` section of docs/benchmarks.md.
 
-Run: ``.venv/bin/python -m bench.vs_trl`` (2 minutes on 2 cores, plus about 2 minutes of SFT warm
+Run: ``make bench-deps`` once (TRL and what it adds, pinned in ``bench/requirements-trl.txt``), then
+``.venv/bin/python -m bench.vs_trl`` (2 minutes on 2 cores, plus about 2 minutes of SFT warm
 start the first time, cached under ``--work-dir``) or
 ``.venv/bin/python -m bench.vs_trl --steps 4 --methods trl_grpo grpo_sync`` for a quick look.
 """
@@ -56,7 +57,7 @@ from bench.common import (
 )
 
 TRL_PIN = "trl==1.16.0"
-"""The TRL version this benchmark was written and run against (also in requirements.lock)."""
+"""The TRL version this benchmark was written and run against (``bench/requirements-trl.txt``, ``make bench-deps``)."""
 
 METHODS = ("trl_grpo", "grpo_sync", "sao")
 """Methods compared."""
@@ -104,7 +105,7 @@ def run_trl(args: argparse.Namespace, base: Any, sft: Path, snap_dir: Path) -> t
         The ``MethodRun`` and the TRL version string.
 
     Raises:
-        ImportError: TRL is not installed (``pip install trl==1.16.0``).
+        ImportError: TRL is not installed (``make bench-deps`` installs ``bench/requirements-trl.txt``).
     """
     import trl
     from datasets import Dataset
