@@ -125,6 +125,28 @@ class Rollout(msgspec.Struct, kw_only=True):
         _check_scalars(self)
         return self
 
+    def to_arrays(self) -> Rollout:
+        """Validate once and return a copy whose per-token fields are numpy arrays of the wire dtypes.
+
+        ``token_ids`` [T] int32, ``behaviour_logprobs`` [T] float32, ``action_mask`` [T] bool: what
+        ``encode_rollout`` packs without a per-token loop. A generator that ends an episode with
+        this instead of ``validate`` converts its python lists once (the checks need the arrays
+        anyway) instead of once to validate and again to encode.
+
+        Returns:
+            A new ``Rollout`` (``self`` is unchanged).
+
+        Raises:
+            RecordError: as ``validate``, or a token id that does not fit int32.
+        """
+        tokens, logprobs, mask = _arrays(self)
+        _check_arrays(tokens, logprobs, mask)
+        _check_scalars(self)
+        _check_int32(tokens)
+        return msgspec.structs.replace(
+            self, token_ids=tokens.astype(np.int32, copy=False), behaviour_logprobs=logprobs, action_mask=mask
+        )
+
 
 def _check_arrays(tokens: np.ndarray, logprobs: np.ndarray, mask: np.ndarray) -> None:
     """Vectorised per-token checks; the error names the first offending index."""
@@ -247,6 +269,11 @@ def _mask(values: list[bool] | np.ndarray) -> np.ndarray:
     return _mask_from_bytes(raw)
 
 
+def _check_int32(tokens: np.ndarray) -> None:
+    if tokens.dtype.itemsize > 4 and tokens.size and tokens.max() > np.iinfo(np.int32).max:
+        raise RecordError(f"token_ids: id {int(tokens.max())} does not fit int32")
+
+
 def _mask_from_bytes(raw: np.ndarray) -> np.ndarray:
     """View ``raw`` ([T] uint8, each 0 or 1) as [T] bool without a copy; other bytes are an error."""
     if raw.size and raw.max() > 1:
@@ -292,8 +319,7 @@ def encode_rollout(rollout: Rollout) -> bytes:
     tokens, logprobs, mask = _arrays(rollout)
     _check_arrays(tokens, logprobs, mask)
     _check_scalars(rollout)
-    if tokens.max() > np.iinfo(np.int32).max:
-        raise RecordError(f"token_ids: id {int(tokens.max())} does not fit int32")
+    _check_int32(tokens)
     return _pack(rollout, tokens, logprobs, mask)
 
 

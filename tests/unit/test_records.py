@@ -147,3 +147,19 @@ def test_other_schema_version_with_valid_layout_is_named():
     raw["schema_version"] = 3
     with pytest.raises(RecordError, match="schema_version: got 3, this build reads 2"):
         decode_rollout(msgspec.msgpack.encode(raw), arrays=True)
+
+
+def test_to_arrays_converts_once_to_the_wire_dtypes_and_validates():
+    """``to_arrays`` (what generators end an episode with) gives int32 / float32 / bool arrays that
+    encode to the list rollout's bytes, and refuses what ``validate`` and ``encode`` refuse."""
+    r = _rollout()
+    arr = r.to_arrays()
+    assert isinstance(r.token_ids, list)  # the original is unchanged
+    assert (arr.token_ids.dtype, arr.behaviour_logprobs.dtype, arr.action_mask.dtype) == (
+        np.dtype(np.int32), np.dtype(np.float32), np.dtype(np.bool_))
+    assert arr.token_ids.tolist() == r.token_ids and arr.action_mask.tolist() == r.action_mask
+    assert encode_rollout(arr) == encode_rollout(r)
+    with pytest.raises(RecordError, match=r"behaviour_logprobs\[3\]: not finite"):
+        _rollout(behaviour_logprobs=[0.0, -0.5, 0.0, math.nan, -0.1]).to_arrays()
+    with pytest.raises(RecordError, match="does not fit int32"):
+        _rollout(token_ids=[5, 6, 2**31, 8, 9]).to_arrays()

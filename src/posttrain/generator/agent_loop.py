@@ -306,6 +306,7 @@ async def run_episode(
     top_p: float = 1.0,
     group_id: str | None = None,
     chat: ChatFormat | None = None,
+    arrays: bool = False,
 ) -> Rollout:
     """Run one episode of ``task`` token-in/token-out and return its validated ``Rollout``.
 
@@ -324,6 +325,9 @@ async def run_episode(
         top_p: Nucleus mass (SAO training uses 1.0).
         group_id: GRPO group id; ``None`` for SAO.
         chat: A prebuilt ``ChatFormat`` for ``tokenizer`` (``ChatFormat.for_tokenizer`` when ``None``).
+        arrays: Return the per-token fields as numpy arrays (``Rollout.to_arrays``: int32,
+            float32, bool), converted once while validating; generators that put the rollout on
+            the stream use this, so encoding needs no second per-token pass. Python lists otherwise.
 
     Returns:
         The rollout: ``token_ids`` [T] int, ``behaviour_logprobs`` [T] float (nats, 0.0 on
@@ -408,7 +412,7 @@ async def run_episode(
     if not versions:
         raise EpisodeError(f"task {task.task_id}: {finish} before the first action token", finish)
     metrics["num_turns"] = float(len(versions))
-    return Rollout(
+    rollout = Rollout(
         rollout_id=uuid.uuid4().hex,
         task_id=task.task_id,
         env_name=env.name,
@@ -425,4 +429,5 @@ async def run_episode(
         started_at=started_at,
         finished_at=time.time(),
         metrics=metrics,
-    ).validate()
+    )
+    return rollout.to_arrays() if arrays else rollout.validate()

@@ -386,6 +386,7 @@ async def run_group(
     temperature: float = 1.0,
     top_p: float = 1.0,
     chat: Any = None,
+    arrays: bool = False,
 ) -> list[Rollout]:
     """Run ``group_size`` episodes of one task concurrently; they share a fresh ``group_id``.
 
@@ -401,6 +402,7 @@ async def run_group(
         temperature: Sampling temperature.
         top_p: Nucleus mass.
         chat: Prebuilt ``ChatFormat``.
+        arrays: Per-token fields as numpy arrays (see ``run_episode``).
 
     Returns:
         G validated rollouts.
@@ -416,7 +418,7 @@ async def run_group(
             *(
                 run_episode(
                     engine, tokenizer, env, task, limits, generator_id=generator_id, seed=seed + 1000 * k,
-                    temperature=temperature, top_p=top_p, group_id=group_id, chat=chat,
+                    temperature=temperature, top_p=top_p, group_id=group_id, chat=chat, arrays=arrays,
                 )
                 for k in range(group_size)
             )

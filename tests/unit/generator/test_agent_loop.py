@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
+import numpy as np
 import pytest
 
 from fixtures_models import TinyModel
@@ -32,7 +34,7 @@ from posttrain.generator.agent_loop import (
 )
 from posttrain.generator.engines.base import GenerationRequest, GenerationResult, InferenceEngine
 from posttrain.learner.model import load_tokenizer
-from posttrain.records import Rollout, Task
+from posttrain.records import Rollout, Task, encode_rollout
 
 
 @dataclass
@@ -166,6 +168,25 @@ def test_two_turn_rollout_is_prompt_plus_actions_plus_encoded_observation(tok: A
     assert rollout.metrics["correct"] == 1.0 and rollout.metrics["tool_calls"] == 1.0
     assert rollout.metrics["num_turns"] == 2.0
     assert rollout.generator_id == "g0" and rollout.env_name == "synthetic_tool"
+
+
+def test_arrays_option_returns_the_same_rollout_as_wire_dtype_arrays(tok: Any) -> None:
+    """What generators put on the stream: the same two-turn rollout, its per-token fields as
+    int32 / float32 / bool arrays (converted once while validating), encoding to the same bytes."""
+    env, task = SyntheticToolEnv(), tool_task()
+    turn1, turn2 = reference_episode(task)
+    a1, a2 = action(tok, turn1), action(tok, turn2)
+    lists = run(ScriptedEngine([Turn(a1), Turn(a2)]), tok, env, task, LIMITS)
+    arrays = run(ScriptedEngine([Turn(a1), Turn(a2)]), tok, env, task, LIMITS, arrays=True)
+    assert isinstance(lists.token_ids, list)
+    assert arrays.token_ids.dtype == np.int32 and arrays.token_ids.tolist() == lists.token_ids
+    assert arrays.behaviour_logprobs.dtype == np.float32
+    np.testing.assert_allclose(arrays.behaviour_logprobs, lists.behaviour_logprobs, rtol=1e-6)
+    assert arrays.action_mask.dtype == np.bool_ and arrays.action_mask.tolist() == lists.action_mask
+    assert arrays.num_action_tokens == lists.num_action_tokens
+    same = msgspec.structs.replace(arrays, rollout_id=lists.rollout_id, started_at=lists.started_at,
+                                   finished_at=lists.finished_at)
+    assert encode_rollout(same) == encode_rollout(lists)
 
 
 def test_sampled_tokens_are_kept_verbatim_never_reencoded(tok: Any) -> None:
