@@ -168,7 +168,7 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
             try:
                 rollouts = await run_group(
                     engine, tokenizer, env, task, limits, group_size=group_size, seed=rng.randrange(2**31),
-                    generator_id=generator_id, temperature=gen.temperature, top_p=gen.top_p,
+                    generator_id=generator_id, temperature=gen.temperature, top_p=gen.top_p, arrays=True,
                 )
             except asyncio.CancelledError:  # stopping: give the slots back before unwinding
                 for ticket in tickets:
@@ -196,7 +196,8 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
             stats.episode_started()
             try:
                 rollout = await run_episode(
-                    engine, tokenizer, env, task, limits, generator_id=generator_id, seed=rng.randrange(2**31)
+                    engine, tokenizer, env, task, limits, generator_id=generator_id, seed=rng.randrange(2**31),
+                    arrays=True,  # converted once while validating; put() packs them without a per-token pass
                 )
             except asyncio.CancelledError:  # stopping: give the slot back before unwinding
                 admission.release(ticket)
