@@ -156,7 +156,7 @@ def method_config(args: argparse.Namespace, work: Path, method: str) -> dict[str
     batch = args.batch_rollouts
     if method == "sao":
         cfg["technique"] = "sao"
-        cfg["sao"] = {"steps": args.steps, "batch_size": batch, "micro_batch_size": batch,
+        cfg["sao"] = {"steps": args.steps, "batch_size": batch, "micro_batch_size": args.micro_batch_size,
                       "max_staleness": args.max_staleness, "checkpoint_every": args.steps, "optim": optim,
                       "critic": {"lr": 1.0e-3, "warmup_steps": args.critic_warmup, "updates_per_step": 2}}
         return cfg
@@ -168,7 +168,7 @@ def method_config(args: argparse.Namespace, work: Path, method: str) -> dict[str
         raise ValueError(f"--batch-rollouts ({batch}) must be a multiple of the group size of {method} ({group})")
     cfg["technique"] = "grpo"
     cfg["grpo"] = {"steps": args.steps, "prompts_per_step": batch // group, "group_size": group,
-                   "micro_batch_size": batch, "mini_batches": 1, "drop_uniform_groups": True,
+                   "micro_batch_size": args.micro_batch_size, "mini_batches": 1, "drop_uniform_groups": True,
                    "checkpoint_every": args.steps, "optim": optim}
     if kind == "grpo_async":
         cfg["grpo"].update({"async": True, "max_staleness": args.max_staleness,
@@ -546,7 +546,9 @@ def measure_learner_cost(args: argparse.Namespace, work: Path, sft: Path, rollou
     tokens. Medians over ``repeats``.
 
     Returns:
-        ``sao_step_s``, ``grpo_step_s``, ``ratio_sao_over_grpo``, ``padded_tokens`` (rows x longest).
+        ``sao_step_s``, ``grpo_step_s``, ``ratio_sao_over_grpo``, ``padded_tokens`` (what one
+        forward pass over the length-ordered micro-batches computes), ``real_tokens``,
+        ``micro_batch_size``, ``rows``.
     """
     from posttrain.learner.batching import collate_rollouts
     from posttrain.learner.grpo import grpo_train_step
@@ -567,7 +569,8 @@ def measure_learner_cost(args: argparse.Namespace, work: Path, sft: Path, rollou
     sao_s = []
     for r in range(repeats):
         t = time.perf_counter()
-        sao_train_step(policy=policy, critic=critic, batch=batch, config=sao, iteration=sao.critic.warmup_steps + r)
+        out = sao_train_step(policy=policy, critic=critic, batch=batch, config=sao,
+                             iteration=sao.critic.warmup_steps + r)
         sao_s.append(time.perf_counter() - t)
     model = load_policy(sft)
     policy = Trainable(model, *build_optimizer(model, grpo.optim, 100))
@@ -581,7 +584,9 @@ def measure_learner_cost(args: argparse.Namespace, work: Path, sft: Path, rollou
         "sao_step_s": statistics.median(sao_s),
         "grpo_step_s": statistics.median(grpo_s),
         "ratio_sao_over_grpo": statistics.median(sao_s) / statistics.median(grpo_s),
-        "padded_tokens": float(batch.token_ids.numel()),
+        "padded_tokens": out.metrics["batch/padded_tokens"],
+        "real_tokens": out.metrics["batch/real_tokens"],
+        "micro_batch_size": float(sao.micro_batch_size),
         "rows": float(batch.token_ids.shape[0]),
     }
 
@@ -746,8 +751,12 @@ def render_one(result: dict[str, Any]) -> str:
         f"sigma {s['calls_sigma']}, clipped to 1..{s['max_calls']}; train tasks: mean {calls['mean']:.1f}, "
         f"p90 {calls['p90']:.0f}, max {calls['max']:.0f}); {s['batch_rollouts']} rollouts per policy version, "
         f"{s['steps']} versions per method, lr {s['lr']}, engine `{s['engine']}`, {s['generators']} generator "
-        f"process(es) with {s['episodes_in_flight']} episodes in flight (synchronous GRPO: one engine in the "
-        f"learner's process, same batch capacity), tiny Qwen2-shaped model after {s['sft_steps']} SFT steps.",
+        f"process(es) with up to {s['episodes_in_flight']} episodes in flight, staleness bound tau = "
+        f"{s['max_staleness']} (SAO and asynchronous GRPO; synchronous GRPO: one engine in the learner's process "
+        f"running each batch's {s['batch_rollouts']} episodes at once)"
+        + (f", learner micro-batches of {s['micro_batch_size']} rollouts in length order (every method)"
+           if "micro_batch_size" in s else "")
+        + f", tiny Qwen2-shaped model after {s['sft_steps']} SFT steps.",
         "",
         markdown_table(
             ["method", "busy fraction", "trained action tokens/s", "rollouts/s", "learner s/step", "wall s",
@@ -769,7 +778,10 @@ def extra_lines(result: dict[str, Any]) -> list[str]:
     lc = result.get("learner_cost")
     if lc:
         out.append(
-            f"Learner alone, same batch ({lc['rows']:.0f} rollouts, {lc['padded_tokens']:.0f} padded tokens): SAO "
+            f"Learner alone, same batch ({lc['rows']:.0f} rollouts, "
+            + (f"{lc['real_tokens']:.0f} tokens, {lc['padded_tokens']:.0f} with padding in length-ordered micro-batches "
+               f"of {lc['micro_batch_size']:.0f}" if "real_tokens" in lc else f"{lc['padded_tokens']:.0f} padded tokens")
+            + "): SAO "
             f"iteration {lc['sao_step_s']:.2f} s, GRPO iteration {lc['grpo_step_s']:.2f} s "
             f"(**{lc['ratio_sao_over_grpo']:.1f}x**: the critic's value pass and its updates)."
         )
@@ -843,9 +855,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--methods", nargs="+", default=list(METHODS), help=f"any of {METHODS} (other G allowed)")
     p.add_argument("--steps", type=int, default=20, help="policy versions per method")
-    p.add_argument("--batch-rollouts", type=int, default=32, help="rollouts per policy version (every method)")
+    p.add_argument("--batch-rollouts", type=int, default=64, help="rollouts per policy version (every method)")
     p.add_argument("--generators", type=int, default=1, help="generator processes (SAO, async GRPO)")
-    p.add_argument("--episodes-in-flight", type=int, default=64, help="concurrent episodes per engine")
+    p.add_argument("--episodes-in-flight", type=int, default=256,
+                   help="concurrent episodes per engine (asynchronous methods; admission caps them at "
+                        "(tau + 1) x --batch-rollouts ahead of the learner)")
     p.add_argument("--engine", default="hf", choices=["hf", "vllm", "auto"])
     p.add_argument("--calls-median", type=float, default=3.0)
     p.add_argument("--calls-sigma", type=float, default=0.8)
@@ -862,7 +876,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=5, help="snapshot every this many versions")
     p.add_argument("--sft-steps", type=int, default=500)
     p.add_argument("--lr", type=float, default=3.0e-4)
-    p.add_argument("--max-staleness", type=int, default=2)
+    p.add_argument("--max-staleness", type=int, default=4,
+                   help="tau of SAO and asynchronous GRPO (policy versions; 4 as in the SAO paper's runs)")
+    p.add_argument("--micro-batch-size", type=int, default=4,
+                   help="rollouts per micro-batch, every method (rows are trained in length order)")
     p.add_argument("--critic-warmup", type=int, default=1, help="SAO critic-only iterations")
     p.add_argument("--target", type=float, default=None, help="held-out reward target (default: warm start + gain)")
     p.add_argument("--target-gain", type=float, default=0.05)
