@@ -57,10 +57,12 @@ Run: ``.venv/bin/python -m bench.async_vs_sync --steps 12 --eval-every 4`` (the 
 setting, 31 minutes measured on 2 shared cores: synchronous GRPO spends most of it waiting for
 each batch's slowest group; plus 8 minutes of SFT warm start the first time, cached under
 ``--work-dir``), the compute-bound setting with
-``.venv/bin/python -m bench.async_vs_sync --tool-latency-median-s 0 --episodes-in-flight 32 --steps 12 --eval-every 4``,
+``.venv/bin/python -m bench.async_vs_sync --tool-latency-median-s 0 --episodes-in-flight 64 --steps 12 --eval-every 4``
+(10 minutes),
 or a smoke run:
 ``.venv/bin/python -m bench.async_vs_sync --steps 2 --eval-every 2 --methods sao grpo_sync_g4``.
-``--engine-modes-only`` re-measures only the engine's lockstep-versus-continuous feeding.
+``--engine-modes-only`` re-measures only the engine's lockstep-versus-continuous feeding; ``--trace-only``
+re-collects only the trace (for ``bench.simulate``).
 """
 
 from __future__ import annotations
@@ -818,6 +820,38 @@ def engine_modes_only(args: argparse.Namespace, work: Path) -> int:
     return 0
 
 
+def trace_only(args: argparse.Namespace, work: Path) -> int:
+    """``--trace-only``: re-collect the warm start's trace (``--trace-tasks`` x ``--trace-samples``) for every setting.
+
+    The trace describes the warm-started policy on the instantaneous environment, the same for
+    both settings, so one collection replaces the ``trace`` of the top-level result and of
+    ``compute_bound``; each gets ``trace_settings`` (tasks, samples, seed, when). The method runs
+    are left as they are. ``bench.simulate`` reads the new trace.
+
+    Raises:
+        FileNotFoundError: no results file or no cached warm start (run the benchmark first).
+    """
+    from bench.common import read_result
+
+    result = read_result("async_vs_sync")
+    if result is None:
+        raise FileNotFoundError("bench/results/async_vs_sync.json: run the benchmark first")
+    base, sft, _ = prepare_shared(args, work)
+    trace, _ = collect_trace(base, sft, args.trace_tasks, args.trace_samples, args.seed)
+    meta = {"tasks": args.trace_tasks, "samples": args.trace_samples, "seed": args.seed,
+            "command": command_line("bench.async_vs_sync", None), "when": machine_info()["when"]}
+    for r in [result] + ([result["compute_bound"]] if result.get("compute_bound") else []):
+        r["trace"] = trace
+        r["trace_settings"] = meta
+    write_result("async_vs_sync", result)
+    if not args.no_docs:
+        update_docs_section("async_vs_sync", render(result))
+    flat = [x for t in trace for x in t["rollouts"]]
+    print(f"trace: {len(trace)} tasks x {args.trace_samples} samples, mean reward "
+          f"{statistics.fmean(x['reward'] for x in flat):.3f}")
+    return 0
+
+
 def merge_results(previous: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     """The results file after a run: one result per setting (module docstring).
 
@@ -883,8 +917,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--critic-warmup", type=int, default=1, help="SAO critic-only iterations")
     p.add_argument("--target", type=float, default=None, help="held-out reward target (default: warm start + gain)")
     p.add_argument("--target-gain", type=float, default=0.05)
-    p.add_argument("--trace-tasks", type=int, default=32)
-    p.add_argument("--trace-samples", type=int, default=4)
+    p.add_argument("--trace-tasks", type=int, default=128,
+                   help="training tasks in the trace bench.simulate replays (32 under-represented the tail)")
+    p.add_argument("--trace-samples", type=int, default=8, help="episodes per trace task")
+    p.add_argument("--trace-only", action="store_true",
+                   help="only re-collect the trace and store it in every setting of the existing JSON")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", type=Path, default=REPO / "runs" / "bench" / "async_vs_sync")
     p.add_argument("--no-docs", action="store_true", help="write the JSON only")
@@ -901,6 +938,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     if args.engine_modes_only:
         return engine_modes_only(args, work)
+    if args.trace_only:
+        return trace_only(args, work)
 
     t_all = time.monotonic()
     task_calls = write_tasks(args, work)
