@@ -911,7 +911,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sft-steps", type=int, default=500)
     p.add_argument("--lr", type=float, default=3.0e-4)
     p.add_argument("--max-staleness", type=int, default=4,
-                   help="tau of SAO and asynchronous GRPO (policy versions; 4 as in the SAO paper's runs)")
+                   help="tau of SAO and asynchronous GRPO (policy versions; 4: the config default, Reef's SAO runs)")
     p.add_argument("--micro-batch-size", type=int, default=4,
                    help="rollouts per micro-batch, every method (rows are trained in length order)")
     p.add_argument("--critic-warmup", type=int, default=1, help="SAO critic-only iterations")
@@ -941,6 +941,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace_only:
         return trace_only(args, work)
 
+    for method in args.methods:  # a bad name or group size fails now, not after the warm start
+        try:
+            validated(method_config(args, work, method))
+        except ValueError as exc:
+            p.error(str(exc).splitlines()[0])
     t_all = time.monotonic()
     task_calls = write_tasks(args, work)
     base, sft, prep_s = prepare_shared(args, work)

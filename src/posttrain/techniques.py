@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from posttrain.config import RunConfig
+from posttrain.config.load import ConfigError
 from posttrain.data.formats import LoadedRows, RowPolicy, load_rows
 from posttrain.data.tasks import DatasetError
 from posttrain.flow import RunSummary
@@ -43,8 +44,11 @@ log = logging.getLogger("posttrain.techniques")
 Sink = Callable[[dict[str, float], int], None]
 
 
-class TechniqueConfigError(ValueError):
-    """A technique's config section misses something the run needs; the message names the field."""
+class TechniqueConfigError(ConfigError):
+    """A technique's config section misses something the run needs; the message names the field.
+
+    A ``ConfigError`` (a ``ValueError``), so the command line reports it in one line with exit 2.
+    """
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from bench.async_vs_sync import merge_results
 
 
@@ -35,3 +36,18 @@ def test_a_compute_bound_run_replaces_only_the_compute_bound_part() -> None:
 def test_without_a_previous_file_the_run_is_the_top_level() -> None:
     assert merge_results(None, result("compute_bound", 0.8)) == result("compute_bound", 0.8)
     assert "compute_bound" not in merge_results(None, result("tool_latency", 2.0))
+
+
+@pytest.mark.parametrize(("methods", "message"), [
+    (["nonsense"], "unknown method 'nonsense'"),
+    (["grpo_sync_g5"], "must be a multiple of the group size of grpo_sync_g5"),
+])
+def test_bad_methods_fail_before_the_warm_start(tmp_path, capsys, methods, message):
+    """Checked right after parsing (the SFT warm start takes minutes): exit 2, one error line, nothing written."""
+    from bench.async_vs_sync import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--methods", *methods, "--steps", "1", "--no-docs", "--work-dir", str(tmp_path / "w")])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "w" / "tasks").exists()

@@ -117,3 +117,14 @@ def test_a_bad_override_is_blamed_on_the_override_not_the_file(tmp_path):
     # Our validators' sentence, without pydantic's "Value error, " label.
     assert str(err.value) == ("override 'checkpoints_uri=/tmp/x': checkpoints_uri: checkpoints_uri must be an "
                               "s3://bucket/prefix URI (or unset), got '/tmp/x'")
+
+
+def test_run_with_a_missing_training_file_prints_one_line_and_exits_2(tmp_path, capsys):
+    """The technique's data path is checked before anything is prepared: one line, no traceback."""
+    missing = tmp_path / "nope.jsonl"
+    sft = next(p for p in CONFIGS if p.name == "sft_cpu.yaml")
+    code = main(["run", str(sft), f"sft.data_path={missing}", f"output_dir={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err == [f"posttrain: config error: sft.data_path: {missing} is not a file"]
+    assert not (tmp_path / "runs").exists()
