@@ -22,7 +22,8 @@ What it models (every time in seconds, every length in tokens):
   generator worker before its fix, whose admission waits and engine batches shared one thread
   pool (``ThreadPool``).
 * **Learner**: M GPUs; one iteration on a batch of rollouts takes ``step_s_fixed +
-  s_per_token * rows * longest_rollout / M`` (padded tokens, perfect data parallelism), then a
+  s_per_token * tokens / M`` (the batch's real tokens: our learner trains rows in length order, so
+  padding is small; perfect data parallelism), then a
   weight publication (``publish_s``) during which the learner waits, then every engine reloads
   (``reload_s``; a static engine after its running batch).
 * **Methods**: ``sao`` (one rollout per prompt; AReaL-style admission: at most ``(v + tau + 1) * B``
@@ -219,7 +220,8 @@ class LearnerModel:
     Attributes:
         gpus: M, learner devices (data parallel, perfect scaling).
         step_s_fixed: Per-iteration cost independent of the batch.
-        s_per_token: Seconds per padded token (rows x longest rollout) on one device.
+        s_per_token: Seconds per trained token (the batch's real tokens; the learner orders rows by
+            length, so micro-batches carry little padding) on one device.
         warmup_iterations: Leading iterations that train without publishing a version (SAO critic warm-up).
     """
 
@@ -230,8 +232,7 @@ class LearnerModel:
 
     def train_time(self, batch: Sequence[RolloutShape]) -> float:
         """Seconds for one iteration on ``batch``."""
-        longest = max((s.total_tokens for s in batch), default=0)
-        return self.step_s_fixed + self.s_per_token * len(batch) * longest / self.gpus
+        return self.step_s_fixed + self.s_per_token * sum(s.total_tokens for s in batch) / self.gpus
 
 
 @dataclass(frozen=True)
@@ -1425,7 +1426,7 @@ def render(result: dict[str, Any]) -> str:
         f"**Projection** to a GPU cluster (assumed, not measured: continuous batching, decode step "
         f"{e['step_s'] * 1e3:.0f} ms + {e['step_s_per_row'] * 1e3:.2f} ms per row, up to {e['max_batch']} rows, "
         f"prefill {e['prefill_s_per_token'] * 1e6:.0f} us/token; GRPO learner {a['grpo_learner_s_per_token'] * 1e6:.0f} "
-        f"us per padded token per GPU, SAO learner x{a['sao_learner_cost_ratio']:.2f} (critic; the ratio `async_vs_sync` "
+        f"us per trained token per GPU, SAO learner x{a['sao_learner_cost_ratio']:.2f} (critic; the ratio `async_vs_sync` "
         f"measured on one batch); {a['learner_gpus_per_generator']} learner GPU per generator; "
         f"{a['rollouts_per_generator_per_step']} rollouts per generator per step; publish {a['publish_s']} s, "
         f"reload {a['reload_s']} s; turn lengths of the trace x{a['token_scale']}; {tool}; G = {a['group_size']}, "
@@ -1463,7 +1464,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5, help="seeds per validation run")
     p.add_argument("--token-scale", type=float, default=10.0, help="stretch the trace's lengths for the projection")
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--max-staleness", type=int, default=2)
+    p.add_argument("--max-staleness", type=int, default=4, help="tau of the projection (4, as async_vs_sync)")
     p.add_argument("--rollouts-per-generator", type=int, default=32,
                    help="B / N; with --gpu-max-batch 32 one step fills every engine once (GRPO's best case)")
     p.add_argument("--learner-ratio", type=float, default=1.0, help="learner GPUs per generator")
