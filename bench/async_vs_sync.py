@@ -89,6 +89,7 @@ from bench.common import (
     machine_line,
     markdown_table,
     publish_result,
+    settings_of,
     update_docs_section,
     write_result,
 )
@@ -971,7 +972,7 @@ def main(argv: list[str] | None = None) -> int:
         "setting": setting_label(args),
         "command": command_line("bench.async_vs_sync", argv),
         "machine": machine_info(),
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "settings": settings_of(args),
         "task_calls": task_calls,
         "start_reward": start,
         "target": target,

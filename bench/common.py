@@ -90,6 +90,20 @@ def command_line(module: str, argv: Sequence[str] | None) -> str:
 
 
 # ------------------------------------------------------------------------------- results and docs
+def settings_of(args: Any) -> dict[str, Any]:
+    """An argparse namespace as JSON-ready settings; paths inside the repository are written relative to it.
+
+    Results are committed, so they must not carry the path of the machine that ran them.
+    """
+    out: dict[str, Any] = {}
+    for key, value in vars(args).items():
+        if isinstance(value, Path):
+            resolved = value.resolve()
+            value = str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else value.name
+        out[key] = value
+    return out
+
+
 def write_result(name: str, data: dict[str, Any], results_dir: Path = RESULTS_DIR) -> Path:
     """Write ``data`` as indented JSON to ``<results_dir>/<name>.json``; return the path.
 

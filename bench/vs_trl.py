@@ -54,6 +54,7 @@ from bench.common import (
     machine_line,
     markdown_table,
     publish_result,
+    settings_of,
 )
 
 TRL_PIN = "trl==1.16.0"
@@ -256,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(),
         "trl_version": trl_version,
         "trl_pin": TRL_PIN,
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "settings": settings_of(args),
         "start_reward": start,
         "target": target,
         "action_tokens_per_s": {k: v["action_tokens_per_s"] for k, v in methods.items()},

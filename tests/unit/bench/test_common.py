@@ -57,3 +57,12 @@ def test_publish_result_writes_json_then_docs_and_targets_only_when_asked(tmp_pa
     publish_result("stream", {"rows": []}, "the table", docs=True, results_dir=tmp_path, docs_path=docs)
     text = docs.read_text()
     assert "the table" in text and "<!-- bench:targets:begin -->" in text
+
+
+def test_settings_write_repository_paths_relative_so_results_carry_no_machine_path():
+    import argparse
+
+    from bench.common import REPO, settings_of
+
+    got = settings_of(argparse.Namespace(work_dir=REPO / "runs" / "bench" / "x", out=Path("/elsewhere/r.json"), n=3))
+    assert got == {"work_dir": "runs/bench/x", "out": "r.json", "n": 3}
