@@ -177,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         # Load reports and weight-loading progress bars of transformers drown the run's own output.
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        # vLLM's per-engine INFO lines (about 80 per engine start) bury the run's steps; its
+        # warnings stay. Read when vllm is imported, so it must be set before.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         return int(args.func(args))
