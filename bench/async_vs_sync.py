@@ -800,8 +800,8 @@ def extra_lines(result: dict[str, Any]) -> list[str]:
     return out
 
 
-def engine_modes_only(args: argparse.Namespace, work: Path) -> int:
-    """``--engine-modes-only``: run ``measure_engine_modes`` on the cached warm start, store it in the results.
+def stored_result_and_warm_start(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], Any, Path]:
+    """The existing results, the base ``RunContext`` and the cached SFT warm start (for the ``--*-only`` modes).
 
     Raises:
         FileNotFoundError: no results file or no cached warm start (run the benchmark first).
@@ -812,6 +812,16 @@ def engine_modes_only(args: argparse.Namespace, work: Path) -> int:
     if result is None:
         raise FileNotFoundError("bench/results/async_vs_sync.json: run the benchmark first")
     base, sft, _ = prepare_shared(args, work)
+    return result, base, sft
+
+
+def engine_modes_only(args: argparse.Namespace, work: Path) -> int:
+    """``--engine-modes-only``: run ``measure_engine_modes`` on the cached warm start, store it in the results.
+
+    Raises:
+        FileNotFoundError: no results file or no cached warm start (run the benchmark first).
+    """
+    result, base, sft = stored_result_and_warm_start(args, work)
     modes = measure_engine_modes(base, sft, seconds=20.0, slots=args.episodes_in_flight, seed=args.seed)
     result["engine_modes"] = {**modes, "command": command_line("bench.async_vs_sync", None), "machine": machine_info()}
     write_result("async_vs_sync", result)
@@ -832,12 +842,7 @@ def trace_only(args: argparse.Namespace, work: Path) -> int:
     Raises:
         FileNotFoundError: no results file or no cached warm start (run the benchmark first).
     """
-    from bench.common import read_result
-
-    result = read_result("async_vs_sync")
-    if result is None:
-        raise FileNotFoundError("bench/results/async_vs_sync.json: run the benchmark first")
-    base, sft, _ = prepare_shared(args, work)
+    result, base, sft = stored_result_and_warm_start(args, work)
     trace, _ = collect_trace(base, sft, args.trace_tasks, args.trace_samples, args.seed)
     meta = {"tasks": args.trace_tasks, "samples": args.trace_samples, "seed": args.seed,
             "command": command_line("bench.async_vs_sync", None), "when": machine_info()["when"]}

@@ -39,8 +39,8 @@ class RolloutBatch:
         """Action tokens in the batch (tokens)."""
         return int(self.action_mask.sum().item())
 
-    def rows(self, index: slice) -> RolloutBatch:
-        """A micro-batch: the rows in ``index``, trimmed to their longest real sequence."""
+    def rows(self, index: slice | torch.Tensor) -> RolloutBatch:
+        """The rows in ``index`` (a slice, or an int64 index tensor that may reorder), trimmed to their longest real sequence."""
         attn = self.attention_mask[index]
         width = int(attn.sum(dim=1).max().item()) if attn.numel() else 0
         return RolloutBatch(
@@ -93,17 +93,7 @@ def select_rows(batch: RolloutBatch, index: Sequence[int]) -> RolloutBatch:
     """
     if not index:
         raise ValueError("index: empty")
-    idx = torch.tensor(list(index), dtype=torch.long)
-    attn = batch.attention_mask[idx]
-    width = int(attn.sum(dim=1).max())
-    return RolloutBatch(
-        token_ids=batch.token_ids[idx, :width],
-        attention_mask=attn[:, :width],
-        action_mask=batch.action_mask[idx, :width],
-        behaviour_logprobs=batch.behaviour_logprobs[idx, :width],
-        rewards=batch.rewards[idx],
-        policy_versions=batch.policy_versions[idx],
-    )
+    return batch.rows(torch.tensor(list(index), dtype=torch.long))
 
 
 def length_order(batch: RolloutBatch, rows: Sequence[int] | None = None) -> list[int]:
