@@ -481,13 +481,18 @@ def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed:
     training tasks of the run. The engine's static, left-padded batches make mixed contexts cost
     more, which this isolates from CPU sharing.
 
+    Episodes start while the clock is below ``seconds``; the ones in flight then finish and count
+    (``seconds`` in the result is the whole time, drain included; ``feed_s`` is the window).
+
     Returns:
-        Per mode: ``rollouts``, ``rollouts_per_s``, ``mean_batch`` (requests per engine batch).
+        ``feed_s``, and per mode: ``rollouts``, ``rollouts_per_s``, ``mean_batch`` (requests per
+        engine batch) and ``batches``, one ``[rows, width, prompt_tokens, new_tokens, seconds]`` per
+        engine batch (``HFEngine.batch_observer``; the simulator fits its engine cost model on them).
     """
     import torch
 
     from posttrain.generator.agent_loop import EpisodeLimits, run_episode
-    from posttrain.generator.engines.hf import HFEngine
+    from posttrain.generator.engines.hf import BatchTiming, HFEngine
     from posttrain.learner.model import load_tokenizer
 
     gen = base.config.generator
@@ -522,16 +527,21 @@ def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed:
         await asyncio.gather(*(slot() for _ in range(slots)))
         return done[0]
 
-    out: dict[str, Any] = {"load_avg_start": os.getloadavg()[0]}
+    out: dict[str, Any] = {"load_avg_start": os.getloadavg()[0], "feed_s": seconds}
+    timings: list[BatchTiming] = []
+    engine.batch_observer = timings.append
     try:
         for name, mode in (("lockstep", lockstep), ("continuous", continuous)):
             engine.batch_sizes.clear()
+            timings.clear()
             t = time.monotonic()
             n = asyncio.run(mode(t + seconds))
             elapsed = time.monotonic() - t
             sizes = engine.batch_sizes
             out[name] = {"rollouts": n, "seconds": elapsed, "rollouts_per_s": n / elapsed,
-                         "mean_batch": statistics.fmean(sizes) if sizes else 0.0}
+                         "mean_batch": statistics.fmean(sizes) if sizes else 0.0,
+                         "batches": [[b.rows, b.width, b.prompt_tokens, b.new_tokens, round(b.seconds, 6)]
+                                     for b in timings]}
     finally:
         engine.close()
         torch.set_num_threads(threads)
@@ -792,10 +802,13 @@ def extra_lines(result: dict[str, Any]) -> list[str]:
     if em:
         lock, cont = em["lockstep"], em["continuous"]
         out.append(
-            f"`hf` engine alone (1 thread, {result['settings']['episodes_in_flight']} episodes): lockstep feeding "
-            f"{lock['rollouts_per_s']:.1f} rollouts/s (mean batch {lock['mean_batch']:.1f}), continuous feeding "
-            f"{cont['rollouts_per_s']:.1f} rollouts/s (mean batch {cont['mean_batch']:.1f}); load average "
-            f"{em['load_avg_start']:.1f} -> {em['load_avg_end']:.1f}."
+            f"`hf` engine alone (1 thread, {result['settings']['episodes_in_flight']} episodes"
+            + (f", episodes started for {em['feed_s']:.0f} s, the last ones drained" if "feed_s" in em else "")
+            + f"): lockstep feeding {lock['rollouts_per_s']:.1f} rollouts/s (mean batch {lock['mean_batch']:.1f}), "
+            f"continuous feeding {cont['rollouts_per_s']:.1f} rollouts/s (mean batch {cont['mean_batch']:.1f}"
+            + (f"; {len(lock.get('batches', [])) + len(cont.get('batches', []))} batches timed for the simulator's "
+               "engine costs" if "batches" in cont else "")
+            + f"); load average {em['load_avg_start']:.1f} -> {em['load_avg_end']:.1f}."
         )
     return out
 
@@ -815,19 +828,40 @@ def stored_result_and_warm_start(args: argparse.Namespace, work: Path) -> tuple[
     return result, base, sft
 
 
+def setting_result(result: dict[str, Any], label: str) -> dict[str, Any]:
+    """The result of setting ``label`` in a results file (the top level or its ``compute_bound``; see ``merge_results``).
+
+    Raises:
+        FileNotFoundError: the file holds no result of that setting.
+    """
+    if result.get("setting", "compute_bound") == label:
+        return result
+    nested = result.get("compute_bound")
+    if label == "compute_bound" and nested:
+        return nested
+    raise FileNotFoundError(f"bench/results/async_vs_sync.json: no {label} result; run that setting first")
+
+
 def engine_modes_only(args: argparse.Namespace, work: Path) -> int:
     """``--engine-modes-only``: run ``measure_engine_modes`` on the cached warm start, store it in the results.
 
+    The measurement goes to the result of the setting the arguments name (``setting_label``): the
+    top level, or ``compute_bound`` with ``--tool-latency-median-s 0``; it uses that setting's
+    ``--episodes-in-flight``.
+
     Raises:
-        FileNotFoundError: no results file or no cached warm start (run the benchmark first).
+        FileNotFoundError: no results file, no result of that setting, or no cached warm start
+            (run the benchmark first).
     """
     result, base, sft = stored_result_and_warm_start(args, work)
-    modes = measure_engine_modes(base, sft, seconds=20.0, slots=args.episodes_in_flight, seed=args.seed)
-    result["engine_modes"] = {**modes, "command": command_line("bench.async_vs_sync", None), "machine": machine_info()}
+    target = setting_result(result, setting_label(args))
+    modes = measure_engine_modes(base, sft, seconds=args.engine_modes_s, slots=args.episodes_in_flight, seed=args.seed)
+    target["engine_modes"] = {**modes, "command": command_line("bench.async_vs_sync", None), "machine": machine_info()}
     write_result("async_vs_sync", result)
     if not args.no_docs:
         update_docs_section("async_vs_sync", render(result))
-    print(json.dumps(modes, indent=2))
+    print(json.dumps({k: ({kk: vv for kk, vv in v.items() if kk != "batches"} if isinstance(v, dict) else v)
+                      for k, v in modes.items()}, indent=2))
     return 0
 
 
@@ -933,9 +967,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-docs", action="store_true", help="write the JSON only")
     p.add_argument("--engine-modes-only", action="store_true",
                    help="only measure the engine's lockstep vs continuous feeding and add it to the existing JSON")
+    p.add_argument("--engine-modes-s", type=float, default=60.0,
+                   help="feeding window of each engine-mode measurement (s); continuous feeding takes about a "
+                        "minute to reach its steady mix of contexts, which the simulator's engine costs must cover")
     p.add_argument("--torch-threads", type=int, default=1,
                    help="torch threads of this process (learner and in-process engines); generator processes use 1")
     args = p.parse_args(argv)
+    if args.engine_modes_s <= 0:
+        p.error(f"--engine-modes-s: must be > 0 seconds, got {args.engine_modes_s}")
     logging.basicConfig(level=logging.WARNING)
     import torch
 
@@ -964,7 +1003,7 @@ def main(argv: list[str] | None = None) -> int:
     print("trace and calibration", flush=True)
     trace, trace_rollouts = collect_trace(base, sft, args.trace_tasks, args.trace_samples, args.seed)
     learner_cost = measure_learner_cost(args, work, sft, trace_rollouts)
-    engine_modes = measure_engine_modes(base, sft, seconds=20.0, slots=args.episodes_in_flight, seed=args.seed)
+    engine_modes = measure_engine_modes(base, sft, seconds=args.engine_modes_s, slots=args.episodes_in_flight, seed=args.seed)
     engine = calibrate_engine(sft, batch_sizes=[1, 8, 32], widths=[64, 256, 512], new_tokens=args.max_new_tokens,
                               repeats=2)
     sync = measure_weight_sync(sft, repeats=3)

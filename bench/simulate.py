@@ -6,8 +6,9 @@ What it models (every time in seconds, every length in tokens):
   ``trace``): per task, a few rollouts of the warm-started policy, each with its prompt length,
   action tokens per turn, observation tokens after each turn and reward. ``token_scale``
   stretches every length (to emulate longer turns than the tiny model's). A GRPO group's
-  rewards are drawn from the task's success-rate posterior (``Workload``), not from its few
-  traced rewards.
+  members are distinct traced rollouts of its task while the task has G of them (a subset of
+  independent samples is independent; repeats would finish in lockstep), and its rewards are
+  drawn from the task's success-rate posterior (``Workload``), not from its few traced rewards.
 * **Tools**: after every turn but the last, ``env_step_s`` plus the ``synthetic_longtail``
   environment's tool latency (log-normal, capped; drawn per task instance: the same draws for
   the G episodes of a group, independent ones for every other group or SAO episode).
@@ -17,8 +18,10 @@ What it models (every time in seconds, every length in tokens):
   and a prefill cost of ``prefill_s_per_token`` per prompt token: ``static`` batching (the
   ``hf`` engine: a batch of queued requests runs until its longest member is done, new
   requests wait, and each row's decode step also pays ``step_s_per_row_token`` per token of the
-  batch's left-padded context) and ``continuous`` batching (vLLM: requests join and leave at
-  every step; a prefill pauses decoding for its duration). ``pool_workers`` > 0 models the
+  batch's left-padded context plus ``step_s_per_kv_sq`` per squared batch context; the costs are
+  fitted on the batches the engine ran when fed by real episodes, ``engine_costs``) and
+  ``continuous`` batching (vLLM: requests join and leave at every step; a prefill pauses
+  decoding for its duration). ``pool_workers`` > 0 models the
   generator worker before its fix, whose admission waits and engine batches shared one thread
   pool (``ThreadPool``).
 * **Learner**: M GPUs; one iteration on a batch of rollouts takes ``step_s_fixed +
@@ -42,8 +45,8 @@ second** and **rollouts per second** between the first and the last policy updat
 only tokens of groups with unequal rewards, like ``grpo_train_step``).
 
 The command (a) re-simulates the small runs of ``bench/async_vs_sync.py`` with what that run
-measured, read from the JSON at run time (trace, ``hf`` engine timings and the speed factor
-its ``engine_modes`` imply, each run's own generation time where recorded, learner step times,
+measured, read from the JSON at run time (trace, the ``hf`` engine's batch costs fitted on the
+batches its ``engine_modes`` timed and the speed factor those feedings imply, each run's own generation time where recorded, learner step times,
 publish and reload costs, tool latency, which generator worker and busy clock it had) and
 reports the relative error of each predicted quantity per method, then (b) projects busy
 fraction and the SAO / synchronous-GRPO throughput ratio for N = 8 ... 1024 with a GPU-like
@@ -101,7 +104,7 @@ class RolloutShape:
 
 @dataclass(frozen=True)
 class Workload:
-    """Tasks, each with the measured rollouts of one task (sampled with replacement).
+    """Tasks, each with the measured rollouts of one task (GRPO groups: see ``Cluster._group``).
 
     ``reward_beta`` (one ``(a, b)`` per task, or empty): when every traced reward is 0 or 1, a
     GRPO group's rewards are drawn as Bernoulli(p) with p ~ Beta(a, b), the posterior of the
@@ -199,6 +202,10 @@ class EngineModel:
         prefill_s_per_token: Prefill time per prompt token.
         step_s_per_row_token: Extra decode step time per row per context token (a static batch's
             rows all attend over the padded width; 0 for the continuous model).
+        step_s_per_kv_sq: Extra decode step time per squared batch context, ``(rows * width)**2``
+            (seconds per token squared): on the CPU a step's cost per context token grows with the
+            batch's KV cache (64 rows x 578 tokens took 1.7x what a fit on batches of at most
+            32 x 512 predicted); 0 for the continuous model.
     """
 
     batching: Literal["static", "continuous"] = "static"
@@ -207,10 +214,12 @@ class EngineModel:
     step_s_per_row: float = 0.0005
     prefill_s_per_token: float = 1e-5
     step_s_per_row_token: float = 0.0
+    step_s_per_kv_sq: float = 0.0
 
     def step_time(self, rows: int, width: int = 0) -> float:
         """Seconds per decode step with ``rows`` sequences over a context of ``width`` tokens."""
-        return self.step_s + rows * (self.step_s_per_row + self.step_s_per_row_token * width)
+        return (self.step_s + rows * (self.step_s_per_row + self.step_s_per_row_token * width)
+                + self.step_s_per_kv_sq * (rows * width) ** 2)
 
 
 @dataclass(frozen=True)
@@ -645,10 +654,18 @@ class Cluster:
         submit()
 
     def _group(self, gen: int, on_done: Callable[[list[RolloutShape], int], None]) -> None:
-        """Start G episodes of one task on ``gen``; ``on_done(shapes, start_version)`` after the last."""
+        """Start G episodes of one task on ``gen``; ``on_done(shapes, start_version)`` after the last.
+
+        The members are G distinct traced rollouts of the task when it has at least G (G fresh
+        samples of the policy; drawing with replacement repeated shapes, whose episodes then end
+        together and made groups finish early: asynchronous GRPO's rollouts/s +22%), else G draws
+        with replacement.
+        """
         index = self.rng.randrange(len(self.workload.tasks))
         task = self.workload.tasks[index]
-        shapes = [task[self.rng.randrange(len(task))] for _ in range(self.cfg.group_size)]
+        g = self.cfg.group_size
+        shapes = (self.rng.sample(task, g) if g <= len(task)
+                  else [task[self.rng.randrange(len(task))] for _ in range(g)])
         if self.workload.reward_beta and self.cfg.group_size > 1:
             # Rewards from the task's success-rate posterior; lengths from the task's traced rollouts.
             p = self.rng.betavariate(*self.workload.reward_beta[index])
@@ -887,30 +904,33 @@ def cpu_share(cores: int, background_load: float, busy: int) -> float:
     return min(1.0, cores / max(background_load + busy, 1e-9))
 
 
-GENERATOR_BUSY_THREADS = 2
-"""CPU-busy threads of a generating generator: the engine's batch thread and the event loop running the agent loop.
+GENERATOR_BUSY_THREADS = 1
+"""CPU-busy threads of a generating generator: the ``hf`` engine's batch thread.
 
-The ``hf`` engine runs its batches on a thread of its own while the generator's event loop runs
-the episodes (chat template, tokenizer, environment, Redis): two runnable threads, not one.
-Counting one made a learner training beside a generator on 2 cores look free (share 1 instead
-of 2/3), which under-predicted SAO's generating time (compute-bound busy fraction -45%) and
-over-predicted asynchronous GRPO's throughput (+30%).
+The generator's event loop (agent loop, tokenizer, environment, Redis) also runs, but between
+batches and briefly: the gap between two batches of real episodes was 12 ms on average against
+0.1-1.7 s batches (``engine_modes``, 64 slots). Counting it as a second busy thread made a
+learner beside the generator cost the engine x1.5 on 2 idle cores; with engine costs fitted on
+the engine's own batches that under-predicted compute-bound SAO and asynchronous GRPO by 14-16%
+on the runs measured before this change, and one thread brought both within 10%. (Two threads
+had compensated for the calibration grid's too cheap wide batches.)
 """
 
 
 def measured_config(measured: dict[str, Any], method: str, engine_factor: float = 1.0) -> ClusterConfig:
     """The simulated twin of one method of ``async_vs_sync.json``, built from what that run measured.
 
-    Engine: the ``hf`` engine's static batching with the calibrated coefficients (1 torch thread,
-    as in a generator process). Learner: the method's mean measured step time (``step_s_fixed``),
-    so only the scheduling is predicted. Publish and reload: the measured medians.
+    Engine: the ``hf`` engine's static batching with the costs of ``engine_costs`` (1 torch
+    thread, as in a generator process). Learner: the method's mean measured step time
+    (``step_s_fixed``), so only the scheduling is predicted. Publish and reload: the measured medians.
 
-    CPU sharing (the runs share 2 cores with other people's work): the engine was calibrated
-    alone at 1-minute load ``L_cal`` (our process included); during a method the load was
-    ``L`` (mean of its start and end), of which ``k`` busy threads were ours (the generator's
-    ``GENERATOR_BUSY_THREADS`` = 2 for synchronous GRPO, plus the learner's 1 for the asynchronous
-    methods). Engine times are scaled by ``cpu_share(cores, L_cal - 1, 1) / cpu_share(cores, L - k,
-    busy)`` with ``busy`` = 3 while the asynchronous learner trains and 2 otherwise.
+    CPU sharing (the runs share 2 cores with other people's work): the costs were measured with
+    CPU share ``S_ref`` (``engine_costs``); during a method the 1-minute load was ``L`` (mean of
+    its start and end), of which ``k`` busy threads were ours (the generator's
+    ``GENERATOR_BUSY_THREADS`` for synchronous GRPO, plus the learner's 1 for the asynchronous
+    methods). Engine times are scaled by ``S_ref / cpu_share(cores, L - k, busy)`` with ``busy`` =
+    ``GENERATOR_BUSY_THREADS + 1`` while the asynchronous learner trains, else
+    ``GENERATOR_BUSY_THREADS``.
 
     Tool latency: ``settings.tool_latency_median_s`` / ``_sigma`` / ``_max_s`` when the run had it
     (absent or 0: instantaneous tools). Generator worker: ``pool_workers = cores + 4`` (asyncio's
@@ -920,18 +940,16 @@ def measured_config(measured: dict[str, Any], method: str, engine_factor: float 
         KeyError: the method or a needed field is missing from ``measured``.
     """
     s = measured["settings"]
-    cal = measured["engine_calibration"]
+    costs, calibrated, _ = engine_costs(measured)
     blocking = measured_worker(measured) == "blocking_pool"
     m = measured["methods"][method]
     kind, _, g = method.rpartition("_g")
     sim_method: Method = "sao" if method == "sao" else ("grpo_sync" if kind == "grpo_sync" else "grpo_async")
     cores = int(measured["machine"].get("cpu_count") or 1)
-    l_cal = float(cal.get("load_avg", measured["machine"]["load_avg"][0]))
-    loads = m.get("load_avg_start_end") or [l_cal]
+    loads = m.get("load_avg_start_end") or [float(measured["machine"]["load_avg"][0])]
     generator = GENERATOR_BUSY_THREADS
     ours = generator if sim_method == "grpo_sync" else generator + 1
     background = max(0.0, statistics.fmean(loads) - ours)
-    calibrated = cpu_share(cores, max(0.0, l_cal - 1), 1)
     return ClusterConfig(
         engine_scale_idle=engine_factor * calibrated / cpu_share(cores, background, generator),
         engine_scale_learner_busy=engine_factor * calibrated / cpu_share(cores, background, ours),
@@ -947,8 +965,7 @@ def measured_config(measured: dict[str, Any], method: str, engine_factor: float 
         engine=EngineModel(
             batching="static",
             max_batch=max(s["episodes_in_flight"], s["batch_rollouts"]) if sim_method == "grpo_sync" else s["episodes_in_flight"],
-            step_s=cal["step_s"], step_s_per_row=cal["step_s_per_row"], prefill_s_per_token=cal["prefill_s_per_token"],
-            step_s_per_row_token=cal.get("step_s_per_row_token", 0.0),
+            **costs,
         ),
         learner=LearnerModel(gpus=1, step_s_fixed=float(m["learner_step_s_mean"]), s_per_token=0.0,
                              warmup_iterations=s["critic_warmup"] if method == "sao" else 0),
@@ -1130,53 +1147,144 @@ def validate(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
             "engine_factor": factor}
 
 
-def engine_alone(measured: dict[str, Any]) -> tuple[EngineModel, float]:
-    """The calibrated ``hf`` engine (without host cost) and its time scale at the ``engine_modes`` load.
+def engine_costs(measured: dict[str, Any]) -> tuple[dict[str, float], float, str]:
+    """The ``hf`` engine's batch costs (``EngineModel`` coefficients), the CPU share they were measured at, and their source.
 
-    The ``engine_modes`` run had the generator's ``GENERATOR_BUSY_THREADS`` busy (engine and agent loop).
+    With per-batch timings in ``engine_modes`` (``bench.async_vs_sync.measure_engine_modes``
+    records every batch the engine ran while fed by real episodes, both feedings), the costs are
+    fitted on those (``fit_batch_costs``): they span the rows, padded widths and early stops the
+    runs produce. The calibration grid (``engine_calibration``: at most 32 rows x 512 tokens,
+    no padding, every row decoding 20 tokens) under-predicted the continuous feeding's batches
+    of 64 rows x 500-700 tokens by 40-70%, which a single speed factor cannot undo for both
+    feedings. Measured share: ``cpu_share(cores, L - k, k)`` at the ``engine_modes`` load ``L``
+    with ``k = GENERATOR_BUSY_THREADS``. Older results fall back to the grid, at
+    ``cpu_share(cores, L_cal - 1, 1)``.
+
+    Returns:
+        ``(costs, share, source)``: ``costs`` holds ``step_s``, ``step_s_per_row``,
+        ``prefill_s_per_token``, ``step_s_per_row_token`` and ``step_s_per_kv_sq``; ``source`` is
+        ``"engine_modes batches"`` or ``"calibration grid"``.
+
+    Raises:
+        KeyError: neither batch timings nor ``engine_calibration`` in ``measured``.
     """
+    cores = int(measured["machine"].get("cpu_count") or 1)
+    em = measured.get("engine_modes") or {}
+    batches = [b for mode in ("lockstep", "continuous") for b in (em.get(mode) or {}).get("batches", [])]
+    if batches:
+        load = statistics.fmean([float(em["load_avg_start"]), float(em["load_avg_end"])])
+        busy = GENERATOR_BUSY_THREADS
+        return fit_batch_costs(batches), cpu_share(cores, max(0.0, load - busy), busy), "engine_modes batches"
     cal = measured["engine_calibration"]
+    l_cal = float(cal.get("load_avg", measured["machine"]["load_avg"][0]))
+    costs = {"step_s": cal["step_s"], "step_s_per_row": cal["step_s_per_row"],
+             "prefill_s_per_token": cal["prefill_s_per_token"],
+             "step_s_per_row_token": cal.get("step_s_per_row_token", 0.0), "step_s_per_kv_sq": 0.0}
+    return costs, cpu_share(cores, max(0.0, l_cal - 1), 1), "calibration grid"
+
+
+BATCH_COST_TERMS = ("prefill_s_per_token", "step_s", "step_s_per_row", "step_s_per_row_token", "step_s_per_kv_sq")
+"""``EngineModel`` coefficients ``fit_batch_costs`` fits, in the order of ``batch_cost_features``."""
+
+
+def batch_cost_features(rows: int, width: int, steps: int) -> list[float]:
+    """What each ``BATCH_COST_TERMS`` coefficient multiplies in one static batch's time (``Engine._run_batch``).
+
+    ``rows`` requests, left-padded to ``width`` prompt tokens, ``steps`` decode steps over a
+    context of ``width + steps // 2`` tokens on average.
+    """
+    ctx = width + steps // 2
+    return [rows * width, steps, steps * rows, steps * rows * ctx, steps * (rows * ctx) ** 2]
+
+
+def fit_batch_costs(batches: Sequence[Sequence[float]]) -> dict[str, float]:
+    """Non-negative least squares of batch seconds on ``batch_cost_features``, in relative error.
+
+    Args:
+        batches: ``[rows, width, prompt_tokens, new_tokens, seconds]`` per batch (``engine_modes``).
+
+    Returns:
+        The ``BATCH_COST_TERMS`` coefficients (seconds per unit of each feature).
+
+    Raises:
+        ValueError: fewer batches than terms, or a batch with non-positive seconds.
+    """
+    import numpy as np
+    from scipy.optimize import nnls
+
+    if len(batches) < len(BATCH_COST_TERMS):
+        raise ValueError(f"batches: need at least {len(BATCH_COST_TERMS)} to fit the engine's costs, got {len(batches)}")
+    y = np.array([float(b[4]) for b in batches])
+    if np.any(y <= 0):
+        raise ValueError("batches: every batch needs positive seconds")
+    a = np.array([batch_cost_features(int(b[0]), int(b[1]), int(b[3])) for b in batches], dtype=float)
+    scale = a.max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(a / scale / y[:, None], np.ones(len(y)))
+    return {k: float(c) for k, c in zip(BATCH_COST_TERMS, coef / scale, strict=True)}
+
+
+def engine_alone(measured: dict[str, Any]) -> tuple[EngineModel, float]:
+    """The ``hf`` engine (``engine_costs``, without host cost) and its time scale at the ``engine_modes`` load.
+
+    The ``engine_modes`` run had the generator's ``GENERATOR_BUSY_THREADS`` busy.
+    """
+    costs, reference, _ = engine_costs(measured)
     em = measured.get("engine_modes") or {}
     cores = int(measured["machine"].get("cpu_count") or 1)
-    l_cal = float(cal.get("load_avg", measured["machine"]["load_avg"][0]))
-    load = statistics.fmean([float(em.get("load_avg_start", l_cal)), float(em.get("load_avg_end", l_cal))])
+    l_default = float(measured["machine"]["load_avg"][0])
+    load = statistics.fmean([float(em.get("load_avg_start", l_default)), float(em.get("load_avg_end", l_default))])
     busy = GENERATOR_BUSY_THREADS
-    scale = cpu_share(cores, max(0.0, l_cal - 1), 1) / cpu_share(cores, max(0.0, load - busy), busy)
+    scale = reference / cpu_share(cores, max(0.0, load - busy), busy)
     slots = int(measured["settings"]["episodes_in_flight"])
-    engine = EngineModel(batching="static", max_batch=slots, step_s=cal["step_s"], step_s_per_row=cal["step_s_per_row"],
-                         prefill_s_per_token=cal["prefill_s_per_token"],
-                         step_s_per_row_token=cal.get("step_s_per_row_token", 0.0))
-    return engine, scale
+    return EngineModel(batching="static", max_batch=slots, **costs), scale
 
 
-def simulate_feeding(engine: EngineModel, scale: float, workload: Workload, mode: str, slots: int, seconds: float,
+FEED_S_DEFAULT = 20.0
+"""Feeding window (seconds) of ``engine_modes`` results that do not record their ``feed_s`` (every run before it did)."""
+
+
+def simulate_feeding(engine: EngineModel, scale: float, workload: Workload, mode: str, slots: int, feed_s: float,
                      seed: int) -> float:
-    """Rollouts per second of one engine fed by ``slots`` episode slots for ``seconds`` (no learner, no admission).
+    """Rollouts per second of one engine fed by ``slots`` episode slots (no learner, no admission).
 
-    ``lockstep``: the next ``slots`` episodes start when all are done (synchronous GRPO's
-    feeding); ``continuous``: each slot starts a new episode as its last one ends.
+    Replays ``bench.async_vs_sync.measure_engine_modes``: episodes start only while the clock is
+    below ``feed_s`` (seconds), the episodes in flight then finish, and the rate is every finished
+    rollout over the time the last one ended. ``lockstep``: the next ``slots`` episodes start when
+    all are done (synchronous GRPO's feeding); ``continuous``: each slot starts a new episode as
+    its last one ends. The drain matters: a continuous feed's last episodes are the long ones, run
+    in ever smaller batches (13 s of feeding took 20.5 s with 64 slots), and a model that stopped
+    the clock at ``feed_s`` over-predicted the continuous rate by 12-14%.
+
+    Raises:
+        RuntimeError: the replay does not end within 5,000,000 events.
     """
     loop = EventLoop()
     eng = Engine(loop, engine, lambda: scale)
     rng = random.Random(seed)
     cluster = Cluster(ClusterConfig(seed=seed), workload)  # for its episode logic only
     cluster.loop, cluster.engines = loop, [eng]
-    done = {"n": 0}
+    state = {"done": 0, "running": 0}
 
     def start(on_done: Callable[[], None]) -> None:
-        cluster._episode(0, workload.rollout(rng), on_done)
+        state["running"] += 1
+
+        def finished() -> None:
+            state["running"] -= 1
+            state["done"] += 1
+            on_done()
+        cluster._episode(0, workload.rollout(rng), finished)
 
     def slot() -> None:
-        def finished() -> None:
-            done["n"] += 1
-            slot()
-        start(finished)
+        if loop.now < feed_s:
+            start(slot)
 
     def wave() -> None:
+        if loop.now >= feed_s:
+            return
         left = {"n": slots}
 
         def finished() -> None:
-            done["n"] += 1
             left["n"] -= 1
             if left["n"] == 0:
                 wave()
@@ -1188,19 +1296,19 @@ def simulate_feeding(engine: EngineModel, scale: float, workload: Workload, mode
             slot()
     else:
         wave()
-    loop.run(lambda: loop.now >= seconds, 5_000_000)
-    return done["n"] / seconds
+    loop.run(lambda: state["running"] == 0, 5_000_000)
+    return state["done"] / loop.now if loop.now > 0 else 0.0
 
 
-def fit_engine_speed(measured: dict[str, Any], workload: Workload, repeats: int) -> float | None:
-    """Factor on the calibrated engine's times that makes it match the engine fed by real episodes.
+def fit_engine_speed(measured: dict[str, Any], workload: Workload, repeats: int, rounds: int = 4) -> float | None:
+    """Factor on the engine's batch costs (``engine_costs``) that makes it match the engine fed by real episodes.
 
-    ``engine_calibration`` times bare batches; ``engine_modes`` measures the same engine driven by
+    The costs time bare batches; ``engine_modes`` measures the same engine driven by
     the agent loop (episodes, tokenizer, environment, batching loop), fed in lockstep and
-    continuously. Without a learner or admission, the simulated rate is inversely proportional to
-    the factor, so the least-squares factor in log space is the geometric mean of
-    ``simulated rate at factor 1 / measured rate`` over the modes; each mode's residual is
-    reported by ``validate_engine_modes``. None without ``engine_modes``.
+    continuously. The factor minimises the squared log error over the modes: its log is moved by
+    the mean log ratio of simulated to measured rates, ``rounds`` times (the rate is nearly
+    inversely proportional to the factor; the fixed feeding window makes it not exactly so). Each
+    mode's residual is reported by ``validate_engine_modes``. None without ``engine_modes``.
     """
     em = measured.get("engine_modes") or {}
     modes = [m for m in ("lockstep", "continuous") if m in em]
@@ -1208,13 +1316,16 @@ def fit_engine_speed(measured: dict[str, Any], workload: Workload, repeats: int)
         return None
     engine, scale = engine_alone(measured)
     seed = int(measured["settings"]["seed"])
-    logs = []
-    for mode in modes:
-        seconds = float(em[mode]["seconds"])
-        sim = statistics.fmean(simulate_feeding(engine, scale, workload, mode, engine.max_batch, seconds, seed + k)
-                               for k in range(repeats))
-        logs.append(math.log(sim / float(em[mode]["rollouts_per_s"])))
-    return math.exp(statistics.fmean(logs))
+    feed_s = float(em.get("feed_s", FEED_S_DEFAULT))
+    factor = 1.0
+    for _ in range(rounds):
+        logs = []
+        for mode in modes:
+            sim = statistics.fmean(simulate_feeding(engine, scale * factor, workload, mode, engine.max_batch, feed_s,
+                                                    seed + k) for k in range(repeats))
+            logs.append(math.log(sim / float(em[mode]["rollouts_per_s"])))
+        factor *= math.exp(statistics.fmean(logs))
+    return factor
 
 
 def measured_relative_se(m: dict[str, Any], quantity: str) -> float | None:
@@ -1249,11 +1360,11 @@ def validate_engine_modes(measured: dict[str, Any], workload: Workload, repeats:
     engine, scale = engine_alone(measured)
     scale *= factor or 1.0
     rows = []
+    feed_s = float(em.get("feed_s", FEED_S_DEFAULT))
     for mode in ("lockstep", "continuous"):
         if mode not in em:
             continue
-        seconds = float(em[mode]["seconds"])
-        pred = statistics.fmean(simulate_feeding(engine, scale, workload, mode, engine.max_batch, seconds,
+        pred = statistics.fmean(simulate_feeding(engine, scale, workload, mode, engine.max_batch, feed_s,
                                                  int(measured["settings"]["seed"]) + k) for k in range(repeats))
         meas = float(em[mode]["rollouts_per_s"])
         rows.append({"method": f"engine_{mode}", "quantity": "rollouts_per_s", "measured": meas, "predicted": pred,
@@ -1407,12 +1518,14 @@ def render(result: dict[str, Any]) -> str:
         f"Command: `{result['command']}` (inputs: `{result['measured_from']}`, measured at {result['measured_when']})",
         "",
         f"**Check against the small runs** (mean of {v['repeats']} seeds per run), for each setting the results "
-        "file holds. Inputs read from it: the trace's lengths and rewards, the `hf` engine's calibrated batch "
-        "timings times one speed factor fitted on `engine_modes` (the engine fed by real episodes), each method's "
+        "file holds. Inputs read from it: the trace's lengths and rewards, the `hf` engine's batch costs fitted on "
+        "the batches it ran in `engine_modes` (the engine alone, fed by real episodes in lockstep and "
+        "continuously) times one speed factor fitted on those two feedings' rates, each method's "
         "learner step time, publish and reload medians, the setting's tool latency, and where the run recorded "
         "it its own generation speed (column *speed from*: `generator_batch_s`, the synchronous runs' generation "
         "time per step, unless that time is mostly tool waits: *generator_batch_s is tool waits*; otherwise the "
-        "CPU share its load average implied, counting the generator as 2 busy threads). *Measured SE*: the "
+        f"CPU share its load average implied, counting the generator as {GENERATOR_BUSY_THREADS} busy thread). "
+        "*Measured SE*: the "
         "relative standard "
         "error of the measured value from its own step-to-step spread. "
         f"Worst relative error: **{100 * worst:.0f}%** ({w.get('setting')}, {w.get('method')}, {w.get('quantity')}; "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from bench.async_vs_sync import merge_results
+from bench.async_vs_sync import merge_results, setting_result
 
 
 def result(setting: str | None, ratio: float) -> dict:
@@ -36,6 +36,19 @@ def test_a_compute_bound_run_replaces_only_the_compute_bound_part() -> None:
 def test_without_a_previous_file_the_run_is_the_top_level() -> None:
     assert merge_results(None, result("compute_bound", 0.8)) == result("compute_bound", 0.8)
     assert "compute_bound" not in merge_results(None, result("tool_latency", 2.0))
+
+
+def test_setting_result_finds_each_setting_or_says_which_is_missing() -> None:
+    """--engine-modes-only writes into the setting its arguments name, never over the other one."""
+    top = {**result("tool_latency", 2.0), "compute_bound": result("compute_bound", 0.42)}
+    assert setting_result(top, "tool_latency") is top
+    assert setting_result(top, "compute_bound") is top["compute_bound"]
+    alone = result("compute_bound", 0.8)
+    assert setting_result(alone, "compute_bound") is alone
+    with pytest.raises(FileNotFoundError, match="no tool_latency result"):
+        setting_result(alone, "tool_latency")
+    with pytest.raises(FileNotFoundError, match="no compute_bound result"):
+        setting_result(result("tool_latency", 2.0), "compute_bound")
 
 
 @pytest.mark.parametrize(("methods", "message"), [

@@ -6,6 +6,8 @@ from dataclasses import replace
 
 import pytest
 from bench.simulate import (
+    BATCH_COST_TERMS,
+    Cluster,
     ClusterConfig,
     Engine,
     EngineModel,
@@ -15,7 +17,10 @@ from bench.simulate import (
     RolloutShape,
     ThreadPool,
     Workload,
+    batch_cost_features,
     calibrate_engine_speed,
+    engine_costs,
+    fit_batch_costs,
     measured_config,
     measured_worker,
     phase_identifies_engine_speed,
@@ -249,20 +254,86 @@ def test_engine_alone_rate_is_inversely_proportional_to_the_speed_factor() -> No
     assert simulate_feeding(model, 2.0, work, "lockstep", 2, 10.0, 0) == pytest.approx(1.0, rel=0.11)
 
 
-def test_a_learner_beside_a_generator_on_two_idle_cores_slows_the_engine() -> None:
-    """2 cores, calibrated at load 1 (background 0), SAO at load 1.5: below our 3 busy threads, so background 0.
-    The generator's 2 threads alone fit (share min(1, 2/2) = 1, x1); with the learner training, 3 threads
-    share 2 cores: 2/3 -> x1.5 (counting the generator as one thread gave x1 in both states)."""
-    measured = {
+def sao_measured(loads: list[float]) -> dict:
+    return {
         "machine": {"cpu_count": 2, "load_avg": [1.0, 1.0, 1.0]},
         "settings": {"generators": 1, "episodes_in_flight": 32, "batch_rollouts": 32, "max_staleness": 2,
                      "critic_warmup": 1, "seed": 0},
         "engine_calibration": {"step_s": 0.01, "step_s_per_row": 0.001, "prefill_s_per_token": 1e-5, "load_avg": 1.0},
         "weight_sync": {"publish_s": 0.1, "reload_s": 0.05},
-        "methods": {"sao": {"policy_versions": 12, "learner_step_s_mean": 3.0, "load_avg_start_end": [1.0, 2.0]}},
+        "methods": {"sao": {"policy_versions": 12, "learner_step_s_mean": 3.0, "load_avg_start_end": loads}},
     }
-    sao = measured_config(measured, "sao")
-    assert (sao.engine_scale_idle, sao.engine_scale_learner_busy) == pytest.approx((1.0, 1.5))
+
+
+def test_a_learner_slows_the_engine_only_when_it_leaves_the_generator_less_than_a_core() -> None:
+    """2 cores, calibrated at load 1 (share 1). SAO at load 1.5 (1 -> 2): our 2 busy threads (engine, learner)
+    fit the 2 cores, x1 in both states. At load 2.5 (2 -> 3) 0.5 of it is other work: the engine alone gets
+    min(1, 2 / 1.5) = 1 (x1); beside the training learner, 2 / 2.5 = 0.8 (x1.25)."""
+    idle = measured_config(sao_measured([1.0, 2.0]), "sao")
+    assert (idle.engine_scale_idle, idle.engine_scale_learner_busy) == pytest.approx((1.0, 1.0))
+    shared = measured_config(sao_measured([2.0, 3.0]), "sao")
+    assert (shared.engine_scale_idle, shared.engine_scale_learner_busy) == pytest.approx((1.0, 1.25))
+
+
+def test_continuous_feeding_counts_the_episodes_that_drain_after_the_window() -> None:
+    """1 slot, 1 s episodes, a 2.5 s window: episodes start at 0, 1 and 2 s; the last ends at 3 s -> 3 / 3 = 1.0
+    rollouts/s (stopping the clock at 2.5 s gave 2 / 2.5 = 0.8)."""
+    work = Workload(((one_turn(10),),))
+    model = EngineModel(max_batch=1, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0)
+    assert simulate_feeding(model, 1.0, work, "continuous", 1, 2.5, 0) == pytest.approx(1.0)
+
+
+def test_batch_costs_fitted_on_timed_batches_recover_the_costs_that_produced_them() -> None:
+    """Batches timed with known costs (including the squared-context term) over rows 1-128 and widths 60-700."""
+    truth = {"prefill_s_per_token": 2e-5, "step_s": 1.5e-3, "step_s_per_row": 2e-5, "step_s_per_row_token": 1.2e-7,
+             "step_s_per_kv_sq": 2e-11}
+    batches = []
+    for rows in (1, 4, 16, 64, 128):
+        for width in (60, 200, 450, 700):
+            for steps in (4, 15, 20):
+                seconds = sum(truth[k] * f for k, f in zip(BATCH_COST_TERMS, batch_cost_features(rows, width, steps),
+                                                            strict=True))
+                batches.append([rows, width, rows * width, steps, seconds])
+    fitted = fit_batch_costs(batches)
+    assert fitted == pytest.approx(truth, rel=1e-6)
+    model = EngineModel(**fitted)
+    timed = next(b[4] for b in batches if b[:2] == [64, 700] and b[3] == 15)
+    assert 15 * model.step_time(64, 707) + fitted["prefill_s_per_token"] * 64 * 700 == pytest.approx(timed)
+    with pytest.raises(ValueError, match="need at least 5"):
+        fit_batch_costs(batches[:4])
+    with pytest.raises(ValueError, match="positive seconds"):
+        fit_batch_costs([*batches[:5], [1, 60, 60, 4, 0.0]])
+
+
+def test_engine_costs_come_from_the_recorded_batches_when_there_are_any() -> None:
+    """engine_modes with batches -> fitted on them, at the share of that measurement's load; without -> the grid."""
+    measured = sao_measured([1.0, 2.0])
+    costs, share, source = engine_costs(measured)
+    assert (source, share, costs["step_s"], costs["step_s_per_kv_sq"]) == ("calibration grid", 1.0, 0.01, 0.0)
+    batches = [[r, w, r * w, 10, 0.01 * 10 + 1e-5 * r * w] for r in (1, 2, 4, 8) for w in (10, 20, 40)]
+    measured["engine_modes"] = {"load_avg_start": 3.0, "load_avg_end": 3.0,
+                                "lockstep": {"batches": batches[:6]}, "continuous": {"batches": batches[6:]}}
+    costs, share, source = engine_costs(measured)
+    assert source == "engine_modes batches"
+    assert share == pytest.approx(2 / 3)  # load 3 with our 1 engine thread: 2 other, 2 / 3 of a core each
+    assert (costs["step_s"], costs["prefill_s_per_token"]) == pytest.approx((0.01, 1e-5))
+
+
+def test_group_members_are_distinct_traced_rollouts_when_the_task_has_enough() -> None:
+    """A task traced 4 times (1-4 action tokens): a group of 4 is the 4 traced rollouts, each once (a subset of
+    i.i.d. samples is i.i.d.; drawing with replacement repeats shapes, which then finish in lockstep). A group
+    of 8 must repeat some."""
+    work = Workload((tuple(one_turn(n) for n in (1, 2, 3, 4)),))
+    for g, distinct in ((4, {1, 2, 3, 4}), (8, None)):
+        cluster = Cluster(ClusterConfig(method="grpo_sync", batch_rollouts=g, group_size=g,
+                                        engine=EngineModel(max_batch=8)), work)
+        got: list[list[int]] = []
+        for _ in range(5):
+            cluster._group(0, lambda shapes, _v, got=got: got.append(sorted(s.action_tokens[0] for s in shapes)))
+        cluster.loop.run(lambda: False, 10_000)
+        assert len(got) == 5 and all(len(x) == g for x in got)
+        if distinct is not None:
+            assert all(set(x) == distinct for x in got)
 
 
 def test_generation_phase_made_of_tool_waits_does_not_identify_the_engine_speed() -> None:

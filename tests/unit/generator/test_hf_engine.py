@@ -12,7 +12,7 @@ import torch
 from fixtures_models import TinyModel, build_tiny
 from posttrain.generator.engines.base import GenerationRequest, GenerationResult, InferenceEngine
 from posttrain.generator.engines.factory import make_engine, vllm_available
-from posttrain.generator.engines.hf import HFEngine, process_logits
+from posttrain.generator.engines.hf import BatchTiming, HFEngine, process_logits
 from posttrain.learner.model import load_policy
 from posttrain.losses.logprobs import token_logprobs
 from posttrain.weight_sync import FilesystemWeightStore
@@ -111,6 +111,18 @@ def test_eight_concurrent_generates_run_as_one_batch(tiny_model: TinyModel) -> N
     results = run_all(engine, requests)
     assert engine.batch_sizes == [8]
     assert [len(r.token_ids) for r in results] == [3 + i for i in range(8)]
+
+
+def test_batch_observer_sees_each_batch_shape(tiny_model: TinyModel) -> None:
+    """8 prompts of 4..11 tokens, continuations of 3..10: one batch, width 11, 60 real prompt tokens, 10 steps."""
+    engine = HFEngine(tiny_model.path, max_batch=32)
+    seen: list[BatchTiming] = []
+    engine.batch_observer = seen.append
+    run_all(engine, [GenerationRequest(prompt_token_ids=prompt(4 + i), max_new_tokens=3 + i, seed=i) for i in range(8)])
+    assert len(seen) == 1
+    timing = seen[0]
+    assert (timing.rows, timing.width, timing.prompt_tokens, timing.new_tokens) == (8, 11, sum(range(4, 12)), 10)
+    assert timing.seconds > 0
 
 
 def test_max_batch_splits_concurrent_requests(tiny_model: TinyModel) -> None:

@@ -27,6 +27,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,25 @@ def process_logits(logits: Tensor, temperatures: Tensor, top_ps: Tensor) -> Tens
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         logprobs = torch.log_softmax(scaled.masked_fill(drop, float("-inf")), dim=-1)
     return logprobs
+
+
+@dataclass(frozen=True)
+class BatchTiming:
+    """One padded batch the engine ran (what ``HFEngine.batch_observer`` receives).
+
+    Attributes:
+        rows: Requests in the batch.
+        width: Left-padded prompt length (tokens): the longest prompt of the batch.
+        prompt_tokens: Real prompt tokens over all rows (``rows * width`` minus the padding).
+        new_tokens: Decode steps run: the longest continuation sampled (tokens).
+        seconds: Wall time of the batch on the engine's thread (prefill and decode, monotonic clock).
+    """
+
+    rows: int
+    width: int
+    prompt_tokens: int
+    new_tokens: int
+    seconds: float
 
 
 @dataclass
@@ -180,6 +200,12 @@ class HFEngine:
         self._worker: asyncio.Task[None] | None = None
         self.batch_sizes: list[int] = []
         """Size (requests) of every batch run so far, in order; for tests and metrics."""
+        self.batch_observer: Callable[[BatchTiming], None] | None = None
+        """Called on the engine's thread after every batch that ran to completion (None: nobody listens).
+
+        ``bench.async_vs_sync`` fits the simulator's engine cost model on these (``bench/simulate.py``).
+        It must be quick and must not raise: an exception fails the batch's requests.
+        """
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self._clock_lock = threading.Lock()
         self._generating_s = 0.0
@@ -279,15 +305,22 @@ class HFEngine:
         self, batch: list[_Pending]
     ) -> list[tuple[list[int], list[float], Literal["stop", "length"]]]:
         with self._clock_lock:
-            self._generating_since = time.monotonic()
+            started = self._generating_since = time.monotonic()
         try:
             with torch.inference_mode():
-                return self._sample(batch)
+                outputs = self._sample(batch)
         finally:
             with self._clock_lock:
                 assert self._generating_since is not None
                 self._generating_s += time.monotonic() - self._generating_since
                 self._generating_since = None
+        observer = self.batch_observer
+        if observer is not None:
+            lengths = [len(p.request.prompt_token_ids) for p in batch]
+            observer(BatchTiming(rows=len(batch), width=max(lengths), prompt_tokens=sum(lengths),
+                                 new_tokens=max(len(tokens) for tokens, _, _ in outputs),
+                                 seconds=time.monotonic() - started))
+        return outputs
 
     def _sample(
         self, batch: list[_Pending]
