@@ -1089,11 +1089,16 @@ def calibrate_engine_speed(base: ClusterConfig, measured_method: dict[str, Any],
 def validate_all(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
     """``validate`` every setting the results file holds: the top level and ``compute_bound`` when present.
 
+    Every setting's engine costs are fitted on the batches all settings timed (``engine_costs``).
+
     Returns:
         ``rows`` (each with its ``setting``), ``max_abs_relative_error`` and ``worst`` over all of
         them, ``repeats``, and ``by_setting`` (each setting's ``validate`` result without rows).
     """
     results = [measured] + ([measured["compute_bound"]] if measured.get("compute_bound") else [])
+    pooled = [b for result in results for b in engine_mode_batches(result)]
+    if pooled:
+        results = [{**r, POOLED_BATCHES_KEY: pooled} for r in results]
     rows: list[dict[str, Any]] = []
     by_setting = []
     for result in results:
@@ -1147,34 +1152,60 @@ def validate(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
             "engine_factor": factor}
 
 
-def engine_costs(measured: dict[str, Any]) -> tuple[dict[str, float], float, str]:
-    """The ``hf`` engine's batch costs (``EngineModel`` coefficients), the CPU share they were measured at, and their source.
+POOLED_BATCHES_KEY = "engine_batches_all_settings"
+"""Key ``validate_all`` adds to each setting's result: every setting's timed batches (``engine_mode_batches``)."""
 
-    With per-batch timings in ``engine_modes`` (``bench.async_vs_sync.measure_engine_modes``
+
+def engine_mode_batches(measured: dict[str, Any]) -> list[list[float]]:
+    """The batches ``engine_modes`` timed (both feedings), their seconds scaled to a whole core.
+
+    Each batch is ``[rows, width, prompt_tokens, new_tokens, seconds]``; seconds are multiplied by
+    the CPU share of that measurement (``cpu_share(cores, L - k, k)`` at its load ``L``, ``k =
+    GENERATOR_BUSY_THREADS``), so batches measured at different loads can be pooled. Empty
+    when the result has no timed batches.
+    """
+    em = measured.get("engine_modes") or {}
+    batches = [b for mode in ("lockstep", "continuous") for b in (em.get(mode) or {}).get("batches", [])]
+    if not batches:
+        return []
+    cores = int(measured["machine"].get("cpu_count") or 1)
+    load = statistics.fmean([float(em["load_avg_start"]), float(em["load_avg_end"])])
+    busy = GENERATOR_BUSY_THREADS
+    share = cpu_share(cores, max(0.0, load - busy), busy)
+    return [[*b[:4], float(b[4]) * share] for b in batches]
+
+
+def engine_costs(measured: dict[str, Any]) -> tuple[dict[str, float], float, str]:
+    """The ``hf`` engine's batch costs (``EngineModel`` coefficients), the CPU share they hold for, and their source.
+
+    With batches timed in ``engine_modes`` (``bench.async_vs_sync.measure_engine_modes``
     records every batch the engine ran while fed by real episodes, both feedings), the costs are
-    fitted on those (``fit_batch_costs``): they span the rows, padded widths and early stops the
-    runs produce. The calibration grid (``engine_calibration``: at most 32 rows x 512 tokens,
-    no padding, every row decoding 20 tokens) under-predicted the continuous feeding's batches
-    of 64 rows x 500-700 tokens by 40-70%, which a single speed factor cannot undo for both
-    feedings. Measured share: ``cpu_share(cores, L - k, k)`` at the ``engine_modes`` load ``L``
-    with ``k = GENERATOR_BUSY_THREADS``. Older results fall back to the grid, at
-    ``cpu_share(cores, L_cal - 1, 1)``.
+    fitted on those (``fit_batch_costs``), at a whole core's speed (share 1): they span the rows,
+    padded widths and early stops the runs produce. Every setting's batches are pooled when
+    ``validate_all`` put them under ``POOLED_BATCHES_KEY`` (one engine, one machine; 256 slots
+    time mostly wide batches, 64 slots the narrower ones; one setting alone left the other's
+    regime to extrapolation: +52% busy fraction for asynchronous GRPO with tool latency). The
+    calibration grid (``engine_calibration``: at most 32 rows x 512 tokens, no padding, every row
+    decoding 20 tokens) under-predicted the continuous feeding's batches of 64 rows x 500-700
+    tokens by 40-70%, which one speed factor cannot undo for both feedings; older results without
+    timed batches fall back to it, at ``cpu_share(cores, L_cal - 1, 1)``.
 
     Returns:
         ``(costs, share, source)``: ``costs`` holds ``step_s``, ``step_s_per_row``,
         ``prefill_s_per_token``, ``step_s_per_row_token`` and ``step_s_per_kv_sq``; ``source`` is
-        ``"engine_modes batches"`` or ``"calibration grid"``.
+        ``"engine_modes batches"``, ``"engine_modes batches of every setting"`` or
+        ``"calibration grid"``.
 
     Raises:
-        KeyError: neither batch timings nor ``engine_calibration`` in ``measured``.
+        KeyError: neither timed batches nor ``engine_calibration`` in ``measured``.
     """
-    cores = int(measured["machine"].get("cpu_count") or 1)
-    em = measured.get("engine_modes") or {}
-    batches = [b for mode in ("lockstep", "continuous") for b in (em.get(mode) or {}).get("batches", [])]
+    pooled = measured.get(POOLED_BATCHES_KEY)
+    if pooled:
+        return fit_batch_costs(pooled), 1.0, "engine_modes batches of every setting"
+    batches = engine_mode_batches(measured)
     if batches:
-        load = statistics.fmean([float(em["load_avg_start"]), float(em["load_avg_end"])])
-        busy = GENERATOR_BUSY_THREADS
-        return fit_batch_costs(batches), cpu_share(cores, max(0.0, load - busy), busy), "engine_modes batches"
+        return fit_batch_costs(batches), 1.0, "engine_modes batches"
+    cores = int(measured["machine"].get("cpu_count") or 1)
     cal = measured["engine_calibration"]
     l_cal = float(cal.get("load_avg", measured["machine"]["load_avg"][0]))
     costs = {"step_s": cal["step_s"], "step_s_per_row": cal["step_s_per_row"],

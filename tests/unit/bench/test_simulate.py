@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 from bench.simulate import (
     BATCH_COST_TERMS,
+    POOLED_BATCHES_KEY,
     Cluster,
     ClusterConfig,
     Engine,
@@ -20,6 +21,7 @@ from bench.simulate import (
     batch_cost_features,
     calibrate_engine_speed,
     engine_costs,
+    engine_mode_batches,
     fit_batch_costs,
     measured_config,
     measured_worker,
@@ -306,7 +308,7 @@ def test_batch_costs_fitted_on_timed_batches_recover_the_costs_that_produced_the
 
 
 def test_engine_costs_come_from_the_recorded_batches_when_there_are_any() -> None:
-    """engine_modes with batches -> fitted on them, at the share of that measurement's load; without -> the grid."""
+    """engine_modes with batches -> fitted on them, scaled to a whole core; without -> the grid at its load."""
     measured = sao_measured([1.0, 2.0])
     costs, share, source = engine_costs(measured)
     assert (source, share, costs["step_s"], costs["step_s_per_kv_sq"]) == ("calibration grid", 1.0, 0.01, 0.0)
@@ -314,9 +316,27 @@ def test_engine_costs_come_from_the_recorded_batches_when_there_are_any() -> Non
     measured["engine_modes"] = {"load_avg_start": 3.0, "load_avg_end": 3.0,
                                 "lockstep": {"batches": batches[:6]}, "continuous": {"batches": batches[6:]}}
     costs, share, source = engine_costs(measured)
-    assert source == "engine_modes batches"
-    assert share == pytest.approx(2 / 3)  # load 3 with our 1 engine thread: 2 other, 2 / 3 of a core each
-    assert (costs["step_s"], costs["prefill_s_per_token"]) == pytest.approx((0.01, 1e-5))
+    assert (source, share) == ("engine_modes batches", 1.0)
+    # Load 3 with our 1 engine thread: 2 others, so the engine had 2/3 of a core; a whole core is 1.5x faster.
+    assert (costs["step_s"], costs["prefill_s_per_token"]) == pytest.approx((0.01 * 2 / 3, 1e-5 * 2 / 3))
+
+
+def test_every_settings_batches_are_pooled_at_a_whole_cores_speed() -> None:
+    """Setting A timed at load 1 (share 1), setting B at load 3 (our 1 thread + 2 others: share 2/3, so its
+    0.3 s batch is 0.2 s of a whole core). With both pooled, each setting's costs come from all batches."""
+    def setting(load: float, seconds: float) -> dict:
+        m = sao_measured([1.0, 2.0])
+        batches = [[r, w, r * w, 10, seconds * (0.1 + 0.01 * r) / 0.11] for r in (1, 2, 4, 8) for w in (10, 20)]
+        m["engine_modes"] = {"load_avg_start": load, "load_avg_end": load,
+                             "lockstep": {"batches": batches}, "continuous": {"batches": []}}
+        return m
+    a, b = setting(1.0, 0.2), setting(3.0, 0.3)
+    assert engine_mode_batches(b)[0][4] == pytest.approx(0.2)
+    assert engine_mode_batches(sao_measured([1.0, 2.0])) == []
+    pooled = {**a, POOLED_BATCHES_KEY: engine_mode_batches(a) + engine_mode_batches(b)}
+    costs, share, source = engine_costs(pooled)
+    assert (share, source) == (1.0, "engine_modes batches of every setting")
+    assert costs["step_s"] == pytest.approx(0.2 * 0.1 / 0.11 / 10, rel=1e-6)
 
 
 def test_group_members_are_distinct_traced_rollouts_when_the_task_has_enough() -> None:
