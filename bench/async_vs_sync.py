@@ -532,14 +532,12 @@ def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed:
     engine.batch_observer = timings.append
     try:
         for name, mode in (("lockstep", lockstep), ("continuous", continuous)):
-            engine.batch_sizes.clear()
             timings.clear()
             t = time.monotonic()
             n = asyncio.run(mode(t + seconds))
             elapsed = time.monotonic() - t
-            sizes = engine.batch_sizes
             out[name] = {"rollouts": n, "seconds": elapsed, "rollouts_per_s": n / elapsed,
-                         "mean_batch": statistics.fmean(sizes) if sizes else 0.0,
+                         "mean_batch": statistics.fmean(b.rows for b in timings) if timings else 0.0,
                          "batches": [[b.rows, b.width, b.prompt_tokens, b.new_tokens, round(b.seconds, 6)]
                                      for b in timings]}
     finally:

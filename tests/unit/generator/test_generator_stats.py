@@ -97,7 +97,7 @@ def test_hf_batches_run_while_the_default_thread_pool_is_blocked(tiny_model) -> 
         engine.close()
         pool.shutdown(wait=True)
     assert [len(r.token_ids) > 0 for r in results] == [True, True, True]
-    assert engine.batch_sizes == [3]
+    assert list(engine.batch_sizes) == [3]
     snap = stats.snapshot()
     assert snap["busy_measured_by_engine"] == 1.0
     assert 0.0 < snap["busy_s"] <= snap["in_engine_s"]

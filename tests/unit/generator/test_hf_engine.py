@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fixtures_models import TinyModel, build_tiny
+from posttrain.generator.engines import hf as hf_engine
 from posttrain.generator.engines.base import GenerationRequest, GenerationResult, InferenceEngine
 from posttrain.generator.engines.factory import make_engine, vllm_available
 from posttrain.generator.engines.hf import BatchTiming, HFEngine, process_logits
@@ -92,7 +93,7 @@ def test_mixed_budgets_and_stops_in_one_batch_match_running_alone(tiny_model: Ti
     ]
     engine.batch_sizes.clear()
     batched = run_all(engine, requests)
-    assert engine.batch_sizes == [3]
+    assert list(engine.batch_sizes) == [3]
     for req, got, ref in zip(requests, batched, alone, strict=True):
         cut = next(
             (i + 1 for i, t in enumerate(ref.token_ids) if t in req.stop_token_ids), len(ref.token_ids)
@@ -109,7 +110,7 @@ def test_eight_concurrent_generates_run_as_one_batch(tiny_model: TinyModel) -> N
         GenerationRequest(prompt_token_ids=prompt(4 + i), max_new_tokens=3 + i, seed=i) for i in range(8)
     ]
     results = run_all(engine, requests)
-    assert engine.batch_sizes == [8]
+    assert list(engine.batch_sizes) == [8]
     assert [len(r.token_ids) for r in results] == [3 + i for i in range(8)]
 
 
@@ -125,13 +126,22 @@ def test_batch_observer_sees_each_batch_shape(tiny_model: TinyModel) -> None:
     assert timing.seconds > 0
 
 
+def test_batch_history_keeps_only_the_most_recent_batches(tiny_model: TinyModel, monkeypatch) -> None:
+    """With a history of 2, three sequential single-request batches leave the last two sizes."""
+    monkeypatch.setattr(hf_engine, "BATCH_HISTORY", 2)
+    engine = HFEngine(tiny_model.path, max_batch=4)
+    for n in (1, 2, 3):
+        run_all(engine, [GenerationRequest(prompt_token_ids=prompt(3), max_new_tokens=1, seed=i) for i in range(n)])
+    assert list(engine.batch_sizes) == [2, 3]
+
+
 def test_max_batch_splits_concurrent_requests(tiny_model: TinyModel) -> None:
     """10 concurrent requests with max_batch=4 run as batches of 4, 4, 2."""
     engine = HFEngine(tiny_model.path, max_batch=4)
     run_all(
         engine, [GenerationRequest(prompt_token_ids=prompt(3), max_new_tokens=2, seed=i) for i in range(10)]
     )
-    assert engine.batch_sizes == [4, 4, 2]
+    assert list(engine.batch_sizes) == [4, 4, 2]
 
 
 def test_behaviour_logprobs_equal_learner_recomputation_in_fp32(tiny_model: TinyModel) -> None:

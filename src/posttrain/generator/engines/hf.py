@@ -27,6 +27,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -99,6 +100,10 @@ def process_logits(logits: Tensor, temperatures: Tensor, top_ps: Tensor) -> Tens
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         logprobs = torch.log_softmax(scaled.masked_fill(drop, float("-inf")), dim=-1)
     return logprobs
+
+
+BATCH_HISTORY = 4096
+"""Batches whose sizes ``HFEngine.batch_sizes`` keeps (the most recent)."""
 
 
 @dataclass(frozen=True)
@@ -198,8 +203,11 @@ class HFEngine:
         self._queue: asyncio.Queue[_Pending] | None = None
         self._lock: asyncio.Lock | None = None
         self._worker: asyncio.Task[None] | None = None
-        self.batch_sizes: list[int] = []
-        """Size (requests) of every batch run so far, in order; for tests and metrics."""
+        self.batch_sizes: deque[int] = deque(maxlen=BATCH_HISTORY)
+        """Size (requests) of the last ``BATCH_HISTORY`` batches, oldest first; for tests and metrics.
+
+        Bounded: a generator runs for days, and a list grew by one entry per batch for its life.
+        """
         self.batch_observer: Callable[[BatchTiming], None] | None = None
         """Called on the engine's thread after every batch that ran to completion (None: nobody listens).
 
