@@ -811,17 +811,29 @@ def extra_lines(result: dict[str, Any]) -> list[str]:
     return out
 
 
-def stored_result_and_warm_start(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], Any, Path]:
+def stored_result_and_warm_start(args: argparse.Namespace, work: Path,
+                                 setting: str | None = None) -> tuple[dict[str, Any], Any, Path]:
     """The existing results, the base ``RunContext`` and the cached SFT warm start (for the ``--*-only`` modes).
 
+    Checks, before any work: the results file exists, holds a result of ``setting`` (when given,
+    see ``setting_result``), and ``work`` holds the benchmark's task files (written by a full run).
+    A missing warm-start model is then rebuilt from them (minutes).
+
     Raises:
-        FileNotFoundError: no results file or no cached warm start (run the benchmark first).
+        FileNotFoundError: no results file, no result of ``setting``, or no task files under
+            ``work`` (run the benchmark first); the message is one line.
     """
     from bench.common import read_result
 
     result = read_result("async_vs_sync")
     if result is None:
-        raise FileNotFoundError("bench/results/async_vs_sync.json: run the benchmark first")
+        raise FileNotFoundError("bench/results/async_vs_sync.json: no results; run the benchmark first")
+    if setting is not None:
+        setting_result(result, setting)
+    tasks = work / "tasks" / "train.jsonl"
+    if not tasks.is_file():
+        raise FileNotFoundError(f"{tasks}: no cached tasks or warm start in the work directory; run the benchmark "
+                                "first (python -m bench.async_vs_sync with the same --work-dir)")
     base, sft, _ = prepare_shared(args, work)
     return result, base, sft
 
@@ -851,7 +863,7 @@ def engine_modes_only(args: argparse.Namespace, work: Path) -> int:
         FileNotFoundError: no results file, no result of that setting, or no cached warm start
             (run the benchmark first).
     """
-    result, base, sft = stored_result_and_warm_start(args, work)
+    result, base, sft = stored_result_and_warm_start(args, work, setting_label(args))
     target = setting_result(result, setting_label(args))
     modes = measure_engine_modes(base, sft, seconds=args.engine_modes_s, slots=args.episodes_in_flight, seed=args.seed)
     target["engine_modes"] = {**modes, "command": command_line("bench.async_vs_sync", None), "machine": machine_info()}
@@ -978,11 +990,13 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.torch_threads)
     work = args.work_dir.resolve()
+    if args.engine_modes_only or args.trace_only:
+        try:
+            return engine_modes_only(args, work) if args.engine_modes_only else trace_only(args, work)
+        except FileNotFoundError as exc:
+            print(f"bench.async_vs_sync: {exc}", file=sys.stderr)
+            return 2
     work.mkdir(parents=True, exist_ok=True)
-    if args.engine_modes_only:
-        return engine_modes_only(args, work)
-    if args.trace_only:
-        return trace_only(args, work)
 
     for method in args.methods:  # a bad name or group size fails now, not after the warm start
         try:

@@ -83,10 +83,19 @@ def load_config(path: Path | str | None, overrides: list[str] | None = None) -> 
         p = Path(path)
         if not p.exists():
             raise ConfigError(f"{p}: no such config file")
+        if not p.is_file():
+            raise ConfigError(f"{p}: not a file (give the path of a YAML config file)")
         try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{p}: cannot read the config file: {exc}") from exc
+        try:
+            loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+            where = getattr(exc, "problem_mark", None)
+            at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ConfigError(f"{p}: not valid YAML{at}: {problem}") from exc
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

@@ -64,3 +64,21 @@ def test_bad_methods_fail_before_the_warm_start(tmp_path, capsys, methods, messa
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "w" / "tasks").exists()
+
+
+@pytest.mark.parametrize(("stored", "message"), [
+    ({"setting": "tool_latency"}, "no compute_bound result; run that setting first"),
+    (None, "no results; run the benchmark first"),
+    ({"setting": "tool_latency", "compute_bound": {"setting": "compute_bound"}}, "no cached tasks or warm start"),
+])
+def test_only_modes_say_in_one_line_what_to_run_first(tmp_path, capsys, monkeypatch, stored, message):
+    """--engine-modes-only in a fresh checkout: exit 2, one line on stderr, no traceback, no work directory made."""
+    import bench.common
+    from bench.async_vs_sync import main
+
+    monkeypatch.setattr(bench.common, "read_result", lambda name: stored)
+    work = tmp_path / "w"
+    code = main(["--engine-modes-only", "--tool-latency-median-s", "0", "--no-docs", "--work-dir", str(work)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0]
+    assert not work.exists()

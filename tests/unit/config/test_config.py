@@ -60,6 +60,20 @@ def test_malformed_override_and_missing_file():
         load_config("/nonexistent/x.yaml")
 
 
+def test_a_directory_or_broken_yaml_is_a_one_line_config_error(tmp_path, capsys):
+    """A directory given as the config, and YAML that does not parse: one line naming the file (and the line)."""
+    with pytest.raises(ConfigError, match="not a file"):
+        load_config(tmp_path)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("sao: {steps: 3\nmodel: x\n")
+    with pytest.raises(ConfigError, match=r"broken.yaml: not valid YAML \(line \d+, column \d+\): ") as info:
+        load_config(broken)
+    assert "\n" not in str(info.value)
+    assert main(["validate-config", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a file" in err[0]
+
+
 def test_validate_config_cli_prints_one_line_error_and_exits_2(tmp_path, capsys):
     p = tmp_path / "bad.yaml"
     p.write_text("sao: {batch_size: 0}\n")
