@@ -46,8 +46,9 @@ only tokens of groups with unequal rewards, like ``grpo_train_step``).
 
 The command (a) re-simulates the small runs of ``bench/async_vs_sync.py`` with what that run
 measured, read from the JSON at run time (trace, the ``hf`` engine's batch costs fitted on the
-batches its ``engine_modes`` timed and the speed factor those feedings imply, each run's own generation time where recorded, learner step times,
-publish and reload costs, tool latency, which generator worker and busy clock it had) and
+batches its ``engine_modes`` timed and the speed factor those feedings imply, each run's own
+generation time where recorded, learner step times, publish and reload costs, tool latency,
+which generator worker and busy clock it had) and
 reports the relative error of each predicted quantity per method, then (b) projects busy
 fraction and the SAO / synchronous-GRPO throughput ratio for N = 8 ... 1024 with a GPU-like
 parameter set (every assumed number is printed beside the result), and plots both against N.
