@@ -1169,11 +1169,22 @@ def engine_mode_batches(measured: dict[str, Any]) -> list[list[float]]:
     batches = [b for mode in ("lockstep", "continuous") for b in (em.get(mode) or {}).get("batches", [])]
     if not batches:
         return []
-    cores = int(measured["machine"].get("cpu_count") or 1)
-    load = statistics.fmean([float(em["load_avg_start"]), float(em["load_avg_end"])])
-    busy = GENERATOR_BUSY_THREADS
-    share = cpu_share(cores, max(0.0, load - busy), busy)
+    share = engine_modes_share(measured)
     return [[*b[:4], float(b[4]) * share] for b in batches]
+
+
+def engine_modes_share(measured: dict[str, Any]) -> float:
+    """CPU share the engine had during ``engine_modes``: ``cpu_share(cores, L - k, k)``, ``k = GENERATOR_BUSY_THREADS``.
+
+    ``L`` is the mean of the measurement's start and end load (the run's first load average when
+    it recorded none).
+    """
+    em = measured.get("engine_modes") or {}
+    cores = int(measured["machine"].get("cpu_count") or 1)
+    default = float(measured["machine"]["load_avg"][0])
+    load = statistics.fmean([float(em.get("load_avg_start", default)), float(em.get("load_avg_end", default))])
+    busy = GENERATOR_BUSY_THREADS
+    return cpu_share(cores, max(0.0, load - busy), busy)
 
 
 def engine_costs(measured: dict[str, Any]) -> tuple[dict[str, float], float, str]:
@@ -1262,14 +1273,8 @@ def engine_alone(measured: dict[str, Any]) -> tuple[EngineModel, float]:
     The ``engine_modes`` run had the generator's ``GENERATOR_BUSY_THREADS`` busy.
     """
     costs, reference, _ = engine_costs(measured)
-    em = measured.get("engine_modes") or {}
-    cores = int(measured["machine"].get("cpu_count") or 1)
-    l_default = float(measured["machine"]["load_avg"][0])
-    load = statistics.fmean([float(em.get("load_avg_start", l_default)), float(em.get("load_avg_end", l_default))])
-    busy = GENERATOR_BUSY_THREADS
-    scale = reference / cpu_share(cores, max(0.0, load - busy), busy)
     slots = int(measured["settings"]["episodes_in_flight"])
-    return EngineModel(batching="static", max_batch=slots, **costs), scale
+    return EngineModel(batching="static", max_batch=slots, **costs), reference / engine_modes_share(measured)
 
 
 FEED_S_DEFAULT = 20.0

@@ -139,10 +139,7 @@ class Rollout(msgspec.Struct, kw_only=True):
         Raises:
             RecordError: as ``validate``, or a token id that does not fit int32.
         """
-        tokens, logprobs, mask = _arrays(self)
-        _check_arrays(tokens, logprobs, mask)
-        _check_scalars(self)
-        _check_int32(tokens)
+        tokens, logprobs, mask = _checked_arrays(self)
         return msgspec.structs.replace(
             self, token_ids=tokens.astype(np.int32, copy=False), behaviour_logprobs=logprobs, action_mask=mask
         )
@@ -269,9 +266,14 @@ def _mask(values: list[bool] | np.ndarray) -> np.ndarray:
     return _mask_from_bytes(raw)
 
 
-def _check_int32(tokens: np.ndarray) -> None:
+def _checked_arrays(rollout: Rollout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The per-token fields as arrays after every wire check (``validate``'s, plus ids that fit int32)."""
+    tokens, logprobs, mask = _arrays(rollout)
+    _check_arrays(tokens, logprobs, mask)
+    _check_scalars(rollout)
     if tokens.dtype.itemsize > 4 and tokens.size and tokens.max() > np.iinfo(np.int32).max:
         raise RecordError(f"token_ids: id {int(tokens.max())} does not fit int32")
+    return tokens, logprobs, mask
 
 
 def _mask_from_bytes(raw: np.ndarray) -> np.ndarray:
@@ -316,11 +318,7 @@ def encode_rollout(rollout: Rollout) -> bytes:
         RecordError: if the rollout violates an invariant (see ``Rollout.validate``), or a token
             id does not fit int32.
     """
-    tokens, logprobs, mask = _arrays(rollout)
-    _check_arrays(tokens, logprobs, mask)
-    _check_scalars(rollout)
-    _check_int32(tokens)
-    return _pack(rollout, tokens, logprobs, mask)
+    return _pack(rollout, *_checked_arrays(rollout))
 
 
 def decode_rollout(payload: bytes, *, arrays: bool = False) -> Rollout:

@@ -318,16 +318,15 @@ class HFEngine:
             with torch.inference_mode():
                 outputs = self._sample(batch)
         finally:
+            elapsed = time.monotonic() - started
             with self._clock_lock:
-                assert self._generating_since is not None
-                self._generating_s += time.monotonic() - self._generating_since
+                self._generating_s += elapsed
                 self._generating_since = None
         observer = self.batch_observer
         if observer is not None:
             lengths = [len(p.request.prompt_token_ids) for p in batch]
             observer(BatchTiming(rows=len(batch), width=max(lengths), prompt_tokens=sum(lengths),
-                                 new_tokens=max(len(tokens) for tokens, _, _ in outputs),
-                                 seconds=time.monotonic() - started))
+                                 new_tokens=max(len(tokens) for tokens, _, _ in outputs), seconds=elapsed))
         return outputs
 
     def _sample(
