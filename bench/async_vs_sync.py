@@ -71,6 +71,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -713,6 +714,112 @@ def summarise(run: MethodRun, rewards: dict[int, float], target: float) -> dict[
     }
 
 
+REPEATED = ("busy_fraction", "trained_action_tokens_per_s", "rollouts_per_s", "learner_step_s_mean")
+"""Per-method quantities summarised over repeated runs (``over_runs``)."""
+
+
+def repeat_config(args: argparse.Namespace, work: Path, method: str, index: int) -> dict[str, Any]:
+    """The run config of repeat ``index`` (>= 1) of ``method``: the same setting with run seed ``--seed + index``.
+
+    Only the run's seed changes (its sampling, task order and generator seeds); the tool
+    latencies keep ``--seed``, so each task waits the same seconds in every repeat. The run
+    directory is ``<method>_r<index>``.
+
+    Raises:
+        ValueError: ``index < 1``, or what ``method_config`` raises.
+    """
+    if index < 1:
+        raise ValueError(f"repeat index: must be >= 1, got {index}")
+    cfg = method_config(args, work, method)
+    cfg["seed"] = args.seed + index
+    cfg["run_name"] = f"{method}_r{index}"
+    return cfg
+
+
+def run_repeats(args: argparse.Namespace, work: Path, base: Any, sft: Path, method: str,
+                indices: Sequence[int]) -> list[dict[str, Any]]:
+    """Run ``method`` again once per index in ``indices`` (``repeat_config``) and summarise each run.
+
+    Repeats measure how much a quantity moves between runs on a shared machine; their weights
+    are not evaluated on held-out tasks (time to target stays the first run's). Each summary
+    carries its ``seed`` and ``when`` (UTC).
+
+    Returns:
+        One ``summarise`` dict per repeat, in the order of ``indices``.
+    """
+    out = []
+    for index in indices:
+        snap = work / "snapshots" / f"{method}_r{index}"
+        run = run_method(repeat_config(args, work, method, index), method, base, sft, snap, eval_every=args.steps)
+        shutil.rmtree(snap, ignore_errors=True)
+        out.append({**summarise(run, {}, math.inf), "seed": args.seed + index, "when": machine_info()["when"]})
+    return out
+
+
+def over_runs(method_result: dict[str, Any], first_seed: int) -> dict[str, Any]:
+    """Mean, minimum, maximum and values of each ``REPEATED`` quantity over a method's first run and its repeats.
+
+    Args:
+        method_result: One entry of ``methods`` (the first run's summary), with its repeats under
+            ``repeat_runs`` (possibly none).
+        first_seed: The first run's seed (``--seed``).
+
+    Returns:
+        ``runs`` (count), ``seeds``, and per quantity ``{"mean", "min", "max", "values"}``
+        (quantities with no value in any run are left out).
+    """
+    runs = [method_result] + list(method_result.get("repeat_runs") or [])
+    out: dict[str, Any] = {"runs": len(runs), "seeds": [first_seed] + [r["seed"] for r in runs[1:]]}
+    for q in REPEATED:
+        values = [float(r[q]) for r in runs if r.get(q) is not None]
+        if values:
+            out[q] = {"mean": statistics.fmean(values), "min": min(values), "max": max(values), "values": values}
+    return out
+
+
+def headline(methods: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The per-method headline numbers of a setting's result, and SAO's throughput ratio.
+
+    Each number is the mean over the method's runs (``over_runs``) when it was repeated, else its
+    one run's. ``throughput_ratio_sao_over_grpo_sync`` is SAO's trained action tokens per second
+    over the *faster* synchronous GRPO variant (None without SAO or a synchronous method).
+
+    Returns:
+        ``busy_fraction``, ``trained_action_tokens_per_s`` and ``rollouts_per_s`` (method ->
+        value), ``time_to_target_s`` (the first runs'), ``throughput_ratio_sao_over_grpo_sync``
+        and ``throughput_ratio_by_baseline``.
+    """
+    def value(m: dict[str, Any], q: str) -> Any:
+        agg = (m.get("over_runs") or {}).get(q)
+        return agg["mean"] if agg else m[q]
+
+    out: dict[str, Any] = {q: {k: value(v, q) for k, v in methods.items()}
+                           for q in ("busy_fraction", "trained_action_tokens_per_s", "rollouts_per_s")}
+    out["time_to_target_s"] = {k: v["time_to_target_s"] for k, v in methods.items()}
+    rates = out["trained_action_tokens_per_s"]
+    sync_rates = {k: v for k, v in rates.items() if k.startswith("grpo_sync")}
+    sao_rate = rates.get("sao")
+    by_baseline = {k: sao_rate / v for k, v in sync_rates.items() if sao_rate and v > 0}
+    out["throughput_ratio_sao_over_grpo_sync"] = min(by_baseline.values()) if by_baseline else None
+    out["throughput_ratio_by_baseline"] = by_baseline
+    return out
+
+
+def add_repeats(result: dict[str, Any], repeats: dict[str, list[dict[str, Any]]], first_seed: int) -> None:
+    """Append repeat summaries to a setting's result, then refresh ``over_runs`` and the headline numbers (in place).
+
+    Raises:
+        KeyError: a method in ``repeats`` that ``result`` has no first run of.
+    """
+    for method, runs in repeats.items():
+        m = result["methods"][method]
+        m["repeat_runs"] = list(m.get("repeat_runs") or []) + runs
+    for m in result["methods"].values():
+        if m.get("repeat_runs"):
+            m["over_runs"] = over_runs(m, first_seed)
+    result.update(headline(result["methods"]))
+
+
 def render(result: dict[str, Any]) -> str:
     """The docs section: the top-level result, then the compute-bound one when the file keeps it."""
     parts = [render_one(result)]
@@ -740,12 +847,11 @@ def render_one(result: dict[str, Any]) -> str:
     for name, r in m.items():
         ttt = r["time_to_target_s"]
         rows.append([
-            name, "-" if r["busy_fraction"] is None else f"{r['busy_fraction']:.2f}",
-            f"{r['trained_action_tokens_per_s']:.1f}", f"{r['rollouts_per_s']:.2f}",
-            f"{r['learner_step_s_mean']:.2f}" if r["learner_step_s_mean"] is not None else "-",
-            f"{r['wall_s']:.0f}", "not reached" if ttt is None else f"{ttt:.0f}",
+            name, cell(r, "busy_fraction", 2), cell(r, "trained_action_tokens_per_s", 1), cell(r, "rollouts_per_s", 2),
+            cell(r, "learner_step_s_mean", 2), f"{r['wall_s']:.0f}", "not reached" if ttt is None else f"{ttt:.0f}",
             " / ".join(f"{v:.2f}" for v in r["heldout_reward"].values()) or "-",
         ])
+    repeated = {k: v["over_runs"]["runs"] for k, v in m.items() if v.get("over_runs")}
     s = result["settings"]
     calls = result["task_calls"]["train"]
     ratio = result["throughput_ratio_sao_over_grpo_sync"]
@@ -775,12 +881,25 @@ def render_one(result: dict[str, Any]) -> str:
             rows,
         ),
         "",
+        *([f"Repeated runs ({', '.join(f'{k}: {n}' for k, n in repeated.items())}; seeds --seed, --seed + 1, ...): "
+           "their busy fraction, throughputs and learner step are the mean with the range of the runs in brackets "
+           "(the ratio below uses the means); wall time and held-out rewards are the first run's.", ""]
+          if repeated else []),
         f"Held-out reward of the warm start: {result['start_reward']:.3f} ({s['eval_tasks']} tasks x "
         f"{s['eval_samples']} samples); snapshots every {s['eval_every']} versions.",
         f"Throughput ratio SAO / synchronous GRPO (trained action tokens per second): {ratio_text} "
         f"against the faster synchronous variant ({by}).",
         *extra_lines(result),
     ])
+
+
+def cell(method_result: dict[str, Any], quantity: str, digits: int) -> str:
+    """A table cell: the run's value, or with repeats the mean and the range, e.g. ``0.91 (0.86-0.96)``; ``-`` if none."""
+    agg = (method_result.get("over_runs") or {}).get(quantity)
+    if agg:
+        return f"{agg['mean']:.{digits}f} ({agg['min']:.{digits}f}-{agg['max']:.{digits}f})"
+    value = method_result.get(quantity)
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def extra_lines(result: dict[str, Any]) -> list[str]:
@@ -902,6 +1021,74 @@ def trace_only(args: argparse.Namespace, work: Path) -> int:
     return 0
 
 
+def repeat_methods(args: argparse.Namespace) -> list[str]:
+    """The methods ``--repeats`` applies to: ``--repeat-methods``, else every method of ``--methods`` (none with 1 run)."""
+    if args.repeats <= 1:
+        return []
+    return list(args.repeat_methods) if args.repeat_methods else list(args.methods)
+
+
+REPEAT_KEYS = ("steps", "batch_rollouts", "generators", "episodes_in_flight", "engine", "calls_median", "calls_sigma",
+               "max_calls", "tool_latency_median_s", "tool_latency_sigma", "tool_latency_max_s", "max_new_tokens",
+               "max_episode_tokens", "train_tasks", "lr", "max_staleness", "micro_batch_size", "critic_warmup",
+               "sft_steps", "seed")
+"""Arguments a ``--repeats-only`` run must share with the stored setting it adds runs to."""
+
+
+def repeats_only(args: argparse.Namespace, work: Path) -> int:
+    """``--repeats-only``: run each of ``repeat_methods`` until it has ``--repeats`` runs in the stored setting.
+
+    The runs go to the result of the setting the arguments name (``setting_label``), whose stored
+    first runs they join (``add_repeats``); the setting's arguments (``REPEAT_KEYS``) must be the
+    stored ones, so every run of a method measures the same thing. Already stored repeats count,
+    so running it twice adds nothing.
+
+    Raises:
+        FileNotFoundError: no results file, no result of that setting, or no cached warm start.
+        ValueError: an argument differs from the stored setting's, or a method has no first run
+            there (the message names it).
+    """
+    from bench.common import read_result
+
+    stored_file = read_result("async_vs_sync")
+    if stored_file is not None:  # checked before the warm start; without a file the next call says what to run
+        check_repeat_args(setting_result(stored_file, setting_label(args)), args)
+    result, base, sft = stored_result_and_warm_start(args, work, setting_label(args))
+    target = setting_result(result, setting_label(args))
+    stored = target["settings"]
+    methods = repeat_methods(args)
+    repeats = {}
+    for method in methods:
+        have = 1 + len(target["methods"][method].get("repeat_runs") or [])
+        repeats[method] = run_repeats(args, work, base, sft, method, range(have, args.repeats))
+    add_repeats(target, repeats, int(stored.get("seed", args.seed)))
+    write_result("async_vs_sync", result)
+    if not args.no_docs:
+        update_docs_section("async_vs_sync", render(result))
+    for method in methods:
+        print(method, json.dumps({q: v for q, v in target["methods"][method].get("over_runs", {}).items()}))
+    return 0
+
+
+def check_repeat_args(target: dict[str, Any], args: argparse.Namespace) -> None:
+    """Refuse ``--repeats-only`` arguments that differ from the stored setting's, or name a method it has not run.
+
+    Raises:
+        ValueError: the first differing ``REPEAT_KEYS`` argument, or methods without a first run.
+    """
+    stored = target["settings"]
+    given = settings_of(args)
+    for key in REPEAT_KEYS:
+        if key in stored and stored[key] != given[key]:
+            raise ValueError(f"--{key.replace('_', '-')}: the stored {target['setting']} result used "
+                             f"{stored[key]!r}, got {given[key]!r}; repeats must share the setting")
+    methods = repeat_methods(args)
+    missing = [m for m in methods if m not in target["methods"]]
+    if missing:
+        raise ValueError(f"--repeat-methods: {', '.join(missing)} has no first run in the stored "
+                         f"{target['setting']} result (it has {', '.join(target['methods'])})")
+
+
 def merge_results(previous: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     """The results file after a run: one result per setting (module docstring).
 
@@ -980,20 +1167,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine-modes-s", type=float, default=60.0,
                    help="feeding window of each engine-mode measurement (s); continuous feeding takes about a "
                         "minute to reach its steady mix of contexts, which the simulator's engine costs must cover")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs per method (seeds --seed, --seed + 1, ...); the table shows the mean and the range, "
+                        "held-out evaluation stays the first run's")
+    p.add_argument("--repeat-methods", nargs="+", default=None,
+                   help="methods --repeats applies to (default: every method of --methods)")
+    p.add_argument("--repeats-only", action="store_true",
+                   help="only add runs (up to --repeats per method) to the stored result of this setting")
     p.add_argument("--torch-threads", type=int, default=1,
                    help="torch threads of this process (learner and in-process engines); generator processes use 1")
     args = p.parse_args(argv)
     if args.engine_modes_s <= 0:
         p.error(f"--engine-modes-s: must be > 0 seconds, got {args.engine_modes_s}")
+    if args.repeats < 1:
+        p.error(f"--repeats: must be >= 1 runs per method, got {args.repeats}")
+    unknown = [m for m in args.repeat_methods or [] if m not in args.methods]
+    if unknown and not args.repeats_only:
+        p.error(f"--repeat-methods: {', '.join(unknown)} is not in --methods ({', '.join(args.methods)})")
     logging.basicConfig(level=logging.WARNING)
     import torch
 
     torch.set_num_threads(args.torch_threads)
     work = args.work_dir.resolve()
-    if args.engine_modes_only or args.trace_only:
+    if args.engine_modes_only or args.trace_only or args.repeats_only:
+        only = engine_modes_only if args.engine_modes_only else trace_only if args.trace_only else repeats_only
         try:
-            return engine_modes_only(args, work) if args.engine_modes_only else trace_only(args, work)
-        except FileNotFoundError as exc:
+            return only(args, work)
+        except (FileNotFoundError, ValueError) as exc:
             print(f"bench.async_vs_sync: {exc}", file=sys.stderr)
             return 2
     work.mkdir(parents=True, exist_ok=True)
@@ -1009,6 +1209,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"warm start ready in {prep_s:.0f} s: {sft}", flush=True)
     runs = [run_method(method_config(args, work, m), m, base, sft, work / "snapshots" / m, args.eval_every)
             for m in args.methods]
+    repeats = {m: run_repeats(args, work, base, sft, m, range(1, args.repeats)) for m in repeat_methods(args)}
     print("evaluating snapshots", flush=True)
     start, rewards = evaluate_snapshots(base, sft, runs)
     target = args.target if args.target is not None else round(start + args.target_gain, 3)
@@ -1021,9 +1222,6 @@ def main(argv: list[str] | None = None) -> int:
     sync = measure_weight_sync(sft, repeats=3)
 
     methods = {r.method: summarise(r, rewards[r.method], target) for r in runs}
-    sync_rates = {k: v["trained_action_tokens_per_s"] for k, v in methods.items() if k.startswith("grpo_sync")}
-    sao_rate = methods.get("sao", {}).get("trained_action_tokens_per_s")
-    by_baseline = {k: sao_rate / v for k, v in sync_rates.items() if sao_rate and v > 0}
     result = {
         "setting": setting_label(args),
         "command": command_line("bench.async_vs_sync", argv),
@@ -1032,12 +1230,7 @@ def main(argv: list[str] | None = None) -> int:
         "task_calls": task_calls,
         "start_reward": start,
         "target": target,
-        "busy_fraction": {k: v["busy_fraction"] for k, v in methods.items()},
-        "trained_action_tokens_per_s": {k: v["trained_action_tokens_per_s"] for k, v in methods.items()},
-        "rollouts_per_s": {k: v["rollouts_per_s"] for k, v in methods.items()},
-        "time_to_target_s": {k: v["time_to_target_s"] for k, v in methods.items()},
-        "throughput_ratio_sao_over_grpo_sync": min(by_baseline.values()) if by_baseline else None,
-        "throughput_ratio_by_baseline": by_baseline,
+        **headline(methods),
         "methods": methods,
         "trace": trace,
         "engine_calibration": engine,
@@ -1047,6 +1240,8 @@ def main(argv: list[str] | None = None) -> int:
         "prepare_s": prep_s,
         "total_s": time.monotonic() - t_all,
     }
+    add_repeats(result, repeats, args.seed)
+    result["total_s"] = time.monotonic() - t_all
     from bench.common import read_result
 
     merged = merge_results(read_result("async_vs_sync"), result)

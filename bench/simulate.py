@@ -918,7 +918,8 @@ had compensated for the calibration grid's too cheap wide batches.)
 """
 
 
-def measured_config(measured: dict[str, Any], method: str, engine_factor: float = 1.0) -> ClusterConfig:
+def measured_config(measured: dict[str, Any], method: str, engine_factor: float = 1.0,
+                    run: dict[str, Any] | None = None) -> ClusterConfig:
     """The simulated twin of one method of ``async_vs_sync.json``, built from what that run measured.
 
     Engine: the ``hf`` engine's static batching with the costs of ``engine_costs`` (1 torch
@@ -937,13 +938,16 @@ def measured_config(measured: dict[str, Any], method: str, engine_factor: float 
     (absent or 0: instantaneous tools). Generator worker: ``pool_workers = cores + 4`` (asyncio's
     default pool) when ``measured_worker`` says the run predates the worker fix, else 0.
 
+    ``run``: one of the method's repeated runs (``repeat_runs``; its own learner step time and
+    load); default the method's first run.
+
     Raises:
         KeyError: the method or a needed field is missing from ``measured``.
     """
     s = measured["settings"]
     costs, calibrated, _ = engine_costs(measured)
     blocking = measured_worker(measured) == "blocking_pool"
-    m = measured["methods"][method]
+    m = run if run is not None else measured["methods"][method]
     kind, _, g = method.rpartition("_g")
     sim_method: Method = "sao" if method == "sao" else ("grpo_sync" if kind == "grpo_sync" else "grpo_async")
     cores = int(measured["machine"].get("cpu_count") or 1)
@@ -1132,18 +1136,23 @@ def validate(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
     for method, m in measured["methods"].items():
         if m.get("learner_step_s_mean") is None:
             continue
-        base = measured_config(measured, method, engine_factor=factor or 1.0)
-        base, speed_from = calibrate_engine_speed(base, m, workload, repeats)
-        if speed_from.startswith("load average") and factor:
-            speed_from = "engine_modes x " + speed_from
-        sims = [simulate(replace(base, seed=base.seed + k), workload) for k in range(repeats)]
+        runs = [m] + [r for r in m.get("repeat_runs") or [] if r.get("learner_step_s_mean") is not None]
+        per_run = []  # (simulations, speed_from) of each measured run, each with its own learner time and load
+        for run in runs:
+            base = measured_config(measured, method, engine_factor=factor or 1.0, run=run)
+            base, speed_from = calibrate_engine_speed(base, run, workload, repeats)
+            if speed_from.startswith("load average") and factor:
+                speed_from = "engine_modes x " + speed_from
+            per_run.append(([simulate(replace(base, seed=base.seed + k), workload) for k in range(repeats)], speed_from))
+        sims = [r for run_sims, _ in per_run for r in run_sims]
+        speed_from = per_run[0][1] + (f" (mean of {len(runs)} runs)" if len(runs) > 1 else "")
         for quantity in ("busy_fraction", "trained_action_tokens_per_s", "rollouts_per_s"):
             attr = "in_engine_fraction" if quantity == "busy_fraction" and clock == "in_engine" else quantity
             pred = statistics.fmean(getattr(r, attr) for r in sims)
-            meas = float(m[quantity])
+            meas = statistics.fmean(float(r[quantity]) for r in runs)
             rows.append({"method": method, "quantity": quantity, "measured": meas, "predicted": pred,
                          "relative_error": (pred - meas) / meas if meas else math.inf, "speed_from": speed_from,
-                         "measured_relative_se": measured_relative_se(m, quantity),
+                         "runs": len(runs), "measured_relative_se": measured_relative_se_over(runs, quantity),
                          "predicted_generating_fraction": statistics.fmean(r.busy_fraction for r in sims),
                          "predicted_in_engine_fraction": statistics.fmean(r.in_engine_fraction for r in sims)})
     rows.extend(validate_engine_modes(measured, workload, repeats, factor))
@@ -1384,6 +1393,20 @@ def measured_relative_se(m: dict[str, Any], quantity: str) -> float | None:
     return statistics.stdev(xs) / math.sqrt(len(xs)) / statistics.fmean(xs)
 
 
+def measured_relative_se_over(runs: Sequence[dict[str, Any]], quantity: str) -> float | None:
+    """Relative standard error of a quantity's mean over a method's measured runs (None if unknown).
+
+    Three or more runs: the runs' own spread, ``stdev / sqrt(n) / mean``. Fewer: one run's
+    per-update spread (``measured_relative_se``) divided by ``sqrt(n)``, as independent runs of
+    the same length average it down.
+    """
+    values = [float(r[quantity]) for r in runs if r.get(quantity) is not None]
+    if len(values) >= 3 and statistics.fmean(values) > 0:
+        return statistics.stdev(values) / math.sqrt(len(values)) / statistics.fmean(values)
+    one = measured_relative_se(runs[0], quantity) if runs else None
+    return None if one is None else one / math.sqrt(max(len(values), 1))
+
+
 def validate_engine_modes(measured: dict[str, Any], workload: Workload, repeats: int,
                           factor: float | None) -> list[dict[str, Any]]:
     """The engine alone (``engine_modes``), lockstep and continuous feeding: rollouts/s, simulated vs measured.
@@ -1562,9 +1585,11 @@ def render(result: dict[str, Any]) -> str:
         "it its own generation speed (column *speed from*: `generator_batch_s`, the synchronous runs' generation "
         "time per step, unless that time is mostly tool waits: *generator_batch_s is tool waits*; otherwise the "
         f"CPU share its load average implied, counting the generator as {GENERATOR_BUSY_THREADS} busy thread). "
-        "*Measured SE*: the "
-        "relative standard "
-        "error of the measured value from its own step-to-step spread. "
+        "A method run several times (`async_vs_sync --repeats`) is compared as the mean of its runs against the "
+        "mean of their simulations, each run simulated with its own learner step time and load (*speed from* "
+        "says *mean of n runs*). *Measured SE*: the relative standard error of the measured value, from the "
+        "runs' spread with three or more runs, else from one run's step-to-step spread (divided by the square "
+        "root of the runs). "
         f"Worst relative error: **{100 * worst:.0f}%** ({w.get('setting')}, {w.get('method')}, {w.get('quantity')}; "
         f"target: within 15%, {'met' if worst <= 0.15 else 'not met'}).",
         "",

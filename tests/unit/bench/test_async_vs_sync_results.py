@@ -82,3 +82,89 @@ def test_only_modes_say_in_one_line_what_to_run_first(tmp_path, capsys, monkeypa
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and message in err[0]
     assert not work.exists()
+
+
+def summary(busy: float, tokens: float, rollouts: float, step_s: float, **extra) -> dict:
+    """One method's run as ``summarise`` writes it (the fields the repeat logic reads)."""
+    return {"busy_fraction": busy, "trained_action_tokens_per_s": tokens, "rollouts_per_s": rollouts,
+            "learner_step_s_mean": step_s, "time_to_target_s": None, **extra}
+
+
+def test_repeats_make_the_headline_the_mean_and_keep_the_range() -> None:
+    """SAO run twice (busy 0.86 and 0.96, 400 and 440 tokens/s), sync G=8 once (50): headline busy 0.91,
+    throughput 420, ratio 420 / 50 = 8.4 (the means, not the first run's 8.0); the table cell shows the range."""
+    from bench.async_vs_sync import add_repeats, cell, headline
+
+    result = {"methods": {"sao": summary(0.86, 400.0, 8.0, 3.0, time_to_target_s=116.0),
+                          "grpo_sync_g8": summary(0.06, 50.0, 1.3, 0.8)}}
+    result.update(headline(result["methods"]))
+    assert result["throughput_ratio_sao_over_grpo_sync"] == pytest.approx(8.0)
+    add_repeats(result, {"sao": [summary(0.96, 440.0, 9.0, 2.0, seed=1)]}, first_seed=0)
+    sao = result["methods"]["sao"]
+    assert sao["over_runs"]["runs"] == 2 and sao["over_runs"]["seeds"] == [0, 1]
+    assert sao["over_runs"]["busy_fraction"]["values"] == [0.86, 0.96]
+    assert result["busy_fraction"]["sao"] == pytest.approx(0.91)
+    assert result["trained_action_tokens_per_s"]["sao"] == pytest.approx(420.0)
+    assert result["throughput_ratio_sao_over_grpo_sync"] == pytest.approx(8.4)
+    assert result["time_to_target_s"]["sao"] == 116.0  # the first run's: repeats are not evaluated
+    assert "over_runs" not in result["methods"]["grpo_sync_g8"]
+    assert cell(sao, "busy_fraction", 2) == "0.91 (0.86-0.96)"
+    assert cell(result["methods"]["grpo_sync_g8"], "busy_fraction", 2) == "0.06"
+    add_repeats(result, {"sao": [summary(0.90, 420.0, 8.5, 2.5, seed=2)]}, first_seed=0)  # a later --repeats-only
+    assert result["methods"]["sao"]["over_runs"]["runs"] == 3
+    assert result["busy_fraction"]["sao"] == pytest.approx((0.86 + 0.96 + 0.90) / 3)
+
+
+def test_a_repeat_changes_only_the_run_seed() -> None:
+    """Repeat 2 of SAO: run seed --seed + 2, its own run directory, the same tool latencies (seeded by --seed)."""
+    import argparse
+    from pathlib import Path
+
+    from bench.async_vs_sync import method_config, repeat_config
+
+    args = argparse.Namespace(seed=5, train_tasks=10, eval_tasks=4, sft_steps=1, max_episode_tokens=256, engine="hf",
+                              generators=1, episodes_in_flight=8, max_new_tokens=8, max_calls=4, eval_samples=1,
+                              tool_latency_median_s=3.0, tool_latency_sigma=1.0, tool_latency_max_s=30.0, lr=1e-4,
+                              batch_rollouts=8, steps=2, micro_batch_size=4, max_staleness=4, critic_warmup=1)
+    first, again = method_config(args, Path("w"), "sao"), repeat_config(args, Path("w"), "sao", 2)
+    assert (again["seed"], again["run_name"]) == (7, "sao_r2")
+    assert again["data"]["env_args"] == first["data"]["env_args"] and first["data"]["env_args"]["tool_latency_seed"] == 5
+    assert {k: v for k, v in again.items() if k not in ("seed", "run_name")} == \
+        {k: v for k, v in first.items() if k not in ("seed", "run_name")}
+    with pytest.raises(ValueError, match="repeat index: must be >= 1"):
+        repeat_config(args, Path("w"), "sao", 0)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--repeats", "0"], "--repeats: must be >= 1 runs per method, got 0"),
+    (["--repeats", "2", "--methods", "sao", "--repeat-methods", "grpo_sync_g4"], "grpo_sync_g4 is not in --methods"),
+])
+def test_bad_repeat_arguments_fail_at_parsing(tmp_path, capsys, argv, message):
+    from bench.async_vs_sync import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--no-docs", "--work-dir", str(tmp_path / "w")])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--steps", "20"], "--steps: the stored tool_latency result used 12, got 20; repeats must share the setting"),
+    (["--steps", "12", "--repeat-methods", "grpo_async_g4"], "grpo_async_g4 has no first run in the stored tool_latency"),
+])
+def test_repeats_only_refuses_another_setting_in_one_line_before_any_work(tmp_path, capsys, monkeypatch, argv, message):
+    """--repeats-only adds runs to a stored setting only with that setting's arguments and methods: exit 2, one line."""
+    import argparse
+
+    import bench.common
+    from bench.async_vs_sync import main
+    from bench.common import settings_of
+
+    stored_args = argparse.Namespace(steps=12, seed=0, tool_latency_median_s=3.0)
+    stored = {"setting": "tool_latency", "settings": settings_of(stored_args), "methods": {"sao": summary(0.9, 1, 1, 1)}}
+    monkeypatch.setattr(bench.common, "read_result", lambda name: stored)
+    work = tmp_path / "w"
+    code = main(["--repeats-only", "--repeats", "3", "--no-docs", "--work-dir", str(work), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0]
+    assert not work.exists()

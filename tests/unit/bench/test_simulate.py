@@ -24,6 +24,7 @@ from bench.simulate import (
     engine_mode_batches,
     fit_batch_costs,
     measured_config,
+    measured_relative_se_over,
     measured_worker,
     phase_identifies_engine_speed,
     reward_posteriors,
@@ -173,6 +174,37 @@ def test_measured_config_builds_the_twin_of_each_measured_method() -> None:
     assert (g4.method, g4.group_size, g4.generators, g4.learner.warmup_iterations) == ("grpo_sync", 4, 1, 0)
     assert (g4.engine_scale_idle, g4.engine_scale_learner_busy) == pytest.approx((1.5, 1.5))
     assert measured_config(measured, "grpo_async_g8").method == "grpo_async"
+
+
+def test_a_repeated_run_is_simulated_with_its_own_learner_time_and_load() -> None:
+    """SAO's first run: learner 3.0 s at load 4 (engine x1.5 / x2, as above); its repeat: learner 2.0 s at load 3
+    (background 0: share 2/2 = 1 idle, 2/3 with the learner busy -> x1 / x1.5)."""
+    measured = {
+        "machine": {"cpu_count": 2, "load_avg": [9.0, 9.0, 9.0]},
+        "settings": {"generators": 1, "episodes_in_flight": 32, "batch_rollouts": 32, "max_staleness": 2,
+                     "critic_warmup": 1, "seed": 0},
+        "engine_calibration": {"step_s": 0.01, "step_s_per_row": 0.001, "prefill_s_per_token": 1e-5, "load_avg": 2.0},
+        "weight_sync": {"publish_s": 0.1, "reload_s": 0.05},
+        "methods": {"sao": {"policy_versions": 12, "learner_step_s_mean": 3.0, "load_avg_start_end": [4.0, 4.0],
+                            "repeat_runs": [{"policy_versions": 12, "learner_step_s_mean": 2.0,
+                                             "load_avg_start_end": [3.0, 3.0]}]}},
+    }
+    first = measured_config(measured, "sao")
+    again = measured_config(measured, "sao", run=measured["methods"]["sao"]["repeat_runs"][0])
+    assert (first.learner.step_s_fixed, again.learner.step_s_fixed) == (3.0, 2.0)
+    assert (again.engine_scale_idle, again.engine_scale_learner_busy) == pytest.approx((1.0, 1.5))
+
+
+def test_measured_se_over_runs_uses_their_spread_from_three_runs() -> None:
+    """Three runs 0.8 / 0.9 / 1.0: stdev 0.1 / sqrt(3) / mean 0.9. One or two runs: the first run's per-update
+    spread (tokens per update 90 / 110 / 90 / 110 after the first: SE 5.77 / 100) over sqrt(runs)."""
+    three = [{"busy_fraction": x} for x in (0.8, 0.9, 1.0)]
+    assert measured_relative_se_over(three, "busy_fraction") == pytest.approx(0.1 / 3 ** 0.5 / 0.9)
+    one = {"trained_action_tokens_per_s": 100.0, "trained_action_tokens_per_update": [0, 90, 110, 90, 110]}
+    se_one = measured_relative_se_over([one], "trained_action_tokens_per_s")
+    assert se_one == pytest.approx((20 / 3 ** 0.5) / 2 / 100)
+    assert measured_relative_se_over([one, dict(one)], "trained_action_tokens_per_s") == pytest.approx(se_one / 2 ** 0.5)
+    assert measured_relative_se_over([{"busy_fraction": 0.9}], "busy_fraction") is None
 
 
 def test_engine_times_follow_the_learner_state_scale() -> None:
