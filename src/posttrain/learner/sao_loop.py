@@ -7,7 +7,8 @@ screen:
 1. read entries until ``sao.batch_size`` fresh rollouts are buffered; a rollout whose oldest
    policy version lags the learner by more than ``max_staleness`` is dropped, counted and acked;
 2. one learner iteration (``sao_train_step``): critic values, skip-observation GAE, K critic
-   updates, DIS policy update (after the critic-only warm-up);
+   updates, DIS policy update (after the critic-only warm-up, whose batches give their admission
+   slots back: they make no policy version);
 3. after a policy update: bump the policy version, publish weights to the weight store, set the
    version key (which also refills generators' admission capacity);
 4. every ``checkpoint_every`` policy versions (and at the end): checkpoint, then XACK every entry
@@ -242,6 +243,14 @@ def run_sao_learner(
             result = sao_train_step(
                 policy=policy, critic=critic, batch=batch, config=sao, iteration=state.iteration, baseline=baseline
             )
+            if not result.policy_updated:
+                # A critic-only warm-up iteration consumed a batch without a new policy version. Admission
+                # counts capacity in versions ((v + tau + 1) * B), so without this refund each warm-up batch
+                # shrank the generators' lookahead by B for the whole run, and warm-up longer than tau + 1
+                # iterations (the defaults: 10 and 5) left no capacity at all: a hang at version 0. Rollouts
+                # admitted afterwards are still trained within tau versions (the iteration and version
+                # counters move together after the warm-up).
+                admission.refund(len(entries))
         step_s = time.monotonic() - t0
         state.iteration += 1
         done_here += 1
