@@ -272,6 +272,8 @@ class MethodRun:
     batch_gen_s: list[float] = field(default_factory=list)
     load_avg: list[float] = field(default_factory=list)
     """1-minute load average at the start and at the end of the method's run (shared machine)."""
+    when: str = ""
+    """UTC time (ISO 8601) the run ended."""
 
 
 def make_sink(run: MethodRun, ctx: Any, t0: float, batch_rollouts: int, eval_every: int, total: int,
@@ -343,6 +345,7 @@ def run_method(config_dict: dict[str, Any], method: str, base: Any, sft: Path, s
         summary = flow.train_sao(runtime, sft, sink)
     run.wall_s = time.monotonic() - t0
     run.load_avg.append(os.getloadavg()[0])
+    run.when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     run.counters = dict(summary.counters)
     last = [s for s in run.steps if s.updated]
     if last and last[-1].policy_version not in run.snapshots:
@@ -710,6 +713,7 @@ def summarise(run: MethodRun, rewards: dict[int, float], target: float) -> dict[
         "time_to_target_s": time_to_target(run, rewards, target),
         "stale_dropped": run.counters.get("stale_dropped", 0.0),
         "load_avg_start_end": run.load_avg,
+        "when": run.when,
         "counters": run.counters,
     }
 
@@ -742,7 +746,7 @@ def run_repeats(args: argparse.Namespace, work: Path, base: Any, sft: Path, meth
 
     Repeats measure how much a quantity moves between runs on a shared machine; their weights
     are not evaluated on held-out tasks (time to target stays the first run's). Each summary
-    carries its ``seed`` and ``when`` (UTC).
+    carries its ``seed`` (and, as every run's, ``when``: UTC).
 
     Returns:
         One ``summarise`` dict per repeat, in the order of ``indices``.
@@ -752,7 +756,7 @@ def run_repeats(args: argparse.Namespace, work: Path, base: Any, sft: Path, meth
         snap = work / "snapshots" / f"{method}_r{index}"
         run = run_method(repeat_config(args, work, method, index), method, base, sft, snap, eval_every=args.steps)
         shutil.rmtree(snap, ignore_errors=True)
-        out.append({**summarise(run, {}, math.inf), "seed": args.seed + index, "when": machine_info()["when"]})
+        out.append({**summarise(run, {}, math.inf), "seed": args.seed + index})
     return out
 
 
@@ -852,6 +856,7 @@ def render_one(result: dict[str, Any]) -> str:
             " / ".join(f"{v:.2f}" for v in r["heldout_reward"].values()) or "-",
         ])
     repeated = {k: v["over_runs"]["runs"] for k, v in m.items() if v.get("over_runs")}
+    carried = result.get("carried_methods") or {}
     s = result["settings"]
     calls = result["task_calls"]["train"]
     ratio = result["throughput_ratio_sao_over_grpo_sync"]
@@ -881,6 +886,9 @@ def render_one(result: dict[str, Any]) -> str:
             rows,
         ),
         "",
+        *([f"Carried from the previous run of this setting (same arguments; that run ended at): "
+           f"{', '.join(f'{k} ({w})' for k, w in carried.items())}; the other methods ran in this command.", ""]
+          if carried else []),
         *([f"Repeated runs ({', '.join(f'{k}: {n}' for k, n in repeated.items())}; seeds --seed, --seed + 1, ...): "
            "their busy fraction, throughputs and learner step are the mean with the range of the runs in brackets "
            "(the ratio below uses the means); wall time and held-out rewards are the first run's.", ""]
@@ -1089,6 +1097,33 @@ def check_repeat_args(target: dict[str, Any], args: argparse.Namespace) -> None:
                          f"{target['setting']} result (it has {', '.join(target['methods'])})")
 
 
+def with_carried_methods(new: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
+    """``new`` plus the methods the stored result of its setting has and ``new`` did not run, when the settings match.
+
+    Re-running some methods (``--methods sao`` after a fix to SAO's path) keeps the other methods'
+    runs of the same setting (every ``REPEAT_KEYS`` argument equal), so the table still compares
+    all of them; the headline numbers are recomputed and ``carried_methods`` names each carried
+    method with the time its run ended. A run with other arguments replaces the setting's result.
+    """
+    if previous is None:
+        return new
+    try:
+        old = setting_result(previous, new["setting"])
+    except FileNotFoundError:
+        return new
+    stored, given = old.get("settings") or {}, new.get("settings") or {}
+    if any(stored.get(k) != given.get(k) for k in REPEAT_KEYS if k in stored or k in given):
+        return new
+    carried = {k: v for k, v in old.get("methods", {}).items() if k not in new.get("methods", {})}
+    if not carried:
+        return new
+    methods = {**carried, **new["methods"]}
+    order = [m for m in METHODS if m in methods] + [m for m in methods if m not in METHODS]
+    methods = {m: methods[m] for m in order}
+    return {**new, **headline(methods), "methods": methods,
+            "carried_methods": {k: v.get("when") or (old.get("machine") or {}).get("when") for k, v in carried.items()}}
+
+
 def merge_results(previous: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     """The results file after a run: one result per setting (module docstring).
 
@@ -1098,6 +1133,8 @@ def merge_results(previous: dict[str, Any] | None, new: dict[str, Any]) -> dict[
     a tool-latency result, else it becomes the top level. Files written before settings existed
     are compute-bound, measured before the runtime fixes; they are marked so (``runtime_note``).
     """
+    new = with_carried_methods(new, previous)
+
     def carried(r: dict[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in r.items() if k not in ("compute_bound",)}
         if "setting" not in r:

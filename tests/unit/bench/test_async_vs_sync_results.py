@@ -168,3 +168,26 @@ def test_repeats_only_refuses_another_setting_in_one_line_before_any_work(tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and message in err[0]
     assert not work.exists()
+
+
+def test_rerunning_some_methods_keeps_the_others_of_the_same_setting() -> None:
+    """A tool-latency file with sao (busy 0.86, 400 tokens/s) and sync G=8 (50); re-running only sao (0.95, 450)
+    with the same arguments keeps G=8 (ratio 450 / 50 = 9) and says when G=8 ran; other arguments replace all."""
+    import argparse
+
+    from bench.common import settings_of
+
+    same = settings_of(argparse.Namespace(steps=12, seed=0))
+    g8 = summary(0.06, 50.0, 1.3, 0.8, when="2026-11-30T14:38:38Z")
+    stored = {"setting": "tool_latency", "settings": same, "machine": {"when": "2026-11-30T14:38:38Z"},
+              "methods": {"sao": summary(0.86, 400.0, 8.0, 3.0), "grpo_sync_g8": g8},
+              "compute_bound": {"setting": "compute_bound", "methods": {}}}
+    rerun = {"setting": "tool_latency", "settings": same, "methods": {"sao": summary(0.95, 450.0, 9.0, 3.0)}}
+    merged = merge_results(stored, rerun)
+    assert list(merged["methods"]) == ["sao", "grpo_sync_g8"]
+    assert merged["methods"]["grpo_sync_g8"] is g8 and merged["busy_fraction"]["sao"] == 0.95
+    assert merged["throughput_ratio_sao_over_grpo_sync"] == pytest.approx(9.0)
+    assert merged["carried_methods"] == {"grpo_sync_g8": "2026-11-30T14:38:38Z"}
+    assert merged["compute_bound"] == stored["compute_bound"]
+    other = {**rerun, "settings": settings_of(argparse.Namespace(steps=20, seed=0))}
+    assert list(merge_results(stored, other)["methods"]) == ["sao"]
