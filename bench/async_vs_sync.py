@@ -63,6 +63,14 @@ or a smoke run:
 ``.venv/bin/python -m bench.async_vs_sync --steps 2 --eval-every 2 --methods sao grpo_sync_g4``.
 ``--engine-modes-only`` re-measures only the engine's lockstep-versus-continuous feeding; ``--trace-only``
 re-collects only the trace (for ``bench.simulate``).
+
+Repeats: on a shared CPU one run's busy fraction moved between 0.86 and 0.96. ``--repeats K`` runs
+each method (or each of ``--repeat-methods``) K times, with run seeds ``--seed`` ... ``--seed + K -
+1``; the headline numbers and the ratio are then means over the runs and the table shows each mean
+with the range of the runs (held-out evaluation stays the first run's). ``--repeats-only`` adds
+runs to a stored setting until each method has K. A run of some methods with the same arguments
+as the stored setting keeps the setting's other methods (``with_carried_methods``), so one method
+can be measured again after a change to its path.
 """
 
 from __future__ import annotations

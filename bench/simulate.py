@@ -31,7 +31,8 @@ What it models (every time in seconds, every length in tokens):
   (``reload_s``; a static engine after its running batch).
 * **Methods**: ``sao`` (one rollout per prompt; AReaL-style admission: at most ``(v + tau + 1) * B``
   rollouts started by policy version v; rollouts older than tau versions at consumption are
-  dropped and refunded; ``warmup_iterations`` critic-only iterations publish nothing),
+  dropped and refunded; ``warmup_iterations`` critic-only iterations publish nothing and refund
+  their batch, as the SAO learner does),
   ``grpo_async`` (the same runtime with groups of G episodes of one task started together and
   batches of B/G complete groups; groups whose rewards are all equal train nothing and are
   refunded) and ``grpo_sync`` (B/G prompts x G episodes spread over the engines group by group;
@@ -806,7 +807,8 @@ class Cluster:
 
         def done() -> None:
             self.iteration += 1
-            self.started -= refund
+            # A warm-up iteration makes no version: its batch gives its admission slots back (the learner's rule).
+            self.started -= refund if publishes else len(batch)
             if publishes:
                 self.version += 1
                 self.updates.append((self.loop.now, float(len(batch)), tokens))

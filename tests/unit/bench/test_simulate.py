@@ -113,6 +113,17 @@ def test_admission_bounds_started_rollouts_and_idles_generators_behind_a_slow_le
     assert result.learner_busy_fraction > 0.9
 
 
+def test_a_warmup_longer_than_the_staleness_window_gives_its_slots_back() -> None:
+    """tau 0, B 2, 3 critic-only iterations: 6 rollouts consumed at version 0 against a capacity of 2. Refunded
+    (as the SAO learner does), all 4 versions are made; without the refund admission would stop at version 0."""
+    work = Workload(((one_turn(10),),))
+    cfg = ClusterConfig(method="sao", batch_rollouts=2, episodes_in_flight=8, max_staleness=0, steps=4,
+                        engine=EngineModel(max_batch=8, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0),
+                        learner=LearnerModel(step_s_fixed=1.0, s_per_token=0.0, warmup_iterations=3))
+    result = simulate(cfg, work)
+    assert result.updates == 4 and result.stale_dropped == 0
+
+
 def test_long_tail_makes_synchronous_grpo_slower_than_sao_when_the_learner_is_cheap() -> None:
     """Tasks of 1 turn and of 12 turns: sync GRPO waits for the 12-turn group every step, SAO does not."""
     short, long = one_turn(5), RolloutShape(1, (5,) * 12, (3,) * 12, 1.0)
