@@ -1048,7 +1048,8 @@ REPEAT_KEYS = ("steps", "batch_rollouts", "generators", "episodes_in_flight", "e
                "max_calls", "tool_latency_median_s", "tool_latency_sigma", "tool_latency_max_s", "max_new_tokens",
                "max_episode_tokens", "train_tasks", "lr", "max_staleness", "micro_batch_size", "critic_warmup",
                "sft_steps", "seed")
-"""Arguments a ``--repeats-only`` run must share with the stored setting it adds runs to."""
+"""Arguments that define a setting's measurement: a ``--repeats-only`` run must share them with the stored
+setting it adds runs to, and a run of some methods keeps the stored other methods only when it shares them."""
 
 
 def repeats_only(args: argparse.Namespace, work: Path) -> int:
