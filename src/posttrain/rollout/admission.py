@@ -18,8 +18,9 @@ Lifecycle: ``ticket = ctl.acquire(timeout_s)`` (None on timeout) -> run the epis
 The learner calls ``ctl.refund(n)`` for rollouts it dropped (stale or dead-lettered) and for
 rollouts that made no policy version (an SAO critic-only warm-up batch, GRPO groups whose rewards
 are all equal) so their slots come back: capacity is counted in versions, and a batch consumed
-without one would otherwise shrink it for the rest of the run. Each ticket is a lease (``lease_s``): a generator that dies holding tickets
-does not shrink capacity forever; its tickets expire.
+without one would otherwise shrink it for the rest of the run. Each ticket is a lease
+(``lease_s``): a generator that dies holding tickets does not shrink capacity forever; its
+tickets expire.
 
 Guarantees: in Redis, check-and-grant is one Lua script, so concurrent generators never exceed
 capacity. Not guaranteed: a ticket whose lease expired before ``consume`` lets one extra
