@@ -237,20 +237,19 @@ def run_sao_learner(
                 policy=policy, batch=batch, group_ids=[str(e.rollout.group_id) for e in entries], config=grpo,
                 reference=reference, temperature=config.generator.temperature,
             )
-            # Rollouts of dropped uniform groups trained nothing: give their admission slots back.
-            admission.refund(len(entries) - int(result.metrics["grpo/rollouts_kept"]))
+            trained = int(result.metrics["grpo/rollouts_kept"])  # uniform groups train nothing
         else:
             result = sao_train_step(
                 policy=policy, critic=critic, batch=batch, config=sao, iteration=state.iteration, baseline=baseline
             )
-            if not result.policy_updated:
-                # A critic-only warm-up iteration consumed a batch without a new policy version. Admission
-                # counts capacity in versions ((v + tau + 1) * B), so without this refund each warm-up batch
-                # shrank the generators' lookahead by B for the whole run, and warm-up longer than tau + 1
-                # iterations (the defaults: 10 and 5) left no capacity at all: a hang at version 0. Rollouts
-                # admitted afterwards are still trained within tau versions (the iteration and version
-                # counters move together after the warm-up).
-                admission.refund(len(entries))
+            trained = len(entries) if result.policy_updated else 0  # a critic-only warm-up makes no version
+        if trained < len(entries):
+            # Rollouts that made no policy version give their admission places back. Admission counts
+            # capacity in versions ((v + tau + 1) * B): without the refund each such batch shrank the
+            # generators' lookahead for the whole run, and an SAO warm-up longer than tau + 1 iterations
+            # (the defaults: 10 and 5) left no capacity at all, a hang at version 0. Rollouts admitted
+            # afterwards are still trained within tau versions (iterations and versions move together).
+            admission.refund(len(entries) - trained)
         step_s = time.monotonic() - t0
         state.iteration += 1
         done_here += 1

@@ -163,21 +163,27 @@ def test_cluster_config_rejects_a_batch_that_is_not_whole_groups() -> None:
         ClusterConfig(method="sao", group_size=2, batch_rollouts=4)
 
 
-def test_measured_config_builds_the_twin_of_each_measured_method() -> None:
-    """2 cores. Calibrated alone at load 2 (background 1): share min(1, 2/2) = 1. SAO ran at load 4 with 3 busy
-    threads of ours (generator 2, learner 1; background 1): generator share 2/(1 + 2) = 2/3 with the learner
-    idle, 2/(1 + 3) = 2/4 with it busy -> engine times x1.5 and x2. Sync GRPO at load 3 (background 1, the
-    generator's 2 threads): share 2/3 -> x1.5 in both states."""
-    measured = {
+def two_core_results(methods: dict) -> dict:
+    """A setting's results on 2 cores, its engine calibrated alone at load 2, with ``methods``."""
+    return {
         "machine": {"cpu_count": 2, "load_avg": [9.0, 9.0, 9.0]},
         "settings": {"generators": 1, "episodes_in_flight": 32, "batch_rollouts": 32, "max_staleness": 2,
                      "critic_warmup": 1, "seed": 0},
         "engine_calibration": {"step_s": 0.01, "step_s_per_row": 0.001, "prefill_s_per_token": 1e-5, "load_avg": 2.0},
         "weight_sync": {"publish_s": 0.1, "reload_s": 0.05},
-        "methods": {"sao": {"policy_versions": 12, "learner_step_s_mean": 3.0, "load_avg_start_end": [4.0, 4.0]},
-                    "grpo_sync_g4": {"policy_versions": 12, "learner_step_s_mean": 1.0, "load_avg_start_end": [3.0, 3.0]},
-                    "grpo_async_g8": {"policy_versions": 12, "learner_step_s_mean": 1.0}},
+        "methods": methods,
     }
+
+
+def test_measured_config_builds_the_twin_of_each_measured_method() -> None:
+    """2 cores. Calibrated alone at load 2 (background 1): share min(1, 2/2) = 1. SAO ran at load 4 with 3 busy
+    threads of ours (generator 2, learner 1; background 1): generator share 2/(1 + 2) = 2/3 with the learner
+    idle, 2/(1 + 3) = 2/4 with it busy -> engine times x1.5 and x2. Sync GRPO at load 3 (background 1, the
+    generator's 2 threads): share 2/3 -> x1.5 in both states."""
+    measured = two_core_results({
+        "sao": {"policy_versions": 12, "learner_step_s_mean": 3.0, "load_avg_start_end": [4.0, 4.0]},
+        "grpo_sync_g4": {"policy_versions": 12, "learner_step_s_mean": 1.0, "load_avg_start_end": [3.0, 3.0]},
+        "grpo_async_g8": {"policy_versions": 12, "learner_step_s_mean": 1.0}})
     sao = measured_config(measured, "sao")
     assert (sao.method, sao.group_size, sao.learner.warmup_iterations, sao.learner.step_s_fixed) == ("sao", 1, 1, 3.0)
     assert (sao.engine_scale_idle, sao.engine_scale_learner_busy) == pytest.approx((1.5, 2.0))
@@ -190,16 +196,9 @@ def test_measured_config_builds_the_twin_of_each_measured_method() -> None:
 def test_a_repeated_run_is_simulated_with_its_own_learner_time_and_load() -> None:
     """SAO's first run: learner 3.0 s at load 4 (engine x1.5 / x2, as above); its repeat: learner 2.0 s at load 3
     (background 0: share 2/2 = 1 idle, 2/3 with the learner busy -> x1 / x1.5)."""
-    measured = {
-        "machine": {"cpu_count": 2, "load_avg": [9.0, 9.0, 9.0]},
-        "settings": {"generators": 1, "episodes_in_flight": 32, "batch_rollouts": 32, "max_staleness": 2,
-                     "critic_warmup": 1, "seed": 0},
-        "engine_calibration": {"step_s": 0.01, "step_s_per_row": 0.001, "prefill_s_per_token": 1e-5, "load_avg": 2.0},
-        "weight_sync": {"publish_s": 0.1, "reload_s": 0.05},
-        "methods": {"sao": {"policy_versions": 12, "learner_step_s_mean": 3.0, "load_avg_start_end": [4.0, 4.0],
-                            "repeat_runs": [{"policy_versions": 12, "learner_step_s_mean": 2.0,
-                                             "load_avg_start_end": [3.0, 3.0]}]}},
-    }
+    measured = two_core_results({
+        "sao": {"policy_versions": 12, "learner_step_s_mean": 3.0, "load_avg_start_end": [4.0, 4.0],
+                "repeat_runs": [{"policy_versions": 12, "learner_step_s_mean": 2.0, "load_avg_start_end": [3.0, 3.0]}]}})
     first = measured_config(measured, "sao")
     again = measured_config(measured, "sao", run=measured["methods"]["sao"]["repeat_runs"][0])
     assert (first.learner.step_s_fixed, again.learner.step_s_fixed) == (3.0, 2.0)
