@@ -43,7 +43,9 @@ Measured per method (from the learner's metrics sink and the generators' stats):
 
 The run also records what ``bench/simulate.py`` needs: a trace of episode lengths of the
 warm-started policy (turns, action and observation tokens per turn), the ``hf`` engine's batch
-timings at 1 thread, the weight publish + reload cost, and each method's learner step times.
+timings at 1 thread, the weight publish + reload cost, each method's learner step times, and an
+``engine_probe`` (a fixed set of engine batches, timed) before and after every method run and
+around the engine-mode measurement, because the shared machine's speed moves between hours.
 
 Writes ``bench/results/async_vs_sync.json`` (with ``busy_fraction`` per method and
 ``throughput_ratio_sao_over_grpo_sync``: SAO over the *faster* synchronous GRPO variant) and the
@@ -282,6 +284,8 @@ class MethodRun:
     """1-minute load average at the start and at the end of the method's run (shared machine)."""
     when: str = ""
     """UTC time (ISO 8601) the run ended."""
+    engine_probe: list[dict[str, Any]] = field(default_factory=list)
+    """``engine_probe`` just before and just after the run: the engine's speed in that hour."""
 
 
 def make_sink(run: MethodRun, ctx: Any, t0: float, batch_rollouts: int, eval_every: int, total: int,
@@ -342,6 +346,7 @@ def run_method(config_dict: dict[str, Any], method: str, base: Any, sft: Path, s
     grpo = config.technique == "grpo"
     steps = config.grpo.steps if grpo else config.sao.steps
     batch = config.grpo.batch_rollouts if grpo else config.sao.batch_size
+    run.engine_probe.append(engine_probe(sft, config.generator.max_new_tokens))
     run.load_avg.append(os.getloadavg()[0])
     t0 = time.monotonic()
     sink = make_sink(run, ctx, t0, batch, eval_every, steps, snap_dir)
@@ -355,6 +360,7 @@ def run_method(config_dict: dict[str, Any], method: str, base: Any, sft: Path, s
     run.load_avg.append(os.getloadavg()[0])
     run.when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     run.counters = dict(summary.counters)
+    run.engine_probe.append(engine_probe(sft, config.generator.max_new_tokens))
     last = [s for s in run.steps if s.updated]
     if last and last[-1].policy_version not in run.snapshots:
         # Fewer versions than iterations (GRPO skips a batch of uniform groups): keep the last one too.
@@ -499,7 +505,9 @@ def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed:
     Returns:
         ``feed_s``, and per mode: ``rollouts``, ``rollouts_per_s``, ``mean_batch`` (requests per
         engine batch) and ``batches``, one ``[rows, width, prompt_tokens, new_tokens, seconds]`` per
-        engine batch (``HFEngine.batch_observer``; the simulator fits its engine cost model on them).
+        engine batch (``HFEngine.batch_observer``; the simulator fits its engine cost model on them);
+        ``engine_probe``: ``engine_probe`` before and after, so ``bench.simulate`` can relate a
+        method run's engine speed to this measurement's.
     """
     import torch
 
@@ -539,7 +547,8 @@ def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed:
         await asyncio.gather(*(slot() for _ in range(slots)))
         return done[0]
 
-    out: dict[str, Any] = {"load_avg_start": os.getloadavg()[0], "feed_s": seconds}
+    out: dict[str, Any] = {"load_avg_start": os.getloadavg()[0], "feed_s": seconds,
+                           "engine_probe": [engine_probe(sft, gen.max_new_tokens)]}
     timings: list[BatchTiming] = []
     engine.batch_observer = timings.append
     try:
@@ -556,6 +565,7 @@ def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed:
         engine.close()
         torch.set_num_threads(threads)
     out["load_avg_end"] = os.getloadavg()[0]
+    out["engine_probe"].append(engine_probe(sft, gen.max_new_tokens))
     return out
 
 
@@ -614,6 +624,74 @@ def measure_learner_cost(args: argparse.Namespace, work: Path, sft: Path, rollou
     }
 
 
+def timed_batch(engine: Any, rng: random.Random, rows: int, width: int, new_tokens: int) -> tuple[float, int]:
+    """Seconds one static batch of ``rows`` prompts of ``width`` random token ids takes, and its decode steps.
+
+    No stop tokens, so every row samples ``new_tokens`` tokens (unless the engine's
+    ``max_model_len`` cuts it): the work is fixed by the shape. Ids are drawn from ``rng`` in
+    ``[3, 300)`` (inside every tokenizer the benchmark trains).
+
+    Returns:
+        ``(seconds, steps)``: wall seconds from submission to the last result, and the longest continuation (tokens).
+    """
+    from posttrain.generator.engines.base import GenerationRequest
+
+    reqs = [GenerationRequest(prompt_token_ids=[rng.randrange(3, 300) for _ in range(width)], max_new_tokens=new_tokens,
+                              temperature=1.0, stop_token_ids=[], seed=rng.randrange(2**31)) for _ in range(rows)]
+
+    async def run() -> tuple[float, int]:
+        t = time.perf_counter()
+        results = await asyncio.gather(*(engine.generate(r) for r in reqs))
+        return time.perf_counter() - t, max(len(r.token_ids) for r in results)
+
+    return asyncio.run(run())
+
+
+PROBE_BATCHES = ((64, 384), (8, 128))
+"""``(rows, width)`` of the batches ``engine_probe`` times: one wide batch of a loaded engine, one narrow."""
+PROBE_REPEATS = 5
+"""Times ``engine_probe`` runs each batch; it keeps the median."""
+
+
+def engine_probe(sft: Path, new_tokens: int) -> dict[str, Any]:
+    """The ``hf`` engine's speed now: seconds of a fixed set of static batches at one torch thread.
+
+    Each ``PROBE_BATCHES`` shape runs ``PROBE_REPEATS`` times (``timed_batch``, fixed ids, no stop
+    tokens, ``new_tokens`` decode steps); ``seconds`` is the sum of the shapes' medians. On a shared
+    machine the same work took about 21% longer in one hour than in another at the same load
+    average; ``async_vs_sync`` probes before and after every method run and every engine-mode
+    measurement, and ``bench.simulate`` scales a run's engine by its probe over the engine-mode
+    measurement's. ``background_cores`` is what other processes used meanwhile (``OtherCpu``), so
+    the simulator can tell a busy machine from a slow one.
+
+    Returns:
+        ``seconds`` (float, s), ``background_cores`` (float or None), ``batches``
+        (``[rows, width, median seconds]`` per shape) and ``when`` (UTC, ISO 8601).
+    """
+    import torch
+
+    from bench.common import OtherCpu
+    from posttrain.generator.engines.hf import HFEngine
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    engine = HFEngine(sft, max_batch=max(rows for rows, _ in PROBE_BATCHES),
+                      max_model_len=max(width for _, width in PROBE_BATCHES) + new_tokens + 1)
+    rng = random.Random(0)
+    batches = []
+    try:
+        timed_batch(engine, rng, 1, 8, 1)  # first call: thread pool and allocator warm-up, not timed
+        with OtherCpu() as other:
+            for rows, width in PROBE_BATCHES:
+                seconds = [timed_batch(engine, rng, rows, width, new_tokens)[0] for _ in range(PROBE_REPEATS)]
+                batches.append([rows, width, round(statistics.median(seconds), 6)])
+    finally:
+        engine.close()
+        torch.set_num_threads(threads)
+    return {"seconds": sum(b[2] for b in batches), "background_cores": other.cores, "batches": batches,
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
 def calibrate_engine(sft: Path, batch_sizes: Sequence[int], widths: Sequence[int], new_tokens: int,
                      repeats: int) -> dict[str, Any]:
     """Time the ``hf`` engine's static batches at one torch thread (as in a generator process).
@@ -628,7 +706,6 @@ def calibrate_engine(sft: Path, batch_sizes: Sequence[int], widths: Sequence[int
     import numpy as np
     import torch
 
-    from posttrain.generator.engines.base import GenerationRequest
     from posttrain.generator.engines.hf import HFEngine
 
     threads = torch.get_num_threads()
@@ -636,20 +713,11 @@ def calibrate_engine(sft: Path, batch_sizes: Sequence[int], widths: Sequence[int
     engine = HFEngine(sft, max_batch=max(batch_sizes), max_model_len=max(widths) + new_tokens + 1)
     rng = random.Random(0)
     points = []
-
-    async def one_batch(rows: int, width: int) -> tuple[float, int]:
-        reqs = [GenerationRequest(prompt_token_ids=[rng.randrange(3, 300) for _ in range(width)],
-                                  max_new_tokens=new_tokens, temperature=1.0, stop_token_ids=[], seed=rng.randrange(2**31))
-                for _ in range(rows)]
-        t = time.perf_counter()
-        results = await asyncio.gather(*(engine.generate(r) for r in reqs))
-        return time.perf_counter() - t, max(len(r.token_ids) for r in results)
-
     try:
         for rows in batch_sizes:
             for width in widths:
                 for _ in range(repeats):
-                    seconds, steps = asyncio.run(one_batch(rows, width))
+                    seconds, steps = timed_batch(engine, rng, rows, width, new_tokens)
                     points.append({"rows": rows, "width": width, "steps": steps, "seconds": seconds})
     finally:
         engine.close()
@@ -721,6 +789,7 @@ def summarise(run: MethodRun, rewards: dict[int, float], target: float) -> dict[
         "time_to_target_s": time_to_target(run, rewards, target),
         "stale_dropped": run.counters.get("stale_dropped", 0.0),
         "load_avg_start_end": run.load_avg,
+        "engine_probe": run.engine_probe,
         "when": run.when,
         "counters": run.counters,
     }

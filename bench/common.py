@@ -72,6 +72,52 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+BUSY_FIELDS = (0, 1, 2, 5, 6)
+"""Fields of ``/proc/stat``'s ``cpu`` line that count as busy: user, nice, system, irq, softirq (idle, iowait and steal are not)."""
+
+
+def busy_cpu_seconds(stat: Path = Path("/proc/stat")) -> float | None:
+    """CPU seconds every process of the machine has spent busy since boot (``BUSY_FIELDS``), or None off Linux.
+
+    Raises:
+        ValueError: ``stat`` exists but its first line is not an aggregate ``cpu`` line.
+    """
+    try:
+        first = stat.read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    if not first or first[0] != "cpu":
+        raise ValueError(f"{stat}: first line is not the aggregate 'cpu' line: {' '.join(first[:3])!r}")
+    ticks = os.sysconf("SC_CLK_TCK")
+    return sum(int(first[1 + i]) for i in BUSY_FIELDS) / ticks
+
+
+class OtherCpu:
+    """Context manager: how many cores processes other than this one kept busy while its block ran.
+
+    ``cores = max(0, (busy CPU seconds of the machine - this process's CPU seconds) / wall seconds)``
+    over the block (``busy_cpu_seconds``; ``time.process_time`` counts every thread of this
+    process, not its children). Unlike the 1-minute load average it does not lag: right after a
+    benchmark's worker processes exit, the load average still counts them for a minute, this does
+    not. ``cores`` is None off Linux or when the block took no measurable time.
+    """
+
+    def __init__(self) -> None:
+        self.cores: float | None = None
+        self._start: tuple[float, float | None, float] = (0.0, None, 0.0)
+
+    def __enter__(self) -> OtherCpu:
+        self._start = (time.monotonic(), busy_cpu_seconds(), time.process_time())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall0, busy0, own0 = self._start
+        wall, busy, own = time.monotonic() - wall0, busy_cpu_seconds(), time.process_time() - own0
+        if busy0 is None or busy is None or wall <= 0:
+            return
+        self.cores = max(0.0, (busy - busy0 - own) / wall)
+
+
 def machine_line(info: dict[str, Any]) -> str:
     """One Markdown line describing ``info`` (from ``machine_info``)."""
     load = info.get("load_avg") or []

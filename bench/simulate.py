@@ -1093,6 +1093,55 @@ def calibrate_engine_speed(base: ClusterConfig, measured_method: dict[str, Any],
                    engine_scale_learner_busy=base.engine_scale_learner_busy * factor), source
 
 
+def probe_core_seconds(probes: Sequence[dict[str, Any]] | None, cores: int) -> float | None:
+    """Mean seconds of ``engine_probe`` measurements, each scaled to a whole core (None without probes).
+
+    A probe that ran beside ``background_cores`` of other work had ``cpu_share(cores,
+    background_cores, 1)`` of a core; its seconds times that share are what it would have taken on
+    a core of its own, so what is left between two probes is the machine's speed, not its load
+    (which ``measured_config`` models from the load average).
+    """
+    values = [float(p["seconds"]) * cpu_share(cores, float(p.get("background_cores") or 0.0), 1)
+              for p in probes or [] if p.get("seconds")]
+    return statistics.fmean(values) if values else None
+
+
+def engine_probe_ratio(measured: dict[str, Any], run: dict[str, Any]) -> float | None:
+    """How much slower the engine ran in a method run's hour than during the setting's ``engine_modes``.
+
+    ``probe_core_seconds`` of the run's probes (``engine_probe``, before and after it) over those of
+    the ``engine_modes`` measurement; ``fit_engine_speed`` fits the engine's speed on the latter, so
+    this factor carries it to the run's hour. On the 2 shared cores the same batches took 21% longer
+    at one hour than at another with the same load average, and each setting's runs spanned hours.
+    None when either side has no probe (results from before the probe): the run keeps the
+    ``engine_modes`` speed.
+    """
+    cores = int(measured["machine"].get("cpu_count") or 1)
+    at_run = probe_core_seconds(run.get("engine_probe"), cores)
+    at_modes = probe_core_seconds((measured.get("engine_modes") or {}).get("engine_probe"), cores)
+    return at_run / at_modes if at_run and at_modes else None
+
+
+def run_twin(measured: dict[str, Any], method: str, run: dict[str, Any], factor: float | None, workload: Workload,
+             repeats: int) -> tuple[ClusterConfig, str]:
+    """The simulated twin of one measured run of ``method`` and where its engine speed came from.
+
+    ``measured_config`` with the engine at ``factor`` (``fit_engine_speed``; 1 without
+    ``engine_modes``) times the run's ``engine_probe_ratio`` (1 without probes), then
+    ``calibrate_engine_speed`` where the run measured its own generation speed.
+
+    Returns:
+        ``(config, speed_from)``; ``speed_from`` names the sources (``"engine_modes x engine probe x
+        load average"`` for a probed asynchronous run).
+    """
+    ratio = engine_probe_ratio(measured, run)
+    base = measured_config(measured, method, engine_factor=(factor or 1.0) * (ratio or 1.0), run=run)
+    base, speed_from = calibrate_engine_speed(base, run, workload, repeats)
+    if speed_from.startswith("load average") and factor:
+        speed_from = "engine_modes x " + ("engine probe x " if ratio else "") + speed_from
+    return base, speed_from
+
+
 def validate_all(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
     """``validate`` every setting the results file holds: the top level and ``compute_bound`` when present.
 
@@ -1125,10 +1174,12 @@ def validate(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
     Each prediction is the mean over ``repeats`` seeds. Relative error = (predicted - measured) /
     measured. The busy fraction compared is the one the run measured (``busy_clock``). When the
     JSON has ``engine_modes`` (the engine alone, fed in lockstep and continuously), the engine
-    model is checked on it too (rows ``engine_lockstep`` / ``engine_continuous``).
+    model is checked on it too (rows ``engine_lockstep`` / ``engine_continuous``). A run that probed
+    the engine's speed beside it (``engine_probe``) is simulated with the ``engine_modes`` speed
+    times its ``engine_probe_ratio``; the rows give the mean ratio over the method's runs.
 
     Returns:
-        ``rows`` (per method and quantity, with ``speed_from``), ``max_abs_relative_error``,
+        ``rows`` (per method and quantity, with ``speed_from`` and ``engine_probe_ratio``), ``max_abs_relative_error``,
         ``worst`` (the row with that error), ``busy_clock`` and ``worker``.
     """
     workload = Workload.from_trace(measured["trace"])
@@ -1140,14 +1191,14 @@ def validate(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
             continue
         runs = [m] + [r for r in m.get("repeat_runs") or [] if r.get("learner_step_s_mean") is not None]
         per_run = []  # (simulations, speed_from) of each measured run, each with its own learner time and load
+        probe_ratios = []
         for run in runs:
-            base = measured_config(measured, method, engine_factor=factor or 1.0, run=run)
-            base, speed_from = calibrate_engine_speed(base, run, workload, repeats)
-            if speed_from.startswith("load average") and factor:
-                speed_from = "engine_modes x " + speed_from
+            base, speed_from = run_twin(measured, method, run, factor, workload, repeats)
+            probe_ratios.append(engine_probe_ratio(measured, run))
             per_run.append(([simulate(replace(base, seed=base.seed + k), workload) for k in range(repeats)], speed_from))
         sims = [r for run_sims, _ in per_run for r in run_sims]
         speed_from = per_run[0][1] + (f" (mean of {len(runs)} runs)" if len(runs) > 1 else "")
+        known = [r for r in probe_ratios if r is not None]
         for quantity in ("busy_fraction", "trained_action_tokens_per_s", "rollouts_per_s"):
             attr = "in_engine_fraction" if quantity == "busy_fraction" and clock == "in_engine" else quantity
             pred = statistics.fmean(getattr(r, attr) for r in sims)
@@ -1155,6 +1206,7 @@ def validate(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
             rows.append({"method": method, "quantity": quantity, "measured": meas, "predicted": pred,
                          "relative_error": (pred - meas) / meas if meas else math.inf, "speed_from": speed_from,
                          "runs": len(runs), "measured_relative_se": measured_relative_se_over(runs, quantity),
+                         "engine_probe_ratio": statistics.fmean(known) if known else None,
                          "predicted_generating_fraction": statistics.fmean(r.busy_fraction for r in sims),
                          "predicted_in_engine_fraction": statistics.fmean(r.in_engine_fraction for r in sims)})
     rows.extend(validate_engine_modes(measured, workload, repeats, factor))
@@ -1550,8 +1602,12 @@ def render(result: dict[str, Any]) -> str:
         x = r.get("measured_relative_se")
         return "" if x is None else f"{100 * x:.0f}%"
 
+    def probe(r: dict[str, Any]) -> str:
+        x = r.get("engine_probe_ratio")
+        return "" if x is None else f"x{x:.2f}"
+
     vrows = [[r["setting"], r["method"], r["quantity"], f"{r['measured']:.3g}", se(r), f"{r['predicted']:.3g}",
-              f"{100 * r['relative_error']:+.0f}%", r.get("speed_from", "")] for r in v["rows"]]
+              f"{100 * r['relative_error']:+.0f}%", probe(r), r.get("speed_from", "")] for r in v["rows"]]
     a = result["assumptions"]
     prow = [[r["generators"], r["learner_gpus"], r["batch_rollouts"], f"{r['sao']['busy_fraction']:.2f}",
              f"{r['grpo_sync']['busy_fraction']:.2f}", f"{r['sao']['slot_occupancy']:.2f}",
@@ -1591,14 +1647,18 @@ def render(result: dict[str, Any]) -> str:
         "mean of their simulations, each run simulated with its own learner step time and load (*speed from* "
         "says *mean of n runs*). *Measured SE*: the relative standard error of the measured value, from the "
         "runs' spread with three or more runs, else from one run's step-to-step spread (divided by the square "
-        "root of the runs). "
+        "root of the runs). *Engine probe*: a fixed set of engine batches timed before and after each run "
+        "and around `engine_modes` (`async_vs_sync.engine_probe`, scaled to a whole core by what other "
+        "processes used meanwhile); the run's engine is simulated at the `engine_modes` speed times the ratio "
+        "of the two (mean over the runs shown; blank: a run from before the probe, kept at the `engine_modes` "
+        "speed). "
         f"Worst relative error: **{100 * worst:.0f}%** ({w.get('setting')}, {w.get('method')}, {w.get('quantity')}; "
         f"target: within 15%, {'met' if worst <= 0.15 else 'not met'}).",
         "",
         *settings,
         "",
-        markdown_table(["setting", "method", "quantity", "measured", "measured SE", "simulated", "error", "speed from"],
-                       vrows, align="lllrrrrl"),
+        markdown_table(["setting", "method", "quantity", "measured", "measured SE", "simulated", "error",
+                        "engine probe", "speed from"], vrows, align="lllrrrrrl"),
         "",
         f"**Projection** to a GPU cluster (assumed, not measured: continuous batching, decode step "
         f"{e['step_s'] * 1e3:.0f} ms + {e['step_s_per_row'] * 1e3:.2f} ms per row, up to {e['max_batch']} rows, "

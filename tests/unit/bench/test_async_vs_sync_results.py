@@ -191,3 +191,18 @@ def test_rerunning_some_methods_keeps_the_others_of_the_same_setting() -> None:
     assert merged["compute_bound"] == stored["compute_bound"]
     other = {**rerun, "settings": settings_of(argparse.Namespace(steps=20, seed=0))}
     assert list(merge_results(stored, other)["methods"]) == ["sao"]
+
+
+def test_engine_probe_times_each_fixed_batch_on_the_real_engine(tiny_model) -> None:  # noqa: ANN001 (fixture)
+    """The probe runs the hf engine on the tiny model: one median per PROBE_BATCHES shape, seconds their sum,
+    and what other processes used beside it (a number on Linux)."""
+    from pathlib import Path
+
+    from bench.async_vs_sync import PROBE_BATCHES, engine_probe
+
+    probe = engine_probe(tiny_model.path, new_tokens=2)
+    assert [b[:2] for b in probe["batches"]] == [list(shape) for shape in PROBE_BATCHES]
+    assert all(b[2] > 0 for b in probe["batches"])
+    assert probe["seconds"] == pytest.approx(sum(b[2] for b in probe["batches"]))
+    if Path("/proc/stat").exists():
+        assert probe["background_cores"] is not None and probe["background_cores"] >= 0

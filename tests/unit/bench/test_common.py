@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from bench.common import markdown_table, targets_rows, update_docs_section
+from bench.common import OtherCpu, busy_cpu_seconds, markdown_table, targets_rows, update_docs_section
 
 
 def test_update_docs_section_replaces_only_its_own_block_and_appends_new_ones(tmp_path: Path) -> None:
@@ -66,3 +66,29 @@ def test_settings_write_repository_paths_relative_so_results_carry_no_machine_pa
 
     got = settings_of(argparse.Namespace(work_dir=REPO / "runs" / "bench" / "x", out=Path("/elsewhere/r.json"), n=3))
     assert got == {"work_dir": "runs/bench/x", "out": "r.json", "n": 3}
+
+
+def test_busy_cpu_seconds_reads_user_nice_system_irq_softirq(tmp_path: Path) -> None:
+    """cpu user nice system idle iowait irq softirq steal: busy = 100 + 1 + 50 + 2 + 3 ticks (idle, iowait, steal out)."""
+    import os
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 1 50 9000 70 2 3 40 0 0\ncpu0 50 0 25 4500 35 1 1 20 0 0\n")
+    assert busy_cpu_seconds(stat) == pytest.approx(156 / os.sysconf("SC_CLK_TCK"))
+    assert busy_cpu_seconds(tmp_path / "absent") is None
+    stat.write_text("intr 1 2 3\n")
+    with pytest.raises(ValueError, match="not the aggregate 'cpu' line"):
+        busy_cpu_seconds(stat)
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads /proc/stat (Linux)")
+def test_other_cpu_counts_a_busy_child_process() -> None:
+    """A child spins for 1 s of CPU while this process waits for it: at least a quarter of a core is counted
+    (two cores, whatever else runs beside the test)."""
+    import subprocess
+    import sys
+
+    with OtherCpu() as other:
+        subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass"],
+                       check=True)
+    assert other.cores is not None and other.cores >= 0.25

@@ -22,12 +22,15 @@ from bench.simulate import (
     calibrate_engine_speed,
     engine_costs,
     engine_mode_batches,
+    engine_probe_ratio,
     fit_batch_costs,
     measured_config,
     measured_relative_se_over,
     measured_worker,
     phase_identifies_engine_speed,
+    probe_core_seconds,
     reward_posteriors,
+    run_twin,
     simulate,
     simulate_feeding,
     steady_window,
@@ -191,6 +194,43 @@ def test_measured_config_builds_the_twin_of_each_measured_method() -> None:
     assert (g4.method, g4.group_size, g4.generators, g4.learner.warmup_iterations) == ("grpo_sync", 4, 1, 0)
     assert (g4.engine_scale_idle, g4.engine_scale_learner_busy) == pytest.approx((1.5, 1.5))
     assert measured_config(measured, "grpo_async_g8").method == "grpo_async"
+
+
+def probe(seconds: float, background_cores: float = 0.0) -> dict:
+    """One ``engine_probe`` measurement."""
+    return {"seconds": seconds, "background_cores": background_cores}
+
+
+def test_a_probe_is_scaled_to_a_whole_core_by_what_ran_beside_it() -> None:
+    """2 cores: beside 2 busy cores of other work the probe had 2/3 of a core, so 1.5 s is 1.0 s on its own core;
+    beside 0.5 cores it had a whole one. The mean over the probes is taken; no probe gives None."""
+    assert probe_core_seconds([probe(1.5, 2.0)], cores=2) == pytest.approx(1.0)
+    assert probe_core_seconds([probe(1.2, 0.5), probe(1.0, 2.0)], cores=2) == pytest.approx((1.2 + 2 / 3) / 2)
+    assert probe_core_seconds([], cores=2) is None
+    assert probe_core_seconds(None, cores=2) is None
+
+
+def test_a_run_in_a_slower_hour_is_simulated_with_a_slower_engine() -> None:
+    """engine_modes probed 1.0 and 1.2 s (mean 1.1); SAO's first run probed 1.32 s twice -> its engine runs x1.2
+    slower than in engine_modes; its repeat has no probe (from before it) and keeps the engine_modes speed."""
+    measured = two_core_results({
+        "sao": {"policy_versions": 12, "learner_step_s_mean": 3.0, "load_avg_start_end": [3.0, 3.0],
+                "engine_probe": [probe(1.32), probe(1.32)],
+                "repeat_runs": [{"policy_versions": 12, "learner_step_s_mean": 3.0, "load_avg_start_end": [3.0, 3.0]}]}})
+    measured["engine_modes"] = {"engine_probe": [probe(1.0), probe(1.2)]}
+    first, again = measured["methods"]["sao"], measured["methods"]["sao"]["repeat_runs"][0]
+    assert engine_probe_ratio(measured, first) == pytest.approx(1.2)
+    assert engine_probe_ratio(measured, again) is None
+    work = Workload(((one_turn(10),),))
+    probed, speed_from = run_twin(measured, "sao", first, 0.5, work, repeats=1)
+    unprobed, unprobed_from = run_twin(measured, "sao", again, 0.5, work, repeats=1)
+    plain = measured_config(measured, "sao", run=again)
+    assert probed.engine_scale_idle == pytest.approx(0.5 * 1.2 * plain.engine_scale_idle)
+    assert probed.engine_scale_learner_busy == pytest.approx(0.5 * 1.2 * plain.engine_scale_learner_busy)
+    assert unprobed.engine_scale_idle == pytest.approx(0.5 * plain.engine_scale_idle)
+    assert (speed_from, unprobed_from) == ("engine_modes x engine probe x load average", "engine_modes x load average")
+    del measured["engine_modes"]["engine_probe"]
+    assert engine_probe_ratio(measured, first) is None
 
 
 def test_a_repeated_run_is_simulated_with_its_own_learner_time_and_load() -> None:
