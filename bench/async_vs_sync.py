@@ -490,20 +490,27 @@ def collect_trace(base: Any, sft: Path, tasks: int, samples: int, seed: int) -> 
     return out, list(rollouts)
 
 
-def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed: int) -> dict[str, Any]:
-    """Rollouts per second of one ``hf`` engine (1 thread, alone) fed two ways, ``seconds`` each.
+ENGINE_MODES = ("lockstep", "continuous", "groups")
+"""The feedings ``measure_engine_modes`` times (synchronous GRPO, SAO, asynchronous GRPO)."""
+
+
+def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed: int,
+                         group_size: int = 8) -> dict[str, Any]:
+    """Rollouts per second of one ``hf`` engine (1 thread, alone) fed three ways, ``seconds`` each.
 
     ``lockstep``: ``slots`` episodes start together and the next ``slots`` start when all are done
     (how synchronous GRPO feeds its engine); ``continuous``: ``slots`` episode slots, each starting
-    a new episode as soon as its last one ends (how a generator process feeds it). Both use the
-    training tasks of the run. The engine's static, left-padded batches make mixed contexts cost
+    a new episode as soon as its last one ends (how a SAO generator process feeds it); ``groups``:
+    ``slots // group_size`` group slots, each running ``group_size`` episodes of one task at once
+    and starting the next group when all of them are done (how an asynchronous GRPO generator
+    feeds it). All use the training tasks of the run. The engine's static, left-padded batches make mixed contexts cost
     more, which this isolates from CPU sharing.
 
     Episodes start while the clock is below ``seconds``; the ones in flight then finish and count
     (``seconds`` in the result is the whole time, drain included; ``feed_s`` is the window).
 
     Returns:
-        ``feed_s``, and per mode: ``rollouts``, ``rollouts_per_s``, ``mean_batch`` (requests per
+        ``feed_s``, ``group_size``, and per mode: ``rollouts``, ``rollouts_per_s``, ``mean_batch`` (requests per
         engine batch) and ``batches``, one ``[rows, width, prompt_tokens, new_tokens, seconds]`` per
         engine batch (``HFEngine.batch_observer``; the simulator fits its engine cost model on them);
         ``engine_probe``: ``engine_probe`` before and after, so ``bench.simulate`` can relate a
@@ -547,12 +554,25 @@ def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed:
         await asyncio.gather(*(slot() for _ in range(slots)))
         return done[0]
 
-    out: dict[str, Any] = {"load_avg_start": os.getloadavg()[0], "feed_s": seconds,
+    async def groups(stop: float) -> int:
+        done = [0]
+
+        async def group_slot() -> None:
+            while time.monotonic() < stop:
+                task, first = tasks[rng.randrange(len(tasks))], rng.randrange(2**31)
+                await asyncio.gather(*(run_episode(engine, tokenizer, env, task, limits, seed=first + 1000 * k)
+                                       for k in range(group_size)))
+                done[0] += group_size
+
+        await asyncio.gather(*(group_slot() for _ in range(max(1, slots // group_size))))
+        return done[0]
+
+    out: dict[str, Any] = {"load_avg_start": os.getloadavg()[0], "feed_s": seconds, "group_size": group_size,
                            "engine_probe": [engine_probe(sft, gen.max_new_tokens)]}
     timings: list[BatchTiming] = []
     engine.batch_observer = timings.append
     try:
-        for name, mode in (("lockstep", lockstep), ("continuous", continuous)):
+        for name, mode in zip(ENGINE_MODES, (lockstep, continuous, groups), strict=True):
             timings.clear()
             t = time.monotonic()
             n = asyncio.run(mode(t + seconds))

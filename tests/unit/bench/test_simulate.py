@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 from bench.simulate import (
     BATCH_COST_TERMS,
+    FEEDING_OF,
     POOLED_BATCHES_KEY,
     Cluster,
     ClusterConfig,
@@ -23,10 +24,12 @@ from bench.simulate import (
     engine_costs,
     engine_mode_batches,
     engine_probe_ratio,
+    feeding_speeds,
     fit_batch_costs,
     measured_config,
     measured_relative_se_over,
     measured_worker,
+    method_kind,
     phase_identifies_engine_speed,
     probe_core_seconds,
     reward_posteriors,
@@ -482,3 +485,31 @@ def test_every_task_instance_draws_its_own_tool_latencies() -> None:
     grpo = simulate(ClusterConfig(method="grpo_sync", group_size=2, **common), work)
     assert sao.generating_s_per_rollout == pytest.approx(1.5)
     assert grpo.generating_s_per_rollout == pytest.approx(1.0)
+
+
+def test_a_group_feed_starts_the_next_group_when_its_longest_member_ends() -> None:
+    """One task, members of 10 and 2 tokens, G = 2, one group slot, 0.1 s steps: each group is one 2-row batch of
+    10 steps (1.0 s), started at 0, 1 and 2 s inside a 2.5 s window -> 6 rollouts by 3.0 s = 2.0/s. Fed
+    continuously, the 2-token member's slot would not wait for the 10-token one."""
+    work = Workload(((one_turn(10), one_turn(2)),))
+    model = EngineModel(max_batch=2, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0)
+    assert simulate_feeding(model, 1.0, work, "groups", 2, 2.5, 0, group_size=2) == pytest.approx(2.0)
+
+
+def test_each_method_runs_at_the_speed_of_the_feeding_its_generator_produces() -> None:
+    """Lockstep measured 1.5x slower than the engine model at factor 1, groups 3x slower: the fitted factors are
+    about 1.5 and 3 (the feeding window makes the rate not exactly inverse), and synchronous GRPO, SAO and
+    asynchronous GRPO read lockstep, continuous and groups."""
+    measured = sao_measured([1.0, 1.0])
+    work = Workload(((one_turn(10), one_turn(6)),))
+    measured["engine_modes"] = {"feed_s": 5.0, "group_size": 2, "load_avg_start": 1.0, "load_avg_end": 1.0}
+    engine = EngineModel(max_batch=32, step_s=0.01, step_s_per_row=0.001, prefill_s_per_token=1e-5)
+    for mode, slower in (("lockstep", 1.5), ("groups", 3.0)):
+        rate = simulate_feeding(engine, 1.0, work, mode, 32, 5.0, 0, group_size=2)
+        measured["engine_modes"][mode] = {"rollouts_per_s": rate / slower}
+    speeds = feeding_speeds(measured, work, repeats=1)
+    assert set(speeds) == {"lockstep", "groups"}
+    assert speeds["lockstep"] == pytest.approx(1.5, rel=0.1)
+    assert speeds["groups"] == pytest.approx(3.0, rel=0.1)
+    kinds = {m: FEEDING_OF[method_kind(m)] for m in ("grpo_sync_g4", "sao", "grpo_async_g8")}
+    assert kinds == {"grpo_sync_g4": "lockstep", "sao": "continuous", "grpo_async_g8": "groups"}
