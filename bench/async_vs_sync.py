@@ -1022,15 +1022,19 @@ def extra_lines(result: dict[str, Any]) -> list[str]:
         )
     em = result.get("engine_modes")
     if em:
-        lock, cont = em["lockstep"], em["continuous"]
+        names = {"lockstep": "lockstep", "continuous": "continuous",
+                 "groups": f"in groups of {em.get('group_size', 8)} of one task"}
+        fed = [(names[m], em[m]) for m in ENGINE_MODES if m in em]
+        timed = sum(len(mode.get("batches", [])) for _, mode in fed)
+        probes = [p["seconds"] for p in em.get("engine_probe") or []]
         out.append(
             f"`hf` engine alone (1 thread, {result['settings']['episodes_in_flight']} episodes"
             + (f", episodes started for {em['feed_s']:.0f} s, the last ones drained" if "feed_s" in em else "")
-            + f"): lockstep feeding {lock['rollouts_per_s']:.1f} rollouts/s (mean batch {lock['mean_batch']:.1f}), "
-            f"continuous feeding {cont['rollouts_per_s']:.1f} rollouts/s (mean batch {cont['mean_batch']:.1f}"
-            + (f"; {len(lock.get('batches', [])) + len(cont.get('batches', []))} batches timed for the simulator's "
-               "engine costs" if "batches" in cont else "")
-            + f"); load average {em['load_avg_start']:.1f} -> {em['load_avg_end']:.1f}."
+            + "): " + ", ".join(f"fed {name} {mode['rollouts_per_s']:.1f} rollouts/s (mean batch {mode['mean_batch']:.1f})"
+                                for name, mode in fed)
+            + (f"; {timed} batches timed for the simulator's engine costs" if timed else "")
+            + (f"; engine probe {' / '.join(f'{x:.2f}' for x in probes)} s before / after" if probes else "")
+            + f"; load average {em['load_avg_start']:.1f} -> {em['load_avg_end']:.1f}."
         )
     return out
 
