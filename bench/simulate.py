@@ -1791,7 +1791,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.measured is not None:
-        measured = json.loads(args.measured.read_text(encoding="utf-8"))
+        try:
+            measured = json.loads(args.measured.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            print(f"bench.simulate: --measured {args.measured}: {exc}", file=sys.stderr)
+            return 2
     else:
         measured = read_result("async_vs_sync")
     if measured is None:

@@ -513,3 +513,16 @@ def test_each_method_runs_at_the_speed_of_the_feeding_its_generator_produces() -
     assert speeds["groups"] == pytest.approx(3.0, rel=0.1)
     kinds = {m: FEEDING_OF[method_kind(m)] for m in ("grpo_sync_g4", "sao", "grpo_async_g8")}
     assert kinds == {"grpo_sync_g4": "lockstep", "sao": "continuous", "grpo_async_g8": "groups"}
+
+
+def test_a_missing_or_malformed_measured_file_is_one_line_and_exit_2(tmp_path, capsys) -> None:  # noqa: ANN001
+    """``--measured`` naming no file, or a file that is not JSON: exit 2 and one line naming the file, no traceback."""
+    from bench.simulate import main
+
+    assert main(["--measured", str(tmp_path / "absent.json"), "--validate-only"]) == 2
+    assert "absent.json" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["--measured", str(bad), "--validate-only"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bad.json" in err[0]
