@@ -94,6 +94,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    ENGINE_MODES,
+    GROUP_FEED_SIZE,
     REPO,
     command_line,
     machine_info,
@@ -490,12 +492,8 @@ def collect_trace(base: Any, sft: Path, tasks: int, samples: int, seed: int) -> 
     return out, list(rollouts)
 
 
-ENGINE_MODES = ("lockstep", "continuous", "groups")
-"""The feedings ``measure_engine_modes`` times (synchronous GRPO, SAO, asynchronous GRPO)."""
-
-
 def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed: int,
-                         group_size: int = 8) -> dict[str, Any]:
+                         group_size: int = GROUP_FEED_SIZE) -> dict[str, Any]:
     """Rollouts per second of one ``hf`` engine (1 thread, alone) fed three ways, ``seconds`` each.
 
     ``lockstep``: ``slots`` episodes start together and the next ``slots`` start when all are done
@@ -1023,7 +1021,7 @@ def extra_lines(result: dict[str, Any]) -> list[str]:
     em = result.get("engine_modes")
     if em:
         names = {"lockstep": "lockstep", "continuous": "continuous",
-                 "groups": f"in groups of {em.get('group_size', 8)} of one task"}
+                 "groups": f"in groups of {em.get('group_size', GROUP_FEED_SIZE)} of one task"}
         fed = [(names[m], em[m]) for m in ENGINE_MODES if m in em]
         timed = sum(len(mode.get("batches", [])) for _, mode in fed)
         probes = [p["seconds"] for p in em.get("engine_probe") or []]

@@ -72,6 +72,14 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+ENGINE_MODES = ("lockstep", "continuous", "groups")
+"""The feedings ``bench.async_vs_sync.measure_engine_modes`` times and ``bench.simulate`` replays: synchronous
+GRPO's, SAO's and asynchronous GRPO's (results from before ``groups`` have the first two)."""
+GROUP_FEED_SIZE = 8
+"""Episodes per group of the ``groups`` feeding (asynchronous GRPO's G in the benchmark); results that do not
+record their ``group_size`` used it."""
+
+
 BUSY_FIELDS = (0, 1, 2, 5, 6)
 """Fields of ``/proc/stat``'s ``cpu`` line that count as busy: user, nice, system, irq, softirq (idle, iowait and steal are not)."""
 

@@ -77,6 +77,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from bench.common import ENGINE_MODES, GROUP_FEED_SIZE
+
 Method = Literal["sao", "grpo_async", "grpo_sync"]
 """Simulated methods (see the module docstring)."""
 
@@ -991,10 +993,6 @@ def method_kind(method: str) -> Method:
     return "grpo_sync" if method.rpartition("_g")[0] == "grpo_sync" else "grpo_async"
 
 
-ENGINE_MODES = ("lockstep", "continuous", "groups")
-"""The feedings ``bench.async_vs_sync.measure_engine_modes`` times (results before ``groups`` have the first two)."""
-
-
 FEEDING_OF: dict[str, str] = {"grpo_sync": "lockstep", "sao": "continuous", "grpo_async": "groups"}
 """The ``engine_modes`` feeding that drives each simulated method's engine the way its generator does."""
 
@@ -1369,7 +1367,7 @@ FEED_S_DEFAULT = 20.0
 
 
 def simulate_feeding(engine: EngineModel, scale: float, workload: Workload, mode: str, slots: int, feed_s: float,
-                     seed: int, group_size: int = 8) -> float:
+                     seed: int, group_size: int = GROUP_FEED_SIZE) -> float:
     """Rollouts per second of one engine fed by ``slots`` episode slots (no learner, no admission).
 
     Replays ``bench.async_vs_sync.measure_engine_modes``: episodes start only while the clock is
@@ -1460,7 +1458,7 @@ def fit_engine_speed(measured: dict[str, Any], workload: Workload, repeats: int,
     engine, scale = engine_alone(measured)
     seed = int(measured["settings"]["seed"])
     feed_s = float(em.get("feed_s", FEED_S_DEFAULT))
-    group_size = int(em.get("group_size", 8))
+    group_size = int(em.get("group_size", GROUP_FEED_SIZE))
     factor = 1.0
     for _ in range(rounds):
         logs = []
@@ -1540,7 +1538,7 @@ def validate_engine_modes(measured: dict[str, Any], workload: Workload, repeats:
         if mode not in em:
             continue
         pred = statistics.fmean(simulate_feeding(engine, scale, workload, mode, engine.max_batch, feed_s,
-                                                 int(measured["settings"]["seed"]) + k, int(em.get("group_size", 8)))
+                                                 int(measured["settings"]["seed"]) + k, int(em.get("group_size", GROUP_FEED_SIZE)))
                                 for k in range(repeats))
         meas = float(em[mode]["rollouts_per_s"])
         rows.append({"method": f"engine_{mode}", "quantity": "rollouts_per_s", "measured": meas, "predicted": pred,
