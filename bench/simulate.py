@@ -1366,6 +1366,11 @@ FEED_S_DEFAULT = 20.0
 """Feeding window (seconds) of ``engine_modes`` results that do not record their ``feed_s`` (every run before it did)."""
 
 
+def feed_group_size(em: dict[str, Any]) -> int:
+    """Episodes per group of an ``engine_modes`` result's ``groups`` feeding (``GROUP_FEED_SIZE`` when unrecorded)."""
+    return int(em.get("group_size", GROUP_FEED_SIZE))
+
+
 def simulate_feeding(engine: EngineModel, scale: float, workload: Workload, mode: str, slots: int, feed_s: float,
                      seed: int, group_size: int = GROUP_FEED_SIZE) -> float:
     """Rollouts per second of one engine fed by ``slots`` episode slots (no learner, no admission).
@@ -1458,7 +1463,7 @@ def fit_engine_speed(measured: dict[str, Any], workload: Workload, repeats: int,
     engine, scale = engine_alone(measured)
     seed = int(measured["settings"]["seed"])
     feed_s = float(em.get("feed_s", FEED_S_DEFAULT))
-    group_size = int(em.get("group_size", GROUP_FEED_SIZE))
+    group_size = feed_group_size(em)
     factor = 1.0
     for _ in range(rounds):
         logs = []
@@ -1538,7 +1543,7 @@ def validate_engine_modes(measured: dict[str, Any], workload: Workload, repeats:
         if mode not in em:
             continue
         pred = statistics.fmean(simulate_feeding(engine, scale, workload, mode, engine.max_batch, feed_s,
-                                                 int(measured["settings"]["seed"]) + k, int(em.get("group_size", GROUP_FEED_SIZE)))
+                                                 int(measured["settings"]["seed"]) + k, feed_group_size(em))
                                 for k in range(repeats))
         meas = float(em[mode]["rollouts_per_s"])
         rows.append({"method": f"engine_{mode}", "quantity": "rollouts_per_s", "measured": meas, "predicted": pred,
@@ -1788,14 +1793,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="only the check against the small runs: print it, skip the projection, write no file")
     args = p.parse_args(argv)
 
-    if args.measured is not None:
-        try:
-            measured = json.loads(args.measured.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            print(f"bench.simulate: --measured {args.measured}: {exc}", file=sys.stderr)
-            return 2
-    else:
-        measured = read_result("async_vs_sync")
+    try:  # the default results file gets the same one-line error as --measured
+        measured = (json.loads(args.measured.read_text(encoding="utf-8")) if args.measured is not None
+                    else read_result("async_vs_sync"))
+    except (OSError, ValueError) as exc:
+        print(f"bench.simulate: {args.measured or 'bench/results/async_vs_sync.json'}: {exc}", file=sys.stderr)
+        return 2
     if measured is None:
         print("bench/results/async_vs_sync.json is missing: run .venv/bin/python -m bench.async_vs_sync first",
               file=sys.stderr)
