@@ -200,22 +200,31 @@ def validated(cfg: dict[str, Any]) -> Any:
 
 
 # -------------------------------------------------------------------------------------- setting up
-def write_tasks(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Generate the train and held-out task files; return the distribution of required calls."""
+def write_tasks(args: argparse.Namespace, work: Path, expect: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Generate the train and held-out task files; return the distribution of required calls.
+
+    Raises:
+        ValueError: ``expect`` (a stored result's ``task_calls``) is given and the generated tasks'
+            distribution differs; nothing is written.
+    """
     from posttrain.envs.synthetic.longtail import SyntheticLongTailEnv, summarise_calls
 
     env = SyntheticLongTailEnv(calls_median=args.calls_median, calls_sigma=args.calls_sigma,
                                max_calls=args.max_calls)
-    out = {}
-    for split, n in (("train", args.train_tasks), ("eval", args.eval_tasks)):
-        tasks = env.tasks(split, n, seed=args.seed)
+    splits = {split: env.tasks(split, n, seed=args.seed) for split, n in (("train", args.train_tasks),
+                                                                         ("eval", args.eval_tasks))}
+    out = {split: summarise_calls(tasks) for split, tasks in splits.items()}
+    if expect is not None and expect != out:
+        raise ValueError(f"tasks generated from these arguments have required calls {out}, the stored result's are "
+                         f"{expect}: pass the run's --calls-median, --calls-sigma, --max-calls, --train-tasks, "
+                         "--eval-tasks and --seed (its settings in the results file)")
+    for split, tasks in splits.items():
         path = work / "tasks" / f"{split}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("w", encoding="utf-8") as f:
             for t in tasks:
                 f.write(json.dumps({"task_id": t.task_id, "prompt": t.prompt, "reference": t.reference,
                                     "metadata": t.metadata}) + "\n")
-        out[split] = summarise_calls(tasks)
     return out
 
 
@@ -509,10 +518,13 @@ def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed:
 
     Returns:
         ``feed_s``, ``group_size``, and per mode: ``rollouts``, ``rollouts_per_s``, ``mean_batch`` (requests per
-        engine batch) and ``batches``, one ``[rows, width, prompt_tokens, new_tokens, seconds]`` per
-        engine batch (``HFEngine.batch_observer``; the simulator fits its engine cost model on them);
-        ``engine_probe``: ``engine_probe`` before and after, so ``bench.simulate`` can relate a
-        method run's engine speed to this measurement's.
+        engine batch), ``batches``, one ``[rows, width, prompt_tokens, new_tokens, seconds,
+        generated_tokens]`` per engine batch (``HFEngine.batch_observer``; the simulator fits its
+        engine cost model on them), and ``episodes``, one ``[prompt_tokens, action_tokens,
+        observation_tokens]`` per episode in the order they started (``rollout_shape``; a group's
+        ``group_size`` episodes are consecutive), so the simulator can replay the very episodes
+        this measurement drew; ``engine_probe``: ``engine_probe`` before and after, so
+        ``bench.simulate`` can relate a method run's engine speed to this measurement's.
     """
     import torch
 
@@ -530,9 +542,20 @@ def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed:
     torch.set_num_threads(1)
     engine = HFEngine(sft, max_batch=slots, max_model_len=gen.max_episode_tokens + gen.max_new_tokens)
     rng = random.Random(seed)
+    shapes: list[list[Any]] = []  # one per episode started, in start order; filled when it ends
+
+    def shaped(task: Any, episode_seed: int) -> Any:
+        index = len(shapes)  # taken now, when the episode is created, so a group's members are consecutive
+        shapes.append([])
+
+        async def run() -> None:
+            shape = rollout_shape(await run_episode(engine, tokenizer, env, task, limits, seed=episode_seed))
+            shapes[index] = [shape["prompt_tokens"], shape["action_tokens"], shape["observation_tokens"]]
+
+        return run()
 
     def episode() -> Any:
-        return run_episode(engine, tokenizer, env, tasks[rng.randrange(len(tasks))], limits, seed=rng.randrange(2**31))
+        return shaped(tasks[rng.randrange(len(tasks))], rng.randrange(2**31))
 
     async def lockstep(stop: float) -> int:
         n = 0
@@ -558,8 +581,7 @@ def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed:
         async def group_slot() -> None:
             while time.monotonic() < stop:
                 task, first = tasks[rng.randrange(len(tasks))], rng.randrange(2**31)
-                await asyncio.gather(*(run_episode(engine, tokenizer, env, task, limits, seed=first + 1000 * k)
-                                       for k in range(group_size)))
+                await asyncio.gather(*(shaped(task, first + 1000 * k) for k in range(group_size)))
                 done[0] += group_size
 
         await asyncio.gather(*(group_slot() for _ in range(max(1, slots // group_size))))
@@ -572,13 +594,15 @@ def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed:
     try:
         for name, mode in zip(ENGINE_MODES, (lockstep, continuous, groups), strict=True):
             timings.clear()
+            shapes.clear()
             t = time.monotonic()
             n = asyncio.run(mode(t + seconds))
             elapsed = time.monotonic() - t
             out[name] = {"rollouts": n, "seconds": elapsed, "rollouts_per_s": n / elapsed,
                          "mean_batch": statistics.fmean(b.rows for b in timings) if timings else 0.0,
-                         "batches": [[b.rows, b.width, b.prompt_tokens, b.new_tokens, round(b.seconds, 6)]
-                                     for b in timings]}
+                         "batches": [[b.rows, b.width, b.prompt_tokens, b.new_tokens, round(b.seconds, 6),
+                                      b.generated_tokens] for b in timings],
+                         "episodes": list(shapes)}
     finally:
         engine.close()
         torch.set_num_threads(threads)
@@ -1041,25 +1065,27 @@ def stored_result_and_warm_start(args: argparse.Namespace, work: Path,
                                  setting: str | None = None) -> tuple[dict[str, Any], Any, Path]:
     """The existing results, the base ``RunContext`` and the cached SFT warm start (for the ``--*-only`` modes).
 
-    Checks, before any work: the results file exists, holds a result of ``setting`` (when given,
-    see ``setting_result``), and ``work`` holds the benchmark's task files (written by a full run).
-    A missing warm-start model is then rebuilt from them (minutes).
+    Checks, before any work: the results file exists and holds a result of ``setting`` (when
+    given, see ``setting_result``). Task files missing from ``work`` (a fresh clone: ``runs/`` is
+    not committed) are generated again from the arguments (``write_tasks`` is seeded), and must
+    reproduce the stored result's distribution of required calls. A missing warm-start model is
+    then rebuilt from them (minutes, seeded like the full run's).
 
     Raises:
-        FileNotFoundError: no results file, no result of ``setting``, or no task files under
-            ``work`` (run the benchmark first); the message is one line.
+        FileNotFoundError: no results file, or no result of ``setting`` (run the benchmark
+            first); the message is one line.
+        ValueError: regenerated tasks whose required calls differ from the stored result's
+            (other ``--calls-*``, ``--train-tasks``, ``--eval-tasks`` or ``--seed`` than the run's;
+            nothing is written).
     """
     from bench.common import read_result
 
     result = read_result("async_vs_sync")
     if result is None:
         raise FileNotFoundError("bench/results/async_vs_sync.json: no results; run the benchmark first")
-    if setting is not None:
-        setting_result(result, setting)
-    tasks = work / "tasks" / "train.jsonl"
-    if not tasks.is_file():
-        raise FileNotFoundError(f"{tasks}: no cached tasks or warm start in the work directory; run the benchmark "
-                                "first (python -m bench.async_vs_sync with the same --work-dir)")
+    stored = setting_result(result, setting) if setting is not None else result
+    if not (work / "tasks" / "train.jsonl").is_file():
+        write_tasks(args, work, expect=stored.get("task_calls"))
     base, sft, _ = prepare_shared(args, work)
     return result, base, sft
 

@@ -69,10 +69,14 @@ def test_bad_methods_fail_before_the_warm_start(tmp_path, capsys, methods, messa
 @pytest.mark.parametrize(("stored", "message"), [
     ({"setting": "tool_latency"}, "no compute_bound result; run that setting first"),
     (None, "no results; run the benchmark first"),
-    ({"setting": "tool_latency", "compute_bound": {"setting": "compute_bound"}}, "no cached tasks or warm start"),
+    ({"setting": "tool_latency", "compute_bound": {"setting": "compute_bound", "task_calls": {"train": {}}}},
+     "pass the run's --calls-median"),
 ])
 def test_only_modes_say_in_one_line_what_to_run_first(tmp_path, capsys, monkeypatch, stored, message):
-    """--engine-modes-only in a fresh checkout: exit 2, one line on stderr, no traceback, no work directory made."""
+    """--engine-modes-only in a fresh checkout: exit 2, one line on stderr, no traceback, no work directory made.
+
+    Task files are generated again from the arguments when missing, but only if they reproduce the stored
+    result's distribution of required calls (here they cannot): else nothing is written."""
     import bench.common
     from bench.async_vs_sync import main
 
@@ -206,3 +210,29 @@ def test_engine_probe_times_each_fixed_batch_on_the_real_engine(tiny_model) -> N
     assert probe["seconds"] == pytest.approx(sum(b[2] for b in probe["batches"]))
     if Path("/proc/stat").exists():
         assert probe["background_cores"] is not None and probe["background_cores"] >= 0
+
+
+def test_engine_modes_record_every_episode_and_each_batchs_sampled_tokens(tiny_model) -> None:  # noqa: ANN001
+    """The engine alone on the tiny model, 4 slots, groups of 2, a short window per feeding: each feeding keeps
+    one ``[prompt, actions, observations]`` per finished rollout (one observation count per turn, a group's two
+    members consecutive and of one prompt), and each batch's sampled tokens lie between its longest row and
+    rows x steps."""
+    from types import SimpleNamespace
+
+    from bench.async_vs_sync import measure_engine_modes
+    from posttrain.envs.synthetic.longtail import SyntheticLongTailEnv
+
+    env = SyntheticLongTailEnv(calls_median=2.0, calls_sigma=0.5, max_calls=4)
+    tasks = env.tasks("train", 16, seed=0)
+    generator = SimpleNamespace(max_turns=3, max_new_tokens=4, max_episode_tokens=384, episode_timeout_s=60.0)
+    base = SimpleNamespace(config=SimpleNamespace(generator=generator), tasks=lambda split: tasks,
+                           environment=lambda: env)
+    out = measure_engine_modes(base, tiny_model.path, seconds=0.2, slots=4, seed=0, group_size=2)
+    for mode in ("lockstep", "continuous", "groups"):
+        episodes, batches = out[mode]["episodes"], out[mode]["batches"]
+        assert len(episodes) == out[mode]["rollouts"] > 0
+        assert all(1 <= len(actions) == len(observations) <= 3 for _, actions, observations in episodes)
+        assert all(rows * steps >= sampled >= steps for rows, _, _, steps, _, sampled in batches)
+        assert sum(b[5] for b in batches) == sum(sum(actions) for _, actions, _ in episodes)
+    pairs = out["groups"]["episodes"]
+    assert all(pairs[i][0] == pairs[i + 1][0] for i in range(0, len(pairs), 2))

@@ -115,7 +115,10 @@ def test_eight_concurrent_generates_run_as_one_batch(tiny_model: TinyModel) -> N
 
 
 def test_batch_observer_sees_each_batch_shape(tiny_model: TinyModel) -> None:
-    """8 prompts of 4..11 tokens, continuations of 3..10: one batch, width 11, 60 real prompt tokens, 10 steps."""
+    """8 prompts of 4..11 tokens, continuations of 3..10: one batch, width 11, 60 real prompt tokens, 10 steps.
+
+    52 tokens sampled: each row only until its own budget, not the batch's 10 steps.
+    """
     engine = HFEngine(tiny_model.path, max_batch=32)
     seen: list[BatchTiming] = []
     engine.batch_observer = seen.append
@@ -123,6 +126,7 @@ def test_batch_observer_sees_each_batch_shape(tiny_model: TinyModel) -> None:
     assert len(seen) == 1
     timing = seen[0]
     assert (timing.rows, timing.width, timing.prompt_tokens, timing.new_tokens) == (8, 11, sum(range(4, 12)), 10)
+    assert timing.generated_tokens == sum(range(3, 11))
     assert timing.seconds > 0
 
 

@@ -116,6 +116,8 @@ class BatchTiming:
         prompt_tokens: Real prompt tokens over all rows (``rows * width`` minus the padding).
         new_tokens: Decode steps run: the longest continuation sampled (tokens).
         seconds: Wall time of the batch on the engine's thread (prefill and decode, monotonic clock).
+        generated_tokens: Tokens sampled over all rows (at most ``rows * new_tokens``): a row that
+            stopped is still decoded with the batch but no longer sampled.
     """
 
     rows: int
@@ -123,6 +125,7 @@ class BatchTiming:
     prompt_tokens: int
     new_tokens: int
     seconds: float
+    generated_tokens: int = 0
 
 
 @dataclass
@@ -325,8 +328,9 @@ class HFEngine:
         observer = self.batch_observer
         if observer is not None:
             lengths = [len(p.request.prompt_token_ids) for p in batch]
+            sampled = [len(tokens) for tokens, _, _ in outputs]
             observer(BatchTiming(rows=len(batch), width=max(lengths), prompt_tokens=sum(lengths),
-                                 new_tokens=max(len(tokens) for tokens, _, _ in outputs), seconds=elapsed))
+                                 new_tokens=max(sampled), seconds=elapsed, generated_tokens=sum(sampled)))
         return outputs
 
     def _sample(
