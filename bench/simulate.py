@@ -18,7 +18,8 @@ What it models (every time in seconds, every length in tokens):
   and a prefill cost of ``prefill_s_per_token`` per prompt token: ``static`` batching (the
   ``hf`` engine: a batch of queued requests runs until its longest member is done, new
   requests wait, and each row's decode step also pays ``step_s_per_row_token`` per token of the
-  batch's left-padded context plus ``step_s_per_kv_sq`` per squared batch context; the costs are
+  batch's left-padded context plus ``step_s_per_kv_sq`` per squared batch context, and every
+  token a row samples costs ``sample_s_per_token``; the costs are
   fitted on the batches the engine ran when fed by real episodes, ``engine_costs``) and
   ``continuous`` batching (vLLM: requests join and leave at every step; a prefill pauses
   decoding for its duration). ``pool_workers`` > 0 models the
@@ -210,6 +211,9 @@ class EngineModel:
             (seconds per token squared): on the CPU a step's cost per context token grows with the
             batch's KV cache (64 rows x 578 tokens took 1.7x what a fit on batches of at most
             32 x 512 predicted); 0 for the continuous model.
+        sample_s_per_token: Time per token sampled in a static batch (only rows still generating
+            sample: the ``hf`` engine draws row by row on the host, about a third of a 64-row
+            decode step per sampled token on the CPU); 0 for the continuous model.
     """
 
     batching: Literal["static", "continuous"] = "static"
@@ -219,6 +223,7 @@ class EngineModel:
     prefill_s_per_token: float = 1e-5
     step_s_per_row_token: float = 0.0
     step_s_per_kv_sq: float = 0.0
+    sample_s_per_token: float = 0.0
 
     def step_time(self, rows: int, width: int = 0) -> float:
         """Seconds per decode step with ``rows`` sequences over a context of ``width`` tokens."""
@@ -531,7 +536,8 @@ class Engine:
         width = max(r.prompt for r in batch)
         steps = max(r.new for r in batch)
         decode = steps * self.model.step_time(rows, width + steps // 2)
-        duration = (self.model.prefill_s_per_token * rows * width + decode) * self._scale()
+        sampling = self.model.sample_s_per_token * sum(r.new for r in batch)
+        duration = (self.model.prefill_s_per_token * rows * width + decode + sampling) * self._scale()
         self.row_seconds += rows * duration
         self._gen_since = now
 
@@ -1245,7 +1251,8 @@ POOLED_BATCHES_KEY = "engine_batches_all_settings"
 def engine_mode_batches(measured: dict[str, Any]) -> list[list[float]]:
     """The batches ``engine_modes`` timed (both feedings), their seconds scaled to a whole core.
 
-    Each batch is ``[rows, width, prompt_tokens, new_tokens, seconds]``; seconds are multiplied by
+    Each batch is ``[rows, width, prompt_tokens, new_tokens, seconds]``, followed by
+    ``generated_tokens`` where the measurement recorded it; seconds are multiplied by
     the CPU share of that measurement (``cpu_share(cores, L - k, k)`` at its load ``L``, ``k =
     GENERATOR_BUSY_THREADS``), so batches measured at different loads can be pooled. Empty
     when the result has no timed batches.
@@ -1255,7 +1262,7 @@ def engine_mode_batches(measured: dict[str, Any]) -> list[list[float]]:
     if not batches:
         return []
     share = engine_modes_share(measured)
-    return [[*b[:4], float(b[4]) * share] for b in batches]
+    return [[*b[:4], float(b[4]) * share, *b[5:6]] for b in batches]
 
 
 def engine_modes_share(measured: dict[str, Any]) -> float:
@@ -1289,7 +1296,8 @@ def engine_costs(measured: dict[str, Any]) -> tuple[dict[str, float], float, str
 
     Returns:
         ``(costs, share, source)``: ``costs`` holds ``step_s``, ``step_s_per_row``,
-        ``prefill_s_per_token``, ``step_s_per_row_token`` and ``step_s_per_kv_sq``; ``source`` is
+        ``prefill_s_per_token``, ``step_s_per_row_token``, ``step_s_per_kv_sq`` and
+        ``sample_s_per_token`` (0 unless every batch recorded its generated tokens); ``source`` is
         ``"engine_modes batches"``, ``"engine_modes batches of every setting"`` or
         ``"calibration grid"``.
 
@@ -1307,29 +1315,36 @@ def engine_costs(measured: dict[str, Any]) -> tuple[dict[str, float], float, str
     l_cal = float(cal.get("load_avg", measured["machine"]["load_avg"][0]))
     costs = {"step_s": cal["step_s"], "step_s_per_row": cal["step_s_per_row"],
              "prefill_s_per_token": cal["prefill_s_per_token"],
-             "step_s_per_row_token": cal.get("step_s_per_row_token", 0.0), "step_s_per_kv_sq": 0.0}
+             "step_s_per_row_token": cal.get("step_s_per_row_token", 0.0), "step_s_per_kv_sq": 0.0,
+             "sample_s_per_token": 0.0}
     return costs, cpu_share(cores, max(0.0, l_cal - 1), 1), "calibration grid"
 
 
-BATCH_COST_TERMS = ("prefill_s_per_token", "step_s", "step_s_per_row", "step_s_per_row_token", "step_s_per_kv_sq")
+BATCH_COST_TERMS = ("prefill_s_per_token", "step_s", "step_s_per_row", "step_s_per_row_token", "step_s_per_kv_sq",
+                    "sample_s_per_token")
 """``EngineModel`` coefficients ``fit_batch_costs`` fits, in the order of ``batch_cost_features``."""
 
 
-def batch_cost_features(rows: int, width: int, steps: int) -> list[float]:
+def batch_cost_features(rows: int, width: int, steps: int, sampled: int) -> list[float]:
     """What each ``BATCH_COST_TERMS`` coefficient multiplies in one static batch's time (``Engine._run_batch``).
 
     ``rows`` requests, left-padded to ``width`` prompt tokens, ``steps`` decode steps over a
-    context of ``width + steps // 2`` tokens on average.
+    context of ``width + steps // 2`` tokens on average, ``sampled`` tokens sampled over all
+    rows (at most ``rows * steps``: a row stops sampling at its stop token).
     """
     ctx = width + steps // 2
-    return [rows * width, steps, steps * rows, steps * rows * ctx, steps * (rows * ctx) ** 2]
+    return [rows * width, steps, steps * rows, steps * rows * ctx, steps * (rows * ctx) ** 2, sampled]
 
 
 def fit_batch_costs(batches: Sequence[Sequence[float]]) -> dict[str, float]:
     """Non-negative least squares of batch seconds on ``batch_cost_features``, in relative error.
 
     Args:
-        batches: ``[rows, width, prompt_tokens, new_tokens, seconds]`` per batch (``engine_modes``).
+        batches: ``[rows, width, prompt_tokens, new_tokens, seconds]`` per batch (``engine_modes``),
+            with ``generated_tokens`` sixth where recorded. Unless every batch has it,
+            ``sample_s_per_token`` is 0 and not fitted: without the count, sampling is
+            indistinguishable from a per-row decode cost, and the simulator would charge it on
+            fewer tokens than it was fitted on.
 
     Returns:
         The ``BATCH_COST_TERMS`` coefficients (seconds per unit of each feature).
@@ -1345,7 +1360,9 @@ def fit_batch_costs(batches: Sequence[Sequence[float]]) -> dict[str, float]:
     y = np.array([float(b[4]) for b in batches])
     if np.any(y <= 0):
         raise ValueError("batches: every batch needs positive seconds")
-    a = np.array([batch_cost_features(int(b[0]), int(b[1]), int(b[3])) for b in batches], dtype=float)
+    sampled = all(len(b) > 5 for b in batches)
+    a = np.array([batch_cost_features(int(b[0]), int(b[1]), int(b[3]), int(b[5]) if sampled else 0)
+                  for b in batches], dtype=float)
     scale = a.max(axis=0)
     scale[scale == 0] = 1.0
     coef, _ = nnls(a / scale / y[:, None], np.ones(len(y)))
@@ -1371,8 +1388,30 @@ def feed_group_size(em: dict[str, Any]) -> int:
     return int(em.get("group_size", GROUP_FEED_SIZE))
 
 
+def feeding_episodes(em: dict[str, Any], mode: str) -> list[RolloutShape] | None:
+    """The episodes an ``engine_modes`` feeding ran, in the order they started (None if it did not record them).
+
+    ``bench.async_vs_sync.measure_engine_modes`` stores one ``[prompt_tokens, action_tokens,
+    observation_tokens]`` per episode; rewards are not recorded (0: the feeding has no learner).
+
+    Raises:
+        ValueError: an episode without turns, or observation counts that do not match its turns.
+    """
+    recorded = (em.get(mode) or {}).get("episodes")
+    if not recorded:
+        return None
+    out = []
+    for i, (prompt, actions, observations) in enumerate(recorded):
+        if not actions or len(observations) != len(actions):
+            raise ValueError(f"engine_modes.{mode}.episodes[{i}]: needs >= 1 turn and one observation count per turn, "
+                             f"got {len(actions)} turns and {len(observations)} observations")
+        out.append(RolloutShape(int(prompt), tuple(int(a) for a in actions), tuple(int(o) for o in observations), 0.0))
+    return out
+
+
 def simulate_feeding(engine: EngineModel, scale: float, workload: Workload, mode: str, slots: int, feed_s: float,
-                     seed: int, group_size: int = GROUP_FEED_SIZE) -> float:
+                     seed: int, group_size: int = GROUP_FEED_SIZE,
+                     episodes: Sequence[RolloutShape] | None = None) -> float:
     """Rollouts per second of one engine fed by ``slots`` episode slots (no learner, no admission).
 
     Replays ``bench.async_vs_sync.measure_engine_modes``: episodes start only while the clock is
@@ -1385,6 +1424,12 @@ def simulate_feeding(engine: EngineModel, scale: float, workload: Workload, mode
     in ever smaller batches (13 s of feeding took 20.5 s with 64 slots), and a model that stopped
     the clock at ``feed_s`` over-predicted the continuous rate by 12-14%.
 
+    With ``episodes`` (``feeding_episodes``: what the measurement ran, in start order), each
+    started episode is the next of them (groups: the next ``group_size``), from the first again
+    after the last, instead of draws from ``workload``. The task draw alone moved the simulated
+    group feeding from 7.9 to 9.8 rollouts/s between seeds (the measurement ran 4.7 requests
+    per rollout where the trace averages 5.1), which no engine speed should absorb.
+
     Raises:
         RuntimeError: the replay does not end within 5,000,000 events.
     """
@@ -1393,7 +1438,13 @@ def simulate_feeding(engine: EngineModel, scale: float, workload: Workload, mode
     rng = random.Random(seed)
     cluster = Cluster(ClusterConfig(method="grpo_async", seed=seed, group_size=group_size), workload)  # episode logic only
     cluster.loop, cluster.engines = loop, [eng]
-    state = {"done": 0, "running": 0}
+    state = {"done": 0, "running": 0, "next": 0}
+
+    def shape() -> RolloutShape:
+        if not episodes:
+            return workload.rollout(rng)
+        state["next"] += 1
+        return episodes[(state["next"] - 1) % len(episodes)]
 
     def start(on_done: Callable[[], None]) -> None:
         state["running"] += 1
@@ -1402,7 +1453,7 @@ def simulate_feeding(engine: EngineModel, scale: float, workload: Workload, mode
             state["running"] -= 1
             state["done"] += 1
             on_done()
-        cluster._episode(0, workload.rollout(rng), finished)
+        cluster._episode(0, shape(), finished)
 
     def slot() -> None:
         if loop.now < feed_s:
@@ -1429,7 +1480,18 @@ def simulate_feeding(engine: EngineModel, scale: float, workload: Workload, mode
             state["running"] -= 1
             state["done"] += len(shapes)
             group_slot()
-        cluster._group(0, finished)
+        if not episodes:
+            cluster._group(0, finished)
+            return
+        members = [shape() for _ in range(group_size)]
+        left = {"n": group_size}
+
+        def one_done() -> None:
+            left["n"] -= 1
+            if left["n"] == 0:
+                finished(members, 0)
+        for member in members:
+            cluster._episode(0, member, one_done)
 
     if mode == "continuous":
         for _ in range(slots):
@@ -1461,18 +1523,29 @@ def fit_engine_speed(measured: dict[str, Any], workload: Workload, repeats: int,
     if not modes:
         return None
     engine, scale = engine_alone(measured)
-    seed = int(measured["settings"]["seed"])
-    feed_s = float(em.get("feed_s", FEED_S_DEFAULT))
-    group_size = feed_group_size(em)
     factor = 1.0
     for _ in range(rounds):
-        logs = []
-        for mode in modes:
-            sim = statistics.fmean(simulate_feeding(engine, scale * factor, workload, mode, engine.max_batch, feed_s,
-                                                    seed + k, group_size) for k in range(repeats))
-            logs.append(math.log(sim / float(em[mode]["rollouts_per_s"])))
+        logs = [math.log(replayed_feeding(measured, workload, mode, engine, scale * factor, repeats)
+                         / float(em[mode]["rollouts_per_s"])) for mode in modes]
         factor *= math.exp(statistics.fmean(logs))
     return factor
+
+
+def replayed_feeding(measured: dict[str, Any], workload: Workload, mode: str, engine: EngineModel, scale: float,
+                     repeats: int) -> float:
+    """Simulated rollouts/s of ``engine_modes`` feeding ``mode`` (``simulate_feeding`` with the measurement's window).
+
+    The episodes are the ones the measurement ran where it recorded them (``feeding_episodes``:
+    the replay is then deterministic and runs once), else the mean over ``repeats`` seeds of
+    draws from ``workload``.
+    """
+    em = measured["engine_modes"]
+    feed_s = float(em.get("feed_s", FEED_S_DEFAULT))
+    seed = int(measured["settings"]["seed"])
+    episodes = feeding_episodes(em, mode)
+    runs = 1 if episodes else repeats
+    return statistics.fmean(simulate_feeding(engine, scale, workload, mode, engine.max_batch, feed_s, seed + k,
+                                             feed_group_size(em), episodes) for k in range(runs))
 
 
 def feeding_speeds(measured: dict[str, Any], workload: Workload, repeats: int) -> dict[str, float]:
@@ -1538,17 +1611,15 @@ def validate_engine_modes(measured: dict[str, Any], workload: Workload, repeats:
     engine, scale = engine_alone(measured)
     scale *= factor or 1.0
     rows = []
-    feed_s = float(em.get("feed_s", FEED_S_DEFAULT))
     for mode in ENGINE_MODES:
         if mode not in em:
             continue
-        pred = statistics.fmean(simulate_feeding(engine, scale, workload, mode, engine.max_batch, feed_s,
-                                                 int(measured["settings"]["seed"]) + k, feed_group_size(em))
-                                for k in range(repeats))
+        pred = replayed_feeding(measured, workload, mode, engine, scale, repeats)
         meas = float(em[mode]["rollouts_per_s"])
         rows.append({"method": f"engine_{mode}", "quantity": "rollouts_per_s", "measured": meas, "predicted": pred,
                      "relative_error": (pred - meas) / meas if meas else math.inf, "calibration": True,
-                     "speed_from": "engine_modes (one speed for every feeding)" if factor else "load average"})
+                     "speed_from": "engine_modes (one speed for every feeding)" if factor else "load average",
+                     "episodes": "replayed" if feeding_episodes(em, mode) else "drawn from the trace"})
     return rows
 
 

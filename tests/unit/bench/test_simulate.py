@@ -24,6 +24,7 @@ from bench.simulate import (
     engine_costs,
     engine_mode_batches,
     engine_probe_ratio,
+    feeding_episodes,
     feeding_speeds,
     fit_batch_costs,
     measured_config,
@@ -55,6 +56,13 @@ def finish_times(model: EngineModel, requests: list[tuple[int, int]], reload_s: 
 
 def one_turn(tokens: int, reward: float = 1.0, prompt: int = 1) -> RolloutShape:
     return RolloutShape(prompt_tokens=prompt, action_tokens=(tokens,), observation_tokens=(0,), reward=reward)
+
+
+def test_a_static_batch_pays_sampling_only_for_the_tokens_its_rows_sample() -> None:
+    """Rows of 10 and 2 tokens: 10 steps of 0.1 s for both, and 12 sampled tokens at 0.05 s: 1.6 s (rows x steps
+    would be 20 tokens, 2.0 s)."""
+    model = EngineModel(max_batch=8, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0, sample_s_per_token=0.05)
+    assert finish_times(model, [(1, 10), (1, 2)]) == pytest.approx([1.6, 1.6])
 
 
 def test_static_batch_runs_until_its_longest_request_and_pays_prefill_on_the_padded_width() -> None:
@@ -371,25 +379,42 @@ def test_continuous_feeding_counts_the_episodes_that_drain_after_the_window() ->
 
 
 def test_batch_costs_fitted_on_timed_batches_recover_the_costs_that_produced_them() -> None:
-    """Batches timed with known costs (including the squared-context term) over rows 1-128 and widths 60-700."""
+    """Batches timed with known costs (the squared-context and sampled-token terms too) over rows 1-128, widths
+    60-700, and rows that stop sampling after all, half or a quarter of the batch's steps."""
     truth = {"prefill_s_per_token": 2e-5, "step_s": 1.5e-3, "step_s_per_row": 2e-5, "step_s_per_row_token": 1.2e-7,
-             "step_s_per_kv_sq": 2e-11}
+             "step_s_per_kv_sq": 2e-11, "sample_s_per_token": 6e-5}
     batches = []
     for rows in (1, 4, 16, 64, 128):
         for width in (60, 200, 450, 700):
             for steps in (4, 15, 20):
-                seconds = sum(truth[k] * f for k, f in zip(BATCH_COST_TERMS, batch_cost_features(rows, width, steps),
-                                                            strict=True))
-                batches.append([rows, width, rows * width, steps, seconds])
+                for live in (1.0, 0.5, 0.25):
+                    sampled = max(1, round(rows * steps * live))
+                    features = batch_cost_features(rows, width, steps, sampled)
+                    seconds = sum(truth[k] * f for k, f in zip(BATCH_COST_TERMS, features, strict=True))
+                    batches.append([rows, width, rows * width, steps, seconds, sampled])
     fitted = fit_batch_costs(batches)
     assert fitted == pytest.approx(truth, rel=1e-6)
     model = EngineModel(**fitted)
-    timed = next(b[4] for b in batches if b[:2] == [64, 700] and b[3] == 15)
-    assert 15 * model.step_time(64, 707) + fitted["prefill_s_per_token"] * 64 * 700 == pytest.approx(timed)
-    with pytest.raises(ValueError, match="need at least 5"):
-        fit_batch_costs(batches[:4])
+    timed, sampled = next(b[4:] for b in batches if b[:2] == [64, 700] and b[3] == 15)
+    predicted = 15 * model.step_time(64, 707) + fitted["prefill_s_per_token"] * 64 * 700 + 6e-5 * sampled
+    assert predicted == pytest.approx(timed)
+    with pytest.raises(ValueError, match="need at least 6"):
+        fit_batch_costs(batches[:5])
     with pytest.raises(ValueError, match="positive seconds"):
-        fit_batch_costs([*batches[:5], [1, 60, 60, 4, 0.0]])
+        fit_batch_costs([*batches[:6], [1, 60, 60, 4, 0.0, 4]])
+
+
+def test_batches_without_a_sampled_token_count_fit_no_sampling_cost() -> None:
+    """Five-field batches (recorded before the count): sampling is folded into the per-row step cost, so the
+    sampled-token coefficient stays 0 (the simulator would otherwise charge it on fewer tokens than it was fitted
+    on); one such batch among counted ones turns the term off for all."""
+    batches = [[r, w, r * w, s, 1e-3 * s + 1e-4 * s * r + 2e-5 * r * w] for r in (1, 8, 32) for w in (50, 300)
+               for s in (5, 20)]
+    fitted = fit_batch_costs(batches)
+    assert fitted["sample_s_per_token"] == 0.0
+    assert fitted["step_s_per_row"] == pytest.approx(1e-4, rel=1e-6)
+    counted = [[*b, b[0] * b[3] // 2] for b in batches]
+    assert fit_batch_costs([*counted[1:], batches[0]])["sample_s_per_token"] == 0.0
 
 
 def test_engine_costs_come_from_the_recorded_batches_when_there_are_any() -> None:
@@ -494,6 +519,29 @@ def test_a_group_feed_starts_the_next_group_when_its_longest_member_ends() -> No
     work = Workload(((one_turn(10), one_turn(2)),))
     model = EngineModel(max_batch=2, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0)
     assert simulate_feeding(model, 1.0, work, "groups", 2, 2.5, 0, group_size=2) == pytest.approx(2.0)
+
+
+def test_a_feeding_replays_the_recorded_episodes_in_order_and_from_the_start_again() -> None:
+    """The trace holds one 10-token episode (1 s at 0.1 s a step), the measurement ran 2-token ones (0.2 s): one
+    continuous slot in a 1.0 s window replays 2-token episodes, cycling the one recorded, 5 by 1.0 s. Groups of 2
+    replay consecutive pairs: (10, 2) takes 1.0 s, (2, 2) 0.2 s; in a 1.1 s window 4 rollouts by 1.2 s."""
+    work = Workload(((one_turn(10),),))
+    model = EngineModel(max_batch=2, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0)
+    assert simulate_feeding(model, 1.0, work, "continuous", 1, 1.0, 0) == pytest.approx(1.0)
+    assert simulate_feeding(model, 1.0, work, "continuous", 1, 1.0, 0, episodes=[one_turn(2)]) == pytest.approx(5.0)
+    pairs = [one_turn(10), one_turn(2), one_turn(2), one_turn(2)]
+    assert simulate_feeding(model, 1.0, work, "groups", 2, 1.1, 0, group_size=2, episodes=pairs) == pytest.approx(4 / 1.2)
+
+
+def test_recorded_feeding_episodes_are_read_and_malformed_ones_name_the_entry() -> None:
+    """``[prompt, actions, observations]`` per episode becomes a RolloutShape; a feeding without them is None; an
+    episode whose observation counts do not match its turns is a ValueError naming the mode and index."""
+    em = {"groups": {"episodes": [[78, [15, 4], [23, 0]]]}, "lockstep": {"rollouts_per_s": 1.0}}
+    assert feeding_episodes(em, "groups") == [RolloutShape(78, (15, 4), (23, 0), 0.0)]
+    assert feeding_episodes(em, "lockstep") is None
+    em["continuous"] = {"episodes": [[78, [15, 4], [23, 0]], [78, [15, 4], [23]]]}
+    with pytest.raises(ValueError, match=r"engine_modes.continuous.episodes\[1\]"):
+        feeding_episodes(em, "continuous")
 
 
 def test_each_method_runs_at_the_speed_of_the_feeding_its_generator_produces() -> None:
