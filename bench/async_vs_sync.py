@@ -1122,8 +1122,8 @@ def engine_modes_only(args: argparse.Namespace, work: Path) -> int:
     write_result("async_vs_sync", result)
     if not args.no_docs:
         update_docs_section("async_vs_sync", render(result))
-    print(json.dumps({k: ({kk: vv for kk, vv in v.items() if kk != "batches"} if isinstance(v, dict) else v)
-                      for k, v in modes.items()}, indent=2))
+    print(json.dumps({k: ({kk: vv for kk, vv in v.items() if kk not in ("batches", "episodes")}
+                          if isinstance(v, dict) else v) for k, v in modes.items()}, indent=2))
     return 0
 
 

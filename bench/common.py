@@ -161,13 +161,44 @@ def settings_of(args: Any) -> dict[str, Any]:
 def write_result(name: str, data: dict[str, Any], results_dir: Path = RESULTS_DIR) -> Path:
     """Write ``data`` as indented JSON to ``<results_dir>/<name>.json``; return the path.
 
+    Objects are indented one key per line; a list holding no object is written compactly, on one
+    line when its items are scalars, else one line per item (one per timed batch or recorded
+    episode: ``json.dumps(indent=2)`` gave every number its own line and doubled the file).
+
     Raises:
         TypeError: ``data`` holds something JSON cannot encode.
     """
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.json"
-    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    path.write_text(readable_json(data) + "\n", encoding="utf-8")
     return path
+
+
+def readable_json(value: Any, indent: int = 0) -> str:
+    """``value`` as JSON laid out as ``write_result`` describes (``json.loads`` reads it back unchanged).
+
+    Raises:
+        TypeError: ``value`` holds something JSON cannot encode.
+    """
+    pad, inner = " " * indent, " " * (indent + 2)
+    if isinstance(value, dict) and value:
+        keys = [k if isinstance(k, str) else next(iter(json.loads(json.dumps({k: None})))) for k in value]
+        items = [f"{inner}{json.dumps(k)}: {readable_json(v, indent + 2)}" for k, v in zip(keys, value.values(),
+                                                                                          strict=True)]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(value, list | tuple) and value:
+        if not any(_holds_object(v) for v in value):
+            if not any(isinstance(v, list | tuple) for v in value):
+                return json.dumps(value)
+            return "[\n" + ",\n".join(inner + json.dumps(v) for v in value) + f"\n{pad}]"
+        return "[\n" + ",\n".join(inner + readable_json(v, indent + 2) for v in value) + f"\n{pad}]"
+    return json.dumps(value)
+
+
+def _holds_object(value: Any) -> bool:
+    if isinstance(value, dict):
+        return True
+    return isinstance(value, list | tuple) and any(_holds_object(v) for v in value)
 
 
 def read_result(name: str, results_dir: Path = RESULTS_DIR) -> dict[str, Any] | None:

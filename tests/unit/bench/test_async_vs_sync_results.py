@@ -220,6 +220,7 @@ def test_engine_modes_record_every_episode_and_each_batchs_sampled_tokens(tiny_m
     from types import SimpleNamespace
 
     from bench.async_vs_sync import measure_engine_modes
+
     from posttrain.envs.synthetic.longtail import SyntheticLongTailEnv
 
     env = SyntheticLongTailEnv(calls_median=2.0, calls_sigma=0.5, max_calls=4)

@@ -6,7 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-from bench.common import OtherCpu, busy_cpu_seconds, markdown_table, targets_rows, update_docs_section
+from bench.common import (
+    OtherCpu,
+    busy_cpu_seconds,
+    markdown_table,
+    targets_rows,
+    update_docs_section,
+    write_result,
+)
 
 
 def test_update_docs_section_replaces_only_its_own_block_and_appends_new_ones(tmp_path: Path) -> None:
@@ -92,3 +99,16 @@ def test_other_cpu_counts_a_busy_child_process() -> None:
         subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass"],
                        check=True)
     assert other.cores is not None and other.cores >= 0.25
+
+
+def test_results_read_back_unchanged_with_one_line_per_batch_or_episode(tmp_path: Path) -> None:
+    """Objects indented, a list of numbers on one line, a list of lists one item per line; json reads it back."""
+    data = {"setting": "x", "load": [1.0, 0.5], "batches": [[64, 384, 20, 0.5, 900], [8, 128, 20, 0.1, 160]],
+            "episodes": [[78, [15, 4], [23, 0]]], "runs": [{"seed": 0, "ok": True, "none": None}], "empty": [],
+            "nested": {}, "numbered": {1: "a"}}
+    text = write_result("r", data, tmp_path).read_text()
+    assert json.loads(text) == {**data, "numbered": {"1": "a"}}
+    lines = text.splitlines()
+    assert '  "load": [1.0, 0.5],' in lines
+    assert "    [64, 384, 20, 0.5, 900]," in lines and "    [78, [15, 4], [23, 0]]" in lines
+    assert '      "seed": 0,' in lines
