@@ -1170,6 +1170,9 @@ def validate_all(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
     Returns:
         ``rows`` (each with its ``setting``), ``max_abs_relative_error`` and ``worst`` over all of
         them, ``repeats``, and ``by_setting`` (each setting's ``validate`` result without rows).
+
+    Raises:
+        ValueError: a malformed part of a setting's result (the message starts with the setting).
     """
     results = [measured] + ([measured["compute_bound"]] if measured.get("compute_bound") else [])
     pooled = [b for result in results for b in engine_mode_batches(result)]
@@ -1179,7 +1182,10 @@ def validate_all(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
     by_setting = []
     for result in results:
         setting = result.get("setting", "compute_bound")
-        v = validate(result, repeats)
+        try:
+            v = validate(result, repeats)
+        except ValueError as exc:
+            raise ValueError(f"{setting}: {exc}") from exc
         rows.extend({"setting": setting, **r} for r in v["rows"])
         by_setting.append({"setting": setting, "measured_when": result.get("machine", {}).get("when"),
                            **{k: val for k, val in v.items() if k != "rows"}})
@@ -1395,13 +1401,18 @@ def feeding_episodes(em: dict[str, Any], mode: str) -> list[RolloutShape] | None
     observation_tokens]`` per episode; rewards are not recorded (0: the feeding has no learner).
 
     Raises:
-        ValueError: an episode without turns, or observation counts that do not match its turns.
+        ValueError: an entry that is not ``[prompt, actions, observations]``, an episode without
+            turns, or observation counts that do not match its turns (naming the entry).
     """
     recorded = (em.get(mode) or {}).get("episodes")
     if not recorded:
         return None
     out = []
-    for i, (prompt, actions, observations) in enumerate(recorded):
+    for i, entry in enumerate(recorded):
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise ValueError(f"engine_modes.{mode}.episodes[{i}]: expected [prompt_tokens, action_tokens, "
+                             f"observation_tokens], got {entry!r}")
+        prompt, actions, observations = entry
         if not actions or len(observations) != len(actions):
             raise ValueError(f"engine_modes.{mode}.episodes[{i}]: needs >= 1 turn and one observation count per turn, "
                              f"got {len(actions)} turns and {len(observations)} observations")
@@ -1876,7 +1887,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.monotonic()
     print("validating against the measured small runs", flush=True)
-    validation = validate_all(measured, args.repeats)
+    try:
+        validation = validate_all(measured, args.repeats)
+    except ValueError as exc:  # a malformed entry of the results: one line naming it, nothing written
+        print(f"bench.simulate: {args.measured or 'bench/results/async_vs_sync.json'}: {exc}", file=sys.stderr)
+        return 2
     for r in validation["rows"]:
         print(f"  {r['setting']:>13} {r['method']:>17} {r['quantity']:<28} measured {r['measured']:.3g} "
               f"simulated {r['predicted']:.3g} ({100 * r['relative_error']:+.0f}%)")

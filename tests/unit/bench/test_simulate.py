@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -574,3 +575,22 @@ def test_a_missing_or_malformed_measured_file_is_one_line_and_exit_2(tmp_path, c
     assert main(["--measured", str(bad), "--validate-only"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "bad.json" in err[0]
+
+
+def test_a_malformed_recorded_episode_is_one_line_naming_setting_and_entry_and_exit_2(tmp_path, capsys) -> None:  # noqa: ANN001
+    """A results file whose engine_modes episode has two fields, or more observations than turns: exit 2, one line
+    with the file, the setting and the entry, and nothing written."""
+    from bench.simulate import main
+
+    measured = sao_measured([1.0, 1.0])
+    measured["setting"] = "tool_latency"
+    measured["trace"] = [{"rollouts": [{"prompt_tokens": 5, "action_tokens": [3], "observation_tokens": [0],
+                                        "reward": 1.0}]}]
+    for bad, needle in (([78, [15, 4]], "expected [prompt_tokens"), ([78, [15, 4], [23, 0, 7]], "2 turns and 3")):
+        measured["engine_modes"] = {"feed_s": 1.0, "group_size": 2, "load_avg_start": 1.0, "load_avg_end": 1.0,
+                                    "groups": {"rollouts_per_s": 1.0, "episodes": [[78, [15, 4], [23, 0]], bad]}}
+        path = tmp_path / "m.json"
+        path.write_text(json.dumps(measured))
+        assert main(["--measured", str(path), "--validate-only"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "m.json: tool_latency: engine_modes.groups.episodes[1]" in err[0] and needle in err[0]
