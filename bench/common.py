@@ -182,9 +182,9 @@ def readable_json(value: Any, indent: int = 0) -> str:
     """
     pad, inner = " " * indent, " " * (indent + 2)
     if isinstance(value, dict) and value:
-        keys = [k if isinstance(k, str) else next(iter(json.loads(json.dumps({k: None})))) for k in value]
-        items = [f"{inner}{json.dumps(k)}: {readable_json(v, indent + 2)}" for k, v in zip(keys, value.values(),
-                                                                                          strict=True)]
+        # a non-string key is written as json.dumps writes it (4 -> "4", True -> "true")
+        items = [f"{inner}{json.dumps(k if isinstance(k, str) else json.dumps(k))}: {readable_json(v, indent + 2)}"
+                 for k, v in value.items()]
         return "{\n" + ",\n".join(items) + f"\n{pad}}}"
     if isinstance(value, list | tuple) and value:
         if not any(_holds_object(v) for v in value):

@@ -663,23 +663,17 @@ class Cluster:
 
         submit()
 
-    def _group(self, gen: int, on_done: Callable[[list[RolloutShape], int], None]) -> None:
+    def _group(self, gen: int, on_done: Callable[[list[RolloutShape], int], None],
+               shapes: list[RolloutShape] | None = None) -> None:
         """Start G episodes of one task on ``gen``; ``on_done(shapes, start_version)`` after the last.
 
-        The members are G distinct traced rollouts of the task when it has at least G (G fresh
-        samples of the policy; drawing with replacement repeated shapes, whose episodes then end
-        together and made groups finish early: asynchronous GRPO's rollouts/s +22%), else G draws
-        with replacement.
+        The members are ``shapes`` when given (a replay of measured episodes), else G distinct
+        traced rollouts of a drawn task when it has at least G (G fresh samples of the policy;
+        drawing with replacement repeated shapes, whose episodes then end together and made groups
+        finish early: asynchronous GRPO's rollouts/s +22%), else G draws with replacement.
         """
-        index = self.rng.randrange(len(self.workload.tasks))
-        task = self.workload.tasks[index]
-        g = self.cfg.group_size
-        shapes = (self.rng.sample(task, g) if g <= len(task)
-                  else [task[self.rng.randrange(len(task))] for _ in range(g)])
-        if self.workload.reward_beta and self.cfg.group_size > 1:
-            # Rewards from the task's success-rate posterior; lengths from the task's traced rollouts.
-            p = self.rng.betavariate(*self.workload.reward_beta[index])
-            shapes = [replace(sh, reward=1.0 if self.rng.random() < p else 0.0) for sh in shapes]
+        if shapes is None:
+            shapes = self._draw_group()
         version = self.version
         instance = next(self._instances)  # the G episodes share one task, hence its tool latencies
         left = {"n": len(shapes)}
@@ -692,6 +686,19 @@ class Cluster:
 
         for s in shapes:
             self._episode(gen, s, one_done, instance)
+
+    def _draw_group(self) -> list[RolloutShape]:
+        """G rollouts of a uniformly drawn task, rewards from its posterior (see ``_group``)."""
+        index = self.rng.randrange(len(self.workload.tasks))
+        task = self.workload.tasks[index]
+        g = self.cfg.group_size
+        shapes = (self.rng.sample(task, g) if g <= len(task)
+                  else [task[self.rng.randrange(len(task))] for _ in range(g)])
+        if self.workload.reward_beta and g > 1:
+            # Rewards from the task's success-rate posterior; lengths from the task's traced rollouts.
+            p = self.rng.betavariate(*self.workload.reward_beta[index])
+            shapes = [replace(sh, reward=1.0 if self.rng.random() < p else 0.0) for sh in shapes]
+        return shapes
 
     # asynchronous methods -------------------------------------------------------------------
     def _capacity(self) -> int:
@@ -1491,18 +1498,7 @@ def simulate_feeding(engine: EngineModel, scale: float, workload: Workload, mode
             state["running"] -= 1
             state["done"] += len(shapes)
             group_slot()
-        if not episodes:
-            cluster._group(0, finished)
-            return
-        members = [shape() for _ in range(group_size)]
-        left = {"n": group_size}
-
-        def one_done() -> None:
-            left["n"] -= 1
-            if left["n"] == 0:
-                finished(members, 0)
-        for member in members:
-            cluster._episode(0, member, one_done)
+        cluster._group(0, finished, [shape() for _ in range(group_size)] if episodes else None)
 
     if mode == "continuous":
         for _ in range(slots):
