@@ -17,6 +17,7 @@ import yaml
 
 from posttrain.config import RunConfig, load_config
 from posttrain.flow import run
+from posttrain.learner.ledger import LEDGER_NAME, read_ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -125,6 +126,10 @@ def test_grpo_sync_run_raises_the_reward_and_logs_throughput(tmp_path):
     assert late > early + 0.1
     for key in ("throughput/rollouts_per_s", "throughput/trained_action_tokens_per_s", "generator/busy_fraction_mean"):
         assert _metric(summary.run_dir, key), key
+    ledger = read_ledger(summary.run_dir / LEDGER_NAME)  # every iteration's batch, in order
+    assert [line["iteration"] for line in ledger] == list(range(1, config.grpo.steps + 1))
+    assert all(len(line["rollouts"]) == config.grpo.batch_rollouts and not line["dropped"] for line in ledger)
+    assert all(sum(r["action_tokens"]) > 0 for line in ledger for r in line["rollouts"])
     _check_outputs(config, "reward/mean")
 
 
@@ -138,4 +143,9 @@ def test_grpo_async_run_trains_on_whole_groups_with_dis(tmp_path):
     early, late = _quarters(_metric(summary.run_dir, "reward/mean"))
     assert late > early + 0.1
     assert _metric(summary.run_dir, "generator/busy_fraction_mean")
+    ledger = read_ledger(summary.run_dir / LEDGER_NAME)
+    for line in ledger:  # whole groups, each rollout's entry beside it; drops say why
+        assert len(line["rollouts"]) == len(line["entry_ids"]) == config.grpo.batch_rollouts
+        assert len({r["group_id"] for r in line["rollouts"]}) == config.grpo.prompts_per_step
+        assert all(d["reason"] in ("stale", "no group id") for d in line["dropped"])
     _check_outputs(config, "reward/mean")

@@ -438,7 +438,8 @@ def run_grpo_sync(
     Resumes from the newest checkpoint in ``<run>/checkpoints`` when there is one. Every
     ``grpo.checkpoint_every`` iterations (and at the end) writes a learner checkpoint; the final
     policy goes to ``<run>/final_model`` (HF safetensors, tokenizer, ``resolved_config.yaml``), and
-    also to ``final_model_uri`` when the config sets it.
+    also to ``final_model_uri`` when the config sets it. Every iteration appends its batch to
+    ``<run>/learner_ledger.jsonl`` (``posttrain.learner.ledger``).
 
     Args:
         config: Run config with ``technique: grpo`` and ``grpo.async`` false.
@@ -465,6 +466,7 @@ def run_grpo_sync(
         load_checkpoint_state,
         save_checkpoint,
     )
+    from posttrain.learner.ledger import LEDGER_NAME, append_ledger, ledger_line
     from posttrain.learner.model import load_policy, load_tokenizer
     from posttrain.learner.optim import build_optimizer
     from posttrain.learner.sao_loop import LearnerSummary
@@ -551,6 +553,7 @@ def run_grpo_sync(
                 store.prune(keep=2)
             else:
                 counters["skipped_batches"] += 1
+            append_ledger(ctx.run_dir / LEDGER_NAME, ledger_line(state.iteration, state.policy_version, rollouts))
             elapsed = max(time.monotonic() - t_start, 1e-9)
             snap = stats.snapshot()
             metrics = dict(result.metrics)

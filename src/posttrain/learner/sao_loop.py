@@ -13,6 +13,9 @@ screen:
    version key (which also refills generators' admission capacity);
 4. every ``checkpoint_every`` policy versions (and at the end): checkpoint, then XACK every entry
    the checkpoint covers.
+
+Every iteration appends a line to ``<run>/learner_ledger.jsonl`` (``posttrain.learner.ledger``):
+the entries and rollouts it trained on and the rollouts dropped while its batch was assembled.
 """
 
 from __future__ import annotations
@@ -40,10 +43,12 @@ from posttrain.learner.checkpoint import (
     save_checkpoint,
 )
 from posttrain.learner.grpo import GroupAssembler, collect_groups, grpo_train_step
+from posttrain.learner.ledger import LEDGER_NAME, append_ledger, ledger_line
 from posttrain.learner.model import CriticModel, load_policy, load_tokenizer
 from posttrain.learner.optim import build_optimizer
 from posttrain.learner.remote_checkpoint import fetch_checkpoint, mirror_checkpoint
 from posttrain.learner.sao_step import Trainable, sao_train_step
+from posttrain.records import Rollout
 from posttrain.rollout.admission import RedisAdmissionController, StalenessStats, is_stale
 from posttrain.rollout.queue import QueueEntry
 from posttrain.rollout.redis_streams import RedisPolicyVersionStore, RedisStreamQueue
@@ -186,11 +191,10 @@ def run_sao_learner(
         queue.ack(state.consumed_entry_ids)
         state.consumed_entry_ids = []
 
-    # The ledger records which stream entries each iteration trained on (an audit trail; after a
-    # restart, iterations past the last checkpoint appear again with their re-delivered entries).
-    ledger = ctx.run_dir / "learner_ledger.jsonl"
-    ledger.parent.mkdir(parents=True, exist_ok=True)
+    # The ledger records what each iteration trained on and dropped (posttrain.learner.ledger).
+    ledger = ctx.run_dir / LEDGER_NAME
     buffer: list[QueueEntry] = []
+    dropped_here: list[tuple[Rollout, str]] = []  # dropped since the last ledger line
     done_here = 0
     bar = tqdm(total=sao.steps, initial=state.policy_version, desc="sao", disable=not progress, leave=False)
     t_start = time.monotonic()
@@ -205,6 +209,8 @@ def run_sao_learner(
             if dropped:  # whole groups: stale, or members without a group id
                 staleness.record_dropped(len(dropped))
                 counters["stale_dropped"] += len(dropped)
+                dropped_here.extend((e.rollout, "stale" if e.rollout.group_id is not None else "no group id")
+                                    for e in dropped)
                 queue.ack([e.entry_id for e in dropped])
                 admission.refund(len(dropped))
             if ready is None:
@@ -221,6 +227,7 @@ def run_sao_learner(
                         # A deliberate drop: counted, acknowledged, and its admission slot given back.
                         staleness.record_dropped()
                         counters["stale_dropped"] += 1
+                        dropped_here.append((entry.rollout, "stale"))
                         queue.ack([entry.entry_id])
                         admission.refund(1)
                         continue
@@ -254,9 +261,9 @@ def run_sao_learner(
         state.iteration += 1
         done_here += 1
         state.consumed_entry_ids.extend(e.entry_id for e in entries)
-        with ledger.open("a", encoding="utf-8") as f:
-            f.write(json.dumps({"iteration": state.iteration, "policy_version": state.policy_version
-                                + int(result.policy_updated), "entry_ids": [e.entry_id for e in entries]}) + "\n")
+        append_ledger(ledger, ledger_line(state.iteration, state.policy_version + int(result.policy_updated),
+                                          [e.rollout for e in entries], [e.entry_id for e in entries], dropped_here))
+        dropped_here = []
         counters["rollouts_trained"] += len(entries)
         counters["action_tokens_trained"] = counters.get("action_tokens_trained", 0.0) + float(
             result.metrics.get("grpo/action_tokens_kept", batch.num_action_tokens)
