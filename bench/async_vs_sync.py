@@ -66,6 +66,16 @@ or a smoke run:
 ``--engine-modes-only`` re-measures only the engine's lockstep-versus-continuous feeding; ``--trace-only``
 re-collects only the trace (for ``bench.simulate``).
 
+Capacity sweep: ``--capacity-sweep TAU:SLOTS ...`` runs only SAO (``--repeats`` runs per point) at
+each staleness bound and number of episode slots, on the stored setting's other arguments, and
+stores it with that setting (``capacity_sweep``): how SAO's busy fraction depends on its admission
+capacity ``(tau + 1) x B`` when episodes wait seconds on tools. Include the setting's own point
+(``4:256``) to compare within the same hour.
+
+Episodes: every run stores the episodes it produced (``episodes``, read from its learner's ledger
+by ``run_episodes``: lengths per turn, reward, tool waits, in the order it started them), which
+``bench.simulate`` replays so that its check against the run differs from it in timing only.
+
 Repeats: on a shared CPU one run's busy fraction moved between 0.86 and 0.96. ``--repeats K`` runs
 each method (or each of ``--repeat-methods``) K times, with run seeds ``--seed`` ... ``--seed + K -
 1``; the headline numbers and the ratio are then means over the runs and the table shows each mean
@@ -297,6 +307,10 @@ class MethodRun:
     """UTC time (ISO 8601) the run ended."""
     engine_probe: list[dict[str, Any]] = field(default_factory=list)
     """``engine_probe`` just before and just after the run: the engine's speed in that hour."""
+    episodes: list[list[Any]] = field(default_factory=list)
+    """Every episode the run produced, in replay order (``run_episodes``)."""
+    episode_wait_mismatches: int = 0
+    """Episodes whose per-turn tool waits do not add up to what the environment reported (``run_episodes``)."""
 
 
 def make_sink(run: MethodRun, ctx: Any, t0: float, batch_rollouts: int, eval_every: int, total: int,
@@ -340,7 +354,7 @@ def run_method(config_dict: dict[str, Any], method: str, base: Any, sft: Path, s
         eval_every: Snapshot every this many policy versions (and the last).
 
     Returns:
-        The ``MethodRun`` (step records, snapshots, counters, wall time).
+        The ``MethodRun`` (step records, snapshots, counters, wall time, the episodes of its ledger).
     """
     from posttrain import flow
     from posttrain.learner.grpo import async_runtime_config, run_grpo_sync
@@ -372,6 +386,7 @@ def run_method(config_dict: dict[str, Any], method: str, base: Any, sft: Path, s
     run.when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     run.counters = dict(summary.counters)
     run.engine_probe.append(engine_probe(sft, config.generator.max_new_tokens))
+    run.episodes, run.episode_wait_mismatches = run_episodes(ctx, method)
     last = [s for s in run.steps if s.updated]
     if last and last[-1].policy_version not in run.snapshots:
         # Fewer versions than iterations (GRPO skips a batch of uniform groups): keep the last one too.
@@ -442,22 +457,75 @@ def time_to_target(run: MethodRun, rewards: dict[int, float], target: float) -> 
 def rollout_shape(rollout: Any) -> dict[str, Any]:
     """Lengths of one rollout: prompt tokens, action tokens per turn, observation tokens after each turn.
 
-    Action turns are the maximal runs of ``action_mask`` True; the prompt is everything before
-    the first; observation ``k`` is the run of False tokens after action turn ``k`` (0 after the last).
+    ``posttrain.learner.ledger.turn_lengths`` of its ``action_mask``, with its reward and finish reason.
     """
-    runs: list[tuple[bool, int]] = []
-    for m in rollout.action_mask:
-        if runs and runs[-1][0] == bool(m):
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((bool(m), 1))
-    prompt = runs[0][1] if runs and not runs[0][0] else 0
-    body = runs[1:] if prompt else runs
-    actions = [n for is_action, n in body if is_action]
-    observations = [n for is_action, n in body if not is_action]
-    observations += [0] * (len(actions) - len(observations))
-    return {"prompt_tokens": prompt, "action_tokens": actions, "observation_tokens": observations[: len(actions)],
+    from posttrain.learner.ledger import turn_lengths
+
+    prompt, actions, observations = turn_lengths(rollout.action_mask)
+    return {"prompt_tokens": prompt, "action_tokens": actions, "observation_tokens": observations,
             "reward": rollout.reward, "finish_reason": rollout.finish_reason}
+
+
+def run_episodes(ctx: Any, method: str) -> tuple[list[list[Any]], int]:
+    """Every episode a method's run produced, in the order the simulator replays them, from its ledger.
+
+    Read from ``<run>/learner_ledger.jsonl`` (``posttrain.learner.ledger``): the rollouts each
+    iteration trained on and those dropped on the way. Order: SAO, every rollout by its start
+    time; asynchronous GRPO, whole groups by their first member's start; synchronous GRPO, the
+    batches in iteration order, each group's members together. Episodes still running or
+    queued when the run ended are not in the ledger.
+
+    Each episode is ``[unit, prompt_tokens, action_tokens, observation_tokens, reward,
+    tool_waits_s]``: ``unit`` numbers the group (SAO: the episode) in replay order; the lengths are
+    tokens per turn; ``tool_waits_s`` is the environment's tool latency after each turn but the
+    last (``call_latency_s`` of the task, one call per turn for the first ``tool_calls`` turns;
+    seconds, to 10 ms).
+
+    Returns:
+        ``(episodes, mismatched)``: ``mismatched`` counts episodes whose waits do not add up to
+        the ``tool_wait_s`` the environment reported (a turn that made more or less than one call).
+
+    Raises:
+        FileNotFoundError: the run wrote no ledger.
+        ValueError: a malformed ledger line (file and line), or a rollout of a task the run's
+            task file does not have.
+    """
+    from posttrain.learner.ledger import LEDGER_NAME, read_ledger
+
+    lines = read_ledger(ctx.run_dir / LEDGER_NAME)
+    rollouts = [r for line in lines for r in line["rollouts"] + line.get("dropped", [])]
+    kind = method_kind_of(method)
+    if kind == "sao":
+        units = [[r] for r in sorted(rollouts, key=lambda r: r["started_at"])]
+    else:
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for r in rollouts:
+            groups.setdefault(str(r["group_id"]), []).append(r)
+        units = list(groups.values())  # ledger order: batch after batch, a group's members together
+        if kind == "grpo_async":
+            units.sort(key=lambda g: min(r["started_at"] for r in g))
+    env = ctx.environment()
+    tasks = {t.task_id: t for t in ctx.tasks("train")}
+    episodes, mismatched = [], 0
+    for unit, members in enumerate(units):
+        for r in sorted(members, key=lambda r: r["started_at"]):
+            task = tasks.get(r["task_id"])
+            if task is None:
+                raise ValueError(f"{ctx.run_dir / LEDGER_NAME}: rollout {r['rollout_id']} ran task {r['task_id']!r}, "
+                                 "which the run's train task file does not have")
+            calls = int(r["metrics"].get("tool_calls", 0))
+            turns = len(r["action_tokens"])
+            waits = [env.call_latency_s(task, k) if k < calls else 0.0 for k in range(max(0, turns - 1))]
+            if abs(sum(waits) - float(r["metrics"].get("tool_wait_s", 0.0))) > 1e-6:
+                mismatched += 1
+            episodes.append([unit, r["prompt_tokens"], r["action_tokens"], r["observation_tokens"], r["reward"],
+                             [round(w, 2) for w in waits]])
+    return episodes, mismatched
+
+
+def method_kind_of(method: str) -> str:
+    """``sao``, ``grpo_sync`` or ``grpo_async`` of a method name (``grpo_sync_g8`` -> ``grpo_sync``)."""
+    return "sao" if method.startswith("sao") else method.rpartition("_g")[0]
 
 
 def collect_trace(base: Any, sft: Path, tasks: int, samples: int, seed: int) -> tuple[list[dict[str, Any]], list[Any]]:
@@ -834,6 +902,8 @@ def summarise(run: MethodRun, rewards: dict[int, float], target: float) -> dict[
         "engine_probe": run.engine_probe,
         "when": run.when,
         "counters": run.counters,
+        "episode_wait_mismatches": run.episode_wait_mismatches,
+        "episodes": run.episodes,
     }
 
 
@@ -1017,6 +1087,7 @@ def render_one(result: dict[str, Any]) -> str:
         f"Throughput ratio SAO / synchronous GRPO (trained action tokens per second): {ratio_text} "
         f"against the faster synchronous variant ({by}).",
         *extra_lines(result),
+        *render_sweep(result),
     ])
 
 
@@ -1223,8 +1294,146 @@ def check_repeat_args(target: dict[str, Any], args: argparse.Namespace) -> None:
                          f"{target['setting']} result (it has {', '.join(target['methods'])})")
 
 
+# ------------------------------------------------------------------------------ capacity sweep
+SWEPT_KEYS = ("max_staleness", "episodes_in_flight")
+"""The arguments a ``--capacity-sweep`` point sets; every other ``REPEAT_KEYS`` argument is the stored setting's."""
+
+
+def capacity_point(text: str) -> tuple[int, int]:
+    """One ``--capacity-sweep`` point, ``TAU:SLOTS`` (staleness bound in policy versions : episodes in flight).
+
+    Raises:
+        ValueError: not two integers separated by ``:``, tau < 0 or slots < 1 (the message quotes it).
+    """
+    tau, sep, slots = text.partition(":")
+    if not sep or not tau.strip().isdigit() or not slots.strip().isdigit():
+        raise ValueError(f"--capacity-sweep: expected TAU:SLOTS (two integers, e.g. 6:384), got {text!r}")
+    if int(slots) < 1:
+        raise ValueError(f"--capacity-sweep: SLOTS must be >= 1 episodes, got {text!r}")
+    return int(tau), int(slots)
+
+
+def sweep_args(args: argparse.Namespace, tau: int, slots: int) -> argparse.Namespace:
+    """``args`` with ``--max-staleness tau --episodes-in-flight slots`` (one capacity-sweep point)."""
+    return argparse.Namespace(**{**vars(args), "max_staleness": tau, "episodes_in_flight": slots})
+
+
+def capacity_sweep_only(args: argparse.Namespace, work: Path) -> int:
+    """``--capacity-sweep TAU:SLOTS ...``: SAO's busy fraction against its admission capacity, stored with the setting.
+
+    Why: SAO's generators may start a rollout only while ``started < (v + tau + 1) * B``
+    (``posttrain.rollout.admission``), and a rollout waiting on the stream for the learner still
+    holds its ticket. With tool calls of seconds, keeping an engine generating needs enough
+    episodes in flight to cover them (Little's law: in flight = rollouts/s x episode seconds); when
+    the admission capacity ``(tau + 1) * B`` minus the learner's backlog is below that, slots wait
+    for tickets and the engine idles. Each point runs SAO ``--repeats`` times (run seeds ``--seed``
+    ...) with that ``tau`` (``--max-staleness``) and slots per engine (``--episodes-in-flight``), all
+    other arguments the stored setting's; the first run of each point is evaluated on the held-out
+    tasks. Every point runs in this one command, so they share the machine's hour (include the
+    setting's own point to compare with it side by side).
+
+    Stored under ``capacity_sweep`` of the setting's result: ``points`` (each ``max_staleness``,
+    ``episodes_in_flight``, ``admission_capacity`` = ``(tau + 1) * B`` rollouts, ``runs``: one
+    ``summarise`` dict per run with its ``seed``, and ``over_runs``), ``command``, ``machine``.
+
+    Raises:
+        FileNotFoundError: no results file, no result of the setting, or no warm start to rebuild from.
+        ValueError: a malformed point, or an argument other than ``tau`` and slots that differs from
+            the stored setting's (the message names it).
+    """
+    from bench.common import read_result
+
+    points = [capacity_point(p) for p in args.capacity_sweep]
+    stored_file = read_result("async_vs_sync")
+    if stored_file is not None:  # checked before the warm start; without a file the next call says what to run
+        check_sweep_args(setting_result(stored_file, setting_label(args)), args)
+    result, base, sft = stored_result_and_warm_start(args, work, setting_label(args))
+    target = setting_result(result, setting_label(args))
+    runs: dict[tuple[int, int], list[MethodRun]] = {}
+    for tau, slots in points:
+        pargs = sweep_args(args, tau, slots)
+        for index in range(args.repeats):
+            cfg = method_config(pargs, work, "sao")
+            cfg["seed"] = args.seed + index
+            cfg["run_name"] = f"sao_tau{tau}_slots{slots}_r{index}"
+            snap = work / "snapshots" / cfg["run_name"]
+            run = run_method(cfg, f"sao tau={tau} slots={slots}", base, sft, snap, eval_every=args.steps)
+            if index > 0:  # repeats measure speed; only the first run of a point is evaluated
+                shutil.rmtree(snap, ignore_errors=True)
+            runs.setdefault((tau, slots), []).append(run)
+    print("evaluating the first run of each point", flush=True)
+    _, rewards = evaluate_snapshots(base, sft, [r[0] for r in runs.values()])
+    out_points = []
+    for (tau, slots), point_runs in runs.items():
+        summaries = [{**summarise(run, rewards[run.method] if i == 0 else {}, float(target["target"])),
+                      "seed": args.seed + i} for i, run in enumerate(point_runs)]
+        out_points.append({"max_staleness": tau, "episodes_in_flight": slots,
+                           "admission_capacity": (tau + 1) * int(args.batch_rollouts), "runs": summaries,
+                           "over_runs": over_runs({**summaries[0], "repeat_runs": summaries[1:]}, args.seed)})
+    target["capacity_sweep"] = {"command": command_line("bench.async_vs_sync", None), "machine": machine_info(),
+                                "repeats": args.repeats, "points": out_points}
+    write_result("async_vs_sync", result)
+    if not args.no_docs:
+        update_docs_section("async_vs_sync", render(result))
+    for p in out_points:
+        print(f"tau={p['max_staleness']} slots={p['episodes_in_flight']}:",
+              json.dumps({q: round(v["mean"], 3) for q, v in p["over_runs"].items() if isinstance(v, dict)}))
+    return 0
+
+
+def check_sweep_args(target: dict[str, Any], args: argparse.Namespace) -> None:
+    """Refuse capacity-sweep arguments that differ from the stored setting's other than tau and the slots.
+
+    Raises:
+        ValueError: the first differing ``REPEAT_KEYS`` argument outside ``SWEPT_KEYS`` (named).
+    """
+    stored, given = target["settings"], settings_of(args)
+    for key in REPEAT_KEYS:
+        if key not in SWEPT_KEYS and key in stored and stored[key] != given[key]:
+            raise ValueError(f"--{key.replace('_', '-')}: the stored {target['setting']} result used "
+                             f"{stored[key]!r}, got {given[key]!r}; a capacity sweep changes only tau and the slots")
+
+
+def render_sweep(result: dict[str, Any]) -> list[str]:
+    """Docs lines of a setting's ``capacity_sweep``: one table row per point (empty without a sweep)."""
+    sweep = result.get("capacity_sweep")
+    if not sweep:
+        return []
+    rows = []
+    for p in sweep["points"]:
+        first = p["runs"][0]
+        shown = {"over_runs": p["over_runs"]} if len(p["runs"]) > 1 else first  # one run: its value, no range
+        stale = [float(r["stale_dropped"] or 0.0) for r in p["runs"]]
+        trained = [float((r.get("counters") or {}).get("rollouts_trained") or 0.0) for r in p["runs"]]
+        rows.append([str(p["max_staleness"]), str(p["episodes_in_flight"]), str(p["admission_capacity"]),
+                     cell(shown, "busy_fraction", 2), cell(shown, "rollouts_per_s", 2),
+                     cell(shown, "trained_action_tokens_per_s", 1),
+                     f"{statistics.fmean(s / max(s + t, 1.0) for s, t in zip(stale, trained, strict=True)):.2f}",
+                     f"{statistics.fmean(float(r['counters'].get('generator_max_in_flight') or 0.0) for r in p['runs']):.0f}",
+                     " / ".join(f"{v:.2f}" for v in first["heldout_reward"].values()) or "-"])
+    runs = f"{sweep['repeats']} runs" if sweep["repeats"] > 1 else "1 run"
+    return [
+        "",
+        f"**SAO against its admission capacity** ({runs} per point, all in one command, so the points share the "
+        "machine's hour; the setting's own point is among them): a generator may start a rollout only while "
+        "started < (v + tau + 1) x B, and rollouts waiting for the learner hold their tickets, so tau and the "
+        "episode slots bound how many episodes can wait on tools at once.",
+        "",
+        machine_line(sweep["machine"]),
+        "",
+        f"Command: `{sweep['command']}`",
+        "",
+        markdown_table(["tau", "slots per engine", "admission capacity (rollouts)", "busy fraction", "rollouts/s",
+                        "trained action tokens/s", "stale-dropped share", "max in flight",
+                        "held-out reward (first run)"], rows),
+    ]
+
+
 def with_carried_methods(new: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
     """``new`` plus the methods the stored result of its setting has and ``new`` did not run, when the settings match.
+
+    A stored ``capacity_sweep`` is kept too when every argument but tau and the slots matches
+    (``SWEPT_KEYS``): the sweep is measured in its own command and says when and where.
 
     Re-running some methods (``--methods sao`` after a fix to SAO's path) keeps the other methods'
     runs of the same setting (every ``REPEAT_KEYS`` argument equal), so the table still compares
@@ -1238,6 +1447,9 @@ def with_carried_methods(new: dict[str, Any], previous: dict[str, Any] | None) -
     except FileNotFoundError:
         return new
     stored, given = old.get("settings") or {}, new.get("settings") or {}
+    if old.get("capacity_sweep") and "capacity_sweep" not in new and not any(
+            stored.get(k) != given.get(k) for k in REPEAT_KEYS if k not in SWEPT_KEYS and (k in stored or k in given)):
+        new = {**new, "capacity_sweep": old["capacity_sweep"]}  # it names its own machine, hour and command
     if any(stored.get(k) != given.get(k) for k in REPEAT_KEYS if k in stored or k in given):
         return new
     carried = {k: v for k, v in old.get("methods", {}).items() if k not in new.get("methods", {})}
@@ -1337,6 +1549,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="methods --repeats applies to (default: every method of --methods)")
     p.add_argument("--repeats-only", action="store_true",
                    help="only add runs (up to --repeats per method) to the stored result of this setting")
+    p.add_argument("--capacity-sweep", nargs="+", default=None, metavar="TAU:SLOTS",
+                   help="only run SAO at each staleness bound TAU and episodes in flight SLOTS (--repeats runs "
+                        "each) on the stored setting's other arguments, and store it with that setting")
     p.add_argument("--torch-threads", type=int, default=1,
                    help="torch threads of this process (learner and in-process engines); generator processes use 1")
     args = p.parse_args(argv)
@@ -1352,8 +1567,14 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.torch_threads)
     work = args.work_dir.resolve()
-    if args.engine_modes_only or args.trace_only or args.repeats_only:
-        only = engine_modes_only if args.engine_modes_only else trace_only if args.trace_only else repeats_only
+    if args.capacity_sweep:
+        try:
+            [capacity_point(x) for x in args.capacity_sweep]
+        except ValueError as exc:
+            p.error(str(exc))
+    if args.engine_modes_only or args.trace_only or args.repeats_only or args.capacity_sweep:
+        only = (engine_modes_only if args.engine_modes_only else trace_only if args.trace_only
+                else repeats_only if args.repeats_only else capacity_sweep_only)
         try:
             return only(args, work)
         except (FileNotFoundError, ValueError) as exc:

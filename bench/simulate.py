@@ -9,6 +9,9 @@ What it models (every time in seconds, every length in tokens):
   members are distinct traced rollouts of its task while the task has G of them (a subset of
   independent samples is independent; repeats would finish in lockstep), and its rewards are
   drawn from the task's success-rate posterior (``Workload``), not from its few traced rewards.
+  When checking itself against a measured run that recorded its episodes, the simulator first
+  replays those (``Workload.replay``, ``run_replay``: the run's own groups, lengths, rewards and
+  tool waits, in the order it started them) and draws from the trace only after them.
 * **Tools**: after every turn but the last, ``env_step_s`` plus the ``synthetic_longtail``
   environment's tool latency (log-normal, capped; drawn per task instance: the same draws for
   the G episodes of a group, independent ones for every other group or SAO episode).
@@ -94,12 +97,15 @@ class RolloutShape:
         action_tokens: Tokens decoded in each turn, in order (>= 1 turn).
         observation_tokens: Tokens appended after each turn (tool output and delimiters; 0 after the last).
         reward: The episode's reward (decides whether a GRPO group is uniform).
+        tool_waits_s: Seconds of tool latency after each turn but the last, when the episode was
+            recorded with them (a run's replayed episode); empty: the cluster draws them.
     """
 
     prompt_tokens: int
     action_tokens: tuple[int, ...]
     observation_tokens: tuple[int, ...]
     reward: float
+    tool_waits_s: tuple[float, ...] = ()
 
     @property
     def total_tokens(self) -> int:
@@ -121,6 +127,10 @@ class Workload:
 
     tasks: tuple[tuple[RolloutShape, ...], ...]
     reward_beta: tuple[tuple[float, float], ...] = ()
+    replay: tuple[tuple[RolloutShape, ...], ...] = ()
+    """A measured run's episodes, one tuple per group (SAO: per episode), in the order the run
+    started them (``run_replay``): the cluster's first units are these, in order, and it draws from
+    ``tasks`` only when they run out (episodes still running when the run ended)."""
 
     @classmethod
     def from_trace(cls, trace: Sequence[dict[str, Any]], token_scale: float = 1.0) -> Workload:
@@ -621,6 +631,7 @@ class Cluster:
         self.finished_rollouts = 0
         self._sync_left = 0
         self._instances = itertools.count()  # task instances drawn so far (tool-latency seeds)
+        self._replayed = 0  # units of workload.replay started so far
 
     def _engine_scale(self) -> float:
         return self.cfg.engine_scale_learner_busy if self.learner_busy else self.cfg.engine_scale_idle
@@ -655,7 +666,8 @@ class Cluster:
             if state["turn"] >= len(shape.action_tokens):
                 on_done()
                 return
-            wait = self.cfg.env_step_s + self._tool_latency(instance, turn)
+            wait = self.cfg.env_step_s + (shape.tool_waits_s[turn] if shape.tool_waits_s
+                                          else self._tool_latency(instance, turn))
             if wait > 0:
                 self.loop.at(self.loop.now + wait, submit)
             else:
@@ -688,7 +700,13 @@ class Cluster:
             self._episode(gen, s, one_done, instance)
 
     def _draw_group(self) -> list[RolloutShape]:
-        """G rollouts of a uniformly drawn task, rewards from its posterior (see ``_group``)."""
+        """The workload's next replayed unit, else G rollouts of a uniformly drawn task, rewards from its posterior.
+
+        See ``_group`` and ``Workload.replay``.
+        """
+        if self._replayed < len(self.workload.replay):
+            self._replayed += 1
+            return list(self.workload.replay[self._replayed - 1])
         index = self.rng.randrange(len(self.workload.tasks))
         task = self.workload.tasks[index]
         g = self.cfg.group_size
@@ -1212,7 +1230,10 @@ def validate(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
     for all feedings is from each is reported in ``calibration`` rows (``validate_engine_modes``),
     left out of the worst error. A run that probed the engine's speed beside it
     (``engine_probe``) is simulated with that speed times its ``engine_probe_ratio``; the rows give
-    the mean ratio over the method's runs.
+    the mean ratio over the method's runs. The SAO runs of the setting's ``capacity_sweep`` (other
+    tau and episodes in flight, ``async_vs_sync --capacity-sweep``) are checked the same way, each
+    point with its own tau and slots, in rows named ``sao tau=<tau> slots=<slots>`` (marked
+    ``capacity_sweep``) that count towards the worst error.
 
     Returns:
         ``rows`` (per method and quantity, with ``speed_from`` and ``engine_probe_ratio``), ``max_abs_relative_error``,
@@ -1227,34 +1248,74 @@ def validate(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
     for method, m in measured["methods"].items():
         if m.get("learner_step_s_mean") is None:
             continue
-        feeding = FEEDING_OF[method_kind(method)]
-        method_factor, factor_from = ((speeds[feeding], f"engine_modes {feeding}") if feeding in speeds
-                                      else (factor, "engine_modes"))
         runs = [m] + [r for r in m.get("repeat_runs") or [] if r.get("learner_step_s_mean") is not None]
-        per_run = []  # (simulations, speed_from) of each measured run, each with its own learner time and load
-        probe_ratios = []
-        for run in runs:
-            base, speed_from = run_twin(measured, method, run, method_factor, workload, repeats, factor_from)
-            probe_ratios.append(engine_probe_ratio(measured, run))
-            per_run.append(([simulate(replace(base, seed=base.seed + k), workload) for k in range(repeats)], speed_from))
-        sims = [r for run_sims, _ in per_run for r in run_sims]
-        speed_from = per_run[0][1] + (f" (mean of {len(runs)} runs)" if len(runs) > 1 else "")
-        known = [r for r in probe_ratios if r is not None]
-        for quantity in ("busy_fraction", "trained_action_tokens_per_s", "rollouts_per_s"):
-            attr = "in_engine_fraction" if quantity == "busy_fraction" and clock == "in_engine" else quantity
-            pred = statistics.fmean(getattr(r, attr) for r in sims)
-            meas = statistics.fmean(float(r[quantity]) for r in runs)
-            rows.append({"method": method, "quantity": quantity, "measured": meas, "predicted": pred,
-                         "relative_error": (pred - meas) / meas if meas else math.inf, "speed_from": speed_from,
-                         "runs": len(runs), "measured_relative_se": measured_relative_se_over(runs, quantity),
-                         "engine_probe_ratio": statistics.fmean(known) if known else None,
-                         "predicted_generating_fraction": statistics.fmean(r.busy_fraction for r in sims),
-                         "predicted_in_engine_fraction": statistics.fmean(r.in_engine_fraction for r in sims)})
+        rows.extend(method_rows(measured, method, runs, workload, repeats, factor, speeds, f"methods.{method}"))
+    for point in (measured.get("capacity_sweep") or {}).get("points", []):
+        runs = [r for r in point["runs"] if r.get("learner_step_s_mean") is not None]
+        if not runs:
+            continue
+        swept = {**measured, "settings": {**measured["settings"], "max_staleness": point["max_staleness"],
+                                          "episodes_in_flight": point["episodes_in_flight"]}}
+        label = f"sao tau={point['max_staleness']} slots={point['episodes_in_flight']}"
+        rows.extend({**r, "method": label, "capacity_sweep": True}
+                    for r in method_rows(swept, "sao", runs, workload, repeats, factor, speeds, f"capacity_sweep {label}"))
     rows.extend(validate_engine_modes(measured, workload, repeats, factor))
     worst_row = max((r for r in rows if not r.get("calibration")), key=lambda r: abs(r["relative_error"]), default=None)
     return {"rows": rows, "max_abs_relative_error": abs(worst_row["relative_error"]) if worst_row else None,
             "worst": worst_row, "repeats": repeats, "busy_clock": clock, "worker": measured_worker(measured),
             "engine_factor": factor, "feeding_factors": speeds}
+
+
+def method_rows(measured: dict[str, Any], method: str, runs: Sequence[dict[str, Any]], workload: Workload,
+                repeats: int, factor: float | None, speeds: dict[str, float], where: str) -> list[dict[str, Any]]:
+    """The three validation rows (busy fraction, trained action tokens/s, rollouts/s) of one method's runs.
+
+    Each run is simulated ``repeats`` times (seeds ``seed`` ...) with its own learner step time, load
+    and engine probe (``run_twin``), its engine at the speed fitted on the feeding its generator
+    produces (``speeds``, ``FEEDING_OF``; ``factor`` when that feeding was not measured); a row
+    compares the mean over all runs' simulations with the mean of the measured runs.
+    ``measured["settings"]`` gives tau and the slots (a capacity-sweep point passes its own). A run
+    that recorded its episodes replays them (``run_replay``: the same groups, lengths, rewards and
+    tool waits, in the order the run started them; ``where`` names the runs in errors), so the
+    simulation differs from the run in timing only; ``replayed_episodes`` counts them.
+
+    Returns:
+        Three row dicts (``validate`` documents the keys).
+
+    Raises:
+        ValueError: a malformed recorded episode (``run_replay``).
+    """
+    clock = busy_clock(measured)
+    feeding = FEEDING_OF[method_kind(method)]
+    method_factor, factor_from = ((speeds[feeding], f"engine_modes {feeding}") if feeding in speeds
+                                  else (factor, "engine_modes"))
+    per_run = []  # (simulations, speed_from) of each measured run, each with its own learner time and load
+    probe_ratios = []
+    replayed = 0
+    for i, run in enumerate(runs):
+        replay = run_replay(run, f"{where}[{i}]")
+        replayed += sum(len(u) for u in replay)
+        run_workload = replace(workload, replay=replay)
+        base, speed_from = run_twin(measured, method, run, method_factor, run_workload, repeats, factor_from)
+        probe_ratios.append(engine_probe_ratio(measured, run))
+        per_run.append(([simulate(replace(base, seed=base.seed + k), run_workload) for k in range(repeats)],
+                        speed_from))
+    sims = [r for run_sims, _ in per_run for r in run_sims]
+    speed_from = per_run[0][1] + (f" (mean of {len(runs)} runs)" if len(runs) > 1 else "")
+    known = [r for r in probe_ratios if r is not None]
+    rows = []
+    for quantity in ("busy_fraction", "trained_action_tokens_per_s", "rollouts_per_s"):
+        attr = "in_engine_fraction" if quantity == "busy_fraction" and clock == "in_engine" else quantity
+        pred = statistics.fmean(getattr(r, attr) for r in sims)
+        meas = statistics.fmean(float(r[quantity]) for r in runs)
+        rows.append({"method": method, "quantity": quantity, "measured": meas, "predicted": pred,
+                     "relative_error": (pred - meas) / meas if meas else math.inf, "speed_from": speed_from,
+                     "runs": len(runs), "measured_relative_se": measured_relative_se_over(runs, quantity),
+                     "engine_probe_ratio": statistics.fmean(known) if known else None,
+                     "replayed_episodes": replayed,
+                     "predicted_generating_fraction": statistics.fmean(r.busy_fraction for r in sims),
+                     "predicted_in_engine_fraction": statistics.fmean(r.in_engine_fraction for r in sims)})
+    return rows
 
 
 POOLED_BATCHES_KEY = "engine_batches_all_settings"
@@ -1425,6 +1486,35 @@ def feeding_episodes(em: dict[str, Any], mode: str) -> list[RolloutShape] | None
                              f"got {len(actions)} turns and {len(observations)} observations")
         out.append(RolloutShape(int(prompt), tuple(int(a) for a in actions), tuple(int(o) for o in observations), 0.0))
     return out
+
+
+def run_replay(run: dict[str, Any], where: str) -> tuple[tuple[RolloutShape, ...], ...]:
+    """The units a measured run started, in order, from its ``episodes`` (``async_vs_sync.run_episodes``); () without.
+
+    Each episode is ``[unit, prompt_tokens, action_tokens, observation_tokens, reward,
+    tool_waits_s]``; consecutive episodes with the same ``unit`` form one group.
+
+    Raises:
+        ValueError: a malformed entry (``where``, the entry's index and what is wrong).
+    """
+    units: list[list[RolloutShape]] = []
+    last = None
+    for i, entry in enumerate(run.get("episodes") or []):
+        if not isinstance(entry, list) or len(entry) != 6:
+            raise ValueError(f"{where}.episodes[{i}]: expected [unit, prompt_tokens, action_tokens, "
+                             f"observation_tokens, reward, tool_waits_s], got {entry!r}")
+        unit, prompt, actions, observations, reward, waits = entry
+        if not actions or len(observations) != len(actions) or len(waits) != len(actions) - 1:
+            raise ValueError(f"{where}.episodes[{i}]: needs >= 1 turn, one observation count per turn and one tool "
+                             f"wait per turn but the last, got {len(actions)} turns, {len(observations)} "
+                             f"observations and {len(waits)} waits")
+        shape = RolloutShape(int(prompt), tuple(int(a) for a in actions), tuple(int(o) for o in observations),
+                             float(reward), tuple(float(w) for w in waits))
+        if unit != last:
+            units.append([])
+            last = unit
+        units[-1].append(shape)
+    return tuple(tuple(u) for u in units)
 
 
 def simulate_feeding(engine: EngineModel, scale: float, workload: Workload, mode: str, slots: int, feed_s: float,
@@ -1750,7 +1840,8 @@ def render(result: dict[str, Any]) -> str:
         return "" if x is None else f"x{x:.2f}"
 
     vrows = [[r["setting"], r["method"], r["quantity"], f"{r['measured']:.3g}", se(r), f"{r['predicted']:.3g}",
-              f"{100 * r['relative_error']:+.0f}%", probe(r), r.get("speed_from", "")] for r in v["rows"]]
+              f"{100 * r['relative_error']:+.0f}%", probe(r), str(r.get("replayed_episodes") or ""),
+              r.get("speed_from", "")] for r in v["rows"]]
     a = result["assumptions"]
     prow = [[r["generators"], r["learner_gpus"], r["batch_rollouts"], f"{r['sao']['busy_fraction']:.2f}",
              f"{r['grpo_sync']['busy_fraction']:.2f}", f"{r['sao']['slot_occupancy']:.2f}",
@@ -1799,14 +1890,18 @@ def render(result: dict[str, Any]) -> str:
         "and around `engine_modes` (`async_vs_sync.engine_probe`, scaled to a whole core by what other "
         "processes used meanwhile); the run's engine is simulated at the `engine_modes` speed times the ratio "
         "of the two (mean over the runs shown; blank: a run from before the probe, kept at the `engine_modes` "
-        "speed). "
+        "speed). Rows `sao tau=<tau> slots=<slots>` are SAO runs at another staleness bound and number of "
+        "episodes in flight (`async_vs_sync --capacity-sweep`), simulated with those. *Replayed episodes*: a run "
+        "that recorded the episodes it produced (its learner's ledger: each rollout's lengths per turn, reward and "
+        "tool waits) is simulated on those, in the order it started them, so the simulation differs from the run "
+        "in timing only; blank: the run predates the recording, and the simulator draws episodes from the trace. "
         f"Worst relative error: **{100 * worst:.0f}%** ({w.get('setting')}, {w.get('method')}, {w.get('quantity')}; "
         f"target: within 15%, {'met' if worst <= 0.15 else 'not met'}).",
         "",
         *settings,
         "",
         markdown_table(["setting", "method", "quantity", "measured", "measured SE", "simulated", "error",
-                        "engine probe", "speed from"], vrows, align="lllrrrrrl"),
+                        "engine probe", "replayed episodes", "speed from"], vrows, align="lllrrrrrrl"),
         "",
         f"**Projection** to a GPU cluster (assumed, not measured: continuous batching, decode step "
         f"{e['step_s'] * 1e3:.0f} ms + {e['step_s_per_row'] * 1e3:.2f} ms per row, up to {e['max_batch']} rows, "

@@ -237,3 +237,131 @@ def test_engine_modes_record_every_episode_and_each_batchs_sampled_tokens(tiny_m
         assert sum(b[5] for b in batches) == sum(sum(actions) for _, actions, _ in episodes)
     pairs = out["groups"]["episodes"]
     assert all(pairs[i][0] == pairs[i + 1][0] for i in range(0, len(pairs), 2))
+
+
+@pytest.mark.parametrize(("point", "message"), [
+    ("6", "expected TAU:SLOTS (two integers, e.g. 6:384), got '6'"),
+    ("six:384", "expected TAU:SLOTS"),
+    ("4:x", "expected TAU:SLOTS"),
+    ("6:0", "SLOTS must be >= 1 episodes, got '6:0'"),
+])
+def test_a_malformed_capacity_point_fails_at_parsing(tmp_path, capsys, point, message):
+    """--capacity-sweep points are checked before the stored result or the warm start is read: exit 2, nothing made."""
+    from bench.async_vs_sync import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--capacity-sweep", "4:256", point, "--no-docs", "--work-dir", str(tmp_path / "w")])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_capacity_sweep_changes_only_tau_and_the_slots(tmp_path, capsys, monkeypatch):
+    """Against a stored tool-latency setting (12 steps, tau 4, 256 slots): another tau and slot count are the
+    sweep's own; another --steps is refused in one line before any work."""
+    import argparse
+
+    import bench.common
+    from bench.async_vs_sync import check_sweep_args, main, sweep_args
+    from bench.common import settings_of
+
+    stored_args = argparse.Namespace(steps=12, seed=0, tool_latency_median_s=3.0, max_staleness=4, episodes_in_flight=256)
+    stored = {"setting": "tool_latency", "settings": settings_of(stored_args), "methods": {}}
+    check_sweep_args(stored, sweep_args(stored_args, 6, 384))  # no error: only the swept keys differ
+    assert (sweep_args(stored_args, 6, 384).max_staleness, sweep_args(stored_args, 6, 384).episodes_in_flight) == (6, 384)
+    monkeypatch.setattr(bench.common, "read_result", lambda name: stored)
+    work = tmp_path / "w"
+    code = main(["--capacity-sweep", "6:384", "--steps", "20", "--no-docs", "--work-dir", str(work)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "--steps: the stored tool_latency result used 12, got 20; a capacity sweep changes only tau" in err[0]
+    assert not work.exists()
+
+
+def test_the_capacity_sweep_table_has_one_row_per_point_with_the_runs_range() -> None:
+    """Two points: tau 4 / 256 slots run twice (busy 0.80 and 0.86, 150 and 50 stale of 850 and 950 trained) and
+    tau 6 / 384 once: capacity (tau + 1) x B, busy mean and range, stale share per run averaged."""
+    from bench.async_vs_sync import over_runs, render_sweep
+
+    def run(busy: float, stale: float, trained: float, seed: int, rewards: dict) -> dict:
+        return {**summary(busy, 400.0, 9.0, 3.0, seed=seed), "stale_dropped": stale, "heldout_reward": rewards,
+                "counters": {"rollouts_trained": trained, "generator_max_in_flight": 256.0}}
+
+    def point(tau: int, slots: int, runs: list) -> dict:
+        return {"max_staleness": tau, "episodes_in_flight": slots, "admission_capacity": (tau + 1) * 64, "runs": runs,
+                "over_runs": over_runs({**runs[0], "repeat_runs": runs[1:]}, 0)}
+
+    sweep = {"command": ".venv/bin/python -m bench.async_vs_sync --capacity-sweep 4:256 6:384", "repeats": 2,
+             "machine": {"cpu_count": 2, "when": "2026-12-01T10:00:00Z"},
+             "points": [point(4, 256, [run(0.80, 150, 850, 0, {"12": 0.14}), run(0.86, 50, 950, 1, {})]),
+                        point(6, 384, [run(0.97, 120, 900, 0, {"12": 0.16})])]}
+    assert render_sweep({"methods": {}}) == []
+    lines = "\n".join(render_sweep({"capacity_sweep": sweep})).splitlines()
+    rows = [line for line in lines if line.startswith("| 4 ") or line.startswith("| 6 ")]
+    assert len(rows) == 2
+    assert [c.strip() for c in rows[0].strip("|").split("|")][:4] == ["4", "256", "320", "0.83 (0.80-0.86)"]
+    assert "| 0.10 |" in rows[0]  # (150 / 1000 + 50 / 1000) / 2 stale share
+    assert [c.strip() for c in rows[1].strip("|").split("|")][:4] == ["6", "384", "448", "0.97"]
+    assert rows[1].rstrip(" |").endswith("0.16")
+
+
+def test_a_runs_episodes_come_from_its_ledger_in_replay_order_with_the_tasks_tool_waits(tmp_path):
+    """A ledger of two iterations (the second with a stale drop) on real synthetic_longtail tasks with 3 s median
+    tool latency: SAO replays every rollout by start time, drops included; asynchronous GRPO whole groups by their
+    first start; synchronous GRPO in ledger order. A turn's wait is the task's call latency; an episode whose
+    reported tool_wait_s differs (two calls in one turn) is counted."""
+    import types
+
+    from bench.async_vs_sync import run_episodes
+    from posttrain.envs.synthetic.longtail import SyntheticLongTailEnv
+    from posttrain.learner.ledger import append_ledger, ledger_line
+    from posttrain.records import Rollout
+
+    env = SyntheticLongTailEnv(tool_latency_median_s=3.0, tool_latency_sigma=1.0, tool_latency_max_s=30.0)
+    tasks = env.tasks("train", 3, seed=0)
+    mask = [False, True, True, False, True]  # prompt 1, two turns (2 and 1 tokens), observation 1
+
+    def rollout(name: str, task: int, start: float, group: str, calls: int = 1, wait: float | None = None) -> Rollout:
+        reported = env.call_latency_s(tasks[task], 0) if wait is None else wait
+        return Rollout(rollout_id=name, task_id=tasks[task].task_id, env_name="synthetic_longtail",
+                       token_ids=[1] * 5, behaviour_logprobs=[0.0] * 5, action_mask=mask, reward=1.0,
+                       policy_version=0, turn_policy_versions=[0, 0], num_turns=2, group_id=group,
+                       started_at=start, finished_at=start + 9, metrics={"tool_calls": calls, "tool_wait_s": reported})
+
+    run_dir = tmp_path / "run"
+    ledger = run_dir / "learner_ledger.jsonl"
+    append_ledger(ledger, ledger_line(1, 1, [rollout("b1", 1, 5.0, "B"), rollout("b2", 1, 6.0, "B")]))
+    append_ledger(ledger, ledger_line(2, 2, [rollout("a1", 0, 3.0, "A"), rollout("a2", 0, 1.0, "A", calls=2, wait=9.0)],
+                                      dropped=[(rollout("c1", 2, 2.0, "C"), "stale")]))
+    ctx = types.SimpleNamespace(run_dir=run_dir, environment=lambda: env, tasks=lambda split: tasks)
+
+    sao, mismatched = run_episodes(ctx, "sao")
+    assert [e[0] for e in sao] == [0, 1, 2, 3, 4] and mismatched == 1
+    assert sao[0][1:] == [1, [2, 1], [1, 0], 1.0, [round(env.call_latency_s(tasks[0], 0), 2)]]  # a2, started at 1 s
+    assert [e[5] for e in sao[1:3]] == [[round(env.call_latency_s(tasks[2], 0), 2)],  # c1 (dropped), at 2 s
+                                        [round(env.call_latency_s(tasks[0], 0), 2)]]  # a1, at 3 s
+    grouped, _ = run_episodes(ctx, "grpo_async_g2")
+    assert [(e[0], e[5]) for e in grouped][:2] == [(0, sao[0][5]), (0, sao[2][5])]  # group A first: a2 started at 1 s
+    assert {e[0] for e in grouped} == {0, 1, 2}
+    synced, _ = run_episodes(ctx, "grpo_sync_g2")
+    assert [e[5] for e in synced][:2] == [[round(env.call_latency_s(tasks[1], 0), 2)]] * 2  # group B: the first batch
+    ctx.tasks = lambda split: tasks[:1]
+    with pytest.raises(ValueError, match="which the run's train task file does not have"):
+        run_episodes(ctx, "sao")
+
+
+def test_a_new_run_of_the_setting_keeps_its_capacity_sweep_only_with_the_same_other_arguments() -> None:
+    """The sweep ran SAO at other tau / slots on the setting's other arguments: a new run of all methods with those
+    arguments keeps it (it names its own hour); a run with another --steps drops it."""
+    import argparse
+
+    from bench.common import settings_of
+
+    def settings(steps: int) -> dict:
+        return settings_of(argparse.Namespace(steps=steps, seed=0, max_staleness=4, episodes_in_flight=256))
+
+    sweep = {"points": [], "command": "sweep", "repeats": 2, "machine": {}}
+    stored = {"setting": "tool_latency", "settings": settings(12), "methods": {"sao": summary(0.7, 1, 1, 1)},
+              "capacity_sweep": sweep}
+    rerun = {"setting": "tool_latency", "settings": settings(12), "methods": {"sao": summary(0.8, 1, 1, 1)}}
+    assert merge_results(stored, rerun)["capacity_sweep"] is sweep
+    assert "capacity_sweep" not in merge_results(stored, {**rerun, "settings": settings(20)})

@@ -594,3 +594,65 @@ def test_a_malformed_recorded_episode_is_one_line_naming_setting_and_entry_and_e
         assert main(["--measured", str(path), "--validate-only"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "m.json: tool_latency: engine_modes.groups.episodes[1]" in err[0] and needle in err[0]
+
+
+def test_capacity_sweep_points_are_simulated_with_their_own_tau_and_slots() -> None:
+    """SAO with 1 s tool calls between 3 turns, B = 8. The sweep's point tau = 0 / 4 slots lets at most
+    (0 + 1) x 8 rollouts start per version and 4 run at once; tau = 4 / 40 slots, 40 at once. Each point gets its
+    own rows, compared with the mean of its runs, and the larger capacity keeps the engine busier."""
+    from bench.simulate import validate
+
+    measured = sao_measured([1.0, 1.0])
+    measured["settings"].update(episodes_in_flight=8, batch_rollouts=8, tool_latency_median_s=1.0,
+                                tool_latency_sigma=0.0, tool_latency_max_s=30.0)
+    measured["methods"]["sao"].update(policy_versions=4, learner_step_s_mean=0.5, busy_fraction=0.5,
+                                      trained_action_tokens_per_s=100.0, rollouts_per_s=2.0)
+    shape = {"prompt_tokens": 8, "action_tokens": [20, 20, 20], "observation_tokens": [4, 4], "reward": 1.0}
+    measured["trace"] = [{"rollouts": [shape, shape]}]
+
+    def run(busy: float) -> dict:
+        return {**measured["methods"]["sao"], "busy_fraction": busy}
+
+    measured["capacity_sweep"] = {"points": [
+        {"max_staleness": 0, "episodes_in_flight": 4, "runs": [run(0.2), run(0.4)]},
+        {"max_staleness": 4, "episodes_in_flight": 40, "runs": [run(0.9)]}]}
+    rows = validate(measured, repeats=1)["rows"]
+    busy = {r["method"]: r for r in rows if r["quantity"] == "busy_fraction"}
+    assert set(busy) == {"sao", "sao tau=0 slots=4", "sao tau=4 slots=40"}
+    assert busy["sao tau=0 slots=4"]["measured"] == pytest.approx(0.3) and busy["sao tau=0 slots=4"]["runs"] == 2
+    assert busy["sao tau=0 slots=4"]["capacity_sweep"] and "capacity_sweep" not in busy["sao"]
+    assert busy["sao tau=4 slots=40"]["predicted"] > busy["sao"]["predicted"] > busy["sao tau=0 slots=4"]["predicted"]
+
+
+def test_a_runs_recorded_episodes_are_read_as_units_in_order() -> None:
+    """Episodes [unit, prompt, actions, observations, reward, waits]: consecutive equal units form a group."""
+    from bench.simulate import run_replay
+
+    run = {"episodes": [[0, 8, [20, 5], [4, 0], 1.0, [2.5]], [0, 8, [20], [0], 0.0, []], [1, 9, [7], [0], 1.0, []]]}
+    first, second = run_replay(run, "methods.grpo_sync_g2[0]")
+    assert [s.action_tokens for s in first] == [(20, 5), (20,)] and first[0].tool_waits_s == (2.5,)
+    assert (first[0].reward, first[1].reward, second[0].prompt_tokens) == (1.0, 0.0, 9)
+    assert run_replay({}, "methods.sao[0]") == ()
+    with pytest.raises(ValueError, match=r"methods.sao\[1\].episodes\[0\]: expected \[unit, prompt_tokens"):
+        run_replay({"episodes": [[8, [20], [0], 1.0]]}, "methods.sao[1]")
+    with pytest.raises(ValueError, match=r"episodes\[0\]: needs >= 1 turn.*2 turns, 2 observations and 0 waits"):
+        run_replay({"episodes": [[0, 8, [20, 5], [4, 0], 1.0, []]]}, "methods.sao[0]")
+
+
+def test_replayed_units_come_first_with_their_own_tool_waits_then_draws_from_the_trace() -> None:
+    """SAO, 1 slot, an instantaneous engine-free cost model and a learner that never blocks: the first episode is
+    the replayed two-turn one, which waits its recorded 7 s between turns (the config's latency draw would be
+    about 1 s); the next ones are drawn from the trace (one turn, no wait)."""
+    replayed = RolloutShape(1, (1, 1), (0, 0), 1.0, (7.0,))
+    work = replace(Workload(((one_turn(1),),)), replay=((replayed,),))
+    cfg = ClusterConfig(method="sao", generators=1, episodes_in_flight=1, batch_rollouts=1, group_size=1, steps=3,
+                        max_staleness=10, engine=EngineModel(max_batch=1, step_s=0.001, step_s_per_row=0.0,
+                                                             prefill_s_per_token=0.0),
+                        learner=LearnerModel(gpus=1, step_s_fixed=0.001, s_per_token=0.0, warmup_iterations=0),
+                        publish_s=0.0, reload_s=0.0, tool_latency_median_s=1.0, tool_latency_sigma=0.0)
+    cluster = Cluster(cfg, work)
+    result = cluster.run()
+    assert cluster._replayed == 1
+    assert result.updates == 3
+    assert cluster.updates[0][0] == pytest.approx(7.0, abs=0.05)  # the replayed episode's 7 s wait
+    assert cluster.updates[2][0] - cluster.updates[1][0] < 0.05  # drawn one-turn episodes: no tool wait
