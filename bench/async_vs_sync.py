@@ -72,9 +72,11 @@ stores it with that setting (``capacity_sweep``): how SAO's busy fraction depend
 capacity ``(tau + 1) x B`` when episodes wait seconds on tools. Include the setting's own point
 (``4:256``) to compare within the same hour.
 
-Episodes: every run stores the episodes it produced (``episodes``, read from its learner's ledger
-by ``run_episodes``: lengths per turn, reward, tool waits, in the order it started them), which
-``bench.simulate`` replays so that its check against the run differs from it in timing only.
+Episodes: every run reads the episodes it produced from its learner's ledger (``run_episodes``:
+lengths per turn, reward, tool waits, in the order it started them) and counts them
+(``episodes_recorded``); a synchronous GRPO run stores them (``episodes``), and ``bench.simulate``
+replays them so that its check against the run differs from it in timing only (an asynchronous
+run's record lacks the episodes still in flight when it stopped, so it is not replayed).
 
 Repeats: on a shared CPU one run's busy fraction moved between 0.86 and 0.96. ``--repeats K`` runs
 each method (or each of ``--repeat-methods``) K times, with run seeds ``--seed`` ... ``--seed + K -
@@ -903,7 +905,10 @@ def summarise(run: MethodRun, rewards: dict[int, float], target: float) -> dict[
         "when": run.when,
         "counters": run.counters,
         "episode_wait_mismatches": run.episode_wait_mismatches,
-        "episodes": run.episodes,
+        "episodes_recorded": len(run.episodes),
+        # bench.simulate replays only synchronous runs (an asynchronous run's record lacks the episodes in flight
+        # when it stopped, see simulate.method_rows); the others' episodes stay in their run's ledger
+        **({"episodes": run.episodes} if method_kind_of(run.method) == "grpo_sync" else {}),
     }
 
 

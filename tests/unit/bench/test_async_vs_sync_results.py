@@ -312,6 +312,7 @@ def test_a_runs_episodes_come_from_its_ledger_in_replay_order_with_the_tasks_too
     import types
 
     from bench.async_vs_sync import run_episodes
+
     from posttrain.envs.synthetic.longtail import SyntheticLongTailEnv
     from posttrain.learner.ledger import append_ledger, ledger_line
     from posttrain.records import Rollout
@@ -365,3 +366,17 @@ def test_a_new_run_of_the_setting_keeps_its_capacity_sweep_only_with_the_same_ot
     rerun = {"setting": "tool_latency", "settings": settings(12), "methods": {"sao": summary(0.8, 1, 1, 1)}}
     assert merge_results(stored, rerun)["capacity_sweep"] is sweep
     assert "capacity_sweep" not in merge_results(stored, {**rerun, "settings": settings(20)})
+
+
+def test_only_synchronous_runs_keep_their_episodes_in_the_results() -> None:
+    """Every run counts what its ledger recorded; only synchronous GRPO stores the episodes the simulator replays
+    (an asynchronous run's record lacks the episodes in flight when it stopped)."""
+    from bench.async_vs_sync import MethodRun, StepRecord, summarise
+
+    episodes = [[0, 8, [20], [0], 1.0, []], [0, 8, [20], [0], 0.0, []]]
+    steps = [StepRecord(1.0, 1, True, 2.0, 40.0, 40.0, 0.5, 0.5), StepRecord(2.0, 2, True, 2.0, 40.0, 40.0, 0.5, 0.5)]
+    for method, stored in (("grpo_sync_g2", True), ("grpo_async_g2", False), ("sao", False),
+                           ("sao tau=6 slots=384", False)):
+        out = summarise(MethodRun(method, wall_s=3.0, steps=steps, episodes=episodes), {}, 1.0)
+        assert out["episodes_recorded"] == 2
+        assert ("episodes" in out) is stored and (not stored or out["episodes"] == episodes)
