@@ -113,6 +113,7 @@ from bench.common import (
     machine_info,
     machine_line,
     markdown_table,
+    method_kind,
     publish_result,
     settings_of,
     update_docs_section,
@@ -496,7 +497,7 @@ def run_episodes(ctx: Any, method: str) -> tuple[list[list[Any]], int]:
 
     lines = read_ledger(ctx.run_dir / LEDGER_NAME)
     rollouts = [r for line in lines for r in line["rollouts"] + line.get("dropped", [])]
-    kind = method_kind_of(method)
+    kind = method_kind(method)
     if kind == "sao":
         units = [[r] for r in sorted(rollouts, key=lambda r: r["started_at"])]
     else:
@@ -523,11 +524,6 @@ def run_episodes(ctx: Any, method: str) -> tuple[list[list[Any]], int]:
             episodes.append([unit, r["prompt_tokens"], r["action_tokens"], r["observation_tokens"], r["reward"],
                              [round(w, 2) for w in waits]])
     return episodes, mismatched
-
-
-def method_kind_of(method: str) -> str:
-    """``sao``, ``grpo_sync`` or ``grpo_async`` of a method name (``grpo_sync_g8`` -> ``grpo_sync``)."""
-    return "sao" if method.startswith("sao") else method.rpartition("_g")[0]
 
 
 def collect_trace(base: Any, sft: Path, tasks: int, samples: int, seed: int) -> tuple[list[dict[str, Any]], list[Any]]:
@@ -908,7 +904,7 @@ def summarise(run: MethodRun, rewards: dict[int, float], target: float) -> dict[
         "episodes_recorded": len(run.episodes),
         # bench.simulate replays only synchronous runs (an asynchronous run's record lacks the episodes in flight
         # when it stopped, see simulate.method_rows); the others' episodes stay in their run's ledger
-        **({"episodes": run.episodes} if method_kind_of(run.method) == "grpo_sync" else {}),
+        **({"episodes": run.episodes} if method_kind(run.method) == "grpo_sync" else {}),
     }
 
 

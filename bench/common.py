@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 REPO = Path(__file__).resolve().parent.parent
 """Repository root (benchmarks run from here: ``python -m bench.<name>``)."""
@@ -142,6 +142,17 @@ def command_line(module: str, argv: Sequence[str] | None) -> str:
     args = list(sys.argv[1:] if argv is None else argv)
     return " ".join([".venv/bin/python -m", module, *args]).strip()
 
+
+Method = Literal["sao", "grpo_async", "grpo_sync"]
+"""The kinds of method the benchmarks compare."""
+
+
+def method_kind(method: str) -> Method:
+    """The kind of a measured method: ``sao`` and its capacity-sweep runs (``sao tau=6 slots=384``) -> ``sao``,
+    ``grpo_sync_g<G>`` -> ``grpo_sync``, other GRPO -> ``grpo_async``."""
+    if method == "sao" or method.startswith("sao "):
+        return "sao"
+    return "grpo_sync" if method.rpartition("_g")[0] == "grpo_sync" else "grpo_async"
 
 # ------------------------------------------------------------------------------- results and docs
 def settings_of(args: Any) -> dict[str, Any]:

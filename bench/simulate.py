@@ -82,9 +82,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from bench.common import ENGINE_MODES, GROUP_FEED_SIZE
+from bench.common import ENGINE_MODES, GROUP_FEED_SIZE, Method, method_kind
 
-Method = Literal["sao", "grpo_async", "grpo_sync"]
 """Simulated methods (see the module docstring)."""
 
 
@@ -1016,13 +1015,6 @@ def measured_config(measured: dict[str, Any], method: str, engine_factor: float 
         tool_latency_max_s=float(s.get("tool_latency_max_s") or 60.0),
         pool_workers=min(32, cores + 4) if blocking and sim_method != "grpo_sync" else 0,
     )
-
-
-def method_kind(method: str) -> Method:
-    """The simulated method of a measured one: ``sao``, ``grpo_sync_g<G>`` -> ``grpo_sync``, other GRPO -> ``grpo_async``."""
-    if method == "sao":
-        return "sao"
-    return "grpo_sync" if method.rpartition("_g")[0] == "grpo_sync" else "grpo_async"
 
 
 FEEDING_OF: dict[str, str] = {"grpo_sync": "lockstep", "sao": "continuous", "grpo_async": "groups"}

@@ -291,6 +291,19 @@ class GroupAssembler:
             self._complete[gid] = list(self._pending.pop(gid).values())
         return []
 
+    def drop_reason(self, entry: QueueEntry) -> str:
+        """Why ``offer`` or ``evict_stale`` just dropped ``entry``, for the learner's ledger.
+
+        Returns:
+            ``no group id``; ``stale group`` (the entry or a member of its group lagged the learner
+            by more than ``max_staleness``, now or before); or ``surplus member`` (its group was
+            already complete).
+        """
+        gid = entry.rollout.group_id
+        if gid is None:
+            return "no group id"
+        return "stale group" if gid in self._dropped else "surplus member"
+
     def evict_stale(self, learner_version: int, max_staleness: int) -> list[QueueEntry]:
         """Drop every held group (pending or complete) with a member that has become stale; return its entries."""
         doomed = [

@@ -7,7 +7,9 @@
   past the last checkpoint appear again with their re-delivered entries);
 * ``rollouts``: one ``rollout_summary`` per rollout of the batch, in batch order;
 * ``dropped``: one ``rollout_summary`` per rollout dropped while the batch was assembled, with its
-  ``reason`` (``stale``: its oldest policy version lagged the learner by more than tau).
+  ``reason``: ``stale`` (SAO: its oldest policy version lagged the learner by more than tau), or
+  for asynchronous GRPO's groups ``GroupAssembler.drop_reason`` (``stale group``, ``surplus
+  member``, ``no group id``).
 
 A summary keeps a rollout's lengths, reward, versions and times, not its tokens, so a line stays
 a few kilobytes for a batch of 64. Users read it to see which tasks, lengths and staleness each

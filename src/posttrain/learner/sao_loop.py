@@ -209,8 +209,7 @@ def run_sao_learner(
             if dropped:  # whole groups: stale, or members without a group id
                 staleness.record_dropped(len(dropped))
                 counters["stale_dropped"] += len(dropped)
-                dropped_here.extend((e.rollout, "stale" if e.rollout.group_id is not None else "no group id")
-                                    for e in dropped)
+                dropped_here.extend((e.rollout, assembler.drop_reason(e)) for e in dropped)
                 queue.ack([e.entry_id for e in dropped])
                 admission.refund(len(dropped))
             if ready is None:

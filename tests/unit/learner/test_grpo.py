@@ -201,6 +201,7 @@ def test_a_stale_member_drops_its_whole_group_and_its_late_siblings():
     assert sorted(e.entry_id for e in dropped) == ["1-0", "2-0"]
     assert [e.entry_id for e in asm.offer(_entry("3-0", "g", version=3), 3, 1)] == ["3-0"]
     assert asm.pending_rollouts == 0
+    assert {asm.drop_reason(e) for e in dropped} == {"stale group"}  # what the learner's ledger says
 
 
 def test_held_groups_that_become_stale_are_evicted():
@@ -220,7 +221,10 @@ def test_a_rollout_without_group_id_or_beyond_the_group_size_is_dropped():
     assert [e.entry_id for e in asm.offer(_entry("1-0", None), 0, 4)] == ["1-0"]
     asm.offer(_entry("2-0", "g"), 0, 4)
     asm.offer(_entry("3-0", "g"), 0, 4)
-    assert [e.entry_id for e in asm.offer(_entry("4-0", "g"), 0, 4)] == ["4-0"]
+    surplus = asm.offer(_entry("4-0", "g"), 0, 4)
+    assert [e.entry_id for e in surplus] == ["4-0"]
+    assert asm.drop_reason(surplus[0]) == "surplus member"
+    assert asm.drop_reason(_entry("1-0", None)) == "no group id"
 
 
 def test_collect_groups_returns_whole_groups_oldest_first():
