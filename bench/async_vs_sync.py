@@ -150,7 +150,8 @@ def base_config(args: argparse.Namespace, work: Path, run_name: str) -> dict[str
         "generator": {"engine": args.engine, "num_processes": args.generators,
                       "episodes_in_flight": args.episodes_in_flight, "max_new_tokens": args.max_new_tokens,
                       "max_turns": args.max_calls + 2, "max_episode_tokens": args.max_episode_tokens,
-                      "episode_timeout_s": 600.0, "admission_lease_s": 1200.0},
+                      "episode_timeout_s": 600.0, "admission_lease_s": 1200.0,
+                      "abort_stale_episodes": not getattr(args, "keep_stale_episodes", False)},
         "eval": {"num_tasks": args.eval_tasks, "samples_per_task": args.eval_samples},
         "tracking": {"experiment": "bench-async-vs-sync"},
     }
@@ -896,6 +897,7 @@ def summarise(run: MethodRun, rewards: dict[int, float], target: float) -> dict[
         "heldout_reward": {str(v): r for v, r in sorted(rewards.items())},
         "time_to_target_s": time_to_target(run, rewards, target),
         "stale_dropped": run.counters.get("stale_dropped", 0.0),
+        "stale_aborted": run.counters.get("generator_stale_aborted", 0.0),
         "load_avg_start_end": run.load_avg,
         "engine_probe": run.engine_probe,
         "when": run.when,
@@ -1047,7 +1049,7 @@ def render_one(result: dict[str, Any]) -> str:
         ])
     repeated = {k: v["over_runs"]["runs"] for k, v in m.items() if v.get("over_runs")}
     carried = result.get("carried_methods") or {}
-    s = result["settings"]
+    s = stored_settings(result)
     calls = result["task_calls"]["train"]
     ratio = result["throughput_ratio_sao_over_grpo_sync"]
     by = ", ".join(f"{k}: {v:.2f}x" for k, v in result["throughput_ratio_by_baseline"].items())
@@ -1068,7 +1070,11 @@ def render_one(result: dict[str, Any]) -> str:
         f"running each batch's {s['batch_rollouts']} episodes at once)"
         + (f", learner micro-batches of {s['micro_batch_size']} rollouts in length order (every method)"
            if "micro_batch_size" in s else "")
-        + f", tiny Qwen2-shaped model after {s['sft_steps']} SFT steps.",
+        + f", tiny Qwen2-shaped model after {s['sft_steps']} SFT steps; "
+        + ("generators let an episode that became too stale to train run to its end for the learner to drop."
+           if s["keep_stale_episodes"] else
+           "generators cancel an episode in flight once the learner is more than tau versions past its oldest "
+           "version (the learner would drop it)."),
         "",
         markdown_table(
             ["method", "busy fraction", "trained action tokens/s", "rollouts/s", "learner s/step", "wall s",
@@ -1236,9 +1242,18 @@ def repeat_methods(args: argparse.Namespace) -> list[str]:
 REPEAT_KEYS = ("steps", "batch_rollouts", "generators", "episodes_in_flight", "engine", "calls_median", "calls_sigma",
                "max_calls", "tool_latency_median_s", "tool_latency_sigma", "tool_latency_max_s", "max_new_tokens",
                "max_episode_tokens", "train_tasks", "lr", "max_staleness", "micro_batch_size", "critic_warmup",
-               "sft_steps", "seed")
+               "sft_steps", "seed", "keep_stale_episodes")
 """Arguments that define a setting's measurement: a ``--repeats-only`` run must share them with the stored
 setting it adds runs to, and a run of some methods keeps the stored other methods only when it shares them."""
+
+LATER_DEFAULTS = {"keep_stale_episodes": True}
+"""``REPEAT_KEYS`` added after results were stored, with what those results ran: before generators
+cancelled stale episodes in flight, every episode ran to its end."""
+
+
+def stored_settings(target: dict[str, Any]) -> dict[str, Any]:
+    """A stored setting's arguments, with ``LATER_DEFAULTS`` for the keys it predates."""
+    return {**LATER_DEFAULTS, **(target.get("settings") or {})}
 
 
 def repeats_only(args: argparse.Namespace, work: Path) -> int:
@@ -1282,7 +1297,7 @@ def check_repeat_args(target: dict[str, Any], args: argparse.Namespace) -> None:
     Raises:
         ValueError: the first differing ``REPEAT_KEYS`` argument, or methods without a first run.
     """
-    stored = target["settings"]
+    stored = stored_settings(target)
     given = settings_of(args)
     for key in REPEAT_KEYS:
         if key in stored and stored[key] != given[key]:
@@ -1296,27 +1311,42 @@ def check_repeat_args(target: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------ capacity sweep
-SWEPT_KEYS = ("max_staleness", "episodes_in_flight")
+SWEPT_KEYS = ("max_staleness", "episodes_in_flight", "keep_stale_episodes")
 """The arguments a ``--capacity-sweep`` point sets; every other ``REPEAT_KEYS`` argument is the stored setting's."""
 
 
-def capacity_point(text: str) -> tuple[int, int]:
-    """One ``--capacity-sweep`` point, ``TAU:SLOTS`` (staleness bound in policy versions : episodes in flight).
+def capacity_point(text: str) -> tuple[int, int, bool]:
+    """One ``--capacity-sweep`` point, ``TAU:SLOTS`` or ``TAU:SLOTS:keep``.
+
+    TAU is the staleness bound (policy versions), SLOTS the episodes in flight per engine; ``keep``
+    lets stale episodes run to the end for the learner to drop (``--keep-stale-episodes``, the
+    behaviour before generators cancelled them), so the two compare side by side.
+
+    Returns:
+        ``(tau, slots, keep)``.
 
     Raises:
-        ValueError: not two integers separated by ``:``, tau < 0 or slots < 1 (the message quotes it).
+        ValueError: not two integers separated by ``:`` (optionally followed by ``:keep``), tau < 0
+            or slots < 1 (the message quotes it).
     """
-    tau, sep, slots = text.partition(":")
-    if not sep or not tau.strip().isdigit() or not slots.strip().isdigit():
-        raise ValueError(f"--capacity-sweep: expected TAU:SLOTS (two integers, e.g. 6:384), got {text!r}")
+    tau, sep, rest = text.partition(":")
+    slots, _, mode = rest.partition(":")
+    if not sep or not tau.strip().isdigit() or not slots.strip().isdigit() or mode not in ("", "keep"):
+        raise ValueError(f"--capacity-sweep: expected TAU:SLOTS or TAU:SLOTS:keep (e.g. 6:384), got {text!r}")
     if int(slots) < 1:
         raise ValueError(f"--capacity-sweep: SLOTS must be >= 1 episodes, got {text!r}")
-    return int(tau), int(slots)
+    return int(tau), int(slots), mode == "keep"
 
 
-def sweep_args(args: argparse.Namespace, tau: int, slots: int) -> argparse.Namespace:
-    """``args`` with ``--max-staleness tau --episodes-in-flight slots`` (one capacity-sweep point)."""
-    return argparse.Namespace(**{**vars(args), "max_staleness": tau, "episodes_in_flight": slots})
+def point_label(tau: int, slots: int, keep: bool) -> str:
+    """The method label of a capacity-sweep point's runs: ``sao tau=<tau> slots=<slots>`` (+ `` keep``)."""
+    return f"sao tau={tau} slots={slots}" + (" keep" if keep else "")
+
+
+def sweep_args(args: argparse.Namespace, tau: int, slots: int, keep: bool = False) -> argparse.Namespace:
+    """``args`` of one capacity-sweep point: ``--max-staleness tau --episodes-in-flight slots`` (and ``--keep-stale-episodes``)."""
+    return argparse.Namespace(**{**vars(args), "max_staleness": tau, "episodes_in_flight": slots,
+                                 "keep_stale_episodes": keep})
 
 
 def capacity_sweep_only(args: argparse.Namespace, work: Path) -> int:
@@ -1350,25 +1380,25 @@ def capacity_sweep_only(args: argparse.Namespace, work: Path) -> int:
         check_sweep_args(setting_result(stored_file, setting_label(args)), args)
     result, base, sft = stored_result_and_warm_start(args, work, setting_label(args))
     target = setting_result(result, setting_label(args))
-    runs: dict[tuple[int, int], list[MethodRun]] = {}
-    for tau, slots in points:
-        pargs = sweep_args(args, tau, slots)
+    runs: dict[tuple[int, int, bool], list[MethodRun]] = {}
+    for tau, slots, keep in points:
+        pargs = sweep_args(args, tau, slots, keep)
         for index in range(args.repeats):
             cfg = method_config(pargs, work, "sao")
             cfg["seed"] = args.seed + index
-            cfg["run_name"] = f"sao_tau{tau}_slots{slots}_r{index}"
+            cfg["run_name"] = f"sao_tau{tau}_slots{slots}{'_keep' if keep else ''}_r{index}"
             snap = work / "snapshots" / cfg["run_name"]
-            run = run_method(cfg, f"sao tau={tau} slots={slots}", base, sft, snap, eval_every=args.steps)
+            run = run_method(cfg, point_label(tau, slots, keep), base, sft, snap, eval_every=args.steps)
             if index > 0:  # repeats measure speed; only the first run of a point is evaluated
                 shutil.rmtree(snap, ignore_errors=True)
-            runs.setdefault((tau, slots), []).append(run)
+            runs.setdefault((tau, slots, keep), []).append(run)
     print("evaluating the first run of each point", flush=True)
     _, rewards = evaluate_snapshots(base, sft, [r[0] for r in runs.values()])
     out_points = []
-    for (tau, slots), point_runs in runs.items():
+    for (tau, slots, keep), point_runs in runs.items():
         summaries = [{**summarise(run, rewards[run.method] if i == 0 else {}, float(target["target"])),
                       "seed": args.seed + i} for i, run in enumerate(point_runs)]
-        out_points.append({"max_staleness": tau, "episodes_in_flight": slots,
+        out_points.append({"max_staleness": tau, "episodes_in_flight": slots, "keep_stale_episodes": keep,
                            "admission_capacity": (tau + 1) * int(args.batch_rollouts), "runs": summaries,
                            "over_runs": over_runs({**summaries[0], "repeat_runs": summaries[1:]}, args.seed)})
     target["capacity_sweep"] = {"command": command_line("bench.async_vs_sync", None), "machine": machine_info(),
@@ -1377,7 +1407,7 @@ def capacity_sweep_only(args: argparse.Namespace, work: Path) -> int:
     if not args.no_docs:
         update_docs_section("async_vs_sync", render(result))
     for p in out_points:
-        print(f"tau={p['max_staleness']} slots={p['episodes_in_flight']}:",
+        print(f"{point_label(p['max_staleness'], p['episodes_in_flight'], p['keep_stale_episodes'])}:",
               json.dumps({q: round(v["mean"], 3) for q, v in p["over_runs"].items() if isinstance(v, dict)}))
     return 0
 
@@ -1388,7 +1418,7 @@ def check_sweep_args(target: dict[str, Any], args: argparse.Namespace) -> None:
     Raises:
         ValueError: the first differing ``REPEAT_KEYS`` argument outside ``SWEPT_KEYS`` (named).
     """
-    stored, given = target["settings"], settings_of(args)
+    stored, given = stored_settings(target), settings_of(args)
     for key in REPEAT_KEYS:
         if key not in SWEPT_KEYS and key in stored and stored[key] != given[key]:
             raise ValueError(f"--{key.replace('_', '-')}: the stored {target['setting']} result used "
@@ -1405,11 +1435,15 @@ def render_sweep(result: dict[str, Any]) -> list[str]:
         first = p["runs"][0]
         shown = {"over_runs": p["over_runs"]} if len(p["runs"]) > 1 else first  # one run: its value, no range
         stale = [float(r["stale_dropped"] or 0.0) for r in p["runs"]]
+        aborted = [float(r.get("stale_aborted") or 0.0) for r in p["runs"]]
         trained = [float((r.get("counters") or {}).get("rollouts_trained") or 0.0) for r in p["runs"]]
+        keep = p.get("keep_stale_episodes", True)  # points measured before generators cancelled stale episodes
         rows.append([str(p["max_staleness"]), str(p["episodes_in_flight"]), str(p["admission_capacity"]),
+                     "finish (learner drops)" if keep else "cancelled in flight",
                      cell(shown, "busy_fraction", 2), cell(shown, "rollouts_per_s", 2),
                      cell(shown, "trained_action_tokens_per_s", 1),
                      f"{statistics.fmean(s / max(s + t, 1.0) for s, t in zip(stale, trained, strict=True)):.2f}",
+                     f"{statistics.fmean(aborted):.0f}",
                      f"{statistics.fmean(float(r['counters'].get('generator_max_in_flight') or 0.0) for r in p['runs']):.0f}",
                      " / ".join(f"{v:.2f}" for v in first["heldout_reward"].values()) or "-"])
     runs = f"{sweep['repeats']} runs" if sweep["repeats"] > 1 else "1 run"
@@ -1418,14 +1452,17 @@ def render_sweep(result: dict[str, Any]) -> list[str]:
         f"**SAO against its admission capacity** ({runs} per point, all in one command, so the points share the "
         "machine's hour; the setting's own point is among them): a generator may start a rollout only while "
         "started < (v + tau + 1) x B, and rollouts waiting for the learner hold their tickets, so tau and the "
-        "episode slots bound how many episodes can wait on tools at once.",
+        "episode slots bound how many episodes can wait on tools at once. \"Stale episodes\": whether a "
+        "generator cancels an episode in flight once the learner is more than tau versions past its oldest "
+        "version (the default), or lets it finish for the learner to drop (`TAU:SLOTS:keep`).",
         "",
         machine_line(sweep["machine"]),
         "",
         f"Command: `{sweep['command']}`",
         "",
-        markdown_table(["tau", "slots per engine", "admission capacity (rollouts)", "busy fraction", "rollouts/s",
-                        "trained action tokens/s", "stale-dropped share", "max in flight",
+        markdown_table(["tau", "slots per engine", "admission capacity (rollouts)", "stale episodes",
+                        "busy fraction", "rollouts/s", "trained action tokens/s", "stale-dropped share",
+                        "cancelled in flight per run", "max in flight",
                         "held-out reward (first run)"], rows),
     ]
 
@@ -1447,7 +1484,7 @@ def with_carried_methods(new: dict[str, Any], previous: dict[str, Any] | None) -
         old = setting_result(previous, new["setting"])
     except FileNotFoundError:
         return new
-    stored, given = old.get("settings") or {}, new.get("settings") or {}
+    stored, given = stored_settings(old), stored_settings(new)
     if old.get("capacity_sweep") and "capacity_sweep" not in new and not any(
             stored.get(k) != given.get(k) for k in REPEAT_KEYS if k not in SWEPT_KEYS and (k in stored or k in given)):
         new = {**new, "capacity_sweep": old["capacity_sweep"]}  # it names its own machine, hour and command
@@ -1550,9 +1587,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="methods --repeats applies to (default: every method of --methods)")
     p.add_argument("--repeats-only", action="store_true",
                    help="only add runs (up to --repeats per method) to the stored result of this setting")
-    p.add_argument("--capacity-sweep", nargs="+", default=None, metavar="TAU:SLOTS",
+    p.add_argument("--capacity-sweep", nargs="+", default=None, metavar="TAU:SLOTS[:keep]",
                    help="only run SAO at each staleness bound TAU and episodes in flight SLOTS (--repeats runs "
-                        "each) on the stored setting's other arguments, and store it with that setting")
+                        "each; ':keep' lets stale episodes finish) on the stored setting's other arguments, and "
+                        "store it with that setting")
+    p.add_argument("--keep-stale-episodes", action="store_true",
+                   help="generators let an episode that became too stale to train run to its end for the learner "
+                        "to drop (generator.abort_stale_episodes=false), as before they cancelled it in flight")
     p.add_argument("--torch-threads", type=int, default=1,
                    help="torch threads of this process (learner and in-process engines); generator processes use 1")
     args = p.parse_args(argv)

@@ -317,6 +317,7 @@ def train_sao(ctx: RunContext, start_model: Path, sink: Any) -> Any:
             sum(s["busy_fraction"] for s in gen_stats.values()) / max(len(gen_stats), 1)
         )
         summary.counters["generator_max_in_flight"] = float(max((s["max_in_flight"] for s in gen_stats.values()), default=0))
+        summary.counters["generator_stale_aborted"] = float(sum(s.get("stale_aborted", 0.0) for s in gen_stats.values()))
         return summary
     finally:
         if server is not None:
@@ -370,6 +371,7 @@ def run(config: RunConfig) -> RunSummary:
         ("policy versions", str(summary.policy_version)),
         ("rollouts trained", f"{summary.counters['rollouts_trained']:.0f}"),
         ("stale rollouts dropped", f"{summary.counters['stale_dropped']:.0f}"),
+        ("stale episodes cancelled by generators", f"{summary.counters['generator_stale_aborted']:.0f}"),
         ("dead letters", f"{summary.counters.get('dead_letters', 0):.0f}"),
         ("quarantined rows", str(quarantined)),
         ("generators", f"{summary.counters['generators']:.0f}"),

@@ -208,6 +208,11 @@ class GeneratorConfig(_Strict):
     admission_lease_s: float = Field(300.0, gt=0.0, le=7 * 86400.0)
     """An admission ticket not used within this many seconds expires, so a killed generator's
     tickets return to the pool; keep it above ``episode_timeout_s``."""
+    abort_stale_episodes: bool = True
+    """Cancel an episode in flight as soon as its oldest policy version is more than
+    ``sao.max_staleness`` versions behind the learner's latest: the learner would drop its rollout
+    anyway. Its slot and admission ticket go to a new episode, and it is counted in the generator's
+    ``stale_aborted``. False lets it finish, and the learner drops it (``stale_dropped``)."""
     temperature: float = Field(1.0, gt=0.0, le=10.0)
     """Sampling temperature; SAO training requires 1.0."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)

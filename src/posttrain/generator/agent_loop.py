@@ -51,7 +51,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -307,6 +307,7 @@ async def run_episode(
     group_id: str | None = None,
     chat: ChatFormat | None = None,
     arrays: bool = False,
+    on_turn: Callable[[int], None] | None = None,
 ) -> Rollout:
     """Run one episode of ``task`` token-in/token-out and return its validated ``Rollout``.
 
@@ -328,6 +329,9 @@ async def run_episode(
         arrays: Return the per-token fields as numpy arrays (``Rollout.to_arrays``: int32,
             float32, bool), converted once while validating; generators that put the rollout on
             the stream use this, so encoding needs no second per-token pass. Python lists otherwise.
+        on_turn: Called with each turn's policy version as soon as the engine returns it, so the
+            generator can cancel an episode that is already too stale to train
+            (``generator.inflight``).
 
     Returns:
         The rollout: ``token_ids`` [T] int, ``behaviour_logprobs`` [T] float (nats, 0.0 on
@@ -379,6 +383,8 @@ async def run_episode(
             logprobs += [float(lp) for lp in result.logprobs]
             action_mask += [True] * len(result.token_ids)
             versions.append(int(result.policy_version))
+            if on_turn is not None:
+                on_turn(versions[-1])
             if result.finish_reason == "length" or result.token_ids[-1] != chat.stop_token_id:
                 finish = "length"
                 break

@@ -58,6 +58,8 @@ class GeneratorStats:
         weight_announcements: New-weights announcements received (``generator.weight_watch``).
         weight_wait_timeouts: Waits for an announcement that timed out (the store was read anyway).
         admission_wait_s: Seconds spent waiting for admission tickets (summed over episode slots).
+        stale_aborted: Episodes cancelled in flight because the learner had moved more than
+            ``max_staleness`` versions past their oldest policy version (``generator.inflight``).
     """
 
     started_at: float = field(default_factory=time.time)
@@ -73,6 +75,7 @@ class GeneratorStats:
     weight_announcements: int = 0
     weight_wait_timeouts: int = 0
     admission_wait_s: float = 0.0
+    stale_aborted: int = 0
     _active: int = 0
     _busy_since: float = 0.0
     _engine_clock: Callable[[], float] | None = None

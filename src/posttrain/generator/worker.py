@@ -13,7 +13,9 @@ A watcher waits for the learner's new-weights announcement (``generator.weight_w
 pub/sub) for at most ``WEIGHT_WAIT_S`` seconds, then reads the weight store's latest version
 either way (a missed announcement costs at most that long) and reloads in place when it is new
 (between requests; a reload between two turns of one episode is allowed, the rollout then
-carries the oldest version). Each wake-up also nudges the admission gate (a new version raises
+carries the oldest version). Before reloading it cancels the episodes in flight that the new
+version made too stale to train (``generator.abort_stale_episodes``, ``generator.inflight``): their
+tickets are released and they count in ``stale_aborted``. Each wake-up also nudges the admission gate (a new version raises
 capacity), publishes the generator's stats, and checks the run's stop key. On stop (key or
 SIGTERM) episodes in flight are cancelled and their tickets released.
 """
@@ -21,6 +23,7 @@ SIGTERM) episodes in flight are cancelled and their tickets released.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import random
@@ -34,6 +37,7 @@ import redis
 from posttrain.config import RunConfig
 from posttrain.generator.agent_loop import EpisodeLimits, run_episode
 from posttrain.generator.engines.factory import make_engine
+from posttrain.generator.inflight import InFlightEpisodes
 from posttrain.generator.stats import GeneratorStats, MeteredEngine, stats_key, stop_key
 from posttrain.generator.weight_watch import WeightAnnouncements
 from posttrain.learner.grpo import run_group
@@ -106,6 +110,7 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
     loop.add_signal_handler(signal.SIGTERM, stopping.set)
     stats.started_at = time.time()
 
+    running = InFlightEpisodes()
     group_size = config.grpo.group_size if config.technique == "grpo" else 1
     group_lock = asyncio.Lock()
 
@@ -166,10 +171,10 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
             for _ in tickets:
                 stats.episode_started()
             try:
-                rollouts = await run_group(
-                    engine, tokenizer, env, task, limits, group_size=group_size, seed=rng.randrange(2**31),
+                rollouts = await running.run(functools.partial(
+                    run_group, engine, tokenizer, env, task, limits, group_size=group_size, seed=rng.randrange(2**31),
                     generator_id=generator_id, temperature=gen.temperature, top_p=gen.top_p, arrays=True,
-                )
+                ))
             except asyncio.CancelledError:  # stopping: give the slots back before unwinding
                 for ticket in tickets:
                     admission.release(ticket)
@@ -183,6 +188,11 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
             finally:
                 for _ in tickets:
                     stats.episode_finished()
+            if rollouts is None:  # cancelled as stale: the learner would drop the whole group
+                stats.stale_aborted += len(tickets)
+                for ticket in tickets:
+                    admission.release(ticket)
+                continue
             await send_shielded(list(zip(tickets, rollouts, strict=True)))
 
     async def slot(index: int) -> None:
@@ -195,10 +205,11 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
             task = tasks[rng.randrange(len(tasks))]
             stats.episode_started()
             try:
-                rollout = await run_episode(
-                    engine, tokenizer, env, task, limits, generator_id=generator_id, seed=rng.randrange(2**31),
+                rollout = await running.run(functools.partial(
+                    run_episode, engine, tokenizer, env, task, limits, generator_id=generator_id,
+                    seed=rng.randrange(2**31),
                     arrays=True,  # converted once while validating; put() packs them without a per-token pass
-                )
+                ))
             except asyncio.CancelledError:  # stopping: give the slot back before unwinding
                 admission.release(ticket)
                 raise
@@ -214,6 +225,10 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
                 continue
             finally:
                 stats.episode_finished()
+            if rollout is None:  # cancelled as stale: the learner would drop it
+                stats.stale_aborted += 1
+                admission.release(ticket)
+                continue
             await send_shielded([(ticket, rollout)])
 
     def stamp(version: int) -> tuple[int, int]:
@@ -233,6 +248,8 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
         while not stopping.is_set():
             latest = store.latest_version()
             if latest is not None:
+                if gen.abort_stale_episodes:
+                    running.abort_stale(latest, config.sao.max_staleness)
                 try:
                     current = stamp(latest)
                 except FileNotFoundError:  # pruned or being replaced right now; look again next wake-up

@@ -400,6 +400,7 @@ async def run_group(
     top_p: float = 1.0,
     chat: Any = None,
     arrays: bool = False,
+    on_turn: Callable[[int], None] | None = None,
 ) -> list[Rollout]:
     """Run ``group_size`` episodes of one task concurrently; they share a fresh ``group_id``.
 
@@ -416,6 +417,7 @@ async def run_group(
         top_p: Nucleus mass.
         chat: Prebuilt ``ChatFormat``.
         arrays: Per-token fields as numpy arrays (see ``run_episode``).
+        on_turn: Called with every member's turn policy versions (see ``run_episode``).
 
     Returns:
         G validated rollouts.
@@ -432,6 +434,7 @@ async def run_group(
                 run_episode(
                     engine, tokenizer, env, task, limits, generator_id=generator_id, seed=seed + 1000 * k,
                     temperature=temperature, top_p=top_p, group_id=group_id, chat=chat, arrays=arrays,
+                    on_turn=on_turn,
                 )
                 for k in range(group_size)
             )

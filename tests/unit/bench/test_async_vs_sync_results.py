@@ -164,7 +164,7 @@ def test_repeats_only_refuses_another_setting_in_one_line_before_any_work(tmp_pa
     from bench.async_vs_sync import main
     from bench.common import settings_of
 
-    stored_args = argparse.Namespace(steps=12, seed=0, tool_latency_median_s=3.0)
+    stored_args = argparse.Namespace(steps=12, seed=0, tool_latency_median_s=3.0, keep_stale_episodes=False)
     stored = {"setting": "tool_latency", "settings": settings_of(stored_args), "methods": {"sao": summary(0.9, 1, 1, 1)}}
     monkeypatch.setattr(bench.common, "read_result", lambda name: stored)
     work = tmp_path / "w"
@@ -240,8 +240,9 @@ def test_engine_modes_record_every_episode_and_each_batchs_sampled_tokens(tiny_m
 
 
 @pytest.mark.parametrize(("point", "message"), [
-    ("6", "expected TAU:SLOTS (two integers, e.g. 6:384), got '6'"),
+    ("6", "expected TAU:SLOTS or TAU:SLOTS:keep (e.g. 6:384), got '6'"),
     ("six:384", "expected TAU:SLOTS"),
+    ("4:256:drop", "expected TAU:SLOTS or TAU:SLOTS:keep"),
     ("4:x", "expected TAU:SLOTS"),
     ("6:0", "SLOTS must be >= 1 episodes, got '6:0'"),
 ])
@@ -261,12 +262,14 @@ def test_a_capacity_sweep_changes_only_tau_and_the_slots(tmp_path, capsys, monke
     import argparse
 
     import bench.common
-    from bench.async_vs_sync import check_sweep_args, main, sweep_args
+    from bench.async_vs_sync import capacity_point, check_sweep_args, main, sweep_args
     from bench.common import settings_of
 
     stored_args = argparse.Namespace(steps=12, seed=0, tool_latency_median_s=3.0, max_staleness=4, episodes_in_flight=256)
     stored = {"setting": "tool_latency", "settings": settings_of(stored_args), "methods": {}}
     check_sweep_args(stored, sweep_args(stored_args, 6, 384))  # no error: only the swept keys differ
+    check_sweep_args(stored, sweep_args(stored_args, 4, 256, keep=True))  # keeping stale episodes is swept too
+    assert capacity_point("4:256:keep") == (4, 256, True) and capacity_point("6:384") == (6, 384, False)
     assert (sweep_args(stored_args, 6, 384).max_staleness, sweep_args(stored_args, 6, 384).episodes_in_flight) == (6, 384)
     monkeypatch.setattr(bench.common, "read_result", lambda name: stored)
     work = tmp_path / "w"
@@ -278,29 +281,32 @@ def test_a_capacity_sweep_changes_only_tau_and_the_slots(tmp_path, capsys, monke
 
 
 def test_the_capacity_sweep_table_has_one_row_per_point_with_the_runs_range() -> None:
-    """Two points: tau 4 / 256 slots run twice (busy 0.80 and 0.86, 150 and 50 stale of 850 and 950 trained) and
-    tau 6 / 384 once: capacity (tau + 1) x B, busy mean and range, stale share per run averaged."""
+    """Two points: tau 4 / 256 slots run twice (busy 0.80 and 0.86, 150 and 50 stale of 850 and 950 trained) with
+    stale episodes kept (a point stored before the option), and tau 6 / 384 once with 30 cancelled in flight:
+    capacity (tau + 1) x B, busy mean and range, stale share per run averaged, cancelled per run."""
     from bench.async_vs_sync import over_runs, render_sweep
 
-    def run(busy: float, stale: float, trained: float, seed: int, rewards: dict) -> dict:
+    def run(busy: float, stale: float, trained: float, seed: int, rewards: dict, aborted: float = 0.0) -> dict:
         return {**summary(busy, 400.0, 9.0, 3.0, seed=seed), "stale_dropped": stale, "heldout_reward": rewards,
-                "counters": {"rollouts_trained": trained, "generator_max_in_flight": 256.0}}
+                "stale_aborted": aborted, "counters": {"rollouts_trained": trained, "generator_max_in_flight": 256.0}}
 
-    def point(tau: int, slots: int, runs: list) -> dict:
+    def point(tau: int, slots: int, runs: list, **keep: bool) -> dict:
         return {"max_staleness": tau, "episodes_in_flight": slots, "admission_capacity": (tau + 1) * 64, "runs": runs,
-                "over_runs": over_runs({**runs[0], "repeat_runs": runs[1:]}, 0)}
+                "over_runs": over_runs({**runs[0], "repeat_runs": runs[1:]}, 0), **keep}
 
     sweep = {"command": ".venv/bin/python -m bench.async_vs_sync --capacity-sweep 4:256 6:384", "repeats": 2,
              "machine": {"cpu_count": 2, "when": "2026-12-01T10:00:00Z"},
              "points": [point(4, 256, [run(0.80, 150, 850, 0, {"12": 0.14}), run(0.86, 50, 950, 1, {})]),
-                        point(6, 384, [run(0.97, 120, 900, 0, {"12": 0.16})])]}
+                        point(6, 384, [run(0.97, 0, 900, 0, {"12": 0.16}, aborted=30)], keep_stale_episodes=False)]}
     assert render_sweep({"methods": {}}) == []
     lines = "\n".join(render_sweep({"capacity_sweep": sweep})).splitlines()
     rows = [line for line in lines if line.startswith("| 4 ") or line.startswith("| 6 ")]
     assert len(rows) == 2
-    assert [c.strip() for c in rows[0].strip("|").split("|")][:4] == ["4", "256", "320", "0.83 (0.80-0.86)"]
-    assert "| 0.10 |" in rows[0]  # (150 / 1000 + 50 / 1000) / 2 stale share
-    assert [c.strip() for c in rows[1].strip("|").split("|")][:4] == ["6", "384", "448", "0.97"]
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    assert cells[0][:5] == ["4", "256", "320", "finish (learner drops)", "0.83 (0.80-0.86)"]
+    assert cells[0][7:9] == ["0.10", "0"]  # (150 / 1000 + 50 / 1000) / 2 stale share; none cancelled
+    assert cells[1][:5] == ["6", "384", "448", "cancelled in flight", "0.97"]
+    assert cells[1][7:9] == ["0.00", "30"]
     assert rows[1].rstrip(" |").endswith("0.16")
 
 

@@ -9,6 +9,7 @@ environments with a locally trained ChatML tokenizer. One integration test uses 
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from posttrain.generator.agent_loop import (
     run_episode,
 )
 from posttrain.generator.engines.base import GenerationRequest, GenerationResult, InferenceEngine
+from posttrain.generator.inflight import InFlightEpisodes
 from posttrain.learner.model import load_tokenizer
 from posttrain.records import Rollout, Task, encode_rollout
 
@@ -320,6 +322,32 @@ def test_per_turn_policy_versions_and_the_oldest_is_the_rollout_version(tok: Any
     rollout = run(engine, tok, env, task, LIMITS)
     assert rollout.turn_policy_versions == [5, 3]
     assert rollout.policy_version == 3
+
+
+def test_on_turn_reports_each_turns_version_as_it_returns(tok: Any) -> None:
+    env, task = SyntheticToolEnv(), tool_task()
+    turn1, turn2 = reference_episode(task)
+    engine = ScriptedEngine([Turn(action(tok, turn1), policy_version=5), Turn(action(tok, turn2), policy_version=3)])
+    seen: list[int] = []
+    rollout = run(engine, tok, env, task, LIMITS, on_turn=seen.append)
+    assert seen == rollout.turn_policy_versions == [5, 3]
+
+
+def test_an_episode_waiting_on_a_tool_is_cancelled_once_stale_and_closed(tok: Any) -> None:
+    """Turn 1 sampled by version 2, then a stuck tool; the learner reaches 7 with tau 4 -> cancelled, env closed."""
+    env = SlowStepEnv()
+    running = InFlightEpisodes()
+
+    async def go() -> tuple[Rollout | None, int]:
+        engine = ScriptedEngine([Turn(action(tok, "#### 1"), policy_version=2)])
+        episode = asyncio.create_task(running.run(
+            functools.partial(run_episode, engine, tok, env, tool_task(), LIMITS)))
+        while not running.abort_stale(learner_version=7, max_staleness=4):
+            await asyncio.sleep(0.01)  # until turn 1 has returned and the episode waits on its tool
+        return await episode, len(running)
+
+    assert asyncio.run(go()) == (None, 0)
+    assert env.closed
 
 
 def test_per_turn_seeds_follow_the_episode_seed(tok: Any) -> None:
