@@ -114,8 +114,10 @@ from bench.common import (
     machine_line,
     markdown_table,
     method_kind,
+    point_label,
     publish_result,
     settings_of,
+    stored_settings,
     update_docs_section,
     write_result,
 )
@@ -1082,7 +1084,8 @@ def render_one(result: dict[str, Any]) -> str:
             rows,
         ),
         "",
-        *([f"Carried from the previous run of this setting (same arguments; that run ended at): "
+        *([f"Carried from the previous run of this setting (same arguments, or for synchronous GRPO differing only in "
+           f"tau, slots or stale-episode handling, which it does not use; that run ended at): "
            f"{', '.join(f'{k} ({w})' for k, w in carried.items())}; the other methods ran in this command.", ""]
           if carried else []),
         *([f"Repeated runs ({', '.join(f'{k}: {n}' for k, n in repeated.items())}; seeds --seed, --seed + 1, ...): "
@@ -1246,15 +1249,6 @@ REPEAT_KEYS = ("steps", "batch_rollouts", "generators", "episodes_in_flight", "e
 """Arguments that define a setting's measurement: a ``--repeats-only`` run must share them with the stored
 setting it adds runs to, and a run of some methods keeps the stored other methods only when it shares them."""
 
-LATER_DEFAULTS = {"keep_stale_episodes": True}
-"""``REPEAT_KEYS`` added after results were stored, with what those results ran: before generators
-cancelled stale episodes in flight, every episode ran to its end."""
-
-
-def stored_settings(target: dict[str, Any]) -> dict[str, Any]:
-    """A stored setting's arguments, with ``LATER_DEFAULTS`` for the keys it predates."""
-    return {**LATER_DEFAULTS, **(target.get("settings") or {})}
-
 
 def repeats_only(args: argparse.Namespace, work: Path) -> int:
     """``--repeats-only``: run each of ``repeat_methods`` until it has ``--repeats`` runs in the stored setting.
@@ -1311,6 +1305,10 @@ def check_repeat_args(target: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------ capacity sweep
+ASYNC_ONLY_KEYS = frozenset({"max_staleness", "episodes_in_flight", "keep_stale_episodes"})
+"""``REPEAT_KEYS`` synchronous GRPO does not use: its engine gets all of a batch's episodes at once
+(``max_batch = max(episodes_in_flight, batch)``), and it has no admission and no stale rollouts."""
+
 SWEPT_KEYS = ("max_staleness", "episodes_in_flight", "keep_stale_episodes")
 """The arguments a ``--capacity-sweep`` point sets; every other ``REPEAT_KEYS`` argument is the stored setting's."""
 
@@ -1336,11 +1334,6 @@ def capacity_point(text: str) -> tuple[int, int, bool]:
     if int(slots) < 1:
         raise ValueError(f"--capacity-sweep: SLOTS must be >= 1 episodes, got {text!r}")
     return int(tau), int(slots), mode == "keep"
-
-
-def point_label(tau: int, slots: int, keep: bool) -> str:
-    """The method label of a capacity-sweep point's runs: ``sao tau=<tau> slots=<slots>`` (+ `` keep``)."""
-    return f"sao tau={tau} slots={slots}" + (" keep" if keep else "")
 
 
 def sweep_args(args: argparse.Namespace, tau: int, slots: int, keep: bool = False) -> argparse.Namespace:
@@ -1476,7 +1469,9 @@ def with_carried_methods(new: dict[str, Any], previous: dict[str, Any] | None) -
     Re-running some methods (``--methods sao`` after a fix to SAO's path) keeps the other methods'
     runs of the same setting (every ``REPEAT_KEYS`` argument equal), so the table still compares
     all of them; the headline numbers are recomputed and ``carried_methods`` names each carried
-    method with the time its run ended. A run with other arguments replaces the setting's result.
+    method with the time its run ended. Synchronous GRPO is also kept when only ``ASYNC_ONLY_KEYS``
+    differ (it runs each batch's episodes at once in the learner's process: no admission, no
+    staleness, no episode slots). A run with other arguments replaces the setting's result.
     """
     if previous is None:
         return new
@@ -1488,9 +1483,9 @@ def with_carried_methods(new: dict[str, Any], previous: dict[str, Any] | None) -
     if old.get("capacity_sweep") and "capacity_sweep" not in new and not any(
             stored.get(k) != given.get(k) for k in REPEAT_KEYS if k not in SWEPT_KEYS and (k in stored or k in given)):
         new = {**new, "capacity_sweep": old["capacity_sweep"]}  # it names its own machine, hour and command
-    if any(stored.get(k) != given.get(k) for k in REPEAT_KEYS if k in stored or k in given):
-        return new
-    carried = {k: v for k, v in old.get("methods", {}).items() if k not in new.get("methods", {})}
+    differ = {k for k in REPEAT_KEYS if (k in stored or k in given) and stored.get(k) != given.get(k)}
+    carried = {k: v for k, v in old.get("methods", {}).items() if k not in new.get("methods", {})
+               and (not differ or (method_kind(k) == "grpo_sync" and differ <= ASYNC_ONLY_KEYS))}
     if not carried:
         return new
     methods = {**carried, **new["methods"]}

@@ -169,6 +169,21 @@ def settings_of(args: Any) -> dict[str, Any]:
     return out
 
 
+def point_label(tau: int, slots: int, keep: bool) -> str:
+    """The method label of an ``async_vs_sync`` capacity-sweep point's runs: ``sao tau=<tau> slots=<slots>`` (+ `` keep``)."""
+    return f"sao tau={tau} slots={slots}" + (" keep" if keep else "")
+
+
+LATER_DEFAULTS = {"keep_stale_episodes": True}
+"""``async_vs_sync`` arguments added after results were stored, with what those results ran: before
+generators cancelled stale episodes in flight, every episode ran to its end."""
+
+
+def stored_settings(target: dict[str, Any]) -> dict[str, Any]:
+    """A stored ``async_vs_sync`` setting's arguments, with ``LATER_DEFAULTS`` for the keys it predates."""
+    return {**LATER_DEFAULTS, **(target.get("settings") or {})}
+
+
 def write_result(name: str, data: dict[str, Any], results_dir: Path = RESULTS_DIR) -> Path:
     """Write ``data`` as indented JSON to ``<results_dir>/<name>.json``; return the path.
 

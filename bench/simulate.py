@@ -82,7 +82,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from bench.common import ENGINE_MODES, GROUP_FEED_SIZE, Method, method_kind
+from bench.common import ENGINE_MODES, GROUP_FEED_SIZE, Method, method_kind, point_label, stored_settings
 
 """Simulated methods (see the module docstring)."""
 
@@ -297,6 +297,11 @@ class ClusterConfig:
             batches and every slot's blocking ``admission.acquire(acquire_timeout_s)`` shared
             asyncio's default pool of W threads (``ThreadPool``).
         acquire_timeout_s: Longest blocking ``acquire`` call (seconds) in the ``pool_workers`` model.
+        abort_stale: Asynchronous methods: when a version is published, cancel every unit in flight
+            whose first turn has returned and whose start version is more than ``max_staleness``
+            behind it, and give its slot and tickets back (``generator.abort_stale_episodes``, the
+            generator's default). A request of it still queued in the engine is skipped; one in a
+            running batch finishes. False: the unit runs to its end and the learner drops it.
     """
 
     method: Method = "sao"
@@ -319,6 +324,7 @@ class ClusterConfig:
     tool_latency_max_s: float = 60.0
     pool_workers: int = 0
     acquire_timeout_s: float = 1.0
+    abort_stale: bool = True
 
     def __post_init__(self) -> None:
         """Validate cross-field constraints.
@@ -360,6 +366,8 @@ class SimResult:
     events: int
     generating_s_per_rollout: float = 0.0
     """Mean engine generating seconds per finished rollout, over the whole run and all engines."""
+    stale_aborted: int = 0
+    """Rollouts cancelled in flight as stale (``ClusterConfig.abort_stale``)."""
 
 
 # -------------------------------------------------------------------------------- event loop
@@ -393,11 +401,12 @@ class EventLoop:
 
 @dataclass
 class Request:
-    """One turn's generation request."""
+    """One turn's generation request; ``live()`` False means its episode was cancelled (skipped while queued)."""
 
     prompt: int
     new: int
     done: Callable[[], None]
+    live: Callable[[], bool] = lambda: True
 
 
 class ThreadPool:
@@ -533,7 +542,15 @@ class Engine:
         if now < self._stall_end:
             self.loop.at(self._stall_end, self._maybe_start)
             return
-        batch = [self._queue.popleft() for _ in range(min(self.model.max_batch, len(self._queue)))]
+        batch: list[Request] = []  # a request cancelled while queued is skipped, as the hf engine does
+        while self._queue and len(batch) < self.model.max_batch:
+            r = self._queue.popleft()
+            if r.live():
+                batch.append(r)
+            else:
+                self._leave()
+        if not batch:
+            return
         self._running = True
         if self.pool is None:
             self._run_batch(batch, lambda: None)
@@ -606,6 +623,23 @@ class Engine:
 
 
 # -------------------------------------------------------------------------------- the cluster
+@dataclass(eq=False)
+class Unit:
+    """An asynchronous unit in flight (one SAO episode or one GRPO group) on generator ``gen``.
+
+    ``version`` is the learner's version when it started (rollouts, policy versions); ``versioned``
+    turns True when its first turn returns (the generator knows its oldest version from then on);
+    ``aborted`` when ``Cluster._abort_stale`` cancelled it.
+    """
+
+    uid: int
+    gen: int
+    version: int
+    size: int
+    versioned: bool = False
+    aborted: bool = False
+
+
 class Cluster:
     """Generators, learner and the controller of one method; call ``run()``."""
 
@@ -628,6 +662,9 @@ class Cluster:
         self.waiting: deque[int] = deque()  # generator index of each slot waiting for admission, FIFO
         self.updates: list[tuple[float, float, float]] = []  # (time, rollouts, trained action tokens)
         self.stale_dropped = 0
+        self.stale_aborted = 0
+        self._units: dict[int, Unit] = {}  # asynchronous units in flight, by id
+        self._unit_ids = itertools.count()
         self.finished_rollouts = 0
         self._sync_left = 0
         self._instances = itertools.count()  # task instances drawn so far (tool-latency seeds)
@@ -652,14 +689,21 @@ class Cluster:
         z = random.Random((c.seed * 1_000_003 + instance) * 101 + call).gauss(0.0, 1.0)
         return min(c.tool_latency_max_s, c.tool_latency_median_s * math.exp(c.tool_latency_sigma * z))
 
-    def _episode(self, gen: int, shape: RolloutShape, on_done: Callable[[], None], instance: int = 0) -> None:
+    def _episode(self, gen: int, shape: RolloutShape, on_done: Callable[[], None], instance: int = 0,
+                 unit: Unit | None = None) -> None:
         engine = self.engines[gen]
         state = {"turn": 0, "context": shape.prompt_tokens}
+        live = (lambda: not unit.aborted) if unit is not None else (lambda: True)
 
         def submit() -> None:
-            engine.submit(Request(state["context"], shape.action_tokens[state["turn"]], after_turn))
+            if live():
+                engine.submit(Request(state["context"], shape.action_tokens[state["turn"]], after_turn, live))
 
         def after_turn() -> None:
+            if not live():
+                return
+            if unit is not None:
+                unit.versioned = True
             turn = state["turn"]
             state["context"] += shape.action_tokens[turn] + (shape.observation_tokens[turn] if turn < len(shape.observation_tokens) else 0)
             state["turn"] = turn + 1
@@ -676,7 +720,7 @@ class Cluster:
         submit()
 
     def _group(self, gen: int, on_done: Callable[[list[RolloutShape], int], None],
-               shapes: list[RolloutShape] | None = None) -> None:
+               shapes: list[RolloutShape] | None = None, unit: Unit | None = None) -> None:
         """Start G episodes of one task on ``gen``; ``on_done(shapes, start_version)`` after the last.
 
         The members are ``shapes`` when given (a replay of measured episodes), else G distinct
@@ -697,7 +741,7 @@ class Cluster:
                 on_done(shapes, version)
 
         for s in shapes:
-            self._episode(gen, s, one_done, instance)
+            self._episode(gen, s, one_done, instance, unit)
 
     def _draw_group(self) -> list[RolloutShape]:
         """The workload's next replayed unit, else G rollouts of a uniformly drawn task, rewards from its posterior.
@@ -734,12 +778,28 @@ class Cluster:
         self._start_unit(gen)
 
     def _start_unit(self, gen: int) -> None:
+        unit = Unit(next(self._unit_ids), gen, self.version, self.cfg.group_size)
+        self._units[unit.uid] = unit
+
         def done(shapes: list[RolloutShape], version: int) -> None:
+            del self._units[unit.uid]
             self.ready.append((shapes, version))
             self._slot(gen)
             self._maybe_train()
 
-        self._group(gen, done)
+        self._group(gen, done, unit=unit)
+
+    def _abort_stale(self) -> None:
+        """Cancel the units in flight the new version made too stale (``ClusterConfig.abort_stale``); restart their slots."""
+        doomed = [u for u in self._units.values()
+                  if u.versioned and self.version - u.version > self.cfg.max_staleness]
+        for u in doomed:
+            u.aborted = True
+            del self._units[u.uid]
+            self.started -= u.size
+            self.stale_aborted += u.size
+        for u in doomed:
+            self._slot(u.gen)
 
     def _slot_blocking(self, gen: int) -> None:
         """The worker before the fix: a slot's ``acquire`` holds a pool thread until a ticket or its timeout.
@@ -845,6 +905,8 @@ class Cluster:
             if publishes:
                 self.version += 1
                 self.updates.append((self.loop.now, float(len(batch)), tokens))
+                if self.cfg.abort_stale and self.cfg.method != "grpo_sync":
+                    self._abort_stale()
                 for e in self.engines:
                     e.reload(self.cfg.reload_s)
             self.learner_busy = False
@@ -908,6 +970,7 @@ class Cluster:
             wall_s=wall,
             updates=len(self.updates),
             stale_dropped=self.stale_dropped,
+            stale_aborted=self.stale_aborted,
             generating_s_per_rollout=sum(e.generating_until_now() for e in self.engines) / max(self.finished_rollouts, 1),
             events=self.loop.events,
         )
@@ -979,7 +1042,7 @@ def measured_config(measured: dict[str, Any], method: str, engine_factor: float 
     Raises:
         KeyError: the method or a needed field is missing from ``measured``.
     """
-    s = measured["settings"]
+    s = stored_settings(measured)
     costs, calibrated, _ = engine_costs(measured)
     blocking = measured_worker(measured) == "blocking_pool"
     m = run if run is not None else measured["methods"][method]
@@ -999,6 +1062,7 @@ def measured_config(measured: dict[str, Any], method: str, engine_factor: float 
         batch_rollouts=s["batch_rollouts"],
         group_size=1 if method == "sao" else int(g),
         max_staleness=s["max_staleness"],
+        abort_stale=not s["keep_stale_episodes"],
         steps=max(2, int(m["policy_versions"])),
         publish_s=measured["weight_sync"]["publish_s"],
         reload_s=measured["weight_sync"]["reload_s"],
@@ -1247,9 +1311,11 @@ def validate(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
         runs = [r for r in point["runs"] if r.get("learner_step_s_mean") is not None]
         if not runs:
             continue
+        keep = point.get("keep_stale_episodes", True)  # points measured before generators cancelled stale episodes
         swept = {**measured, "settings": {**measured["settings"], "max_staleness": point["max_staleness"],
-                                          "episodes_in_flight": point["episodes_in_flight"]}}
-        label = f"sao tau={point['max_staleness']} slots={point['episodes_in_flight']}"
+                                          "episodes_in_flight": point["episodes_in_flight"],
+                                          "keep_stale_episodes": keep}}
+        label = point_label(point["max_staleness"], point["episodes_in_flight"], keep)
         rows.extend({**r, "method": label, "capacity_sweep": True}
                     for r in method_rows(swept, "sao", runs, workload, repeats, factor, speeds, f"capacity_sweep {label}"))
     rows.extend(validate_engine_modes(measured, workload, repeats, factor))

@@ -197,6 +197,31 @@ def test_rerunning_some_methods_keeps_the_others_of_the_same_setting() -> None:
     assert list(merge_results(stored, other)["methods"]) == ["sao"]
 
 
+def test_synchronous_grpo_is_carried_across_a_change_of_tau_slots_or_stale_handling_only() -> None:
+    """Synchronous GRPO uses no admission, staleness or slots: a rerun of sao and async G=8 at tau 8 / 512 slots
+    keeps the stored sync G=8, not the stored async G=4; another --steps keeps neither."""
+    import argparse
+
+    from bench.common import settings_of
+
+    def settings(tau: int, slots: int, steps: int = 12) -> dict:
+        return settings_of(argparse.Namespace(steps=steps, seed=0, max_staleness=tau, episodes_in_flight=slots,
+                                              keep_stale_episodes=False))
+
+    g8 = summary(0.03, 43.0, 1.1, 0.4, when="2026-12-01T11:20:03Z")
+    stored = {"setting": "tool_latency", "settings": settings(4, 256), "machine": {"when": "2026-12-01T11:20:03Z"},
+              "methods": {"sao": summary(0.71, 494.0, 10.0, 1.6), "grpo_sync_g8": g8,
+                          "grpo_async_g4": summary(0.3, 200.0, 8.0, 0.4)}}
+    rerun = {"setting": "tool_latency", "settings": settings(8, 512),
+             "methods": {"sao": summary(0.96, 780.0, 17.0, 1.7), "grpo_async_g8": summary(0.4, 300.0, 9.0, 0.4)}}
+    merged = merge_results(stored, rerun)
+    assert list(merged["methods"]) == ["sao", "grpo_sync_g8", "grpo_async_g8"]
+    assert merged["methods"]["grpo_sync_g8"] is g8 and merged["carried_methods"] == {"grpo_sync_g8": g8["when"]}
+    assert merged["throughput_ratio_sao_over_grpo_sync"] == pytest.approx(780.0 / 43.0)
+    assert list(merge_results(stored, {**rerun, "settings": settings(8, 512, steps=20)})["methods"]) == [
+        "sao", "grpo_async_g8"]
+
+
 def test_engine_probe_times_each_fixed_batch_on_the_real_engine(tiny_model) -> None:  # noqa: ANN001 (fixture)
     """The probe runs the hf engine on the tiny model: one median per PROBE_BATCHES shape, seconds their sum,
     and what other processes used beside it (a number on Linux)."""

@@ -153,6 +153,34 @@ def test_long_tail_makes_synchronous_grpo_slower_than_sao_when_the_learner_is_ch
     assert sao.busy_fraction > grpo.busy_fraction
 
 
+def test_cancelling_stale_units_in_flight_frees_their_slots() -> None:
+    """tau 1, B 2, 8 slots: half the tasks are 1 turn, half 4 turns with 5 s tool calls. A 4-turn episode outlives
+    two versions, so with ``abort_stale=False`` it runs on and the learner drops it; with the default it is
+    cancelled at the version that makes it stale (``stale_aborted``), fewer finish stale, and its slot and ticket
+    go to new episodes: more rollouts per second."""
+    long = RolloutShape(1, (5,) * 4, (3, 3, 3, 0), 1.0, tool_waits_s=(5.0, 5.0, 5.0))
+    work = Workload(((one_turn(5),), (long,)))
+    cfg = ClusterConfig(method="sao", batch_rollouts=2, episodes_in_flight=8, max_staleness=1, steps=12,
+                        engine=EngineModel(max_batch=8, step_s=0.01, step_s_per_row=0.0, prefill_s_per_token=0.0),
+                        learner=LearnerModel(step_s_fixed=0.1, s_per_token=0.0))
+    kept = simulate(replace(cfg, abort_stale=False), work)
+    cancelled = simulate(cfg, work)
+    assert kept.stale_aborted == 0 and kept.stale_dropped > 0
+    assert cancelled.stale_aborted > 0 and cancelled.stale_dropped < kept.stale_dropped
+    assert cancelled.rollouts_per_s > kept.rollouts_per_s
+
+
+def test_a_request_cancelled_while_queued_is_skipped_by_a_static_engine() -> None:
+    """Two requests queued at once, one cancelled: the batch runs the live one alone and only it completes."""
+    loop = EventLoop()
+    engine = Engine(loop, EngineModel(max_batch=4, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0))
+    done: list[str] = []
+    engine.submit(Request(1, 10, lambda: done.append("live")))
+    engine.submit(Request(1, 10, lambda: done.append("cancelled"), live=lambda: False))
+    loop.run(lambda: False, 100)
+    assert done == ["live"] and engine.outstanding == 0
+
+
 def test_steady_window_leaves_out_the_first_update() -> None:
     """Updates (t, rollouts, tokens) at 2, 5, 8 s: window 6 s, rollouts 4 + 4, tokens 30 + 50."""
     assert steady_window([(2.0, 4.0, 10.0), (5.0, 4.0, 30.0), (8.0, 4.0, 50.0)]) == (6.0, 80.0, 8.0)
@@ -614,11 +642,12 @@ def test_capacity_sweep_points_are_simulated_with_their_own_tau_and_slots() -> N
         return {**measured["methods"]["sao"], "busy_fraction": busy}
 
     measured["capacity_sweep"] = {"points": [
-        {"max_staleness": 0, "episodes_in_flight": 4, "runs": [run(0.2), run(0.4)]},
-        {"max_staleness": 4, "episodes_in_flight": 40, "runs": [run(0.9)]}]}
+        {"max_staleness": 0, "episodes_in_flight": 4, "keep_stale_episodes": False, "runs": [run(0.2), run(0.4)]},
+        {"max_staleness": 4, "episodes_in_flight": 40, "keep_stale_episodes": False, "runs": [run(0.9)]},
+        {"max_staleness": 0, "episodes_in_flight": 4, "runs": [run(0.2)]}]}  # stored before the option: kept
     rows = validate(measured, repeats=1)["rows"]
     busy = {r["method"]: r for r in rows if r["quantity"] == "busy_fraction"}
-    assert set(busy) == {"sao", "sao tau=0 slots=4", "sao tau=4 slots=40"}
+    assert set(busy) == {"sao", "sao tau=0 slots=4", "sao tau=4 slots=40", "sao tau=0 slots=4 keep"}
     assert busy["sao tau=0 slots=4"]["measured"] == pytest.approx(0.3) and busy["sao tau=0 slots=4"]["runs"] == 2
     assert busy["sao tau=0 slots=4"]["capacity_sweep"] and "capacity_sweep" not in busy["sao"]
     assert busy["sao tau=4 slots=40"]["predicted"] > busy["sao"]["predicted"] > busy["sao tau=0 slots=4"]["predicted"]
