@@ -56,10 +56,10 @@ generator process uses 1 (``posttrain.generator.worker``): on 2 shared cores one
 was about twice as fast as two for the synchronous baseline too.
 
 Run: ``.venv/bin/python -m bench.async_vs_sync --steps 12 --eval-every 4`` (the tool-latency
-setting, 31 minutes measured on 2 shared cores: synchronous GRPO spends most of it waiting for
-each batch's slowest group; plus 8 minutes of SFT warm start the first time, cached under
-``--work-dir``), the compute-bound setting with
-``.venv/bin/python -m bench.async_vs_sync --tool-latency-median-s 0 --episodes-in-flight 64 --steps 12 --eval-every 4``
+setting at tau 8 and 512 episode slots, 31 minutes measured on 2 shared cores: synchronous GRPO
+spends most of it waiting for each batch's slowest group; plus 8 minutes of SFT warm start the
+first time, cached under ``--work-dir``), the compute-bound setting with
+``.venv/bin/python -m bench.async_vs_sync --tool-latency-median-s 0 --episodes-in-flight 64 --max-staleness 4 --steps 12 --eval-every 4``
 (10 minutes),
 or a smoke run:
 ``.venv/bin/python -m bench.async_vs_sync --steps 2 --eval-every 2 --methods sao grpo_sync_g4``.
@@ -70,7 +70,7 @@ Capacity sweep: ``--capacity-sweep TAU:SLOTS ...`` runs only SAO (``--repeats`` 
 each staleness bound and number of episode slots, on the stored setting's other arguments, and
 stores it with that setting (``capacity_sweep``): how SAO's busy fraction depends on its admission
 capacity ``(tau + 1) x B`` when episodes wait seconds on tools. Include the setting's own point
-(``4:256``) to compare within the same hour.
+(``8:512``) to compare within the same hour; ``TAU:SLOTS:keep`` lets stale episodes finish (``--keep-stale-episodes``).
 
 Episodes: every run reads the episodes it produced from its learner's ledger (``run_episodes``:
 lengths per turn, reward, tool waits, in the order it started them) and counts them
@@ -1536,7 +1536,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20, help="policy versions per method")
     p.add_argument("--batch-rollouts", type=int, default=64, help="rollouts per policy version (every method)")
     p.add_argument("--generators", type=int, default=1, help="generator processes (SAO, async GRPO)")
-    p.add_argument("--episodes-in-flight", type=int, default=256,
+    p.add_argument("--episodes-in-flight", type=int, default=512,
                    help="concurrent episodes per engine (asynchronous methods; admission caps them at "
                         "(tau + 1) x --batch-rollouts ahead of the learner)")
     p.add_argument("--engine", default="hf", choices=["hf", "vllm", "auto"])
@@ -1555,8 +1555,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=5, help="snapshot every this many versions")
     p.add_argument("--sft-steps", type=int, default=500)
     p.add_argument("--lr", type=float, default=3.0e-4)
-    p.add_argument("--max-staleness", type=int, default=4,
-                   help="tau of SAO and asynchronous GRPO (policy versions; 4: the config default, Reef's SAO runs)")
+    p.add_argument("--max-staleness", type=int, default=8,
+                   help="tau of SAO and asynchronous GRPO (policy versions; 8: prime-rl's and verl V1's default, "
+                        "which keeps SAO's generator busy with 3 s tool calls; the run config's default is 4)")
     p.add_argument("--micro-batch-size", type=int, default=4,
                    help="rollouts per micro-batch, every method (rows are trained in length order)")
     p.add_argument("--critic-warmup", type=int, default=1, help="SAO critic-only iterations")

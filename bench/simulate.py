@@ -77,7 +77,7 @@ import statistics
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -368,6 +368,8 @@ class SimResult:
     """Mean engine generating seconds per finished rollout, over the whole run and all engines."""
     stale_aborted: int = 0
     """Rollouts cancelled in flight as stale (``ClusterConfig.abort_stale``)."""
+    mean_batch_rows: float = 0.0
+    """Requests per engine batch (static batching; 0 for continuous), over all engines."""
 
 
 # -------------------------------------------------------------------------------- event loop
@@ -463,6 +465,8 @@ class Engine:
         self.gen_s = 0.0
         self._gen_since: float | None = None
         self.row_seconds = 0.0
+        self.batches = 0
+        self.batch_rows = 0
         # static batching
         self._queue: deque[Request] = deque()
         self._running = False
@@ -560,6 +564,8 @@ class Engine:
     def _run_batch(self, batch: list[Request], release: Callable[[], None]) -> None:
         now = self.loop.now
         rows = len(batch)
+        self.batches += 1
+        self.batch_rows += rows
         width = max(r.prompt for r in batch)
         steps = max(r.new for r in batch)
         decode = steps * self.model.step_time(rows, width + steps // 2)
@@ -971,6 +977,8 @@ class Cluster:
             updates=len(self.updates),
             stale_dropped=self.stale_dropped,
             stale_aborted=self.stale_aborted,
+            mean_batch_rows=(sum(e.batch_rows for e in self.engines) / batches
+                             if (batches := sum(e.batches for e in self.engines)) else 0.0),
             generating_s_per_rollout=sum(e.generating_until_now() for e in self.engines) / max(self.finished_rollouts, 1),
             events=self.loop.events,
         )
@@ -1325,6 +1333,12 @@ def validate(measured: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
             "engine_factor": factor, "feeding_factors": speeds}
 
 
+def mean_or_none(values: Iterable[Any]) -> float | None:
+    """Mean of the values that are not None (runs from before a counter existed lack it); None if none are."""
+    known = [float(v) for v in values if v is not None]
+    return statistics.fmean(known) if known else None
+
+
 def method_rows(measured: dict[str, Any], method: str, runs: Sequence[dict[str, Any]], workload: Workload,
                 repeats: int, factor: float | None, speeds: dict[str, float], where: str) -> list[dict[str, Any]]:
     """The three validation rows (busy fraction, trained action tokens/s, rollouts/s) of one method's runs.
@@ -1376,6 +1390,9 @@ def method_rows(measured: dict[str, Any], method: str, runs: Sequence[dict[str, 
                      "engine_probe_ratio": statistics.fmean(known) if known else None,
                      "replayed_episodes": replayed,
                      "predicted_generating_fraction": statistics.fmean(r.busy_fraction for r in sims),
+                     "predicted_mean_batch_rows": statistics.fmean(r.mean_batch_rows for r in sims),
+                     "measured_mean_batch_rows": mean_or_none(
+                         (r.get("counters") or {}).get("generator_mean_batch_rows") for r in runs),
                      "predicted_in_engine_fraction": statistics.fmean(r.in_engine_fraction for r in sims)})
     return rows
 

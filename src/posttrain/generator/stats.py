@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from posttrain.generator.engines.base import GenerationRequest, GenerationResult, InferenceEngine
 from posttrain.runtime import RunContext
@@ -60,6 +61,11 @@ class GeneratorStats:
         admission_wait_s: Seconds spent waiting for admission tickets (summed over episode slots).
         stale_aborted: Episodes cancelled in flight because the learner had moved more than
             ``max_staleness`` versions past their oldest policy version (``generator.inflight``).
+        engine_batches: Batches the engine ran (engines that report them: the ``hf`` engine's
+            ``batch_observer``; 0 otherwise).
+        engine_batch_rows: Requests over those batches (their mean is ``mean_batch_rows``).
+        engine_batch_padded_tokens: Prompt tokens the batches ran with padding (rows x width), so
+            ``engine_batch_padded_tokens / engine_batch_rows`` is the mean padded context per row.
     """
 
     started_at: float = field(default_factory=time.time)
@@ -76,6 +82,9 @@ class GeneratorStats:
     weight_wait_timeouts: int = 0
     admission_wait_s: float = 0.0
     stale_aborted: int = 0
+    engine_batches: int = 0
+    engine_batch_rows: int = 0
+    engine_batch_padded_tokens: int = 0
     _active: int = 0
     _busy_since: float = 0.0
     _engine_clock: Callable[[], float] | None = None
@@ -126,7 +135,8 @@ class GeneratorStats:
 
         Keys beyond the counters: ``busy_s`` and ``wall_s`` (seconds), ``busy_fraction``,
         ``busy_measured_by_engine`` (1.0 when the engine's own clock was used),
-        ``rollouts_per_s`` and ``tokens_per_s`` (action tokens per second).
+        ``rollouts_per_s`` and ``tokens_per_s`` (action tokens per second), and
+        ``mean_batch_rows`` (requests per engine batch; 0 without batch reports).
         """
         wall = max(time.time() - self.started_at, 1e-9)
         busy = self.busy_seconds()
@@ -139,6 +149,7 @@ class GeneratorStats:
             rollouts_per_s=self.rollouts / wall,
             tokens_per_s=self.action_tokens / wall,
             wall_s=wall,
+            mean_batch_rows=self.engine_batch_rows / self.engine_batches if self.engine_batches else 0.0,
         )
         return out
 
@@ -148,7 +159,9 @@ class MeteredEngine:
 
     When the engine has a ``generating_seconds()`` method (the ``hf`` engine), ``stats`` uses it
     as its busy clock (``GeneratorStats.use_engine_clock``); requests entering and leaving are
-    counted either way (``in_engine_s``).
+    counted either way (``in_engine_s``). When it has a ``batch_observer`` slot (the ``hf``
+    engine), every batch it runs is counted in ``engine_batches`` / ``engine_batch_rows`` /
+    ``engine_batch_padded_tokens`` (an observer already set is still called).
     """
 
     def __init__(self, engine: InferenceEngine, stats: GeneratorStats) -> None:
@@ -157,6 +170,17 @@ class MeteredEngine:
         clock = getattr(engine, "generating_seconds", None)
         if callable(clock):
             stats.use_engine_clock(clock)
+        if hasattr(engine, "batch_observer"):
+            chained = engine.batch_observer
+
+            def observe(batch: Any) -> None:  # on the engine's thread; only it writes these counters
+                stats.engine_batches += 1
+                stats.engine_batch_rows += int(batch.rows)
+                stats.engine_batch_padded_tokens += int(batch.rows) * int(batch.width)
+                if chained is not None:
+                    chained(batch)
+
+            engine.batch_observer = observe
 
     @property
     def policy_version(self) -> int:

@@ -85,7 +85,7 @@ def _generator_metrics(client: redis.Redis, key: str) -> dict[str, float]:
         stats = json.loads(blob)
         name = gid.decode() if isinstance(gid, bytes) else str(gid)
         for k in ("busy_fraction", "rollouts_per_s", "tokens_per_s", "max_in_flight", "rejected", "failed",
-                  "stale_aborted"):
+                  "stale_aborted", "mean_batch_rows"):
             out[f"generator/{name}/{k}"] = float(stats.get(k, 0.0))
         busy.append(float(stats.get("busy_fraction", 0.0)))
     if busy:

@@ -101,3 +101,26 @@ def test_hf_batches_run_while_the_default_thread_pool_is_blocked(tiny_model) -> 
     snap = stats.snapshot()
     assert snap["busy_measured_by_engine"] == 1.0
     assert 0.0 < snap["busy_s"] <= snap["in_engine_s"]
+    # the batch was counted through the engine's batch observer: 1 batch of 3 rows, prompts of 3 tokens
+    assert (snap["engine_batches"], snap["engine_batch_rows"], snap["mean_batch_rows"]) == (1.0, 3.0, 3.0)
+    assert snap["engine_batch_padded_tokens"] == 9.0
+
+
+def test_a_batch_observer_already_set_is_still_called() -> None:
+    """The bench sets its own observer on an hf engine; metering it must not silence that observer."""
+
+    class Batch:
+        rows, width = 2, 5
+
+    class ObservedEngine(ClockedEngine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[object] = []
+            self.batch_observer = self.seen.append
+
+    engine, stats = ObservedEngine(), GeneratorStats()
+    MeteredEngine(engine, stats)
+    engine.batch_observer(Batch())
+    assert len(engine.seen) == 1
+    assert (stats.engine_batches, stats.engine_batch_rows, stats.engine_batch_padded_tokens) == (1, 2, 10)
+    assert GeneratorStats().snapshot()["mean_batch_rows"] == 0.0  # no batches reported: 0, not a division error
