@@ -46,6 +46,7 @@ class GeneratorStats:
 
     Attributes:
         started_at: Unix time (s) the generator began serving.
+        cpu_started_at: The process's CPU time (s, all threads) when it began serving.
         in_engine_s: Seconds with at least one request inside the engine wrapper (queued or
             generating); the busy time of engines without their own clock.
         rollouts: Rollouts put on the stream.
@@ -66,9 +67,13 @@ class GeneratorStats:
         engine_batch_rows: Requests over those batches (their mean is ``mean_batch_rows``).
         engine_batch_padded_tokens: Prompt tokens the batches ran with padding (rows x width), so
             ``engine_batch_padded_tokens / engine_batch_rows`` is the mean padded context per row.
+        engine_batch_cpu_s: CPU seconds of the engine's thread inside those batches
+            (``BatchTiming.cpu_seconds``); ``busy_s`` minus this is time the batches waited for a
+            core or the GIL.
     """
 
     started_at: float = field(default_factory=time.time)
+    cpu_started_at: float = field(default_factory=time.process_time)
     in_engine_s: float = 0.0
     rollouts: int = 0
     rejected: int = 0
@@ -85,10 +90,16 @@ class GeneratorStats:
     engine_batches: int = 0
     engine_batch_rows: int = 0
     engine_batch_padded_tokens: int = 0
+    engine_batch_cpu_s: float = 0.0
     _active: int = 0
     _busy_since: float = 0.0
     _engine_clock: Callable[[], float] | None = None
     _engine_clock_start: float = 0.0
+
+    def mark_started(self) -> None:
+        """Start the wall and CPU clocks now (the generator begins serving)."""
+        self.started_at = time.time()
+        self.cpu_started_at = time.process_time()
 
     def use_engine_clock(self, generating_seconds: Callable[[], float]) -> None:
         """Measure busy time with the engine's own clock from now on (module docstring).
@@ -136,7 +147,11 @@ class GeneratorStats:
         Keys beyond the counters: ``busy_s`` and ``wall_s`` (seconds), ``busy_fraction``,
         ``busy_measured_by_engine`` (1.0 when the engine's own clock was used),
         ``rollouts_per_s`` and ``tokens_per_s`` (action tokens per second), and
-        ``mean_batch_rows`` (requests per engine batch; 0 without batch reports).
+        ``mean_batch_rows`` (requests per engine batch; 0 without batch reports), and
+        ``cpu_s`` / ``cpu_fraction``: CPU seconds the whole process used since ``cpu_started_at``
+        (engine thread, event loop, environments, Redis client) and their share of wall time (can
+        exceed 1 with several busy threads); ``host_cpu_s = cpu_s - engine_batch_cpu_s`` is the
+        CPU spent outside the engine's batches (event loop, environments, Redis, weight reloads).
         """
         wall = max(time.time() - self.started_at, 1e-9)
         busy = self.busy_seconds()
@@ -150,6 +165,9 @@ class GeneratorStats:
             tokens_per_s=self.action_tokens / wall,
             wall_s=wall,
             mean_batch_rows=self.engine_batch_rows / self.engine_batches if self.engine_batches else 0.0,
+            cpu_s=(cpu := time.process_time() - self.cpu_started_at),
+            cpu_fraction=cpu / wall,
+            host_cpu_s=cpu - self.engine_batch_cpu_s,
         )
         return out
 
@@ -177,6 +195,7 @@ class MeteredEngine:
                 stats.engine_batches += 1
                 stats.engine_batch_rows += int(batch.rows)
                 stats.engine_batch_padded_tokens += int(batch.rows) * int(batch.width)
+                stats.engine_batch_cpu_s += float(getattr(batch, "cpu_seconds", 0.0))
                 if chained is not None:
                     chained(batch)
 

@@ -108,7 +108,7 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stopping.set)
-    stats.started_at = time.time()
+    stats.mark_started()
 
     running = InFlightEpisodes()
     group_size = config.grpo.group_size if config.technique == "grpo" else 1

@@ -539,7 +539,7 @@ def run_grpo_sync(
 
     async def loop() -> None:
         bar = tqdm(total=grpo.steps, initial=state.iteration, desc="grpo", disable=not progress, leave=False)
-        stats.started_at = time.time()
+        stats.mark_started()
         t_start = time.monotonic()
         trained_before = counters["rollouts_trained"]
         tokens_before = counters["action_tokens_trained"]

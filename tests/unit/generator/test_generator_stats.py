@@ -104,6 +104,8 @@ def test_hf_batches_run_while_the_default_thread_pool_is_blocked(tiny_model) -> 
     # the batch was counted through the engine's batch observer: 1 batch of 3 rows, prompts of 3 tokens
     assert (snap["engine_batches"], snap["engine_batch_rows"], snap["mean_batch_rows"]) == (1.0, 3.0, 3.0)
     assert snap["engine_batch_padded_tokens"] == 9.0
+    assert snap["cpu_s"] > 0.0 and snap["cpu_fraction"] > 0.0  # the batch ran in this process
+    assert 0.0 < snap["engine_batch_cpu_s"] <= snap["cpu_s"]  # the engine thread's CPU inside the batch
 
 
 def test_a_batch_observer_already_set_is_still_called() -> None:

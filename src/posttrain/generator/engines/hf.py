@@ -118,6 +118,9 @@ class BatchTiming:
         seconds: Wall time of the batch on the engine's thread (prefill and decode, monotonic clock).
         generated_tokens: Tokens sampled over all rows (at most ``rows * new_tokens``): a row that
             stopped is still decoded with the batch but no longer sampled.
+        cpu_seconds: CPU time of the engine's thread during the batch (``time.thread_time``; with
+            one torch thread the kernels run on it). Below ``seconds`` when the thread waited for
+            a core or for the GIL, e.g. while the generator's event loop ran.
     """
 
     rows: int
@@ -126,6 +129,7 @@ class BatchTiming:
     new_tokens: int
     seconds: float
     generated_tokens: int = 0
+    cpu_seconds: float = 0.0
 
 
 @dataclass
@@ -317,11 +321,13 @@ class HFEngine:
     ) -> list[tuple[list[int], list[float], Literal["stop", "length"]]]:
         with self._clock_lock:
             started = self._generating_since = time.monotonic()
+        cpu_started = time.thread_time()
         try:
             with torch.inference_mode():
                 outputs = self._sample(batch)
         finally:
             elapsed = time.monotonic() - started
+            cpu = time.thread_time() - cpu_started
             with self._clock_lock:
                 self._generating_s += elapsed
                 self._generating_since = None
@@ -330,7 +336,8 @@ class HFEngine:
             lengths = [len(p.request.prompt_token_ids) for p in batch]
             sampled = [len(tokens) for tokens, _, _ in outputs]
             observer(BatchTiming(rows=len(batch), width=max(lengths), prompt_tokens=sum(lengths),
-                                 new_tokens=max(sampled), seconds=elapsed, generated_tokens=sum(sampled)))
+                                 new_tokens=max(sampled), seconds=elapsed, generated_tokens=sum(sampled),
+                                 cpu_seconds=cpu))
         return outputs
 
     def _sample(
