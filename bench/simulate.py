@@ -1143,6 +1143,10 @@ def phase_identifies_engine_speed(phases: Sequence[float], engine_free_s: float,
     return at_current_s - engine_free_s > 2 * se
 
 
+ENGINE_SPEED_ROUNDS = 4
+"""Fixed-point rounds of ``calibrate_engine_speed`` on a run's generating seconds per rollout."""
+
+
 def calibrate_engine_speed(base: ClusterConfig, measured_method: dict[str, Any], workload: Workload,
                            repeats: int) -> tuple[ClusterConfig, str]:
     """Scale the engine's speed to what the run itself measured, when it measured it.
@@ -1156,8 +1160,12 @@ def calibrate_engine_speed(base: ClusterConfig, measured_method: dict[str, Any],
     waits, and the fit used to push their sampling noise into the speed (x1/20 for G = 4, x5 for
     G = 8 in the tool-latency setting, so -96% and +380% busy fraction). A run that records its
     generators' engine-clock seconds and rollouts (``generator_busy_s``, ``generator_rollouts``,
-    per method or in its ``counters``) is scaled so the simulated generating seconds per rollout
-    match. Other runs keep the load-based scale of ``measured_config``.
+    per method or in its ``counters``: asynchronous runs since generators report them) is scaled
+    so the simulated generating seconds per rollout match: ``ENGINE_SPEED_ROUNDS`` rounds of
+    ``factor *= measured / simulated``, because a slower engine also batches more rows, which
+    lowers its cost per rollout. What such a row then checks is the scheduling: the busy
+    fraction and the throughput that the slots, admission, tool waits and learner make of that
+    engine speed. Other runs keep the load-based scale of ``measured_config``.
 
     Returns:
         The config and where its engine speed came from (``"generator_batch_s"``,
@@ -1193,9 +1201,16 @@ def calibrate_engine_speed(base: ClusterConfig, measured_method: dict[str, Any],
                 hi = mid
         factor, source = math.exp((lo + hi) / 2), "generator_batch_s"
     elif busy_s and produced:
-        sims = [simulate(replace(base, seed=base.seed + k), workload).generating_s_per_rollout for k in range(repeats)]
-        simulated = statistics.fmean(sims)
-        factor, source = (float(busy_s) / float(produced) / simulated if simulated > 0 else 1.0), "generator_busy_s"
+        target, factor = float(busy_s) / float(produced), 1.0
+        for _ in range(ENGINE_SPEED_ROUNDS):
+            cfg = replace(base, engine_scale_idle=base.engine_scale_idle * factor,
+                          engine_scale_learner_busy=base.engine_scale_learner_busy * factor)
+            simulated = statistics.fmean(simulate(replace(cfg, seed=cfg.seed + k), workload).generating_s_per_rollout
+                                         for k in range(repeats))
+            if simulated <= 0:
+                break
+            factor *= target / simulated
+        source = "generator_busy_s"
     else:
         return base, "load average"
     return replace(base, engine_scale_idle=base.engine_scale_idle * factor,
@@ -1959,7 +1974,9 @@ def render(result: dict[str, Any]) -> str:
         "error), each method's "
         "learner step time, publish and reload medians, the setting's tool latency, and where the run recorded "
         "it its own generation speed (column *speed from*: `generator_batch_s`, the synchronous runs' generation "
-        "time per step, unless that time is mostly tool waits: *generator_batch_s is tool waits*; otherwise the "
+        "time per step, unless that time is mostly tool waits: *generator_batch_s is tool waits*; "
+        "`generator_busy_s`, an asynchronous run's engine seconds per rollout from its generators' own counters, "
+        "so that row checks the scheduling around that speed; otherwise the "
         f"CPU share its load average implied, counting the generator as {GENERATOR_BUSY_THREADS} busy thread). "
         "A method run several times (`async_vs_sync --repeats`) is compared as the mean of its runs against the "
         "mean of their simulations, each run simulated with its own learner step time and load (*speed from* "

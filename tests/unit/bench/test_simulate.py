@@ -181,6 +181,27 @@ def test_a_request_cancelled_while_queued_is_skipped_by_a_static_engine() -> Non
     assert done == ["live"] and engine.outstanding == 0
 
 
+def test_an_asynchronous_run_that_reports_its_engine_seconds_is_simulated_at_that_speed() -> None:
+    """SAO with 2 s tool calls between 3 turns and 16 slots: a run whose generator spent twice the simulated engine
+    seconds per rollout (``generator_busy_s`` / ``generator_rollouts`` in its counters) is simulated with an engine
+    that matches it within 5%, although a slower engine also batches more rows per step."""
+    from bench.simulate import calibrate_engine_speed
+
+    shape = RolloutShape(8, (20, 20, 20), (4, 4, 0), 1.0, tool_waits_s=(2.0, 2.0))
+    work = Workload(((shape,),))
+    base = ClusterConfig(method="sao", batch_rollouts=4, episodes_in_flight=16, max_staleness=2, steps=8,
+                         engine=EngineModel(max_batch=16, step_s=0.01, step_s_per_row=0.002, prefill_s_per_token=1e-4),
+                         learner=LearnerModel(step_s_fixed=0.2, s_per_token=0.0))
+    alone = simulate(base, work).generating_s_per_rollout
+    target = 2.0 * alone
+    cfg, source = calibrate_engine_speed(base, {"counters": {"generator_busy_s": 100.0 * target,
+                                                             "generator_rollouts": 100.0}}, work, repeats=1)
+    assert source == "generator_busy_s" and cfg.engine_scale_idle > 1.0
+    assert simulate(cfg, work).generating_s_per_rollout == pytest.approx(target, rel=0.05)
+    unchanged, source = calibrate_engine_speed(base, {"counters": {}}, work, repeats=1)
+    assert unchanged == base and source == "load average"
+
+
 def test_steady_window_leaves_out_the_first_update() -> None:
     """Updates (t, rollouts, tokens) at 2, 5, 8 s: window 6 s, rollouts 4 + 4, tokens 30 + 50."""
     assert steady_window([(2.0, 4.0, 10.0), (5.0, 4.0, 30.0), (8.0, 4.0, 50.0)]) == (6.0, 80.0, 8.0)
