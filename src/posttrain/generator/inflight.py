@@ -7,7 +7,7 @@ version ``v`` satisfy ``v - o > tau``, the rollout it will produce is already dr
 turn, tool call and second in its episode slot is wasted. On long-tailed agentic workloads these
 are the longest episodes, and they hold their slot and admission ticket through their remaining
 tool calls. ``InFlightEpisodes`` lets the generator cancel them as soon as a new version is seen
-(prime-rl cancels groups past its bound in the same way, research/peers.md §3.2), so the slot and
+(prime-rl cancels groups past its bound early in the same way, research/peers.md, its row), so the slot and
 ticket go to an episode that can still be trained.
 
 Usage (``generator.worker``)::
