@@ -317,11 +317,10 @@ def train_sao(ctx: RunContext, start_model: Path, sink: Any) -> Any:
             sum(s["busy_fraction"] for s in gen_stats.values()) / max(len(gen_stats), 1)
         )
         summary.counters["generator_max_in_flight"] = float(max((s["max_in_flight"] for s in gen_stats.values()), default=0))
-        summary.counters["generator_stale_aborted"] = float(sum(s.get("stale_aborted", 0.0) for s in gen_stats.values()))
         summary.counters["generator_cpu_fraction"] = (
             sum(s.get("cpu_fraction", 0.0) for s in gen_stats.values()) / max(len(gen_stats), 1)
         )
-        for key in ("busy_s", "wall_s", "cpu_s", "host_cpu_s", "engine_batch_cpu_s", "rollouts"):
+        for key in ("stale_aborted", "busy_s", "wall_s", "cpu_s", "host_cpu_s", "engine_batch_cpu_s", "rollouts"):
             summary.counters[f"generator_{key}"] = float(sum(s.get(key, 0.0) for s in gen_stats.values()))
         batches = sum(s.get("engine_batches", 0.0) for s in gen_stats.values())
         summary.counters["generator_mean_batch_rows"] = (

@@ -7,8 +7,8 @@ version ``v`` satisfy ``v - o > tau``, the rollout it will produce is already dr
 turn, tool call and second in its episode slot is wasted. On long-tailed agentic workloads these
 are the longest episodes, and they hold their slot and admission ticket through their remaining
 tool calls. ``InFlightEpisodes`` lets the generator cancel them as soon as a new version is seen
-(prime-rl cancels groups past its bound early in the same way, research/peers.md, its row), so the slot and
-ticket go to an episode that can still be trained.
+(prime-rl cancels groups past its bound early in the same way, research/peers.md, its row), so
+the slot and ticket go to an episode that can still be trained.
 
 Usage (``generator.worker``)::
 
@@ -16,11 +16,11 @@ Usage (``generator.worker``)::
     rollout = await running.run(functools.partial(run_episode, engine, tokenizer, env, task, limits))
     if rollout is None:          # cancelled as stale: release the ticket, count it, next task
         ...
-    # from the weight watcher, on each new learner version:
+    # from the weight watcher, at each of its wake-ups (a new version, or at most 1 s later):
     running.abort_stale(learner_version, max_staleness)
 
 An episode whose first turn has not returned yet has no policy version and is never cancelled
-(its oldest version is not known; it is checked again on the next version). A GRPO group is one
+(its oldest version is not known; the watcher checks it again at its next wake-up). A GRPO group is one
 unit: its oldest version is the oldest over its members, and it is cancelled whole, as the
 learner drops a group with any stale member.
 """

@@ -13,11 +13,12 @@ A watcher waits for the learner's new-weights announcement (``generator.weight_w
 pub/sub) for at most ``WEIGHT_WAIT_S`` seconds, then reads the weight store's latest version
 either way (a missed announcement costs at most that long) and reloads in place when it is new
 (between requests; a reload between two turns of one episode is allowed, the rollout then
-carries the oldest version). Before reloading it cancels the episodes in flight that the new
-version made too stale to train (``generator.abort_stale_episodes``, ``generator.inflight``): their
-tickets are released and they count in ``stale_aborted``. Each wake-up also nudges the admission gate (a new version raises
-capacity), publishes the generator's stats, and checks the run's stop key. On stop (key or
-SIGTERM) episodes in flight are cancelled and their tickets released.
+carries the oldest version). Before reloading it cancels the episodes in flight that the latest
+version made too stale to train (``generator.abort_stale_episodes``, ``generator.inflight``):
+their tickets are released and they count in ``stale_aborted``. Each wake-up also nudges the
+admission gate (a new version raises capacity), publishes the generator's stats, and checks the
+run's stop key. On stop (key or SIGTERM) episodes in flight are cancelled and their tickets
+released.
 """
 
 from __future__ import annotations
