@@ -20,9 +20,9 @@ Two settings:
 The results file keeps one result per setting: the tool-latency run at the top level (what the
 targets table reads), the compute-bound run under ``compute_bound``; a run replaces only its own. Each method runs ``--steps`` policy versions through the product code path:
 
-* ``sao``: ``posttrain.flow.train_sao`` (embedded Redis, ``--generators`` generator processes,
+* ``sao``: ``posttrain.runners.sao.train_sao`` (embedded Redis, ``--generators`` generator processes,
   the SAO learner with critic and DIS);
-* ``grpo_sync_g4`` / ``grpo_sync_g8``: ``posttrain.learner.grpo.run_grpo_sync`` (one engine in the
+* ``grpo_sync_g4`` / ``grpo_sync_g8``: ``posttrain.runners.grpo_sync.run_grpo_sync`` (one engine in the
   learner's process: generate a whole batch, wait for the slowest episode, train, reload);
 * ``grpo_async_g8``: ``train_sao`` over ``async_runtime_config`` (groups of G share a ``group_id``,
   DIS mask, staleness bound).
@@ -31,14 +31,14 @@ Measured per method (from the learner's metrics sink and the generators' stats):
 
 * ``busy_fraction``: share of the generators' wall time during which the engine was generating
   for at least one request (the ``hf`` engine's own clock: time its thread spends in batches;
-  ``posttrain.generator.stats``), mean over generators; waiting for tools, tickets or a queued
+  ``posttrain.inference.metering``), mean over generators; waiting for tools, tickets or a queued
   batch is not busy;
 * ``trained_action_tokens_per_s``: action tokens that received a policy gradient (GRPO: kept
   groups only) per second, in the steady window from the first to the last policy update;
 * ``rollouts_per_s``: rollouts the learner consumed per second in the same window;
 * ``time_to_target_s``: seconds from the method's start (services and engines included) to the
   first weight snapshot whose held-out reward reaches the target. Snapshots are taken every
-  ``--eval-every`` versions and evaluated after all methods finished (``flow.evaluate_policy``,
+  ``--eval-every`` versions and evaluated after all methods finished (``evaluate_policy``,
   the same held-out tasks and sampling seeds for every snapshot).
 
 The run also records what ``bench/simulate.py`` needs: a trace of episode lengths of the
@@ -250,13 +250,13 @@ def prepare_shared(args: argparse.Namespace, work: Path) -> tuple[Any, Path, flo
     Returns:
         ``(base RunContext, SFT model directory, seconds spent)``.
     """
-    from posttrain import flow
+    from posttrain.runners.common import prepare, warm_start
     from posttrain.runtime import RunContext
 
     ctx = RunContext(validated(base_config(args, work, "base")))
     t0 = time.monotonic()
-    flow.prepare(ctx)
-    sft = flow.warm_start(ctx)
+    prepare(ctx)
+    sft = warm_start(ctx)
     for f in ctx.tokenizer_dir.iterdir():  # snapshots and evaluation load the tokenizer beside the weights
         if not (sft / f.name).exists():
             shutil.copy2(f, sft / f.name)
@@ -362,8 +362,9 @@ def run_method(config_dict: dict[str, Any], method: str, base: Any, sft: Path, s
     Returns:
         The ``MethodRun`` (step records, snapshots, counters, wall time, the episodes of its ledger).
     """
-    from posttrain import flow
-    from posttrain.learner.grpo import async_runtime_config, run_grpo_sync
+    from posttrain.config.roles import async_runtime_config
+    from posttrain.runners.grpo_sync import run_grpo_sync
+    from posttrain.runners.sao import train_sao
     from posttrain.runtime import RunContext
 
     config = validated(config_dict)
@@ -386,7 +387,7 @@ def run_method(config_dict: dict[str, Any], method: str, base: Any, sft: Path, s
         summary = run_grpo_sync(config, start_model_dir=sft, sink=sink, progress=False)
     else:
         runtime = RunContext(async_runtime_config(config)) if grpo else ctx
-        summary = flow.train_sao(runtime, sft, sink)
+        summary = train_sao(runtime, sft, sink)
     run.wall_s = time.monotonic() - t0
     run.load_avg.append(os.getloadavg()[0])
     run.when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -436,9 +437,9 @@ def evaluate_snapshots(base: Any, sft: Path, runs: list[MethodRun]) -> tuple[flo
     Returns:
         ``(warm-start reward, {method: {policy_version: reward}})``.
     """
-    from posttrain import flow
+    from posttrain.eval.heldout import evaluate_policy
 
-    start = flow.evaluate_policy(base, sft, engine_kind="hf")["reward_mean"]
+    start = evaluate_policy(base, sft, engine_kind="hf")["reward_mean"]
     out: dict[str, dict[int, float]] = {}
     for run in runs:
         out[run.method] = {}
@@ -446,7 +447,7 @@ def evaluate_snapshots(base: Any, sft: Path, runs: list[MethodRun]) -> tuple[flo
             for f in base.tokenizer_dir.iterdir():
                 if not (path / f.name).exists():
                     shutil.copy2(f, path / f.name)
-            out[run.method][version] = flow.evaluate_policy(base, path, engine_kind="hf")["reward_mean"]
+            out[run.method][version] = evaluate_policy(base, path, engine_kind="hf")["reward_mean"]
             print(f"  eval reward {run.method} v{version}: {out[run.method][version]:.3f}", flush=True)
     return start, out
 
@@ -537,9 +538,9 @@ def collect_trace(base: Any, sft: Path, tasks: int, samples: int, seed: int) -> 
         a ``rollout_shape`` each), and the ``Rollout`` records themselves.
     """
     from posttrain.envs.synthetic.longtail import codes_of
-    from posttrain.generator.agent_loop import EpisodeLimits, run_episode
-    from posttrain.generator.engines.factory import make_engine
-    from posttrain.learner.model import load_tokenizer
+    from posttrain.episodes.runner import EpisodeLimits, run_episode
+    from posttrain.inference.factory import make_engine
+    from posttrain.models.hf import load_tokenizer
 
     gen = base.config.generator
     chosen = base.tasks("train")[:tasks]
@@ -597,9 +598,9 @@ def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed:
     """
     import torch
 
-    from posttrain.generator.agent_loop import EpisodeLimits, run_episode
-    from posttrain.generator.engines.hf import BatchTiming, HFEngine
-    from posttrain.learner.model import load_tokenizer
+    from posttrain.episodes.runner import EpisodeLimits, run_episode
+    from posttrain.inference.hf import BatchTiming, HFEngine
+    from posttrain.models.hf import load_tokenizer
 
     gen = base.config.generator
     tasks = base.tasks("train")
@@ -695,10 +696,12 @@ def measure_learner_cost(args: argparse.Namespace, work: Path, sft: Path, rollou
         ``micro_batch_size``, ``rows``.
     """
     from posttrain.learner.batching import collate_rollouts
-    from posttrain.learner.grpo import grpo_train_step
-    from posttrain.learner.model import CriticModel, load_policy, load_tokenizer
+    from posttrain.learner.critic import CriticModel
+    from posttrain.learner.grpo_step import grpo_train_step
     from posttrain.learner.optim import build_optimizer
-    from posttrain.learner.sao_step import Trainable, sao_train_step
+    from posttrain.learner.sao_step import sao_train_step
+    from posttrain.learner.types import Trainable
+    from posttrain.models.hf import load_policy, load_tokenizer
 
     sao = validated(method_config(args, work, "sao")).sao
     grpo = validated(method_config(args, work, "grpo_sync_g8")).grpo.model_copy(update={"drop_uniform_groups": False})
@@ -745,7 +748,7 @@ def timed_batch(engine: Any, rng: random.Random, rows: int, width: int, new_toke
     Returns:
         ``(seconds, steps)``: wall seconds from submission to the last result, and the longest continuation (tokens).
     """
-    from posttrain.generator.engines.base import GenerationRequest
+    from posttrain.inference.base import GenerationRequest
 
     reqs = [GenerationRequest(prompt_token_ids=[rng.randrange(3, 300) for _ in range(width)], max_new_tokens=new_tokens,
                               temperature=1.0, stop_token_ids=[], seed=rng.randrange(2**31)) for _ in range(rows)]
@@ -782,7 +785,7 @@ def engine_probe(sft: Path, new_tokens: int) -> dict[str, Any]:
     import torch
 
     from bench.common import OtherCpu
-    from posttrain.generator.engines.hf import HFEngine
+    from posttrain.inference.hf import HFEngine
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -817,7 +820,7 @@ def calibrate_engine(sft: Path, batch_sizes: Sequence[int], widths: Sequence[int
     import numpy as np
     import torch
 
-    from posttrain.generator.engines.hf import HFEngine
+    from posttrain.inference.hf import HFEngine
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -855,8 +858,8 @@ def measure_weight_sync(sft: Path, repeats: int) -> dict[str, float]:
     """Seconds to publish the tiny model to a filesystem store and reload it into an ``hf`` engine (medians)."""
     import tempfile
 
-    from posttrain.generator.engines.hf import HFEngine
-    from posttrain.learner.model import load_policy
+    from posttrain.inference.hf import HFEngine
+    from posttrain.models.hf import load_policy
     from posttrain.weight_sync.store import FilesystemWeightStore
 
     model = load_policy(sft)

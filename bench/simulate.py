@@ -44,7 +44,7 @@ What it models (every time in seconds, every length in tokens):
   wait for the last episode; train; publish; reload; repeat).
 
 Outputs per run: generator **busy fraction** (the engine's generating time over wall time, as
-``posttrain.generator.stats`` measures it with the engine's clock) and **in-engine fraction**
+``posttrain.inference.metering`` measures it with the engine's clock) and **in-engine fraction**
 (a request inside the engine, queued or generating: what it measured before), slot occupancy
 (mean decoding rows / ``max_batch``), learner busy fraction, and **trained action tokens per
 second** and **rollouts per second** between the first and the last policy update (GRPO counts
@@ -345,7 +345,7 @@ class ClusterConfig:
 class SimResult:
     """What a simulated run measured (see the module docstring).
 
-    ``busy_fraction`` is the engine's generating time over wall time (``posttrain.generator.stats``
+    ``busy_fraction`` is the engine's generating time over wall time (``posttrain.inference.metering``
     with the engine's clock); ``in_engine_fraction`` counts time with a request inside the engine,
     queued or generating (that module's fallback, and its only clock before the fix).
     ``generation_phase_s`` (synchronous GRPO) is the mean seconds from the start of a step's
@@ -449,7 +449,7 @@ class Engine:
     """A simulated engine with busy and occupancy accounting (see ``EngineModel``).
 
     Two busy clocks: ``generating`` (a batch or decode step is running: what
-    ``posttrain.generator.stats`` measures with the engine's own clock) and ``in_engine`` (at least
+    ``posttrain.inference.metering`` measures with the engine's own clock) and ``in_engine`` (at least
     one request inside, queued or generating: what it measured before, and still does for engines
     without a clock). With a ``pool`` (static batching only), each batch first waits for a worker.
     """

@@ -9,16 +9,16 @@ rollouts (SAO: the same number of rollouts, one per prompt) at the same learning
 * ``trl_grpo``: ``trl.GRPOTrainer`` (generation with transformers ``generate`` in the trainer's
   process, ``loss_type="dapo"`` = token sum over the batch's token count, group-std scaling,
   clip 0.2 / 0.28, no KL), reward = the environment's verifier;
-* ``grpo_sync``: ``posttrain.learner.grpo.run_grpo_sync`` (the same loss family: DAPO clipping,
+* ``grpo_sync``: ``posttrain.runners.grpo_sync.run_grpo_sync`` (the same loss family: DAPO clipping,
   group-std scaling, no KL; uniform groups dropped);
-* ``sao``: ``posttrain.flow.train_sao`` (embedded Redis, ``--generators`` generator processes, the
+* ``sao``: ``posttrain.runners.sao.train_sao`` (embedded Redis, ``--generators`` generator processes, the
   learner with critic and DIS).
 
 Measured: ``action_tokens_per_s`` (completion tokens generated per second between the first and
 the last step), ``trained_action_tokens_per_s`` (tokens of groups with unequal rewards for the
 GRPO variants, every token for SAO), wall time, and seconds to reach the probe reward target
 (the warm start's probe reward plus ``--target-gain``), from weight snapshots every
-``--eval-every`` steps evaluated after training with ``flow.evaluate_policy`` on a fixed probe set
+``--eval-every`` steps evaluated after training with ``evaluate_policy`` on a fixed probe set
 of training prompts (same tasks and seeds for every snapshot; see ``probe_context``).
 
 Writes ``bench/results/vs_trl.json`` and the ``vs_trl`` section of docs/benchmarks.md.
@@ -113,7 +113,7 @@ def run_trl(args: argparse.Namespace, base: Any, sft: Path, snap_dir: Path) -> t
     from transformers import TrainerCallback
 
     from posttrain.envs.synthetic.arith import parse_integer_answer
-    from posttrain.learner.model import load_tokenizer
+    from posttrain.models.hf import load_tokenizer
 
     run = MethodRun("trl_grpo")
     if snap_dir.exists():
@@ -295,14 +295,14 @@ def probe_context(args: argparse.Namespace, work: Path, base: Any) -> Any:
 
 def prepare_shared_arith(args: argparse.Namespace, work: Path) -> tuple[Any, Path, float]:
     """Tokenizer, base model and SFT warm start on ``synthetic_arith`` (cached in ``work``)."""
-    from posttrain import flow
     from posttrain.config import RunConfig
+    from posttrain.runners.common import prepare, warm_start
     from posttrain.runtime import RunContext
 
     ctx = RunContext(RunConfig.model_validate(arith_config(args, work, "base")))
     t0 = time.monotonic()
-    flow.prepare(ctx)
-    sft = flow.warm_start(ctx)
+    prepare(ctx)
+    sft = warm_start(ctx)
     for f in ctx.tokenizer_dir.iterdir():
         if not (sft / f.name).exists():
             shutil.copy2(f, sft / f.name)

@@ -79,10 +79,10 @@ async def _serve_versions(model_dir: Path, store_dir: Path, redis_url: str, run:
     """
     import redis
 
-    from posttrain.generator.engines.hf import HFEngine
-    from posttrain.generator.weight_watch import WeightAnnouncements
     from posttrain.generator.worker import WEIGHT_WAIT_S
+    from posttrain.inference.hf import HFEngine
     from posttrain.rollout.keys import StreamKeys
+    from posttrain.weight_sync.announce import WeightAnnouncements
     from posttrain.weight_sync.store import FilesystemWeightStore
 
     keys = StreamKeys("bench", run)
@@ -134,11 +134,11 @@ def measure_shape(name: str, shape: dict[str, Any], repeats: int, vllm: bool, tm
     import torch
     from safetensors.torch import load_file, save_file
 
-    from posttrain.generator.weight_watch import announce_weights
     from posttrain.generator.worker import WEIGHT_WAIT_S
-    from posttrain.learner.model import build_tiny_model, load_policy
+    from posttrain.models.hf import build_tiny_model, load_policy
     from posttrain.rollout.keys import StreamKeys
     from posttrain.rollout.redis_streams import RedisPolicyVersionStore
+    from posttrain.weight_sync.announce import announce_weights
     from posttrain.weight_sync.store import FilesystemWeightStore, prepare_state_dict
 
     model_dir = build_tiny_model(tmp / name / "model", **shape)
@@ -237,11 +237,11 @@ def measure_shape(name: str, shape: dict[str, Any], repeats: int, vllm: bool, tm
                     "reload_hf_s": reload_hf, "ours_s": total},
     }
     if vllm:
-        from posttrain.generator.engines.factory import vllm_available
+        from posttrain.inference.factory import vllm_available
 
         if not vllm_available():
             raise RuntimeError("--vllm: vllm does not import here")
-        from posttrain.generator.engines.vllm import VLLMEngine
+        from posttrain.inference.vllm import VLLMEngine
 
         t = time.perf_counter()
         v_engine = VLLMEngine(model_dir, seed=0, max_model_len=512, dtype="float32")
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "command": command_line("bench.weight_sync", argv),
         "machine": machine_info(),
-        "notification": "redis pub/sub (posttrain.generator.weight_watch)",
+        "notification": "redis pub/sub (posttrain.weight_sync.announce)",
         "weight_wait_s": WEIGHT_WAIT_S,
         "rows": rows,
         "worst_ratio_over_raw": max(r["ratio_over_raw"] for r in rows),

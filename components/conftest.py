@@ -66,10 +66,11 @@ def prepared_sao(tmp_path, tiny_sao_config, mlflow_uri):
 @pytest.fixture
 def tiny_checkpoint(tmp_path, prepared_sao):
     """A tiny policy checkpoint (random weights, tokenizer trained on the prepared tasks)."""
-    from posttrain import flow, kfp_entry
+    from posttrain import kfp_entry
+    from posttrain.runners.common import prepare
     from posttrain.runtime import RunContext
 
     cfg, _ = kfp_entry.load_prepared(prepared_sao, tmp_path / "work")
     ctx = RunContext(cfg)
-    flow.prepare(ctx)
+    prepare(ctx)
     return ctx.base_model_dir

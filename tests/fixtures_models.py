@@ -45,7 +45,7 @@ def gsm8k_lines(limit: int = 300) -> list[str]:
 def build_tiny(out_dir: Path, seed: int = 0, tie_word_embeddings: bool = False) -> TinyModel:
     """Train the tokenizer and build the model in ``out_dir``."""
     from posttrain.data.tokenizer import train_tokenizer
-    from posttrain.learner.model import build_tiny_model, load_tokenizer
+    from posttrain.models.hf import build_tiny_model, load_tokenizer
 
     train_tokenizer(gsm8k_lines(), out_dir, vocab_size=1024)
     tok = load_tokenizer(out_dir)

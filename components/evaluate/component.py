@@ -1,7 +1,7 @@
 """KFP component ``evaluate``: score a trained checkpoint on the run's held-out tasks.
 
 avg@k over the prepared ``eval.jsonl`` tasks, graded by the environment's verifier
-(``posttrain.kfp_entry.evaluate`` over ``posttrain.flow.evaluate_policy``); writes Metrics and an
+(``posttrain.kfp_entry.evaluate`` over ``posttrain.eval.heldout.evaluate_policy``); writes Metrics and an
 HTML report. Runs in the ``trainer`` image.
 """
 

@@ -1,6 +1,6 @@
 """KFP component ``train_dpo``: direct preference optimisation on prompt/chosen/rejected pairs (``dpo.data_path``).
 
-Trains from the prepared Dataset artifact with ``posttrain.techniques.run_technique`` (through
+Trains from the prepared Dataset artifact with ``posttrain.runners.run`` (through
 ``posttrain.kfp_entry.train_technique``) and writes the final transformers checkpoint into the
 Model artifact. Runs in the ``trainer`` image; the pipelines give it GPUs, the Kueue queue label
 and a workspace volume through ``components/k8s.py``.

@@ -51,7 +51,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from posttrain.flow import run
+    from posttrain.runners import run
 
     cfg = _config(args)
     summary = run(cfg)
@@ -81,8 +81,8 @@ def _cmd_learner(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from posttrain.cluster.role_inputs import learner_start_model, localize_inputs
-    from posttrain.flow import metrics_sink
     from posttrain.learner.sao_loop import run_sao_learner
+    from posttrain.runners.common import metrics_sink
     from posttrain.runtime import RunContext
 
     cfg = localize_inputs(_config(args))  # cluster pods: s3:// task files and model downloaded

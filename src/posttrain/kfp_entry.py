@@ -483,7 +483,7 @@ def train_sao(
     """SAO (Single-Rollout Asynchronous Optimization, arXiv 2607.07508) from a prepared dataset.
 
     ``mode="local"``: the SFT warm start, then ``generator.num_processes`` generator processes, the
-    learner in this process and an embedded Redis (``posttrain.flow.train_sao``); the final policy
+    learner in this process and an embedded Redis (``posttrain.runners.sao.train_sao``); the final policy
     is copied into ``model_out``. ``mode="cluster"``: one JobSet (learner, generators, Redis)
     labelled with ``queue`` for Kueue, created or re-attached by run id and followed to the end
     (``_train_sao_cluster``).
@@ -512,7 +512,8 @@ def train_sao(
     if mode == "cluster":
         return _train_sao_cluster(dataset_dir, model_out, queue=queue, run_id=run_id, learner_image=learner_image,
                                   generator_image=generator_image, poll_s=poll_s, timeout_s=timeout_s)
-    from posttrain import flow
+    from posttrain.runners.common import metrics_sink, prepare, warm_start
+    from posttrain.runners.sao import train_sao
     from posttrain.runtime import RunContext
     from posttrain.tracking import Tracker
 
@@ -525,10 +526,10 @@ def train_sao(
                           tags={"posttrain.technique": "sao", "posttrain.pipeline_run": run_id})
         with tracker:
             tracker.log_params(cfg.model_dump(mode="json", by_alias=True))
-            sink = flow.metrics_sink(ctx, tracker)
-            flow.prepare(ctx)
-            start = flow.warm_start(ctx, sink)
-            summary = flow.train_sao(ctx, start, sink)
+            sink = metrics_sink(ctx, tracker)
+            prepare(ctx)
+            start = warm_start(ctx, sink)
+            summary = train_sao(ctx, start, sink)
         metrics = {"policy_version": float(summary.policy_version), **{k: float(v) for k, v in summary.counters.items()}}
         info = {"technique": "sao", "run_name": cfg.run_name, "mlflow_run_id": tracker.run_id,
                 "policy_version": summary.policy_version}
@@ -640,7 +641,7 @@ def _train_sao_cluster(
 
 
 def train_technique(dataset_dir: Path | str, model_out: Path | str, technique: str, *, run_id: str = "") -> StepResult:
-    """SFT, DPO or GRPO from a prepared dataset through ``posttrain.techniques.run_technique``.
+    """SFT, DPO or GRPO from a prepared dataset through ``posttrain.runners.run``.
 
     Args:
         dataset_dir: Dataset artifact from ``prepare_dataset``.
@@ -654,8 +655,8 @@ def train_technique(dataset_dir: Path | str, model_out: Path | str, technique: s
     Raises:
         PipelineStepError: a technique mismatch, or no final checkpoint after training.
     """
+    from posttrain.runners import run
     from posttrain.runtime import RunContext
-    from posttrain.techniques import run_technique
 
     if technique not in ("sft", "dpo", "grpo"):
         raise PipelineStepError(f"technique: {technique!r} is not sft, dpo or grpo")
@@ -665,7 +666,7 @@ def train_technique(dataset_dir: Path | str, model_out: Path | str, technique: s
         cfg = _local_model(load_prepared(dataset_dir, work)[0], work)
         # The pipeline's register_model step registers the model; training must not do it twice.
         cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"register_final": False})})
-        summary = run_technique(cfg)
+        summary = run(cfg)
         final = RunContext(cfg).final_model_dir
         if not (final / "config.json").is_file():
             raise PipelineStepError(f"{technique}: training finished without a checkpoint in {final}")
@@ -702,7 +703,7 @@ def evaluate(dataset_dir: Path | str, model_dir: str, *, local_model_dir: str = 
     """Score a checkpoint on the held-out tasks of the prepared dataset (``eval.json`` of the run).
 
     avg@k over ``eval.num_tasks`` tasks with ``eval.samples_per_task`` samples each, graded by the
-    environment's verifier (``posttrain.flow.evaluate_policy``).
+    environment's verifier (``posttrain.eval.heldout.evaluate_policy``).
 
     Args:
         dataset_dir: Dataset artifact from ``prepare_dataset``.
@@ -716,7 +717,7 @@ def evaluate(dataset_dir: Path | str, model_dir: str, *, local_model_dir: str = 
     Raises:
         posttrain.storage.StorageError: the checkpoint cannot be read.
     """
-    from posttrain import flow
+    from posttrain.eval.heldout import evaluate_policy
     from posttrain.runtime import RunContext
     from posttrain.storage import materialize
 
@@ -725,7 +726,7 @@ def evaluate(dataset_dir: Path | str, model_dir: str, *, local_model_dir: str = 
         cfg, _ = load_prepared(dataset_dir, work)
         local = Path(local_model_dir) if local_model_dir and Path(local_model_dir, "config.json").is_file() \
             else materialize(model_dir, work / "checkpoint")
-        scores = flow.evaluate_policy(RunContext(cfg), local)
+        scores = evaluate_policy(RunContext(cfg), local)
     metrics = {f"heldout_{k}": float(v) for k, v in scores.items()}
     facts = {"run": cfg.run_name, "technique": manifest["technique"], "environment": cfg.data.env,
              "checkpoint": model_dir, "tasks": min(cfg.eval.num_tasks, manifest["eval_rows"]),

@@ -14,7 +14,10 @@
 
 Aliases replace MLflow's deprecated stages (``models:/<name>@champion`` resolves to the version).
 
-Run: ``python -m posttrain.tracking list`` (same sub-commands as ``posttrain models``).
+* ``MetricsSink``: the one type of a metrics callback, ``(metrics, step) -> None``, that every
+  learner and runner reports through (``posttrain.runners.common.metrics_sink`` builds one).
+
+The command line for the registry is ``posttrain models list|show|promote``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -33,7 +36,10 @@ import msgspec
 from posttrain.storage import StorageError, is_s3_uri, storage_for
 
 if TYPE_CHECKING:
-    from posttrain.config.models import RunConfig
+    from posttrain.config.run import RunConfig
+
+MetricsSink = Callable[[dict[str, float], int], None]
+"""Receives ``(metrics, step)``: metric name -> value, and the policy version or optimizer step it belongs to."""
 
 CHALLENGER = "challenger"
 """Alias every newly registered checkpoint receives."""
@@ -659,8 +665,3 @@ def show_model(name: str, *, version: int | str | None = None, alias: str | None
     versions = client.search_model_versions(f"name='{name}'")
     return sorted((_version_info(v, client) for v in versions), key=lambda v: -v.version)
 
-
-if __name__ == "__main__":
-    from posttrain.eval.cli import models_cli
-
-    raise SystemExit(models_cli())

@@ -27,8 +27,8 @@ import pytest
 import torch
 
 from fixtures_models import REPO_ROOT
-from posttrain.generator.engines.base import GenerationRequest, GenerationResult, InferenceEngine
-from posttrain.generator.engines.factory import vllm_available
+from posttrain.inference.base import GenerationRequest, GenerationResult, InferenceEngine
+from posttrain.inference.factory import vllm_available
 
 pytestmark = [
     pytest.mark.gpu,
@@ -47,7 +47,7 @@ MAX_ABS_DIFF_BOUND = 0.1
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from posttrain.learner.model import build_tiny_model
+    from posttrain.models.hf import build_tiny_model
 
     return build_tiny_model(
         tmp_path_factory.mktemp("qwen2_05b_shape"),
@@ -64,7 +64,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(model_dir: Path) -> Iterator[InferenceEngine]:
-    from posttrain.generator.engines.vllm import VLLMEngine
+    from posttrain.inference.vllm import VLLMEngine
 
     eng = VLLMEngine(model_dir, seed=0, max_model_len=2048, kv_cache_gib=8, dtype="bfloat16", max_batch=64)
     yield eng
@@ -90,10 +90,10 @@ def run_all(engine: InferenceEngine, requests: list[GenerationRequest]) -> list[
 
 
 def test_cuda_vllm_parity_and_throughput(engine: InferenceEngine, model_dir: Path) -> None:
-    from posttrain.config.models import SAOLossConfig
-    from posttrain.learner.model import load_policy
+    from posttrain.config.common import SAOLossConfig
     from posttrain.losses.logprobs import token_logprobs
     from posttrain.losses.sao import dis_band
+    from posttrain.models.hf import load_policy
 
     rng = random.Random(0)
     # Single-turn and three-turn episodes, token in / token out.

@@ -16,14 +16,13 @@ import pytest
 import redis
 
 from posttrain.config import load_config
-from posttrain.flow import prepare, warm_start
-from posttrain.generator.stats import stats_key, stop_key
-from posttrain.generator.weight_watch import announce_weights
-from posttrain.learner.model import load_policy
+from posttrain.models.hf import load_policy
 from posttrain.rollout.admission import RedisAdmissionController
 from posttrain.rollout.redis_streams import RedisPolicyVersionStore
+from posttrain.runners.common import prepare, warm_start
 from posttrain.runtime import RunContext
 from posttrain.services.embedded_redis import EmbeddedRedis
+from posttrain.weight_sync.announce import announce_weights
 from posttrain.weight_sync.factory import open_weight_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -38,7 +37,7 @@ OVERRIDES = [
 
 
 def _stats(client: redis.Redis, ctx: RunContext) -> dict:
-    raw = client.hget(stats_key(ctx), "g0")
+    raw = client.hget(ctx.keys.generator_stats, "g0")
     return json.loads(raw) if raw else {}
 
 
@@ -93,7 +92,7 @@ def test_generator_reloads_on_announcement_and_releases_its_tickets_on_stop(tmp_
             announce_weights(client, ctx.keys, 10)
             _wait(lambda: _stats(client, ctx).get("rollouts", 0) >= 8, 240, "8 rollouts after the version key moved")
         finally:
-            client.set(stop_key(ctx), "1")
+            client.set(ctx.keys.stop, "1")
             try:
                 code = proc.wait(timeout=60)
             except subprocess.TimeoutExpired:

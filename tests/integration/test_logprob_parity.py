@@ -26,12 +26,12 @@ import pytest
 import torch
 
 from fixtures_models import REPO_ROOT, TinyModel
-from posttrain.config.models import SAOLossConfig
-from posttrain.generator.engines.base import GenerationRequest, InferenceEngine
-from posttrain.generator.engines.factory import vllm_available
-from posttrain.learner.model import load_policy, load_tokenizer
+from posttrain.config.common import SAOLossConfig
+from posttrain.inference.base import GenerationRequest, InferenceEngine
+from posttrain.inference.factory import vllm_available
 from posttrain.losses.logprobs import token_logprobs
 from posttrain.losses.sao import dis_band
+from posttrain.models.hf import load_policy, load_tokenizer
 
 pytestmark = [
     pytest.mark.integration,
@@ -65,7 +65,7 @@ class Trajectory:
 
 @pytest.fixture(scope="module")
 def engine(tiny_model: TinyModel) -> Iterator[InferenceEngine]:
-    from posttrain.generator.engines.vllm import VLLMEngine
+    from posttrain.inference.vllm import VLLMEngine
 
     eng = VLLMEngine(
         tiny_model.path, seed=0, max_model_len=1024, kv_cache_gib=1, dtype="bfloat16", max_batch=64

@@ -195,7 +195,8 @@ def test_config_and_dataset_hashes_are_stable(tmp_path: Path) -> None:
 
 
 def test_tracker_for_run_registers_with_lineage_from_the_config(uri: str, ckpt: Path, tmp_path: Path) -> None:
-    from posttrain.config.models import RunConfig, TrackingConfig
+    from posttrain.config.run import RunConfig
+    from posttrain.config.sections import TrackingConfig
 
     cfg = RunConfig(run_name="flow-run", output_dir=str(tmp_path),
                     tracking=TrackingConfig(tracking_uri=uri, registered_model="flow-model"))

@@ -16,8 +16,7 @@ import pytest
 import redis
 
 from posttrain.config import load_config
-from posttrain.flow import prepare, warm_start
-from posttrain.generator.stats import stats_key
+from posttrain.runners.common import prepare, warm_start
 from posttrain.runtime import RunContext
 from posttrain.services.embedded_redis import EmbeddedRedis
 
@@ -97,7 +96,7 @@ def test_sigkill_of_one_generator_does_not_stop_the_run_or_lose_acknowledged_rol
         # no un-acknowledged entry: everything read was trained, dropped as stale, or dead-lettered.
         assert len(trained) == len(set(trained)) == 4 * len(iterations)
         assert client.xpending(ctx.keys.rollouts, "learner")["pending"] == 0
-        stats = {k.decode(): json.loads(v) for k, v in client.hgetall(stats_key(ctx)).items()}
+        stats = {k.decode(): json.loads(v) for k, v in client.hgetall(ctx.keys.generator_stats).items()}
         assert stats["g1"]["rollouts"] > 0
         state = json.loads((ctx.checkpoints_dir / (ctx.checkpoints_dir / "LATEST").read_text() / "state.json").read_text())
         assert state["policy_version"] == 6

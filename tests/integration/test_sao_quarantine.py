@@ -1,4 +1,4 @@
-"""A real SAO run (``posttrain.flow.run``: learner here, two generator processes, evaluation) on a task
+"""A real SAO run (``posttrain.runners.run``: learner here, two generator processes, evaluation) on a task
 file with bad rows under ``data.on_bad_row=quarantine``: each bad row is quarantined once although
 every process loads the file, and the count reaches the run summary and the metrics.
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from posttrain.config import load_config
-from posttrain.flow import run
+from posttrain.runners import run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

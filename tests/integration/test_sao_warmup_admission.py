@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 RUN = """
 import sys
 from posttrain.config import load_config
-from posttrain.flow import run
+from posttrain.runners import run
 summary = run(load_config(None, sys.argv[1:]))
 print(dict(summary.rows)["policy versions"], dict(summary.rows)["rollouts trained"])
 """

@@ -1,7 +1,7 @@
 """Each technique end to end on the tiny CPU model: ``posttrain run configs/<technique>_cpu.yaml``.
 
 Each test runs the shipped config (with fewer steps where the behaviour shows sooner) through
-``posttrain.flow.run`` into a temporary output directory with MLflow on sqlite there, and checks
+``posttrain.runners.run`` into a temporary output directory with MLflow on sqlite there, and checks
 that the model learned (SFT/CPT loss falls, DPO preference accuracy rises, GRPO reward rises),
 that the final model is an HF safetensors directory with its resolved config, and that the run
 logged to MLflow and registered the model. Torch runs single-threaded: on a shared 2-core
@@ -16,8 +16,8 @@ import torch
 import yaml
 
 from posttrain.config import RunConfig, load_config
-from posttrain.flow import run
 from posttrain.learner.ledger import LEDGER_NAME, read_ledger
+from posttrain.runners import run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from fixtures_models import TinyModel, build_tiny
-from posttrain.generator.engines.base import GenerationRequest, GenerationResult, InferenceEngine
-from posttrain.generator.engines.factory import vllm_available
-from posttrain.generator.engines.hf import process_logits
-from posttrain.learner.model import load_policy
+from posttrain.inference.base import GenerationRequest, GenerationResult, InferenceEngine
+from posttrain.inference.factory import vllm_available
+from posttrain.inference.hf import process_logits
 from posttrain.losses.logprobs import token_logprobs
+from posttrain.models.hf import load_policy
 from posttrain.weight_sync import FilesystemWeightStore
 
 pytestmark = [
@@ -34,7 +34,7 @@ TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def engine(tiny_model: TinyModel) -> Iterator[InferenceEngine]:
-    from posttrain.generator.engines.vllm import VLLMEngine
+    from posttrain.inference.vllm import VLLMEngine
 
     eng = VLLMEngine(
         tiny_model.path, seed=0, max_model_len=512, kv_cache_gib=1, dtype="float32", max_batch=64
@@ -113,7 +113,7 @@ def test_stop_token_ends_generation_and_is_kept(engine: InferenceEngine) -> None
 
 def test_sixteen_concurrent_requests_are_decoded_in_one_running_batch(engine: InferenceEngine) -> None:
     """vLLM's scheduler reports >= 8 sequences running in the same engine step (continuous batching)."""
-    from posttrain.generator.engines.vllm import VLLMEngine
+    from posttrain.inference.vllm import VLLMEngine
 
     assert isinstance(engine, VLLMEngine)
     engine.stats.max_running_requests = 0
@@ -227,7 +227,7 @@ def test_seeded_prompts_over_the_step_token_budget_are_served_on_cpu(
 @pytest.mark.skipif(torch.cuda.is_available(), reason="chunked prefill is allowed on CUDA")
 def test_chunked_prefill_is_refused_on_cpu_naming_the_argument(tiny_model: TinyModel) -> None:
     """The engine refuses before starting vLLM, so this costs no start-up."""
-    from posttrain.generator.engines.vllm import VLLMEngine
+    from posttrain.inference.vllm import VLLMEngine
 
     with pytest.raises(ValueError, match="extra_engine_args.enable_chunked_prefill"):
         VLLMEngine(tiny_model.path, extra_engine_args={"enable_chunked_prefill": True})

@@ -86,8 +86,8 @@ def learner_start_model(ctx: RunContext) -> Path:
     """
     if (ctx.sft_model_dir / "config.json").is_file():
         return ctx.sft_model_dir
-    from posttrain.flow import prepare, warm_start
     from posttrain.learner.remote_checkpoint import fetch_start_model, mirror_start_model
+    from posttrain.runners.common import prepare, warm_start
     from posttrain.weight_sync.factory import has_tokenizer, install_tokenizer
 
     uri = ctx.config.checkpoints_uri

@@ -3,28 +3,29 @@
 This package imports no torch, so ``posttrain validate-config`` is instant.
 """
 
+from posttrain.config.common import DPOLossConfig, GRPOLossConfig, OptimConfig, SAOLossConfig
 from posttrain.config.load import ConfigError, load_config, parse_overrides
-from posttrain.config.models import (
+from posttrain.config.run import RunConfig
+from posttrain.config.sections import (
     CriticConfig,
     DataConfig,
-    DPOLossConfig,
     EvalConfig,
     GeneratorConfig,
-    GRPOLossConfig,
     ModelConfig,
-    OptimConfig,
     QueueConfig,
-    RunConfig,
     SAOConfig,
-    SAOLossConfig,
     SFTConfig,
     TinyModelConfig,
     TrackingConfig,
 )
+from posttrain.config.techniques import DPOTechniqueConfig, GRPOTechniqueConfig, SFTTechniqueConfig
 
 __all__ = [
     "ConfigError",
     "DPOLossConfig",
+    "DPOTechniqueConfig",
+    "GRPOTechniqueConfig",
+    "SFTTechniqueConfig",
     "GRPOLossConfig",
     "CriticConfig",
     "DataConfig",

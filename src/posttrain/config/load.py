@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from posttrain.config.models import RunConfig
+from posttrain.config.run import RunConfig
 
 
 class ConfigError(ValueError):

@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from posttrain.config.models import DPOLossConfig, GRPOLossConfig, OptimConfig
+from posttrain.config.common import DPOLossConfig, GRPOLossConfig, OptimConfig
 
 
 class _Section(BaseModel):

@@ -2,7 +2,7 @@
 
 No hub access exists at run time, so the demo and the tests train their own tokenizer on the
 text they will see (GSM8K, the synthetic tasks). Real runs load a real model's tokenizer from a
-local path or S3 instead (``posttrain.learner.model.load_tokenizer``).
+local path or S3 instead (``posttrain.models.hf.load_tokenizer``).
 
 Run: ``python -m posttrain.data.tokenizer OUT_DIR FILE [FILE ...]``.
 """

@@ -101,7 +101,8 @@ async def _sample_all(
     timeout_s: float,
 ) -> list[_Sample]:
     """Run ``k`` one-turn episodes per task, at most ``concurrency`` at once."""
-    from posttrain.generator.agent_loop import ChatFormat, EpisodeError, EpisodeLimits, run_episode
+    from posttrain.chat.format import ChatFormat
+    from posttrain.episodes.runner import EpisodeError, EpisodeLimits, run_episode
 
     chat = ChatFormat(tokenizer)
     env = _EvalEnvironment()
@@ -318,7 +319,7 @@ def evaluate(
             raise EvalError(f"model: {exc}") from exc
         context = max_model_len or _model_max_len(local_model)
         if tokenizer is None:
-            from posttrain.learner.model import load_tokenizer
+            from posttrain.models.hf import load_tokenizer
 
             try:
                 tokenizer = load_tokenizer(local_model)
@@ -327,7 +328,7 @@ def evaluate(
         own_engine = engine is None
         engine_name = type(engine).__name__ if engine is not None else ""
         if own_engine:
-            from posttrain.generator.engines.factory import make_engine
+            from posttrain.inference.factory import make_engine
 
             try:
                 engine = make_engine(engine_kind, local_model, seed=seed, max_model_len=context, max_batch=concurrency)

@@ -36,17 +36,17 @@ from typing import Any
 import redis
 
 from posttrain.config import RunConfig
-from posttrain.generator.agent_loop import EpisodeLimits, run_episode
-from posttrain.generator.engines.factory import make_engine
+from posttrain.episodes.group import run_group
+from posttrain.episodes.runner import EpisodeLimits, run_episode
 from posttrain.generator.inflight import InFlightEpisodes
-from posttrain.generator.stats import GeneratorStats, MeteredEngine, stats_key, stop_key
-from posttrain.generator.weight_watch import WeightAnnouncements
-from posttrain.learner.grpo import run_group
-from posttrain.learner.model import load_tokenizer
+from posttrain.inference.factory import make_engine
+from posttrain.inference.metering import GeneratorStats, MeteredEngine
+from posttrain.models.hf import load_tokenizer
 from posttrain.records import RecordError
 from posttrain.rollout.admission import AsyncTicketGate, RedisAdmissionController
 from posttrain.rollout.redis_streams import RedisStreamQueue
 from posttrain.runtime import RunContext
+from posttrain.weight_sync.announce import WeightAnnouncements
 from posttrain.weight_sync.factory import open_weight_store
 
 log = logging.getLogger("posttrain.generator")
@@ -258,8 +258,8 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
                 if current != served:
                     await engine.update_weights(store.path_for(latest), latest)
                     served = current
-            client.hset(stats_key(ctx), generator_id, json.dumps(stats.snapshot()))
-            if client.exists(stop_key(ctx)):
+            client.hset(ctx.keys.generator_stats, generator_id, json.dumps(stats.snapshot()))
+            if client.exists(ctx.keys.stop):
                 stopping.set()
                 break
             try:
@@ -294,7 +294,7 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
         for result in await asyncio.gather(*sending, return_exceptions=True):
             if isinstance(result, BaseException):
                 log.error("generator %s: sending a rollout failed while stopping: %r", generator_id, result)
-        client.hset(stats_key(ctx), generator_id, json.dumps(stats.snapshot()))
+        client.hset(ctx.keys.generator_stats, generator_id, json.dumps(stats.snapshot()))
         await announcements.close()
         engine.close()
     return GeneratorSummary(generator_id, stats.snapshot())

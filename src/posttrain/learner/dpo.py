@@ -54,7 +54,7 @@ def tokenize_pair(tokenizer: Any, pair: PreferencePair, max_seq_len: int, chat: 
         tokenizer: transformers tokenizer with a chat template.
         pair: ``prompt``, ``chosen`` and ``rejected`` text.
         max_seq_len: Longest sequence (tokens).
-        chat: A prebuilt ``posttrain.generator.agent_loop.ChatFormat`` (built when None).
+        chat: A prebuilt ``posttrain.chat.format.ChatFormat`` (built when None).
 
     Returns:
         The tokenised pair.
@@ -63,7 +63,7 @@ def tokenize_pair(tokenizer: Any, pair: PreferencePair, max_seq_len: int, chat: 
         ValueError: ``chosen`` (field ``chosen``) or ``rejected`` (field ``rejected``) has no
             token left after truncation: the prompt alone fills ``max_seq_len``.
     """
-    from posttrain.generator.agent_loop import render_sft_example
+    from posttrain.chat.format import render_sft_example
 
     out: dict[str, tuple[list[int], list[bool]]] = {}
     for name, response in (("chosen", pair.chosen), ("rejected", pair.rejected)):

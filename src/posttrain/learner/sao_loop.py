@@ -23,8 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -33,8 +31,6 @@ from tqdm import tqdm
 
 from posttrain.advantages import RunningMeanBaseline
 from posttrain.config import RunConfig
-from posttrain.generator.stats import stats_key
-from posttrain.generator.weight_watch import announce_weights
 from posttrain.learner.batching import collate_rollouts
 from posttrain.learner.checkpoint import (
     LearnerState,
@@ -42,39 +38,28 @@ from posttrain.learner.checkpoint import (
     load_checkpoint_state,
     save_checkpoint,
 )
-from posttrain.learner.grpo import GroupAssembler, collect_groups, grpo_train_step
+from posttrain.learner.critic import CriticModel
+from posttrain.learner.groups import GroupAssembler, collect_groups
+from posttrain.learner.grpo_step import grpo_train_step
 from posttrain.learner.ledger import LEDGER_NAME, append_ledger, ledger_line
-from posttrain.learner.model import CriticModel, load_policy, load_tokenizer
 from posttrain.learner.optim import build_optimizer
 from posttrain.learner.remote_checkpoint import fetch_checkpoint, mirror_checkpoint
-from posttrain.learner.sao_step import Trainable, sao_train_step
+from posttrain.learner.sao_step import sao_train_step
+from posttrain.learner.types import LearnerSummary, Trainable
+from posttrain.models.hf import load_policy, load_tokenizer
 from posttrain.records import Rollout
 from posttrain.rollout.admission import RedisAdmissionController, StalenessStats, is_stale
 from posttrain.rollout.queue import QueueEntry
 from posttrain.rollout.redis_streams import RedisPolicyVersionStore, RedisStreamQueue
 from posttrain.runtime import RunContext
+from posttrain.tracking import MetricsSink
+from posttrain.weight_sync.announce import announce_weights
 from posttrain.weight_sync.factory import open_weight_store, upload_final_model
 
 log = logging.getLogger("posttrain.learner")
 
-MetricsSink = Callable[[dict[str, float], int], None]
 
 
-@dataclass
-class LearnerSummary:
-    """Result of a learner run.
-
-    Attributes:
-        policy_version: Final policy version.
-        iterations: Learner iterations done in total.
-        final_model_dir: The trained policy (HF directory).
-        counters: ``rollouts_trained``, ``stale_dropped``, ``dead_letters``...
-    """
-
-    policy_version: int
-    iterations: int
-    final_model_dir: Path
-    counters: dict[str, float]
 
 
 def _generator_metrics(client: redis.Redis, key: str) -> dict[str, float]:
@@ -276,7 +261,7 @@ def run_sao_learner(
             bar.update(1)
         metrics = dict(result.metrics)
         metrics.update(staleness.as_metrics())
-        metrics.update(_generator_metrics(client, stats_key(ctx)))
+        metrics.update(_generator_metrics(client, ctx.keys.generator_stats))
         elapsed = max(time.monotonic() - t_start, 1e-9)
         metrics.update({
             "learner/step_s": step_s,

@@ -10,8 +10,6 @@ size does not change the gradient.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from torch import nn
 
@@ -24,31 +22,10 @@ from posttrain.advantages import (
 from posttrain.config import SAOConfig
 from posttrain.learner.batching import RolloutBatch, length_order, micro_batches, padded_tokens, select_rows
 from posttrain.learner.optim import clip_and_step
+from posttrain.learner.types import Trainable, TrainStepResult
 from posttrain.losses import PolicyLossInputs, sao_loss
 from posttrain.losses.logprobs import token_logprobs
 from posttrain.losses.value import value_loss
-
-
-@dataclass
-class Trainable:
-    """A model with its optimizer and LR scheduler."""
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-
-
-@dataclass
-class StepResult:
-    """Outcome of one learner iteration.
-
-    Attributes:
-        policy_updated: Whether the policy took an optimizer step (False during critic warm-up).
-        metrics: Flat float metrics (``loss/policy``, ``mask/frac_low``, ``value/explained_variance``...).
-    """
-
-    policy_updated: bool
-    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def critic_values(critic: nn.Module, batch: RolloutBatch) -> torch.Tensor:
@@ -81,7 +58,7 @@ def sao_train_step(
     config: SAOConfig,
     iteration: int,
     baseline: RunningMeanBaseline | None = None,
-) -> StepResult:
+) -> TrainStepResult:
     """Run one learner iteration on a batch of rollouts.
 
     Args:
@@ -95,7 +72,7 @@ def sao_train_step(
         baseline: Running-mean baseline state for ``advantage == "running_mean"``.
 
     Returns:
-        ``StepResult`` with ``policy_updated`` and the step's metrics, among them
+        ``TrainStepResult`` with ``policy_updated`` and the step's metrics, among them
         ``batch/padded_tokens`` (tokens one forward pass over the micro-batches computes) and
         ``batch/real_tokens``.
 
@@ -165,7 +142,7 @@ def sao_train_step(
     # 3. Policy update with the DIS loss (after the critic-only warm-up).
     warm = config.advantage == "gae" and iteration < config.critic.warmup_steps
     if warm:
-        return StepResult(policy_updated=False, metrics=metrics)
+        return TrainStepResult(policy_updated=False, metrics=metrics)
     policy.model.train()
     parts, weights = [], []
     for mb, (lo, hi, width) in zip(mbs, spans, strict=True):
@@ -184,4 +161,4 @@ def sao_train_step(
         policy.model, policy.optimizer, policy.scheduler, config.optim.grad_clip
     )
     metrics["policy/lr"] = float(policy.scheduler.get_last_lr()[0])
-    return StepResult(policy_updated=True, metrics=metrics)
+    return TrainStepResult(policy_updated=True, metrics=metrics)

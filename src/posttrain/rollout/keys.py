@@ -1,4 +1,4 @@
-"""Redis key names of one run's rollout stream, dead letters, policy version and admission tickets.
+"""Redis key names of one run: rollout stream, dead letters, policy version, admission, telemetry, stop, weights.
 
 Every key of a run starts with ``<prefix>:<run>:``, so a tenant's Redis ACL can grant exactly
 ``~<prefix>:*`` and nothing else. Run ``python -m posttrain.rollout.keys PREFIX RUN`` to print the
@@ -67,6 +67,21 @@ class StreamKeys:
         return f"{self.base}:admission:leases"
 
     @property
+    def generator_stats(self) -> str:
+        """Hash of generator id -> JSON stats (``posttrain.rollout.telemetry``); generators write, the learner reads."""
+        return f"{self.base}:generator_stats"
+
+    @property
+    def stop(self) -> str:
+        """String key whose presence tells the run's generators to finish."""
+        return f"{self.base}:stop"
+
+    @property
+    def weights(self) -> str:
+        """Pub/sub channel of new-weights announcements (``posttrain.weight_sync.announce``)."""
+        return f"{self.base}:weights"
+
+    @property
     def acl_pattern(self) -> str:
         """Key pattern a tenant ACL grants (``~<prefix>:*``); matches every key of every run of the prefix."""
         return f"{self.prefix}:*"
@@ -79,6 +94,9 @@ class StreamKeys:
             "policy_version": self.policy_version,
             "admission": self.admission,
             "admission_leases": self.admission_leases,
+            "generator_stats": self.generator_stats,
+            "stop": self.stop,
+            "weights": self.weights,
         }
 
 

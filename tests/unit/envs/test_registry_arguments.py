@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from posttrain.config import load_config
+from posttrain.config.environments import ENVIRONMENT_ARGUMENTS
 from posttrain.envs.registry import ENVIRONMENTS, environment_arguments, unknown_environment_arguments
 from posttrain.envs.synthetic.longtail import codes_of
 from posttrain.runtime import RunContext
@@ -23,6 +24,13 @@ def test_every_environment_lists_its_constructor_arguments() -> None:
     assert {"calls_median", "max_calls"} <= set(environment_arguments("synthetic_longtail"))
     for name in ENVIRONMENTS:
         assert "self" not in environment_arguments(name)
+
+
+def test_the_config_table_of_arguments_matches_every_environment_constructor() -> None:
+    """``posttrain.config.environments`` keeps its own copy (config sits below envs); it must not drift."""
+    assert set(ENVIRONMENT_ARGUMENTS) == set(ENVIRONMENTS)
+    for name in ENVIRONMENTS:
+        assert ENVIRONMENT_ARGUMENTS[name] == environment_arguments(name), name
 
 
 def test_unknown_arguments_are_listed_in_the_given_order_and_unknown_envs_raise() -> None:

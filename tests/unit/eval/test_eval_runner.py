@@ -21,8 +21,8 @@ from posttrain.eval.benchmarks import load_tasks
 from posttrain.eval.cli import eval_cli
 from posttrain.eval.grading import JudgeClient
 from posttrain.eval.runner import EvalError, evaluate
-from posttrain.generator.engines.base import GenerationRequest, GenerationResult
-from posttrain.learner.model import load_tokenizer
+from posttrain.inference.base import GenerationRequest, GenerationResult
+from posttrain.models.hf import load_tokenizer
 
 
 @dataclass
@@ -147,7 +147,7 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
 @pytest.mark.integration
 def test_default_vllm_engine_samples_the_benchmark(tiny_model: TinyModel, tmp_path: Path) -> None:
     """The default engine path (vLLM on CPU here): 2 tasks x 2 samples of at most 16 tokens each."""
-    from posttrain.generator.engines.factory import vllm_available
+    from posttrain.inference.factory import vllm_available
 
     if not vllm_available():
         pytest.skip("vllm does not import here")
@@ -165,7 +165,7 @@ def test_prompt_longer_than_the_context_is_its_own_finish_reason_not_truncation(
     prompts cannot be answered. They are recorded wrong with finish reason and method
     prompt_too_long (never sampled), not as "truncated at max tokens"; the short one is sampled (its
     one-token budget holds only the stop token from the scripted engine: finish reason stop)."""
-    from posttrain.generator.agent_loop import ChatFormat
+    from posttrain.chat.format import ChatFormat
 
     tok = load_tokenizer(tiny_model.path)
     tasks = load_tasks("gsm8k", limit=3)

@@ -21,21 +21,16 @@ import numpy as np
 import pytest
 
 from fixtures_models import TinyModel
+from posttrain.chat.format import ChatFormat, render_sft_example
 from posttrain.data.tokenizer import train_tokenizer
 from posttrain.envs.base import StepResult
 from posttrain.envs.synthetic.arith import SyntheticArithEnv
 from posttrain.envs.synthetic.tool import SyntheticToolEnv, reference_episode
 from posttrain.envs.tool_calls import format_tool_result
-from posttrain.generator.agent_loop import (
-    ChatFormat,
-    EpisodeError,
-    EpisodeLimits,
-    render_sft_example,
-    run_episode,
-)
-from posttrain.generator.engines.base import GenerationRequest, GenerationResult, InferenceEngine
+from posttrain.episodes.runner import EpisodeError, EpisodeLimits, run_episode
 from posttrain.generator.inflight import InFlightEpisodes
-from posttrain.learner.model import load_tokenizer
+from posttrain.inference.base import GenerationRequest, GenerationResult, InferenceEngine
+from posttrain.models.hf import load_tokenizer
 from posttrain.records import Rollout, Task, encode_rollout
 
 
@@ -410,9 +405,9 @@ def test_real_hf_engine_rollout_logprobs_match_the_model(tiny_model: TinyModel) 
     prompt, and its behaviour logprobs equal a teacher-forced recomputation on its own tokens."""
     import torch
 
-    from posttrain.generator.engines.hf import HFEngine
-    from posttrain.learner.model import load_policy
+    from posttrain.inference.hf import HFEngine
     from posttrain.losses.logprobs import token_logprobs
+    from posttrain.models.hf import load_policy
 
     tok = load_tokenizer(tiny_model.path)
     engine = HFEngine(tiny_model.path, max_model_len=256, policy_version=7)

@@ -12,9 +12,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from posttrain.generator.engines.base import GenerationRequest, GenerationResult
-from posttrain.generator.engines.hf import HFEngine
-from posttrain.generator.stats import GeneratorStats, MeteredEngine
+from posttrain.inference.base import GenerationRequest, GenerationResult
+from posttrain.inference.hf import HFEngine
+from posttrain.inference.metering import GeneratorStats, MeteredEngine
 
 
 class ClockedEngine:

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from fixtures_models import TinyModel, build_tiny
-from posttrain.generator.engines import hf as hf_engine
-from posttrain.generator.engines.base import GenerationRequest, GenerationResult, InferenceEngine
-from posttrain.generator.engines.factory import make_engine, vllm_available
-from posttrain.generator.engines.hf import BatchTiming, HFEngine, process_logits
-from posttrain.learner.model import load_policy
+from posttrain.inference import hf as hf_engine
+from posttrain.inference.base import GenerationRequest, GenerationResult, InferenceEngine
+from posttrain.inference.factory import make_engine, vllm_available
+from posttrain.inference.hf import BatchTiming, HFEngine, process_logits
 from posttrain.losses.logprobs import token_logprobs
+from posttrain.models.hf import load_policy
 from posttrain.weight_sync import FilesystemWeightStore
 
 

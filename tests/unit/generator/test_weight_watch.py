@@ -7,9 +7,9 @@ import asyncio
 import pytest
 import redis
 
-from posttrain.generator.weight_watch import WeightAnnouncements, announce_weights, weights_channel
 from posttrain.rollout.keys import StreamKeys
 from posttrain.services.embedded_redis import EmbeddedRedis
+from posttrain.weight_sync.announce import WeightAnnouncements, announce_weights
 
 KEYS = StreamKeys(prefix="posttrain", run="watch-test")
 
@@ -64,7 +64,7 @@ def test_a_malformed_payload_is_a_counted_wake_up_not_a_version(server) -> None:
     async def go() -> tuple[int | None, WeightAnnouncements]:
         watch = WeightAnnouncements(server.url, KEYS)
         await watch.subscribe()
-        client.publish(weights_channel(KEYS), "v2")
+        client.publish(KEYS.weights, "v2")
         got = await watch.wait(10.0)
         await watch.close()
         return got, watch

@@ -18,7 +18,7 @@ from posttrain.learner.dpo import (
     tokenize_pair,
     train_dpo,
 )
-from posttrain.learner.model import load_policy, load_tokenizer
+from posttrain.models.hf import load_policy, load_tokenizer
 from posttrain.records import PreferencePair
 
 

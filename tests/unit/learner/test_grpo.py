@@ -5,12 +5,14 @@ import pytest
 import torch
 
 from posttrain.config import GRPOLossConfig, OptimConfig, RunConfig
+from posttrain.config.roles import async_runtime_config
 from posttrain.config.techniques import GRPOTechniqueConfig
 from posttrain.learner.batching import collate_rollouts
-from posttrain.learner.grpo import GroupAssembler, async_runtime_config, collect_groups, grpo_train_step
-from posttrain.learner.model import load_policy
-from posttrain.learner.sao_step import Trainable
+from posttrain.learner.groups import GroupAssembler, collect_groups
+from posttrain.learner.grpo_step import grpo_train_step
+from posttrain.learner.types import Trainable
 from posttrain.losses.logprobs import token_logprobs
+from posttrain.models.hf import load_policy
 from posttrain.records import Rollout
 from posttrain.rollout.queue import QueueEntry
 

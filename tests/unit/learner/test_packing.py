@@ -8,7 +8,6 @@ from torch import nn
 
 from posttrain.config import OptimConfig
 from posttrain.config.techniques import SFTTechniqueConfig
-from posttrain.learner.model import load_policy
 from posttrain.learner.packing import (
     collate_packed,
     pack_examples,
@@ -18,6 +17,7 @@ from posttrain.learner.packing import (
 )
 from posttrain.learner.sft import TokenExample
 from posttrain.losses.logprobs import token_logprobs
+from posttrain.models.hf import load_policy
 
 
 def _example(n, first_trained=False, start=10):

@@ -12,9 +12,11 @@ import torch
 from posttrain.advantages import RunningMeanBaseline
 from posttrain.config import SAOConfig
 from posttrain.learner.batching import collate_rollouts
-from posttrain.learner.model import CriticModel, load_policy
-from posttrain.learner.sao_step import Trainable, sao_train_step
+from posttrain.learner.critic import CriticModel
+from posttrain.learner.sao_step import sao_train_step
+from posttrain.learner.types import Trainable
 from posttrain.losses.logprobs import token_logprobs
+from posttrain.models.hf import load_policy
 from posttrain.records import Rollout
 
 PROMPT = 3

@@ -8,7 +8,7 @@ import pytest
 
 from fixtures_models import TinyModel
 from posttrain.config import ConfigError, load_config
-from posttrain.learner.model import load_policy, load_tokenizer
+from posttrain.models.hf import load_policy, load_tokenizer
 from posttrain.runtime import RunContext
 from posttrain.weight_sync import FilesystemWeightStore, S3WeightStore, open_weight_store, upload_final_model
 from posttrain.weight_sync.factory import fetch_tokenizer

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fixtures_models import TinyModel
-from posttrain.learner.model import load_policy, load_tokenizer
+from posttrain.models.hf import load_policy, load_tokenizer
 from posttrain.services.s3 import S3Server, start_s3_server
 from posttrain.storage import S3Storage, StorageError
 from posttrain.weight_sync import S3WeightStore, WeightStore

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fixtures_models import TinyModel, build_tiny
-from posttrain.learner.model import load_policy
+from posttrain.models.hf import load_policy
 from posttrain.weight_sync import FilesystemWeightStore, WeightStore
 from posttrain.weight_sync.store import LATEST_FILE, prepare_state_dict
 

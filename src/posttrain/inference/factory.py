@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Literal
 
-from posttrain.generator.engines.base import InferenceEngine
+from posttrain.inference.base import InferenceEngine
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def make_engine(
     if use_vllm:
         if not vllm_available():
             raise RuntimeError("kind='vllm': vllm does not import in this environment; use 'hf' or 'auto'")
-        from posttrain.generator.engines.vllm import VLLMEngine
+        from posttrain.inference.vllm import VLLMEngine
 
         return VLLMEngine(
             model_dir,
@@ -101,7 +101,7 @@ def make_engine(
         )
     import torch
 
-    from posttrain.generator.engines.hf import HFEngine
+    from posttrain.inference.hf import HFEngine
 
     return HFEngine(
         model_dir,

@@ -30,10 +30,6 @@ from posttrain.rollout.keys import StreamKeys
 log = logging.getLogger(__name__)
 
 
-def weights_channel(keys: StreamKeys) -> str:
-    """Pub/sub channel of a run's new-weights announcements: ``<prefix>:<run>:weights``."""
-    return f"{keys.base}:weights"
-
 
 def announce_weights(client: redis.Redis, keys: StreamKeys, policy_version: int) -> int:
     """Tell the run's generators that ``policy_version`` is in the weight store (call after publishing).
@@ -53,11 +49,11 @@ def announce_weights(client: redis.Redis, keys: StreamKeys, policy_version: int)
     """
     if policy_version < 0:
         raise ValueError(f"policy_version: must be >= 0, got {policy_version}")
-    return int(client.publish(weights_channel(keys), str(policy_version)))  # type: ignore[arg-type]
+    return int(client.publish(keys.weights, str(policy_version)))  # type: ignore[arg-type]
 
 
 class WeightAnnouncements:
-    """A generator's subscription to ``weights_channel``; ``wait`` returns on an announcement or a timeout.
+    """A generator's subscription to ``StreamKeys.weights``; ``wait`` returns on an announcement or a timeout.
 
     Args:
         redis_url: The run's Redis.
@@ -71,7 +67,7 @@ class WeightAnnouncements:
     """
 
     def __init__(self, redis_url: str, keys: StreamKeys) -> None:
-        self.channel = weights_channel(keys)
+        self.channel = keys.weights
         self._client = aioredis.Redis.from_url(redis_url)
         self._pubsub = self._client.pubsub()
         self._subscribed = False

@@ -66,8 +66,8 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 
-from posttrain.generator.engines.base import GenerationRequest, GenerationResult
-from posttrain.generator.engines.hf import request_seed, validate_request
+from posttrain.inference.base import GenerationRequest, GenerationResult
+from posttrain.inference.hf import request_seed, validate_request
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ engine's own single-thread executor, so the event loop that drives the episodes 
 responsive and an engine batch never queues behind unrelated blocking work in asyncio's
 default thread pool (weight reloads run on the same thread, between batches).
 ``generating_seconds()`` is the time that thread has spent inside batches: the engine's busy
-clock (``posttrain.generator.stats``). The loop keeps a KV cache, samples each row at its own temperature / top-p with its
+clock (``posttrain.inference.metering``). The loop keeps a KV cache, samples each row at its own temperature / top-p with its
 own ``torch.Generator``, and stops each row at its own stop tokens or token budget.
 
 Behaviour logprobs are ``log_softmax(logits / temperature)`` of the sampled token in float32,
@@ -37,7 +37,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from posttrain.generator.engines.base import GenerationRequest, GenerationResult
+from posttrain.inference.base import GenerationRequest, GenerationResult
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ class HFEngine:
                 ``torch_threads < 1``.
             FileNotFoundError: ``model_dir`` has no ``config.json``.
         """
-        from posttrain.learner.model import load_policy
+        from posttrain.models.hf import load_policy
 
         if max_batch < 1:
             raise ValueError(f"max_batch: must be >= 1, got {max_batch}")

@@ -1,30 +1,14 @@
-"""Pydantic models for every run config section. Each field carries its meaning and bounds.
-
-A YAML run config is one ``RunConfig``; ``posttrain validate-config FILE`` checks it. Unknown
-keys are errors (``extra="forbid"``), so a typo never silently falls back to a default.
-"""
+"""The run config's sections for model, data, warm start, SAO, generator, queue, tracking and eval."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class SAOLossConfig(_Strict):
-    """DIS band of the SAO policy loss (arXiv 2607.07508): keep r in (1 - mask_eps_low, 1 + mask_eps_high)."""
-
-    mask_eps_low: float = Field(0.3, gt=0.0, le=1.0)
-    """Lower half-width: tokens with ratio <= 1 - mask_eps_low get weight 0. Paper: 0.3 (math), 0.8 (SWE)."""
-    mask_eps_high: float = Field(5.0, gt=0.0, le=100.0)
-    """Upper half-width: tokens with ratio >= 1 + mask_eps_high get weight 0. Paper: 5.0 (math), 3.0 (SWE)."""
-    log_ratio_clamp: float = Field(20.0, gt=0.0, le=80.0)
-    """|log r| is clamped to this before exp, for finite numbers; the mask still applies."""
+from posttrain.config.common import OptimConfig, SAOLossConfig, _Strict
+from posttrain.config.environments import ENVIRONMENT_ARGUMENTS, unknown_env_args
 
 
 class TinyModelConfig(_Strict):
@@ -98,35 +82,16 @@ class DataConfig(_Strict):
         env = info.data.get("env")
         if env is None:  # ``env`` itself failed validation; that error is reported instead.
             return env_args
-        from posttrain.envs.registry import environment_arguments, unknown_environment_arguments
-
-        unknown = unknown_environment_arguments(env, env_args)
+        unknown = unknown_env_args(env, env_args)
         if unknown:
             others = f" (also unknown: {', '.join(unknown[1:])})" if len(unknown) > 1 else ""
             raise PydanticCustomError(
                 "env_args_unknown",
                 "unknown key data.env_args.{key} for data.env='{env}'{others}; {env} accepts: {accepted}",
                 {"key": unknown[0], "env": env, "others": others,
-                 "accepted": ", ".join(environment_arguments(env)) or "no arguments"},
+                 "accepted": ", ".join(ENVIRONMENT_ARGUMENTS[env]) or "no arguments"},
             )
         return env_args
-
-
-class OptimConfig(_Strict):
-    """AdamW with gradient clipping and a constant or cosine schedule."""
-
-    lr: float = Field(1e-4, gt=0.0, le=1.0)
-    """Peak learning rate."""
-    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
-    """Decoupled weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """Adam betas."""
-    grad_clip: float = Field(1.0, gt=0.0, le=1000.0)
-    """Max global gradient norm."""
-    warmup_steps: int = Field(0, ge=0)
-    """Linear warm-up (optimizer steps)."""
-    schedule: Literal["constant", "cosine"] = "constant"
-    """LR schedule after warm-up."""
 
 
 class SFTConfig(_Strict):
@@ -259,123 +224,3 @@ class EvalConfig(_Strict):
     """k for avg@k / pass@k."""
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     """0 means greedy."""
-
-
-class RunConfig(_Strict):
-    """A whole run: technique, model, data, and the settings of each role."""
-
-    technique: Literal["sao", "sft", "cpt", "dpo", "grpo"] = "sao"
-    """Post-training technique."""
-    run_name: str = Field("run", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
-    """Run name: output directory, stream keys and MLflow run name derive from it."""
-    output_dir: str = "runs"
-    """Parent directory of run outputs (``<output_dir>/<run_name>``)."""
-    weights_uri: str | None = None
-    """Weight store the learner publishes to and generators read: None is ``<run dir>/weights``; a path
-    or ``file://`` URI is a shared directory; ``s3://bucket/prefix`` is an S3 store (cluster mode)."""
-    final_model_uri: str | None = None
-    """Where the learner also uploads its final model (a path, ``file://`` or ``s3://`` URI); None: only
-    ``<run dir>/final_model``."""
-    checkpoints_uri: str | None = None
-    """``s3://bucket/prefix`` where the SAO learner also keeps its checkpoints and start model, so a
-    restarted learner pod resumes (cluster mode; ``learner.remote_checkpoint``); None: local only."""
-    seed: int = Field(0, ge=0)
-    """Global seed."""
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    data: DataConfig = Field(default_factory=DataConfig)
-    warm_start: SFTConfig = Field(default_factory=SFTConfig)
-    """SFT warm start before RL (steps=0 disables it)."""
-    sao: SAOConfig = Field(default_factory=SAOConfig)
-    generator: GeneratorConfig = Field(default_factory=GeneratorConfig)
-    queue: QueueConfig = Field(default_factory=QueueConfig)
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    sft: SFTTechniqueConfig = Field(default_factory=lambda: SFTTechniqueConfig())
-    """Techniques sft and cpt: data file, packing, batch shape, optimizer (posttrain.config.techniques)."""
-    dpo: DPOTechniqueConfig = Field(default_factory=lambda: DPOTechniqueConfig())
-    """Technique dpo: preference file, reference mode, beta, batch shape, optimizer."""
-    grpo: GRPOTechniqueConfig = Field(default_factory=lambda: GRPOTechniqueConfig())
-    """Technique grpo: group size, clipping, KL, uniform-group dropping, synchronous or asynchronous."""
-
-    @field_validator("checkpoints_uri")
-    @classmethod
-    def _checkpoints_on_s3(cls, value: str | None) -> str | None:
-        """Only ``s3://bucket[/prefix]``: a local path would not outlive the pod either."""
-        if value is not None and (not value.startswith("s3://") or not value[5:].strip("/")):
-            raise ValueError("checkpoints_uri must be an s3://bucket/prefix URI (or unset)")
-        return value
-
-    @field_validator("weights_uri", "final_model_uri")
-    @classmethod
-    def _location_scheme(cls, value: str | None, info: ValidationInfo) -> str | None:
-        """A path, ``file://`` URI or ``s3://bucket[/prefix]`` URI; any other scheme is an error."""
-        if value is None:
-            return value
-        scheme, sep, rest = value.partition("://")
-        if not value.strip() or (sep and (scheme not in ("s3", "file") or not rest.strip("/"))):
-            raise ValueError(f"{info.field_name} must be a path, a file:// URI or an s3://bucket/prefix URI")
-        return value
-
-    @model_validator(mode="after")
-    def _cross_checks(self) -> RunConfig:
-        if self.technique == "grpo" and self.grpo.async_ and self.generator.top_p != 1.0:
-            raise ValueError(
-                "generator.top_p must be 1.0 with technique=grpo and grpo.async true (the DIS ratio needs "
-                f"full-softmax behaviour logprobs), got {self.generator.top_p}"
-            )
-        if self.technique == "sao":
-            if self.generator.temperature != 1.0 or self.generator.top_p != 1.0:
-                raise ValueError(
-                    "generator.temperature and generator.top_p must both be 1.0 for technique=sao "
-                    "(behaviour logprobs must be of the full softmax), got "
-                    f"{self.generator.temperature} and {self.generator.top_p}"
-                )
-            if self.generator.admission_lease_s <= self.generator.episode_timeout_s:
-                raise ValueError(
-                    f"generator.admission_lease_s ({self.generator.admission_lease_s}) must be greater than "
-                    f"generator.episode_timeout_s ({self.generator.episode_timeout_s})"
-                )
-            if self.sao.micro_batch_size > self.sao.batch_size:
-                raise ValueError(
-                    f"sao.micro_batch_size ({self.sao.micro_batch_size}) must be <= sao.batch_size "
-                    f"({self.sao.batch_size})"
-                )
-        return self
-
-
-class GRPOLossConfig(_Strict):
-    """GRPO/PPO clipped surrogate (DeepSeekMath, arXiv 2402.03300) with asymmetric clipping (DAPO)."""
-
-    clip_eps_low: float = Field(0.2, gt=0.0, le=1.0)
-    """Ratio clamp below: 1 - clip_eps_low."""
-    clip_eps_high: float = Field(0.28, gt=0.0, le=10.0)
-    """Ratio clamp above: 1 + clip_eps_high (DAPO clip-higher: 0.28)."""
-    log_ratio_clamp: float = Field(20.0, gt=0.0, le=80.0)
-    """|log r| is clamped to this before exp, for finite numbers."""
-    kl_coef: float = Field(0.0, ge=0.0, le=10.0)
-    """Weight of the k3 KL estimator to the reference policy; 0 disables it."""
-    dis_mask: bool = False
-    """Async GRPO ("GRPO + DIS"): also zero tokens whose behaviour ratio leaves the DIS band."""
-    mask_eps_low: float = Field(0.3, gt=0.0, le=1.0)
-    """DIS lower half-width, used when ``dis_mask``."""
-    mask_eps_high: float = Field(5.0, gt=0.0, le=100.0)
-    """DIS upper half-width, used when ``dis_mask``."""
-
-
-class DPOLossConfig(_Strict):
-    """Sigmoid DPO (Rafailov et al., arXiv 2305.18290)."""
-
-    beta: float = Field(0.1, gt=0.0, le=100.0)
-    """Inverse temperature of the implicit reward."""
-    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5)
-    """Conservative DPO label smoothing; 0 is plain DPO."""
-
-
-# At the bottom: techniques.py imports OptimConfig and the loss configs defined above.
-from posttrain.config.techniques import (  # noqa: E402
-    DPOTechniqueConfig,
-    GRPOTechniqueConfig,
-    SFTTechniqueConfig,
-)
-
-RunConfig.model_rebuild()

@@ -26,18 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from posttrain.generator.engines.base import GenerationRequest, GenerationResult, InferenceEngine
-from posttrain.runtime import RunContext
-
-
-def stats_key(ctx: RunContext) -> str:
-    """Redis hash of generator id → JSON stats of one run."""
-    return f"{ctx.keys.base}:generator_stats"
-
-
-def stop_key(ctx: RunContext) -> str:
-    """Redis key whose presence tells the run's generators to finish."""
-    return f"{ctx.keys.base}:stop"
+from posttrain.inference.base import GenerationRequest, GenerationResult, InferenceEngine
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The one module that knows model classes: build a tiny model from a config, load real ones.
 
-Policies are causal LMs loaded with transformers (``AutoModelForCausalLM``); the critic is the
-same backbone with a scalar value head (``CriticModel``). A tiny Qwen2-shaped model is built from
+Policies are causal LMs loaded with transformers (``AutoModelForCausalLM``); the critic
+(``posttrain.learner.critic``) is the same backbone (``load_backbone``) with a scalar value head. A tiny Qwen2-shaped model is built from
 a config for CPU runs (head_dim >= 32, which vLLM's CPU attention requires). Real models load
 from a local directory or an ``s3://`` URI (downloaded first through ``posttrain.storage``).
 """
@@ -105,30 +105,17 @@ def load_tokenizer(path: Path | str) -> Any:
     return tok
 
 
-class CriticModel(nn.Module):
-    """Value model V(s_t): a causal-LM backbone with a zero-initialised scalar head (SAO critic).
+def load_backbone(path: Path | str, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Load the transformer backbone of a causal LM (no LM head) from a local HF directory.
 
-    ``forward(input_ids [B, T] int64, attention_mask [B, T] bool) -> values [B, T] float32``,
-    where ``values[:, t]`` estimates the return from the state ending at token ``t``
-    (the state in which the token at ``t + 1`` is chosen).
+    The SAO critic is this backbone with a value head (``posttrain.learner.critic``).
+
+    Raises:
+        FileNotFoundError: if ``path`` has no ``config.json``.
     """
+    from transformers import AutoModel
 
-    def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
-        super().__init__()
-        self.backbone = backbone
-        self.value_head = nn.Linear(hidden_size, 1)
-        nn.init.zeros_(self.value_head.weight)
-        nn.init.zeros_(self.value_head.bias)
-
-    @classmethod
-    def from_policy_path(cls, path: Path | str) -> CriticModel:
-        """Initialise the critic from a policy checkpoint (SAO: critic init from the policy)."""
-        from transformers import AutoModel
-
-        backbone = AutoModel.from_pretrained(str(path), dtype=torch.float32)
-        return cls(backbone, backbone.config.hidden_size)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Return values ``[B, T] float32``."""
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask.long()).last_hidden_state
-        return self.value_head(hidden.float()).squeeze(-1)
+    p = Path(path)
+    if not (p / "config.json").exists():
+        raise FileNotFoundError(f"model path {p}: no config.json (expected a transformers model directory)")
+    return AutoModel.from_pretrained(str(p), dtype=dtype)

@@ -1,0 +1,1 @@
+"""The chat format: how conversations become token ids (shared by episodes, SFT and DPO)."""

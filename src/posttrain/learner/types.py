@@ -1,0 +1,48 @@
+"""Types the learner's parts share: a model with its optimizer, one train step's result, a run's summary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Trainable:
+    """A model with its optimizer and LR scheduler."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+
+
+@dataclass
+class TrainStepResult:
+    """Outcome of one learner iteration.
+
+    Attributes:
+        policy_updated: Whether the policy took an optimizer step (False during critic warm-up).
+        metrics: Flat float metrics (``loss/policy``, ``mask/frac_low``, ``value/explained_variance``...).
+    """
+
+    policy_updated: bool
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class LearnerSummary:
+    """Result of a learner run.
+
+    Attributes:
+        policy_version: Final policy version.
+        iterations: Learner iterations done in total.
+        final_model_dir: The trained policy (HF directory).
+        counters: ``rollouts_trained``, ``stale_dropped``, ``dead_letters``...
+    """
+
+    policy_version: int
+    iterations: int
+    final_model_dir: Path
+    counters: dict[str, float]

