@@ -24,7 +24,7 @@ targets table reads), the compute-bound run under ``compute_bound``; a run repla
   the SAO learner with critic and DIS);
 * ``grpo_sync_g4`` / ``grpo_sync_g8``: ``posttrain.runners.grpo_sync.run_grpo_sync`` (one engine in the
   learner's process: generate a whole batch, wait for the slowest episode, train, reload);
-* ``grpo_async_g8``: ``train_sao`` over ``async_runtime_config`` (groups of G share a ``group_id``,
+* ``grpo_async_g8``: ``train_sao`` on the ``grpo`` section (groups of G share a ``group_id``,
   DIS mask, staleness bound).
 
 Measured per method (from the learner's metrics sink and the generators' stats):
@@ -362,7 +362,6 @@ def run_method(config_dict: dict[str, Any], method: str, base: Any, sft: Path, s
     Returns:
         The ``MethodRun`` (step records, snapshots, counters, wall time, the episodes of its ledger).
     """
-    from posttrain.config.roles import async_runtime_config
     from posttrain.runners.grpo_sync import run_grpo_sync
     from posttrain.runners.sao import train_sao
     from posttrain.runtime import RunContext
@@ -386,8 +385,7 @@ def run_method(config_dict: dict[str, Any], method: str, base: Any, sft: Path, s
     if grpo and not config.grpo.async_:
         summary = run_grpo_sync(config, start_model_dir=sft, sink=sink, progress=False)
     else:
-        runtime = RunContext(async_runtime_config(config)) if grpo else ctx
-        summary = train_sao(runtime, sft, sink)
+        summary = train_sao(ctx, sft, sink)
     run.wall_s = time.monotonic() - t0
     run.load_avg.append(os.getloadavg()[0])
     run.when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

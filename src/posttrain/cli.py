@@ -81,7 +81,8 @@ def _cmd_learner(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from posttrain.cluster.role_inputs import learner_start_model, localize_inputs
-    from posttrain.learner.sao_loop import run_sao_learner
+    from posttrain.learner.loop import run_learner
+    from posttrain.learner.setup import redis_transport
     from posttrain.runners.common import metrics_sink
     from posttrain.runtime import RunContext
 
@@ -96,8 +97,8 @@ def _cmd_learner(args: argparse.Namespace) -> int:
 
         tracker = Tracker.for_learner(cfg)
     with tracker if tracker is not None else contextlib.nullcontext():
-        summary = run_sao_learner(
-            cfg, _redis_url_from_env(), start_model_dir=start, sink=metrics_sink(ctx, tracker),
+        summary = run_learner(
+            cfg, redis_transport(cfg, _redis_url_from_env()), start_model_dir=start, sink=metrics_sink(ctx, tracker),
             max_iterations=args.max_iterations,
         )
     print(f"learner: policy version {summary.policy_version}, {summary.counters['rollouts_trained']:.0f} rollouts trained")

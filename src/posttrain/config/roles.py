@@ -1,32 +1,88 @@
-"""What each role reads from the run config, derived once (placeholder moved from learner.grpo)."""
+"""What the roles of the asynchronous runtime read from a run config, derived once for SAO or async GRPO.
+
+SAO and asynchronous GRPO share one runtime: generator processes take admission tickets, run
+episodes (one per ticket for SAO, a group of ``group_size`` for GRPO) and push rollouts to the
+stream; the learner trains on them as they arrive. Generators and the learner must agree on a
+few numbers (rollouts per learner batch, the staleness bound tau, the group size), and the
+learner needs its budget (policy versions to publish, checkpoint cadence). They come from the
+technique's own section: ``sao`` for ``technique: sao``, ``grpo`` for ``technique: grpo`` with
+``grpo.async: true``.
+
+``async_rl_settings(config)`` derives them, and every entry point calls it: ``posttrain run``,
+``posttrain learner`` and ``posttrain generator``, so a role started by hand on a config reads
+the same values as one started by the runner. No section is rewritten into another.
+
+Example: ``python -c "from posttrain.config import load_config; from posttrain.config.roles import
+async_rl_settings; print(async_rl_settings(load_config('configs/grpo_async_cpu.yaml')))"``.
+"""
 
 from __future__ import annotations
 
-from posttrain.config import RunConfig
+from dataclasses import dataclass
+from typing import Literal
+
+from posttrain.config.common import OptimConfig
+from posttrain.config.load import ConfigError
+from posttrain.config.run import RunConfig
 
 
-def async_runtime_config(config: RunConfig) -> RunConfig:
-    """The run config the asynchronous runtime (generator processes, SAO learner loop) reads for ``grpo.async``.
+@dataclass(frozen=True)
+class AsyncRLSettings:
+    """The asynchronous runtime's shared numbers (see the module docstring).
 
-    The runtime takes its batch shape and budgets from the ``sao`` section; this copies them from
-    ``grpo``: ``sao.steps``, ``sao.batch_size = prompts_per_step * group_size``,
-    ``sao.micro_batch_size``, ``sao.max_staleness``, ``sao.optim``, ``sao.checkpoint_every``, and
-    ``sao.advantage = batch_norm`` (no critic is built; GRPO's advantages are group-relative).
+    Attributes:
+        technique: ``sao`` (one rollout per prompt, critic) or ``grpo`` (groups, group baseline, DIS).
+        steps: Policy versions the learner publishes before it stops (``sao.steps`` / ``grpo.steps``).
+        batch_rollouts: Rollouts per learner batch; the admission capacity's B
+            (``sao.batch_size`` / ``grpo.prompts_per_step * grpo.group_size``).
+        max_staleness: tau, in policy versions (``sao.max_staleness`` / ``grpo.max_staleness``).
+        group_size: Rollouts per prompt a generator runs together (1 for SAO, G for GRPO).
+        groups_per_batch: Prompts per learner batch (``batch_rollouts / group_size``).
+        checkpoint_every: Policy versions between learner checkpoints.
+        optim: The policy's optimizer section.
+        policy_optimizer_steps: Optimizer steps the policy's LR schedule spans (policy versions
+            times GRPO's mini-batches per batch).
+    """
+
+    technique: Literal["sao", "grpo"]
+    steps: int
+    batch_rollouts: int
+    max_staleness: int
+    group_size: int
+    groups_per_batch: int
+    checkpoint_every: int
+    optim: OptimConfig
+    policy_optimizer_steps: int
+
+
+def uses_async_runtime(config: RunConfig) -> bool:
+    """True for ``technique: sao`` and for ``technique: grpo`` with ``grpo.async: true``."""
+    return config.technique == "sao" or (config.technique == "grpo" and config.grpo.async_)
+
+
+def async_rl_settings(config: RunConfig) -> AsyncRLSettings:
+    """The runtime settings of ``config`` (module docstring).
 
     Raises:
-        ValueError: ``config.technique`` is not ``grpo`` or ``grpo.async`` is false.
+        ConfigError: the technique does not run on the asynchronous runtime (names ``technique``
+            and ``grpo.async``).
     """
-    if config.technique != "grpo" or not config.grpo.async_:
-        raise ValueError(f"technique/grpo.async: expected grpo with async true, got {config.technique}")
-    grpo = config.grpo
-    data = config.model_dump(mode="json", by_alias=True)
-    data["sao"].update(
-        steps=grpo.steps,
-        batch_size=grpo.batch_rollouts,
-        micro_batch_size=min(grpo.micro_batch_size, grpo.batch_rollouts),
-        max_staleness=grpo.max_staleness,
-        optim=grpo.optim.model_dump(mode="json"),
-        checkpoint_every=grpo.checkpoint_every,
-        advantage="batch_norm",
+    if config.technique == "sao":
+        sao = config.sao
+        return AsyncRLSettings(
+            technique="sao", steps=sao.steps, batch_rollouts=sao.batch_size, max_staleness=sao.max_staleness,
+            group_size=1, groups_per_batch=sao.batch_size, checkpoint_every=sao.checkpoint_every,
+            optim=sao.optim, policy_optimizer_steps=sao.steps,
+        )
+    if config.technique == "grpo" and config.grpo.async_:
+        grpo = config.grpo
+        return AsyncRLSettings(
+            technique="grpo", steps=grpo.steps, batch_rollouts=grpo.batch_rollouts,
+            max_staleness=grpo.max_staleness, group_size=grpo.group_size, groups_per_batch=grpo.prompts_per_step,
+            checkpoint_every=grpo.checkpoint_every, optim=grpo.optim,
+            policy_optimizer_steps=grpo.steps * grpo.mini_batches,
+        )
+    raise ConfigError(
+        f"technique: {config.technique!r} (grpo.async={config.grpo.async_}) does not run on the asynchronous "
+        "runtime; expected technique sao, or grpo with grpo.async true"
     )
-    return type(config).model_validate(data)

@@ -7,34 +7,37 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from posttrain.episodes.runner import run_episode
-from posttrain.records import Rollout
+from posttrain.chat.format import ChatFormat
+from posttrain.envs.base import Environment
+from posttrain.episodes.runner import EpisodeLimits, run_episode
+from posttrain.inference.base import InferenceEngine
+from posttrain.records import Rollout, Task
 
 
 async def run_group(
-    engine: Any,
+    engine: InferenceEngine,
     tokenizer: Any,
-    env: Any,
-    task: Any,
-    limits: Any,
+    env: Environment,
+    task: Task,
+    limits: EpisodeLimits,
     *,
     group_size: int,
     seed: int,
     generator_id: str = "sync",
     temperature: float = 1.0,
     top_p: float = 1.0,
-    chat: Any = None,
+    chat: ChatFormat | None = None,
     arrays: bool = False,
     on_turn: Callable[[int], None] | None = None,
 ) -> list[Rollout]:
     """Run ``group_size`` episodes of one task concurrently; they share a fresh ``group_id``.
 
     Args:
-        engine: ``InferenceEngine``.
-        tokenizer: The policy's tokenizer.
-        env: ``Environment`` running ``task``.
+        engine: Samples action tokens with behaviour logprobs.
+        tokenizer: The policy's tokenizer (a transformers tokenizer with a chat template).
+        env: The environment that runs ``task``.
         task: The prompt.
-        limits: ``EpisodeLimits``.
+        limits: Turn, token and wall-time budgets of each episode.
         group_size: G.
         seed: Episode ``k`` samples with seed ``seed + 1000 * k``.
         generator_id: Stored in each rollout.

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import random
 import signal
@@ -36,6 +35,7 @@ from typing import Any
 import redis
 
 from posttrain.config import RunConfig
+from posttrain.config.roles import async_rl_settings
 from posttrain.episodes.group import run_group
 from posttrain.episodes.runner import EpisodeLimits, run_episode
 from posttrain.generator.inflight import InFlightEpisodes
@@ -45,6 +45,7 @@ from posttrain.models.hf import load_tokenizer
 from posttrain.records import RecordError
 from posttrain.rollout.admission import AsyncTicketGate, RedisAdmissionController
 from posttrain.rollout.redis_streams import RedisStreamQueue
+from posttrain.rollout.telemetry import publish_generator_stats
 from posttrain.runtime import RunContext
 from posttrain.weight_sync.announce import WeightAnnouncements
 from posttrain.weight_sync.factory import open_weight_store
@@ -67,6 +68,7 @@ class GeneratorSummary:
 
 async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int) -> GeneratorSummary:
     ctx = RunContext(config)
+    settings = async_rl_settings(config)
     client = redis.Redis.from_url(redis_url)
     store = open_weight_store(ctx)
     version = store.latest_version()
@@ -94,7 +96,7 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
     rng = random.Random(seed)
     queue = RedisStreamQueue(client, ctx.keys, consumer=f"generator-{generator_id}", maxlen=config.queue.maxlen)
     admission = RedisAdmissionController(
-        client, ctx.keys, batch_size=config.sao.batch_size, max_staleness=config.sao.max_staleness,
+        client, ctx.keys, batch_size=settings.batch_rollouts, max_staleness=settings.max_staleness,
         lease_s=gen.admission_lease_s,
     )
     gate = AsyncTicketGate(admission)
@@ -112,7 +114,7 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
     stats.mark_started()
 
     running = InFlightEpisodes()
-    group_size = config.grpo.group_size if config.technique == "grpo" else 1
+    group_size = settings.group_size
     group_lock = asyncio.Lock()
 
     async def tickets_for_group() -> list[Any]:
@@ -250,7 +252,7 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
             latest = store.latest_version()
             if latest is not None:
                 if gen.abort_stale_episodes:
-                    running.abort_stale(latest, config.sao.max_staleness)
+                    running.abort_stale(latest, settings.max_staleness)
                 try:
                     current = stamp(latest)
                 except FileNotFoundError:  # pruned or being replaced right now; look again next wake-up
@@ -258,7 +260,7 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
                 if current != served:
                     await engine.update_weights(store.path_for(latest), latest)
                     served = current
-            client.hset(ctx.keys.generator_stats, generator_id, json.dumps(stats.snapshot()))
+            publish_generator_stats(client, ctx.keys, generator_id, stats.snapshot())
             if client.exists(ctx.keys.stop):
                 stopping.set()
                 break
@@ -294,7 +296,7 @@ async def _serve(config: RunConfig, generator_id: str, redis_url: str, seed: int
         for result in await asyncio.gather(*sending, return_exceptions=True):
             if isinstance(result, BaseException):
                 log.error("generator %s: sending a rollout failed while stopping: %r", generator_id, result)
-        client.hset(ctx.keys.generator_stats, generator_id, json.dumps(stats.snapshot()))
+        publish_generator_stats(client, ctx.keys, generator_id, stats.snapshot())
         await announcements.close()
         engine.close()
     return GeneratorSummary(generator_id, stats.snapshot())

@@ -1,22 +1,22 @@
-"""GRPO learner (``technique: grpo``): group-relative advantages, PPO clipping, synchronous and asynchronous.
+"""The GRPO train step (``technique: grpo``): group-relative advantages, PPO clipping, sync or async.
 
 GRPO (DeepSeekMath, arXiv 2402.03300 §4.1) samples G rollouts per prompt and uses each rollout's
 reward relative to its group, ``A_i = (r_i - mean_g) / (std_g + eps)``, as the advantage of every
 action token; the loss is ``posttrain.losses.grpo_loss`` (PPO clipped surrogate with DAPO's
 separate ``clip_eps_low`` / ``clip_eps_high``, optional k3 KL to a frozen reference policy).
 
-* **Synchronous** (``run_grpo_sync``): generate ``prompts_per_step x group_size`` rollouts with
+* **Synchronous** (``posttrain.runners.grpo_sync``): generate ``prompts_per_step x group_size`` rollouts with
   the current weights in this process, wait for every one of them, then train; the PPO anchor
   pi_old is the learner's own log-probabilities at the start of the step. The engine is idle
   while the learner trains and the learner idles while the slowest rollout finishes; the
   throughput metrics (``throughput/rollouts_per_s``, ``throughput/trained_action_tokens_per_s``,
   ``generator/busy_fraction_mean``) have the same names as SAO's, so the two compare directly.
 * **Asynchronous** (``grpo.async: true``): the SAO runtime (generator processes, Redis stream,
-  staleness bound) produces groups of rollouts that share a ``group_id``; ``collect_groups``
-  assembles complete groups for the learner loop and ``grpo_train_step`` trains on them with the
-  DIS mask against the behaviour logprobs (arXiv 2607.07508's "GRPO + DIS" baseline; the
-  behaviour logprobs are the PPO anchor, "bypass" mode). ``async_runtime_config`` maps the
-  ``grpo`` section onto the runtime settings the SAO processes read.
+  staleness bound) produces groups of rollouts that share a ``group_id``; the learner's
+  ``batch_source.GroupSource`` assembles complete groups and ``grpo_train_step`` trains on them with
+  the DIS mask against the behaviour logprobs (arXiv 2607.07508's "GRPO + DIS" baseline; the
+  behaviour logprobs are the PPO anchor, "bypass" mode). Both roles read the ``grpo`` section
+  through ``posttrain.config.roles``.
 
 Groups whose rewards are all equal give zero advantage; with ``drop_uniform_groups`` they are
 dropped before the forward pass and counted (``grpo/uniform_groups_frac``).
@@ -201,4 +201,5 @@ def grpo_train_step(
     metrics["grpo/optimizer_steps"] = float(len(chunks))
     metrics["batch/padded_tokens"] = float(padded)
     metrics["batch/real_tokens"] = float(sub.attention_mask.sum())
-    return TrainStepResult(policy_updated=True, metrics=metrics)
+    return TrainStepResult(policy_updated=True, metrics=metrics, rows_trained=len(kept_rows),
+                           action_tokens_trained=metrics["grpo/action_tokens_kept"])

@@ -142,7 +142,8 @@ def sao_train_step(
     # 3. Policy update with the DIS loss (after the critic-only warm-up).
     warm = config.advantage == "gae" and iteration < config.critic.warmup_steps
     if warm:
-        return TrainStepResult(policy_updated=False, metrics=metrics)
+        return TrainStepResult(policy_updated=False, metrics=metrics, rows_trained=0,
+                               action_tokens_trained=float(batch.num_action_tokens))
     policy.model.train()
     parts, weights = [], []
     for mb, (lo, hi, width) in zip(mbs, spans, strict=True):
@@ -161,4 +162,5 @@ def sao_train_step(
         policy.model, policy.optimizer, policy.scheduler, config.optim.grad_clip
     )
     metrics["policy/lr"] = float(policy.scheduler.get_last_lr()[0])
-    return TrainStepResult(policy_updated=True, metrics=metrics)
+    return TrainStepResult(policy_updated=True, metrics=metrics, rows_trained=int(batch.token_ids.shape[0]),
+                           action_tokens_trained=float(batch.num_action_tokens))

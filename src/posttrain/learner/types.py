@@ -23,12 +23,21 @@ class TrainStepResult:
     """Outcome of one learner iteration.
 
     Attributes:
-        policy_updated: Whether the policy took an optimizer step (False during critic warm-up).
+        policy_updated: Whether the policy took an optimizer step (False during the SAO critic
+            warm-up, or when GRPO dropped every group as uniform); a policy update makes one
+            policy version.
         metrics: Flat float metrics (``loss/policy``, ``mask/frac_low``, ``value/explained_variance``...).
+        rows_trained: Rollouts of the batch whose tokens entered the policy update (0 without an
+            update; GRPO: the rows of kept groups). The rest made no policy version and give their
+            admission places back.
+        action_tokens_trained: Action tokens counted as trained (tokens): the whole batch's for SAO
+            (critic warm-up batches included), the kept groups' for GRPO.
     """
 
     policy_updated: bool
     metrics: dict[str, float] = field(default_factory=dict)
+    rows_trained: int = 0
+    action_tokens_trained: float = 0.0
 
 
 @dataclass

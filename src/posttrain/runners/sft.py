@@ -7,15 +7,15 @@ from typing import Any, Literal
 from posttrain.config import RunConfig
 from posttrain.data.formats import LoadedRows, RowPolicy
 from posttrain.data.tasks import DatasetError
+from posttrain.learner.export import save_final_model
+from posttrain.learner.resume import resume_policy
 from posttrain.runners.common import (
     RunSummary,
-    _checkpointer,
-    _data_path,
-    _evaluate,
-    _load,
-    _resume,
-    _save_final,
-    _tracked,
+    data_file,
+    evaluate_and_log,
+    load_training_rows,
+    step_checkpointer,
+    tracked_run,
 )
 
 
@@ -62,19 +62,21 @@ def _run_supervised(config: RunConfig, fmt: Literal["sft", "cpt"]) -> RunSummary
     from posttrain.models.hf import load_tokenizer
 
     section = config.sft
-    path = _data_path(section.data_path, "sft.data_path")
-    with _tracked(config) as run:
+    path = data_file(section.data_path, "sft.data_path")
+    with tracked_run(config) as run:
         print(f"[2/4] data: {path} ({fmt})", flush=True)
-        loaded, bad_rows = _load(run, path, fmt, section.max_examples)
+        loaded, bad_rows = load_training_rows(run, path, fmt, section.max_examples)
         tokenizer = load_tokenizer(run.ctx.tokenizer_dir)
         examples = tokenize_supervised(loaded, tokenizer, fmt, section.max_seq_len, bad_rows)
         rows = pack_examples(examples, section.max_seq_len, packing=section.packing)
         quarantined = loaded.num_quarantined + bad_rows.count
-        model, optimizer, scheduler, start = _resume(run, run.ctx.base_model_dir, section.optim, section.steps)
+        resumed = resume_policy(run.ctx.checkpoints_dir, run.ctx.base_model_dir, section.optim, section.steps)
+        model, optimizer, scheduler = resumed.policy.model, resumed.policy.optimizer, resumed.policy.scheduler
+        start = resumed.state.iteration
         run.sink({"data/examples": float(len(examples)), "data/rows": float(len(rows)),
                   "data/quarantined_rows": float(quarantined)}, start)
         optimizers = {"policy_opt": optimizer, "policy_sched": scheduler}
-        save = _checkpointer(run, model, tokenizer, optimizers, section.checkpoint_every, section.steps)
+        save = step_checkpointer(run, model, tokenizer, optimizers, section.checkpoint_every, section.steps)
         losses: list[float] = []
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
@@ -86,9 +88,9 @@ def _run_supervised(config: RunConfig, fmt: Literal["sft", "cpt"]) -> RunSummary
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         train_sft_packed(model, rows, section, pad_token_id=pad, seed=config.seed, start_step=start,
                          optimizers=(optimizer, scheduler), on_step=on_step)
-        final = _save_final(run, model, tokenizer)
+        final = save_final_model(run.ctx, model, tokenizer)
         print("[4/4] held-out eval, registration", flush=True)
-        scores = _evaluate(run, final, fmt)
+        scores = evaluate_and_log(run, final, fmt)
         version = run.register(final, [path], {f"{config.data.env}.accuracy": scores["accuracy"]})
         first = f"{losses[0]:.3f}" if losses else "-"
         last = f"{losses[-1]:.3f}" if losses else "-"

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from posttrain.config import GRPOLossConfig, OptimConfig, RunConfig
-from posttrain.config.roles import async_runtime_config
+from posttrain.config.load import ConfigError
+from posttrain.config.roles import async_rl_settings
 from posttrain.config.techniques import GRPOTechniqueConfig
 from posttrain.learner.batching import collate_rollouts
 from posttrain.learner.groups import GroupAssembler, collect_groups
@@ -244,18 +245,21 @@ def _run_config(**data):
     return RunConfig.model_validate(data)
 
 
-def test_async_runtime_reads_the_grpo_batch_shape_from_the_sao_section():
-    """8 prompts x group 4 = 32 rollouts per batch; no critic (batch_norm advantage)."""
+def test_async_runtime_reads_the_grpo_section_itself_not_a_rewritten_sao_section():
+    """8 prompts x group 4 = 32 rollouts per batch, tau 2, 7 versions x 3 mini-batches = 21 optimizer steps."""
     config = _run_config(technique="grpo", grpo={
         "async": True, "steps": 7, "prompts_per_step": 8, "group_size": 4, "micro_batch_size": 64,
-        "max_staleness": 2, "loss": {"dis_mask": True}, "optim": {"lr": 3e-4},
+        "mini_batches": 3, "max_staleness": 2, "loss": {"dis_mask": True}, "optim": {"lr": 3e-4},
     })
-    runtime = async_runtime_config(config)
-    assert (runtime.sao.steps, runtime.sao.batch_size, runtime.sao.micro_batch_size) == (7, 32, 32)
-    assert runtime.sao.max_staleness == 2 and runtime.sao.optim.lr == 3e-4 and runtime.sao.advantage == "batch_norm"
-    assert runtime.grpo == config.grpo
-    with pytest.raises(ValueError, match="expected grpo with async true"):
-        async_runtime_config(_run_config(technique="grpo"))
+    settings = async_rl_settings(config)
+    assert (settings.technique, settings.steps, settings.batch_rollouts) == ("grpo", 7, 32)
+    assert (settings.group_size, settings.groups_per_batch, settings.max_staleness) == (4, 8, 2)
+    assert settings.optim.lr == 3e-4 and settings.policy_optimizer_steps == 21
+    assert config.sao == RunConfig().sao  # nothing is copied into the sao section
+    sao = async_rl_settings(_run_config(technique="sao", sao={"steps": 5, "batch_size": 24, "max_staleness": 3}))
+    assert (sao.technique, sao.steps, sao.batch_rollouts, sao.group_size, sao.max_staleness) == ("sao", 5, 24, 1, 3)
+    with pytest.raises(ConfigError, match="does not run on the asynchronous runtime"):
+        async_rl_settings(_run_config(technique="grpo"))
 
 
 def test_grpo_config_needs_the_dis_mask_when_asynchronous():

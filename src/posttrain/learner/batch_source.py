@@ -1,0 +1,174 @@
+"""Where the learner's batches come from: stream entries in, a batch or nothing out, drops handled inside.
+
+Two sources share one contract, ``next_batch(learner_version) -> list[QueueEntry] | None``:
+
+* ``SingleRolloutSource`` (SAO): buffers rollouts as they arrive until ``batch_rollouts`` fresh
+  ones are held; a rollout whose oldest policy version lags the learner by more than
+  ``max_staleness`` is dropped on arrival.
+* ``GroupSource`` (asynchronous GRPO): releases only complete groups (``posttrain.learner.groups``),
+  ``groups_per_batch`` of them at a time; a group with any stale member is dropped whole.
+
+Both read the queue the same way (reclaim entries idle on a dead consumer first, then block for
+new ones up to ``block_s`` seconds) and send every drop through one ``DropRecorder``, which
+counts it, keeps it for the next ledger line, acknowledges its entry and gives its admission place
+back. Nothing is dropped any other way. ``None`` means "no batch yet": the caller asks again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from posttrain.config.roles import AsyncRLSettings
+from posttrain.learner.groups import GroupAssembler, collect_groups
+from posttrain.records import Rollout
+from posttrain.rollout.admission import AdmissionController, StalenessStats, is_stale
+from posttrain.rollout.queue import QueueEntry, RolloutQueue
+
+
+class DropRecorder:
+    """The one way a learner drops stream entries: counted, kept for the ledger, acknowledged, refunded.
+
+    Args:
+        queue: The learner's stream consumer (drops are acknowledged there).
+        admission: Admission control (each dropped rollout gives its place back).
+        staleness: Staleness statistics (drops are counted there too).
+        dropped_before: Drops counted by earlier incarnations of this learner (from its checkpoint).
+
+    Attributes:
+        total: Entries dropped over the run, ``dropped_before`` included.
+    """
+
+    def __init__(
+        self, queue: RolloutQueue, admission: AdmissionController, staleness: StalenessStats, dropped_before: float = 0.0
+    ) -> None:
+        self._queue = queue
+        self._admission = admission
+        self._staleness = staleness
+        self._for_ledger: list[tuple[Rollout, str]] = []
+        self.total = float(dropped_before)
+
+    def drop(self, entries: Sequence[QueueEntry], reasons: Sequence[str]) -> None:
+        """Drop ``entries`` for the given reasons (one each; e.g. ``stale``, ``stale group``).
+
+        Raises:
+            ValueError: ``reasons`` and ``entries`` differ in length.
+        """
+        if len(reasons) != len(entries):
+            raise ValueError(f"reasons: expected {len(entries)} like entries, got {len(reasons)}")
+        if not entries:
+            return
+        self._staleness.record_dropped(len(entries))
+        self.total += len(entries)
+        self._for_ledger.extend((e.rollout, r) for e, r in zip(entries, reasons, strict=True))
+        self._queue.ack([e.entry_id for e in entries])
+        self._admission.refund(len(entries))
+
+    def take_for_ledger(self) -> list[tuple[Rollout, str]]:
+        """The drops since the last call, as ``(rollout, reason)``, for the next ledger line."""
+        out, self._for_ledger = self._for_ledger, []
+        return out
+
+
+class BatchSource(Protocol):
+    """Assembles the learner's next batch from the stream (module docstring)."""
+
+    drops: DropRecorder
+
+    def next_batch(self, learner_version: int) -> list[QueueEntry] | None:
+        """The next batch's entries, or None while not enough have arrived."""
+        ...
+
+
+def _read(queue: RolloutQueue, n: int, claim_idle_ms: int, block_s: float) -> list[QueueEntry]:
+    """Entries idle on other consumers for ``claim_idle_ms`` first, then up to ``n`` in all, blocking ``block_s``."""
+    arrived = queue.claim_stale(claim_idle_ms)
+    if len(arrived) < n:
+        arrived += queue.get_batch(n - len(arrived), timeout_s=block_s)
+    return arrived
+
+
+class SingleRolloutSource:
+    """SAO's batches: ``batch_rollouts`` rollouts of any prompts, each fresh when it arrived.
+
+    Args:
+        queue: Stream consumer.
+        drops: Where stale rollouts go.
+        batch_rollouts: Rollouts per batch (>= 1).
+        max_staleness: tau (policy versions).
+        claim_idle_ms: Reclaim entries pending this long on another consumer (milliseconds).
+        block_s: Longest wait for new entries per call (seconds).
+    """
+
+    def __init__(
+        self, queue: RolloutQueue, drops: DropRecorder, *, batch_rollouts: int, max_staleness: int,
+        claim_idle_ms: int, block_s: float,
+    ) -> None:
+        self._queue = queue
+        self.drops = drops
+        self._batch = batch_rollouts
+        self._tau = max_staleness
+        self._claim_idle_ms = claim_idle_ms
+        self._block_s = block_s
+        self._buffer: list[QueueEntry] = []
+
+    def next_batch(self, learner_version: int) -> list[QueueEntry] | None:
+        """Read what is needed to fill the buffer; return a full batch, or None (stale arrivals dropped)."""
+        need = self._batch - len(self._buffer)
+        if need > 0:
+            for entry in _read(self._queue, need, self._claim_idle_ms, self._block_s):
+                if is_stale(entry.rollout.policy_version, learner_version, self._tau):
+                    self.drops.drop([entry], ["stale"])
+                else:
+                    self._buffer.append(entry)
+        if len(self._buffer) < self._batch:
+            return None
+        out, self._buffer = self._buffer[: self._batch], self._buffer[self._batch :]
+        return out
+
+
+class GroupSource:
+    """Asynchronous GRPO's batches: ``groups_per_batch`` complete groups, group after group.
+
+    Args:
+        queue: Stream consumer.
+        drops: Where stale groups, surplus members and members without a group id go.
+        group_size: G, rollouts per group (>= 2).
+        groups_per_batch: Groups per batch (``grpo.prompts_per_step``).
+        max_staleness: tau (policy versions).
+        claim_idle_ms: Reclaim entries pending this long on another consumer (milliseconds).
+        block_s: Longest wait for new entries per call (seconds).
+    """
+
+    def __init__(
+        self, queue: RolloutQueue, drops: DropRecorder, *, group_size: int, groups_per_batch: int,
+        max_staleness: int, claim_idle_ms: int, block_s: float,
+    ) -> None:
+        self._queue = queue
+        self.drops = drops
+        self._assembler = GroupAssembler(group_size)
+        self._groups = groups_per_batch
+        self._read_size = group_size * groups_per_batch
+        self._tau = max_staleness
+        self._claim_idle_ms = claim_idle_ms
+        self._block_s = block_s
+
+    def next_batch(self, learner_version: int) -> list[QueueEntry] | None:
+        """Offer new entries to the group buffer; return complete groups' entries, or None."""
+        arrived = self._queue.claim_stale(self._claim_idle_ms)
+        arrived += self._queue.get_batch(self._read_size, timeout_s=self._block_s)
+        ready, dropped = collect_groups(self._assembler, arrived, learner_version=learner_version,
+                                        max_staleness=self._tau, num_groups=self._groups)
+        self.drops.drop(dropped, [self._assembler.drop_reason(e) for e in dropped])
+        return ready
+
+
+def make_batch_source(
+    settings: AsyncRLSettings, queue: RolloutQueue, drops: DropRecorder, *, claim_idle_ms: int, block_s: float
+) -> BatchSource:
+    """``SingleRolloutSource`` for SAO, ``GroupSource`` for asynchronous GRPO, sized by ``settings``."""
+    if settings.technique == "grpo":
+        return GroupSource(queue, drops, group_size=settings.group_size, groups_per_batch=settings.groups_per_batch,
+                           max_staleness=settings.max_staleness, claim_idle_ms=claim_idle_ms, block_s=block_s)
+    return SingleRolloutSource(queue, drops, batch_rollouts=settings.batch_rollouts,
+                               max_staleness=settings.max_staleness, claim_idle_ms=claim_idle_ms, block_s=block_s)

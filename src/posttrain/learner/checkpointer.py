@@ -1,0 +1,77 @@
+"""When the asynchronous learner checkpoints, and the rule that acknowledgement comes after the checkpoint.
+
+A checkpoint (``posttrain.learner.checkpoint``) is written every ``checkpoint_every`` policy
+versions, at the last version, and when the loop stops with trained entries not yet covered.
+After it is durable (and mirrored to ``checkpoints_uri`` when the run keeps checkpoints on S3,
+where a restarted pod looks), the stream entries it covers are acknowledged. A learner killed
+between the two acknowledges them when it resumes instead of training on them again; entries
+consumed after the checkpoint stay pending and are delivered again. So no rollout is lost and
+none is trained twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from posttrain.advantages import RunningMeanBaseline
+from posttrain.learner.checkpoint import LearnerState, save_checkpoint
+from posttrain.learner.remote_checkpoint import mirror_checkpoint
+from posttrain.rollout.queue import RolloutQueue
+from posttrain.runtime import RunContext
+
+
+class Checkpointer:
+    """Saves the learner's state on its cadence, then acknowledges what the checkpoint covers.
+
+    Args:
+        ctx: The run (checkpoint directory, resolved config).
+        state: The learner's counters and stream position (shared with the loop).
+        counters: Cumulative counters saved into ``state`` (shared with the loop).
+        modules: ``policy`` (HF model), ``tokenizer``, ``critic`` (module or None).
+        optimizers: Name -> optimizer or scheduler (``state_dict()``).
+        baseline: The running-mean baseline whose window is saved, or None.
+        queue: The stream consumer that acknowledges covered entries.
+        every: Policy versions between checkpoints (>= 1).
+        last_version: The run's final policy version (always checkpointed).
+        mirror_uri: ``s3://`` prefix the checkpoint is copied to before acknowledging, or None.
+    """
+
+    def __init__(self, ctx: RunContext, *, state: LearnerState, counters: dict[str, float], modules: dict[str, Any],
+                 optimizers: dict[str, Any], baseline: RunningMeanBaseline | None, queue: RolloutQueue,
+                 every: int, last_version: int, mirror_uri: str | None) -> None:
+        self.ctx, self.state, self.counters, self.modules = ctx, state, counters, modules
+        self.optimizers, self.baseline, self.queue = optimizers, baseline, queue
+        self.every, self.last_version, self.mirror_uri = every, last_version, mirror_uri
+
+    def maybe_save(self, policy_updated: bool) -> Path | None:
+        """Checkpoint after a policy update that lands on the cadence or on the last version; else nothing."""
+        version = self.state.policy_version
+        if policy_updated and (version % self.every == 0 or version >= self.last_version):
+            return self.save()
+        return None
+
+    def flush(self) -> Path | None:
+        """Checkpoint if trained entries are not covered yet (the loop is stopping)."""
+        return self.save() if self.state.consumed_entry_ids else None
+
+    def save(self) -> Path:
+        """Write the checkpoint, mirror it when configured, then acknowledge the entries it covers.
+
+        Raises:
+            OSError: the checkpoint could not be written (nothing is acknowledged).
+            posttrain.storage.StorageError: the mirror failed (nothing is acknowledged).
+        """
+        if self.baseline is not None:
+            self.state.baseline_rewards = [float(r) for r in self.baseline.state_dict()["rewards"]]  # type: ignore[union-attr]
+        self.state.counters = dict(self.counters)
+        saved = save_checkpoint(
+            self.ctx.checkpoints_dir, state=self.state, policy=self.modules["policy"],
+            tokenizer=self.modules["tokenizer"], critic=self.modules.get("critic"), optimizers=self.optimizers,
+            resolved_config_yaml=self.ctx.resolved_config_yaml(),
+        )
+        if self.mirror_uri:
+            mirror_checkpoint(saved, self.mirror_uri)
+        self.queue.ack(self.state.consumed_entry_ids)
+        self.state.consumed_entry_ids = []
+        return saved

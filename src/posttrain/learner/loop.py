@@ -1,0 +1,80 @@
+"""The asynchronous learner (SAO, and GRPO with ``grpo.async``): train on rollouts as they arrive.
+
+Run one with ``posttrain learner CONFIG`` (``REDIS_URL`` must point at the run's Redis); it
+resumes from the newest checkpoint in ``<run>/checkpoints`` if there is one. Each iteration:
+
+1. **take a batch** (``batch_source``): SAO buffers single rollouts, async GRPO complete groups;
+   a rollout older than ``max_staleness`` policy versions is dropped, counted, acknowledged and
+   its admission place given back;
+2. **train** (``steps``): SAO's critic, skip-observation GAE and DIS update (after the critic-only
+   warm-up), or GRPO's group-relative step with the DIS mask;
+3. **refund** the admission places of rows that made no policy version;
+4. **record** the iteration in ``<run>/learner_ledger.jsonl`` (``posttrain.learner.ledger``);
+5. after a policy update, **publish** the next version (weight store, version key, announcement);
+6. **log** the metrics (``posttrain.learner.metrics``);
+7. every ``checkpoint_every`` versions and at the end, **checkpoint, then acknowledge** the
+   entries the checkpoint covers (``checkpointer``).
+
+The loop takes its transport as an argument (``setup.LearnerTransport``), so a test runs it on
+the in-memory queue, admission and a temporary weight store.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tqdm import tqdm
+
+from posttrain.config import RunConfig
+from posttrain.learner.setup import LearnerTransport, build_learner
+from posttrain.learner.types import LearnerSummary
+from posttrain.tracking import MetricsSink
+
+
+def run_learner(
+    config: RunConfig,
+    transport: LearnerTransport,
+    *,
+    start_model_dir: Path,
+    sink: MetricsSink | None = None,
+    progress: bool = True,
+    max_iterations: int | None = None,
+) -> LearnerSummary:
+    """Train until the run's last policy version is published (module docstring).
+
+    Args:
+        config: Run config (``technique: sao``, or ``grpo`` with ``grpo.async: true``).
+        transport: Queue, admission, version key, weight store, announcements, telemetry
+            (``setup.redis_transport`` for a real run).
+        start_model_dir: Policy to start from when there is no checkpoint (the SFT warm start).
+        sink: Receives ``(metrics, policy_version)`` after each iteration (MLflow, JSONL).
+        progress: Show a progress bar.
+        max_iterations: Stop after this many iterations in this process (a learner that dies
+            mid-run, in tests); None runs to completion.
+
+    Returns:
+        ``LearnerSummary``: final version, iterations, final model directory, counters.
+
+    Raises:
+        posttrain.rollout.queue.QueueConnectionError: Redis unreachable after bounded retries.
+        FloatingPointError: a non-finite gradient norm.
+    """
+    learner = build_learner(config, transport, start_model_dir=start_model_dir)
+    bar = tqdm(total=learner.settings.steps, initial=learner.state.policy_version, desc=learner.settings.technique,
+               disable=not progress, leave=False)
+    while not learner.finished(max_iterations):
+        entries = learner.source.next_batch(learner.state.policy_version)
+        if entries is None:
+            continue
+        result = learner.train(entries)
+        learner.refund_untrained(entries, result)
+        learner.record(entries, result)
+        if result.policy_updated:
+            learner.publish_next_version()
+            bar.update(1)
+        if sink is not None:
+            sink(learner.metrics(entries, result), learner.state.policy_version)
+        learner.checkpointer.maybe_save(result.policy_updated)
+    bar.close()
+    learner.checkpointer.flush()
+    return learner.finish()

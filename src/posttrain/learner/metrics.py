@@ -1,0 +1,62 @@
+"""What the asynchronous learner logs after each iteration, on top of its train step's own metrics.
+
+Keys (all floats): the step's metrics (``loss/*``, ``mask/*``, ``value/*``, ``grpo/*``...);
+``staleness/*`` (``StalenessStats``); ``generator/<id>/*`` and ``generator/busy_fraction_mean``
+(``posttrain.rollout.telemetry``); ``learner/step_s`` (seconds of the train step),
+``learner/iteration``; ``throughput/rollouts_per_s`` and ``throughput/trained_action_tokens_per_s``
+(cumulative since this process started), ``throughput/action_tokens_per_s`` (this batch's action
+tokens over its step time); ``queue/dead_letters``, ``queue/length``; ``rollouts/correct_mean``.
+The names match synchronous GRPO's, so runs of either compare directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from posttrain.learner.types import TrainStepResult
+from posttrain.rollout.admission import StalenessStats
+from posttrain.rollout.queue import QueueEntry, RolloutQueue
+from posttrain.rollout.telemetry import generator_metrics
+
+
+def learner_metrics(
+    result: TrainStepResult,
+    entries: Sequence[QueueEntry],
+    *,
+    iteration: int,
+    counters: Mapping[str, float],
+    staleness: StalenessStats,
+    queue: RolloutQueue,
+    generator_stats: Mapping[str, Mapping[str, float]],
+    step_s: float,
+    elapsed_s: float,
+) -> dict[str, float]:
+    """One iteration's metrics (module docstring).
+
+    Args:
+        result: The train step's result.
+        entries: The batch.
+        iteration: Learner iterations done, this one included.
+        counters: Cumulative ``rollouts_trained`` and ``action_tokens_trained`` of this process's run.
+        staleness: Staleness statistics of consumed and dropped rollouts.
+        queue: The stream consumer (dead letters, length).
+        generator_stats: Generator id -> its latest stats snapshot.
+        step_s: Seconds the train step took.
+        elapsed_s: Seconds since the learner started training in this process.
+    """
+    elapsed = max(elapsed_s, 1e-9)
+    metrics = dict(result.metrics)
+    metrics.update(staleness.as_metrics())
+    metrics.update(generator_metrics(generator_stats))
+    action_tokens = sum(e.rollout.num_action_tokens for e in entries)
+    metrics.update({
+        "learner/step_s": step_s,
+        "learner/iteration": float(iteration),
+        "throughput/rollouts_per_s": counters["rollouts_trained"] / elapsed,
+        "throughput/action_tokens_per_s": action_tokens / max(step_s, 1e-9),
+        "throughput/trained_action_tokens_per_s": counters["action_tokens_trained"] / elapsed,
+        "queue/dead_letters": float(queue.dead_letter_count()),
+        "queue/length": float(queue.length()),
+        "rollouts/correct_mean": sum(e.rollout.metrics.get("correct", 0.0) for e in entries) / len(entries),
+    })
+    return metrics

@@ -1,0 +1,264 @@
+"""Building the asynchronous learner: its transport, models, optimizers, resume, first publication.
+
+``build_learner(config, transport, start_model_dir=...)`` returns a ``Learner``: everything the
+loop (``posttrain.learner.loop``) touches, with one small method per step of the algorithm.
+The transport (queue, admission, version key, weight store, announcements, generator telemetry)
+is an argument, so a test hands it the in-memory twins; ``redis_transport`` builds the real one.
+
+Resume (``learner.resume``): the newest checkpoint in ``<run>/checkpoints`` (or, when
+``checkpoints_uri`` is set and the disk is empty, the one mirrored there) restores policy, critic,
+optimizers, baseline and counters. Entries the checkpoint covers are acknowledged at once, never trained again. The
+weights the learner starts from are (re)published, replacing versions a dead predecessor
+published after its last checkpoint, and the version key is set.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+import torch
+from torch import nn
+
+from posttrain.advantages import RunningMeanBaseline
+from posttrain.config import RunConfig
+from posttrain.config.roles import AsyncRLSettings, async_rl_settings
+from posttrain.learner.batch_source import BatchSource, DropRecorder, make_batch_source
+from posttrain.learner.checkpoint import LearnerState
+from posttrain.learner.checkpointer import Checkpointer
+from posttrain.learner.critic import CriticModel
+from posttrain.learner.export import save_final_model
+from posttrain.learner.ledger import LEDGER_NAME, append_ledger, ledger_line
+from posttrain.learner.metrics import learner_metrics
+from posttrain.learner.optim import build_optimizer
+from posttrain.learner.publish import WeightPublisher
+from posttrain.learner.resume import resume_policy
+from posttrain.learner.steps import GRPOStep, SAOStep, TrainStep
+from posttrain.learner.types import LearnerSummary, Trainable, TrainStepResult
+from posttrain.models.hf import load_policy, load_tokenizer
+from posttrain.rollout.admission import AdmissionController, RedisAdmissionController, StalenessStats
+from posttrain.rollout.queue import PolicyVersionStore, QueueEntry, RolloutQueue
+from posttrain.rollout.redis_streams import RedisPolicyVersionStore, RedisStreamQueue
+from posttrain.rollout.telemetry import read_generator_stats
+from posttrain.runtime import RunContext
+from posttrain.weight_sync.announce import announce_weights
+from posttrain.weight_sync.factory import open_weight_store
+from posttrain.weight_sync.store import WeightStore
+
+
+@dataclass
+class LearnerTransport:
+    """How the learner reaches the generators: only through these (ARCHITECTURE.md §6).
+
+    Attributes:
+        queue: The rollout stream, seen by the learner's consumer.
+        admission: Admission control (drops and untrained rows give their places back).
+        versions: The shared policy-version key.
+        store: The weight store generators load from.
+        announce: Tells generators a version is published (``policy_version -> anything``).
+        generator_stats: Returns generator id -> latest stats (empty when none reported).
+    """
+
+    queue: RolloutQueue
+    admission: AdmissionController
+    versions: PolicyVersionStore
+    store: WeightStore
+    announce: Callable[[int], object]
+    generator_stats: Callable[[], dict[str, dict[str, float]]]
+
+
+def redis_transport(config: RunConfig, redis_url: str) -> LearnerTransport:
+    """The learner's transport over the run's Redis and its configured weight store.
+
+    The queue delivers per-token fields as numpy views of the payload (``arrays=True``), which
+    collation copies into tensors without a per-token Python loop.
+
+    Raises:
+        posttrain.config.ConfigError: the technique does not use the asynchronous runtime.
+    """
+    ctx = RunContext(config)
+    settings = async_rl_settings(config)
+    client = redis.Redis.from_url(redis_url)
+    return LearnerTransport(
+        queue=RedisStreamQueue(client, ctx.keys, consumer="learner-0", maxlen=config.queue.maxlen, arrays=True),
+        admission=RedisAdmissionController(client, ctx.keys, batch_size=settings.batch_rollouts,
+                                           max_staleness=settings.max_staleness),
+        versions=RedisPolicyVersionStore(client, ctx.keys),
+        store=open_weight_store(ctx),
+        announce=lambda version: announce_weights(client, ctx.keys, version),
+        generator_stats=lambda: read_generator_stats(client, ctx.keys),
+    )
+
+
+@dataclass
+class Learner:
+    """The asynchronous learner's parts, built by ``build_learner``; one method per step of the loop.
+
+    Attributes:
+        ctx: The run.
+        settings: The runtime's shared numbers (``posttrain.config.roles``).
+        transport: Queue, admission, version key, weight store, announcements, telemetry.
+        state: Iteration, policy version, consumed entries (checkpointed).
+        counters: ``rollouts_trained``, ``action_tokens_trained``, ``stale_dropped``... (checkpointed).
+        policy: The policy with its optimizer and schedule.
+        tokenizer: The policy's tokenizer.
+        source: Where batches come from (drops handled inside).
+        step: The train step (SAO or asynchronous GRPO).
+        publisher: Weight store, version key, announcement.
+        checkpointer: Checkpoint then acknowledge.
+        staleness: Staleness statistics of consumed and dropped rollouts.
+    """
+
+    ctx: RunContext
+    settings: AsyncRLSettings
+    transport: LearnerTransport
+    state: LearnerState
+    counters: dict[str, float]
+    policy: Trainable
+    tokenizer: Any
+    source: BatchSource
+    step: TrainStep
+    publisher: WeightPublisher
+    checkpointer: Checkpointer
+    staleness: StalenessStats
+    iterations_here: int = 0
+    last_step_s: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+
+    def finished(self, max_iterations: int | None) -> bool:
+        """True once the last policy version is published, or after ``max_iterations`` in this process."""
+        if max_iterations is not None and self.iterations_here >= max_iterations:
+            return True
+        return self.state.policy_version >= self.settings.steps
+
+    def train(self, entries: list[QueueEntry]) -> TrainStepResult:
+        """Observe the batch's staleness and run the train step on it (timed in ``last_step_s``)."""
+        for e in entries:
+            self.staleness.observe(e.rollout.policy_version, self.state.policy_version)
+        t0 = time.monotonic()
+        result = self.step(entries, self.state.iteration)
+        self.last_step_s = time.monotonic() - t0
+        return result
+
+    def refund_untrained(self, entries: Sequence[QueueEntry], result: TrainStepResult) -> None:
+        """Give back the admission places of rows that made no policy version (warm-up, uniform groups).
+
+        Admission counts capacity in policy versions, ``(v + tau + 1) * B`` rollouts; a row that
+        made no version would otherwise hold a place for the whole run.
+        """
+        if result.rows_trained < len(entries):
+            self.transport.admission.refund(len(entries) - result.rows_trained)
+
+    def record(self, entries: Sequence[QueueEntry], result: TrainStepResult) -> None:
+        """Count the iteration, keep its entries for the next checkpoint, append its ledger line."""
+        self.state.iteration += 1
+        self.iterations_here += 1
+        self.state.consumed_entry_ids.extend(e.entry_id for e in entries)
+        version = self.state.policy_version + int(result.policy_updated)
+        append_ledger(self.ctx.run_dir / LEDGER_NAME, ledger_line(
+            self.state.iteration, version, [e.rollout for e in entries], [e.entry_id for e in entries],
+            self.source.drops.take_for_ledger()))
+        self.counters["rollouts_trained"] += len(entries)
+        self.counters["action_tokens_trained"] = self.counters.get("action_tokens_trained", 0.0) + (
+            result.action_tokens_trained)
+        self.counters["stale_dropped"] = self.source.drops.total
+
+    def publish_next_version(self) -> None:
+        """Bump the policy version and publish it (weights, version key, announcement)."""
+        self.state.policy_version += 1
+        self.publisher.publish(self.policy.model, self.state.policy_version)
+
+    def metrics(self, entries: Sequence[QueueEntry], result: TrainStepResult) -> dict[str, float]:
+        """The iteration's metrics (``posttrain.learner.metrics``)."""
+        return learner_metrics(
+            result, entries, iteration=self.state.iteration, counters=self.counters, staleness=self.staleness,
+            queue=self.transport.queue, generator_stats=self.transport.generator_stats(),
+            step_s=self.last_step_s, elapsed_s=time.monotonic() - self.started,
+        )
+
+    def finish(self) -> LearnerSummary:
+        """Save the final model once the last version is published; return the run's summary."""
+        self.counters["stale_dropped"] = self.source.drops.total
+        self.counters["dead_letters"] = float(self.transport.queue.dead_letter_count())
+        if self.state.policy_version >= self.settings.steps:
+            save_final_model(self.ctx, self.policy.model, self.tokenizer)
+        return LearnerSummary(self.state.policy_version, self.state.iteration, self.ctx.final_model_dir,
+                              self.counters)
+
+
+def _critic(config: RunConfig, start_model_dir: Path) -> Trainable | None:
+    """SAO's critic, initialised from the start policy (``sao.advantage == "gae"``), else None."""
+    sao = config.sao
+    if config.technique != "sao" or sao.advantage != "gae":
+        return None
+    model = CriticModel.from_policy_path(start_model_dir)
+    optimizer, scheduler = build_optimizer(
+        model, sao.optim.model_copy(update={"lr": sao.critic.lr}), sao.steps + sao.critic.warmup_steps)
+    return Trainable(model, optimizer, scheduler)
+
+
+def _train_step(config: RunConfig, policy: Trainable, critic: Trainable | None, baseline: RunningMeanBaseline | None,
+                start_model_dir: Path, pad_id: int) -> TrainStep:
+    """SAO's step, or asynchronous GRPO's with its frozen reference when the KL term is on."""
+    if config.technique == "grpo":
+        grpo = config.grpo
+        reference: nn.Module | None = load_policy(start_model_dir).eval() if grpo.loss.kl_coef > 0 else None
+        return GRPOStep(policy, grpo, reference, config.generator.temperature, pad_id)
+    return SAOStep(policy, critic, config.sao, baseline, pad_id)
+
+
+def build_learner(config: RunConfig, transport: LearnerTransport, *, start_model_dir: Path) -> Learner:
+    """Load or resume the learner of ``config`` and publish the version it starts from (module docstring).
+
+    Args:
+        config: The run config (``technique: sao``, or ``grpo`` with ``grpo.async``).
+        transport: Queue, admission, version key, weight store, announcements, telemetry.
+        start_model_dir: Policy to start from when there is no checkpoint (the SFT warm start).
+
+    Raises:
+        posttrain.config.ConfigError: the technique does not use the asynchronous runtime.
+        FileNotFoundError: no tokenizer in the run directory, or no model at ``start_model_dir``.
+    """
+    ctx = RunContext(config)
+    settings = async_rl_settings(config)
+    torch.manual_seed(config.seed)
+    tokenizer = load_tokenizer(ctx.tokenizer_dir)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    critic = _critic(config, start_model_dir)
+    resumed_policy = resume_policy(ctx.checkpoints_dir, start_model_dir, settings.optim,
+                                   settings.policy_optimizer_steps, critic=critic, mirror_uri=config.checkpoints_uri)
+    policy, optimizers, state = resumed_policy.policy, resumed_policy.optimizers, resumed_policy.state
+    model = policy.model
+    latest = transport.store.latest_version()
+    resumed = resumed_policy.checkpoint is not None or (latest is not None and latest > 0)
+    if state.consumed_entry_ids:  # the checkpoint covers them: acknowledge, never train on them again
+        transport.queue.ack(sorted(set(state.consumed_entry_ids)))
+    state.consumed_entry_ids = []
+    publisher = WeightPublisher(transport.store, transport.versions, transport.announce, start_model_dir,
+                                overwrite=resumed)
+    publisher.publish(model, state.policy_version, write_weights=resumed or latest is None)
+
+    sao = config.sao
+    baseline = None
+    if config.technique == "sao" and sao.advantage == "running_mean":
+        baseline = RunningMeanBaseline(sao.running_mean_window)
+        if state.baseline_rewards:
+            baseline.load_state_dict({"window": sao.running_mean_window, "rewards": state.baseline_rewards})
+    staleness = StalenessStats(settings.max_staleness)
+    counters = {"rollouts_trained": 0.0, "stale_dropped": 0.0, **state.counters}
+    drops = DropRecorder(transport.queue, transport.admission, staleness, counters["stale_dropped"])
+    source = make_batch_source(settings, transport.queue, drops, claim_idle_ms=config.queue.claim_idle_ms,
+                               block_s=config.queue.block_ms / 1000)
+    checkpointer = Checkpointer(
+        ctx, state=state, counters=counters,
+        modules={"policy": model, "tokenizer": tokenizer, "critic": critic.model if critic else None},
+        optimizers=optimizers, baseline=baseline, queue=transport.queue, every=settings.checkpoint_every,
+        last_version=settings.steps, mirror_uri=config.checkpoints_uri,
+    )
+    return Learner(ctx, settings, transport, state, counters, policy, tokenizer, source,
+                   _train_step(config, policy, critic, baseline, start_model_dir, pad_id), publisher, checkpointer,
+                   staleness)

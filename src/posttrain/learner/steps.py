@@ -1,0 +1,77 @@
+"""The learner's train step, chosen once per run: SAO's critic + DIS step, or asynchronous GRPO's group step.
+
+A ``TrainStep`` takes the batch's stream entries and the iteration number and returns a
+``TrainStepResult`` (``posttrain.learner.types``) that says whether the policy moved, how many
+rollouts and action tokens counted as trained, and the step's metrics. The maths lives in
+``sao_step.sao_train_step`` (arXiv 2607.07508: critic, skip-observation GAE, DIS) and
+``grpo_step.grpo_train_step`` (arXiv 2402.03300 with the DIS mask); this module only collates
+the rollouts into a padded batch and calls the right one.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from torch import nn
+
+from posttrain.advantages import RunningMeanBaseline
+from posttrain.config.sections import SAOConfig
+from posttrain.config.techniques import GRPOTechniqueConfig
+from posttrain.learner.batching import collate_rollouts
+from posttrain.learner.grpo_step import grpo_train_step
+from posttrain.learner.sao_step import sao_train_step
+from posttrain.learner.types import Trainable, TrainStepResult
+from posttrain.rollout.queue import QueueEntry
+
+
+class TrainStep(Protocol):
+    """One learner iteration on a batch of stream entries."""
+
+    def __call__(self, entries: list[QueueEntry], iteration: int) -> TrainStepResult:
+        """Train on ``entries`` (iteration counts learner iterations done before this one)."""
+        ...
+
+
+class SAOStep:
+    """SAO: critic values, skip-observation GAE, K critic updates, then the DIS policy update.
+
+    Args:
+        policy: The policy with its optimizer and schedule.
+        critic: The critic (``sao.advantage == "gae"``), else None.
+        config: The ``sao`` section.
+        baseline: The running-mean baseline (``sao.advantage == "running_mean"``), else None.
+        pad_token_id: Padding id of the tokenizer.
+    """
+
+    def __init__(self, policy: Trainable, critic: Trainable | None, config: SAOConfig,
+                 baseline: RunningMeanBaseline | None, pad_token_id: int) -> None:
+        self.policy, self.critic, self.config, self.baseline, self.pad = policy, critic, config, baseline, pad_token_id
+
+    def __call__(self, entries: list[QueueEntry], iteration: int) -> TrainStepResult:
+        """``sao_train_step`` on the collated batch; a critic-only warm-up iteration makes no version."""
+        batch = collate_rollouts([e.rollout for e in entries], self.pad)
+        return sao_train_step(policy=self.policy, critic=self.critic, batch=batch, config=self.config,
+                              iteration=iteration, baseline=self.baseline)
+
+
+class GRPOStep:
+    """Asynchronous GRPO ("GRPO + DIS"): group-relative advantages, DIS mask against the behaviour logprobs.
+
+    Args:
+        policy: The policy with its optimizer and schedule.
+        config: The ``grpo`` section.
+        reference: Frozen reference policy when ``grpo.loss.kl_coef > 0``, else None.
+        temperature: The generators' sampling temperature (the learner's logprobs use it too).
+        pad_token_id: Padding id of the tokenizer.
+    """
+
+    def __init__(self, policy: Trainable, config: GRPOTechniqueConfig, reference: nn.Module | None,
+                 temperature: float, pad_token_id: int) -> None:
+        self.policy, self.config, self.reference, self.temperature, self.pad = (
+            policy, config, reference, temperature, pad_token_id)
+
+    def __call__(self, entries: list[QueueEntry], iteration: int) -> TrainStepResult:
+        """``grpo_train_step`` on the collated groups; groups whose rewards are all equal train nothing."""
+        batch = collate_rollouts([e.rollout for e in entries], self.pad)
+        return grpo_train_step(policy=self.policy, batch=batch, group_ids=[str(e.rollout.group_id) for e in entries],
+                               config=self.config, reference=self.reference, temperature=self.temperature)

@@ -1,0 +1,189 @@
+"""The asynchronous learner loop end to end in one process, on the in-memory queue, admission and a local weight store.
+
+A scripted generator answers every weight announcement by taking every admission ticket left and
+putting one rollout per ticket on the queue (SAO), or one group of G rollouts (async GRPO). The
+rollouts are fixed token sequences whose behaviour logprobs are the start policy's, so the DIS
+band keeps their tokens. With tau = 2 and B = 4 the capacity at version v is (v + 3) * 4 rollouts
+not refunded:
+
+    publish v0  -> 12 rollouts put (v0)
+    iteration 1 -> SAO critic warm-up on rollouts 1-4 (no version: their 4 places are refunded)
+    iteration 2 -> v1 on rollouts 5-8              -> capacity 16, 16 - 8 = 8 more put (v1)
+    iteration 3 -> v2 on rollouts 9-12 (lag 1)     -> capacity 20, 4 more put (v2)
+    iteration 4 -> v3 on rollouts 13-16 (lag 1)    -> capacity 24, 4 more put (v3); done
+                                                      16 trained, 28 put, 24 counted as consumed
+
+Run: ``python -m pytest -q tests/unit/learner/test_loop.py``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from posttrain.config import RunConfig
+from posttrain.learner.checkpoint import latest_checkpoint
+from posttrain.learner.ledger import LEDGER_NAME, read_ledger
+from posttrain.learner.loop import run_learner
+from posttrain.learner.setup import LearnerTransport
+from posttrain.losses.logprobs import token_logprobs
+from posttrain.models.hf import load_policy
+from posttrain.records import Rollout
+from posttrain.rollout.admission import MemoryAdmissionController
+from posttrain.rollout.memory_queue import MemoryPolicyVersionStore, MemoryRolloutQueue, MemoryStream
+from posttrain.runtime import RunContext
+from posttrain.weight_sync.store import FilesystemWeightStore
+
+PROMPT_LEN, ACTION_LEN = 6, 6
+
+
+def _config(tmp_path: Path, technique: str) -> RunConfig:
+    common = {"output_dir": str(tmp_path / "runs"), "run_name": "loop", "technique": technique,
+              "queue": {"block_ms": 1, "claim_idle_ms": 60_000}}
+    if technique == "sao":
+        return RunConfig.model_validate({**common, "sao": {
+            "steps": 3, "batch_size": 4, "micro_batch_size": 2, "max_staleness": 2, "checkpoint_every": 2,
+            "optim": {"lr": 1e-3}, "critic": {"warmup_steps": 1, "lr": 1e-3}}})
+    return RunConfig.model_validate({**common, "grpo": {
+        "async": True, "steps": 3, "prompts_per_step": 2, "group_size": 2, "micro_batch_size": 2,
+        "max_staleness": 2, "checkpoint_every": 2, "optim": {"lr": 1e-3}, "loss": {"dis_mask": True}}})
+
+
+class ScriptedGenerator:
+    """Fills the queue from the admission tickets left whenever the learner announces a version."""
+
+    def __init__(self, start_model: Path, queue: MemoryRolloutQueue, admission: MemoryAdmissionController,
+                 versions: MemoryPolicyVersionStore, vocab: int, group_size: int = 1) -> None:
+        self.queue, self.admission, self.versions, self.group_size = queue, admission, versions, group_size
+        gen = torch.Generator().manual_seed(0)
+        self.sequences = torch.randint(3, vocab, (8, PROMPT_LEN + ACTION_LEN), generator=gen)
+        model = load_policy(start_model).eval()
+        with torch.no_grad():
+            logits = model(input_ids=self.sequences, attention_mask=torch.ones_like(self.sequences)).logits
+            self.logprobs = token_logprobs(logits, self.sequences)
+        self.announced: list[int] = []
+        self.put = 0
+
+    def rollout(self, k: int, group_id: str | None, reward: float) -> Rollout:
+        row = k % len(self.sequences)
+        mask = [False] * PROMPT_LEN + [True] * ACTION_LEN
+        lp = [float(x) if m else 0.0 for x, m in zip(self.logprobs[row].tolist(), mask, strict=True)]
+        version = self.versions.get()
+        return Rollout(rollout_id=uuid.uuid4().hex, task_id=f"t{row}", env_name="scripted",
+                       token_ids=self.sequences[row].tolist(), behaviour_logprobs=lp, action_mask=mask, reward=reward,
+                       policy_version=version, turn_policy_versions=[version], group_id=group_id, metrics={"correct": reward})
+
+    def announce(self, version: int) -> None:
+        self.announced.append(version)
+        while True:
+            tickets = [self.admission.acquire(0) for _ in range(self.group_size)]
+            held = [t for t in tickets if t is not None]
+            if len(held) < self.group_size:
+                for t in held:
+                    self.admission.release(t)
+                return
+            group_id = uuid.uuid4().hex if self.group_size > 1 else None
+            for i, ticket in enumerate(held):  # SAO alternates rewards; each GRPO group holds a 0 and a 1
+                reward = float((self.put if self.group_size == 1 else i) % 2)
+                self.queue.put(self.rollout(self.put, group_id, reward=reward))
+                self.admission.consume(ticket)
+                self.put += 1
+
+
+def _transport(tmp_path: Path, config: RunConfig, tiny_model, stream: MemoryStream,
+               admission: MemoryAdmissionController, versions: MemoryPolicyVersionStore,
+               group_size: int = 1) -> tuple[LearnerTransport, ScriptedGenerator]:
+    queue = MemoryRolloutQueue(stream, consumer="learner-0")
+    generator = ScriptedGenerator(tiny_model.path, MemoryRolloutQueue(stream, consumer="generator"), admission,
+                                  versions, tiny_model.vocab_size, group_size)
+    transport = LearnerTransport(queue=queue, admission=admission, versions=versions,
+                                 store=FilesystemWeightStore(RunContext(config).weights_dir),
+                                 announce=generator.announce, generator_stats=dict)
+    return transport, generator
+
+
+def _prepared(tmp_path: Path, technique: str, tiny_model) -> RunConfig:
+    config = _config(tmp_path, technique)
+    shutil.copytree(tiny_model.path, RunContext(config).tokenizer_dir)
+    return config
+
+
+def _trained_entry_ids(config: RunConfig) -> list[str]:
+    return [i for line in read_ledger(RunContext(config).run_dir / LEDGER_NAME) for i in line["entry_ids"]]
+
+
+def test_sao_loop_trains_every_parameter_publishes_each_version_and_acks_every_trained_entry(tmp_path, tiny_model):
+    config = _prepared(tmp_path, "sao", tiny_model)
+    versions = MemoryPolicyVersionStore()
+    admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=2)
+    stream = MemoryStream()
+    transport, generator = _transport(tmp_path, config, tiny_model, stream, admission, versions)
+    start = {k: v.clone() for k, v in load_policy(tiny_model.path).state_dict().items()}
+
+    summary = run_learner(config, transport, start_model_dir=tiny_model.path, progress=False)
+
+    assert (summary.policy_version, summary.iterations) == (3, 4)  # one critic warm-up, then three versions
+    assert generator.announced == [0, 1, 2, 3] and versions.get() == 3
+    assert transport.store.latest_version() == 3
+    trained = load_policy(summary.final_model_dir).state_dict()
+    unchanged = [k for k, v in start.items() if torch.equal(v, trained[k])]
+    assert not unchanged, f"parameters the loop never trained: {unchanged}"
+    ids = _trained_entry_ids(config)
+    assert len(ids) == 16 and len(set(ids)) == 16
+    assert transport.queue.pending() == []  # the final checkpoint covers every trained entry
+    assert generator.put == 28 and summary.counters["rollouts_trained"] == 16
+    assert summary.counters["stale_dropped"] == 0
+    assert admission.state().consumed == 24  # 28 put, the warm-up's 4 refunded
+    assert latest_checkpoint(RunContext(config).checkpoints_dir).name == "iter-000004"
+
+
+def test_async_grpo_loop_trains_on_whole_groups(tmp_path, tiny_model):
+    config = _prepared(tmp_path, "grpo", tiny_model)
+    versions = MemoryPolicyVersionStore()
+    admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=2)
+    transport, generator = _transport(tmp_path, config, tiny_model, MemoryStream(), admission, versions, group_size=2)
+
+    summary = run_learner(config, transport, start_model_dir=tiny_model.path, progress=False)
+
+    assert (summary.policy_version, summary.iterations) == (3, 3)  # no critic, every group has unequal rewards
+    lines = read_ledger(RunContext(config).run_dir / LEDGER_NAME)
+    for line in lines:
+        groups: dict[str, int] = {}
+        for rollout in line["rollouts"]:
+            groups[rollout["group_id"]] = groups.get(rollout["group_id"], 0) + 1
+        assert sorted(groups.values()) == [2, 2]
+    assert transport.queue.pending() == []
+
+
+def test_a_learner_stopped_mid_run_resumes_without_losing_or_repeating_an_entry(tmp_path, tiny_model):
+    config = _prepared(tmp_path, "sao", tiny_model)
+    versions = MemoryPolicyVersionStore()
+    admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=2)
+    stream = MemoryStream()
+    first, _ = _transport(tmp_path, config, tiny_model, stream, admission, versions)
+    stopped = run_learner(config, first, start_model_dir=tiny_model.path, progress=False, max_iterations=2)
+    assert (stopped.policy_version, stopped.iterations) == (1, 2)
+
+    second, _ = _transport(tmp_path, config, tiny_model, stream, admission, versions)
+    summary = run_learner(config, second, start_model_dir=tiny_model.path, progress=False)
+
+    assert summary.policy_version == 3
+    ids = _trained_entry_ids(config)
+    assert len(ids) == len(set(ids)) == 16
+    assert second.queue.pending() == []
+
+
+@pytest.mark.parametrize("technique", ["sft", "dpo"])
+def test_techniques_off_the_asynchronous_runtime_are_refused_with_the_field(tmp_path, tiny_model, technique):
+    from posttrain.config.load import ConfigError
+
+    config = _prepared(tmp_path, "sao", tiny_model).model_copy(update={"technique": technique})
+    versions = MemoryPolicyVersionStore()
+    transport, _ = _transport(tmp_path, config, tiny_model, MemoryStream(),
+                              MemoryAdmissionController(versions, batch_size=4, max_staleness=2), versions)
+    with pytest.raises(ConfigError, match="technique"):
+        run_learner(config, transport, start_model_dir=tiny_model.path, progress=False)
