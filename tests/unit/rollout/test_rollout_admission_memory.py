@@ -1,33 +1,16 @@
-"""Admission tickets (in-memory controller), capacity, is_stale and StalenessStats.
+"""The pure parts of staleness control: ``capacity``, ``is_stale`` and ``StalenessStats``.
+
+The admission controllers themselves (in-memory and Redis: tickets, consume / release / refund,
+leases) are checked by the contract suite, ``tests/contracts/test_admission_contract.py``.
 
 Run: .venv/bin/python -m pytest -q tests/unit/rollout/test_rollout_admission_memory.py
 """
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
-from posttrain.rollout.admission import (
-    AdmissionController,
-    MemoryAdmissionController,
-    StalenessStats,
-    capacity,
-    is_stale,
-)
-from posttrain.rollout.memory_queue import MemoryPolicyVersionStore
-
-
-def make_controller(batch_size: int = 4, max_staleness: int = 1, **kw) -> MemoryAdmissionController:
-    return MemoryAdmissionController(MemoryPolicyVersionStore(0), batch_size, max_staleness, **kw)
-
-
-def acquire_all(ctl: AdmissionController) -> list:
-    tickets = []
-    while (t := ctl.acquire(timeout_s=0.0)) is not None:
-        tickets.append(t)
-    return tickets
+from posttrain.rollout.admission import StalenessStats, capacity, is_stale
 
 
 def test_capacity_is_learner_version_plus_tau_plus_one_batches():
@@ -47,106 +30,6 @@ def test_is_stale_only_beyond_max_staleness():
     assert is_stale(2, 5, 2)
     assert not is_stale(6, 5, 2)
     assert not is_stale(5, 5, 0) and is_stale(4, 5, 0)
-
-
-def test_memory_controller_satisfies_the_protocol():
-    assert isinstance(make_controller(), AdmissionController)
-
-
-def test_exactly_capacity_tickets_then_the_next_waits_until_the_version_advances():
-    """B=4, tau=1, v=0: 8 tickets (numbered 1..8), the 9th is refused; at v=1, 4 more (12 total)."""
-    ctl = make_controller(batch_size=4, max_staleness=1)
-    tickets = acquire_all(ctl)
-    assert [t.started for t in tickets] == list(range(1, 9))
-    assert all(t.capacity == 8 and t.learner_version == 0 for t in tickets)
-    for t in tickets:
-        ctl.consume(t)
-    assert ctl.acquire(timeout_s=0.0) is None
-    ctl.version_store.set(1)
-    more = acquire_all(ctl)
-    assert len(more) == 4 and more[0].learner_version == 1 and more[-1].started == 12
-
-
-def test_a_waiting_acquire_is_granted_when_the_version_advances():
-    ctl = make_controller(batch_size=4, max_staleness=1, poll_interval_s=0.005)
-    acquire_all(ctl)
-    result = []
-    waiter = threading.Thread(target=lambda: result.append(ctl.acquire(timeout_s=60.0)))
-    waiter.start()
-    assert ctl.state().granted_total == 8
-    ctl.version_store.set(1)
-    waiter.join()
-    assert result[0] is not None and result[0].started == 9
-    assert ctl.state().granted_total == 9
-
-
-def test_release_gives_the_slot_back_and_consume_does_not():
-    """Capacity 8: 8 granted; consume 1 (started stays 8); release 1 -> started 7 -> one more ticket."""
-    ctl = make_controller()
-    tickets = acquire_all(ctl)
-    ctl.consume(tickets[0])
-    assert ctl.acquire(timeout_s=0.0) is None
-    ctl.release(tickets[1])
-    s = ctl.state()
-    assert (s.consumed, s.in_flight, s.started, s.released_total) == (1, 6, 7, 1)
-    assert ctl.acquire(timeout_s=0.0) is not None
-    assert ctl.acquire(timeout_s=0.0) is None
-
-
-def test_refund_of_dropped_rollouts_frees_their_slots():
-    """8 consumed, learner drops 3 -> consumed 5 -> 3 new tickets, then full."""
-    ctl = make_controller()
-    for t in acquire_all(ctl):
-        ctl.consume(t)
-    ctl.refund(3)
-    assert len(acquire_all(ctl)) == 3
-    assert ctl.state().refunded_total == 3
-    with pytest.raises(ValueError, match="count"):
-        ctl.refund(99)
-
-
-def test_a_ticket_cannot_be_consumed_or_released_twice():
-    ctl = make_controller()
-    t = ctl.acquire(timeout_s=0.0)
-    assert t is not None
-    ctl.consume(t)
-    with pytest.raises(ValueError, match="ticket"):
-        ctl.consume(t)
-    with pytest.raises(ValueError, match="ticket"):
-        ctl.release(t)
-
-
-def test_expired_leases_free_capacity_and_late_consumes_are_counted():
-    """lease 10 s on a hand-driven clock: at t=0, 8 tickets; at t=11 all 8 expired, 8 fresh granted;
-    consuming an expired one counts as late (consumed 1, in flight 8)."""
-    now = [0.0]
-    ctl = make_controller(lease_s=10.0, clock=lambda: now[0])
-    old = acquire_all(ctl)
-    now[0] = 11.0
-    assert len(acquire_all(ctl)) == 8
-    ctl.consume(old[0])
-    s = ctl.state()
-    assert (s.expired_total, s.late_total, s.consumed, s.in_flight) == (8, 1, 1, 8)
-
-
-def test_concurrent_acquirers_never_exceed_capacity():
-    """4 threads grab tickets until refused: exactly 8 in total, 8 distinct ids."""
-    ctl = make_controller(batch_size=4, max_staleness=1)
-    got: list = []
-    lock = threading.Lock()
-
-    def grab() -> None:
-        mine = acquire_all(ctl)
-        with lock:
-            got.extend(mine)
-
-    threads = [threading.Thread(target=grab) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(got) == 8 and len({t.ticket_id for t in got}) == 8
-    assert ctl.state().in_flight == 8
 
 
 def test_staleness_stats_histogram_and_drops():
@@ -173,13 +56,3 @@ def test_staleness_stats_histogram_and_drops():
 
 def test_staleness_stats_empty_is_all_zero():
     assert set(StalenessStats(0).as_metrics().values()) == {0.0}
-
-
-def test_admission_state_metrics_are_flat_floats():
-    ctl = make_controller()
-    ctl.acquire(timeout_s=0.0)
-    m = ctl.state().as_metrics()
-    assert (
-        m["admission/in_flight"] == 1.0 and m["admission/capacity"] == 8.0 and m["admission/started"] == 1.0
-    )
-    assert all(isinstance(v, float) for v in m.values())
