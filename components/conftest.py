@@ -56,21 +56,21 @@ def tiny_sao_config(tmp_path):
 @pytest.fixture
 def prepared_sao(tmp_path, tiny_sao_config, mlflow_uri):
     """A Dataset artifact directory prepared for technique sao from ``tiny_sao_config``."""
-    from posttrain import kfp_entry
+    from posttrain.kfp.prepare import prepare_dataset
 
     out = tmp_path / "prepared"
-    kfp_entry.prepare_dataset(str(tiny_sao_config), "sao", "", "", 0, "run-0001", out)
+    prepare_dataset(str(tiny_sao_config), "sao", "", "", 0, "run-0001", out)
     return out
 
 
 @pytest.fixture
 def tiny_checkpoint(tmp_path, prepared_sao):
     """A tiny policy checkpoint (random weights, tokenizer trained on the prepared tasks)."""
-    from posttrain import kfp_entry
+    from posttrain.kfp.artifacts import load_prepared
     from posttrain.runners.common import prepare
     from posttrain.runtime import RunContext
 
-    cfg, _ = kfp_entry.load_prepared(prepared_sao, tmp_path / "work")
+    cfg, _ = load_prepared(prepared_sao, tmp_path / "work")
     ctx = RunContext(cfg)
     prepare(ctx)
     return ctx.base_model_dir

@@ -7,7 +7,7 @@
   GPU taint toleration and a memory-backed ``/dev/shm`` for data loaders and NCCL.
 * ``mount_workspace(task, ...)``: scratch space for a training step at ``/workspace`` (a generic
   ephemeral volume, or an existing claim when a retried step must resume from its checkpoints);
-  ``posttrain.kfp_entry.workspace`` uses it when the directory exists.
+  ``posttrain.kfp.artifacts.workspace`` uses it when the directory exists.
 * ``use_tenant_config(task)``: the tenant's ConfigMap (S3 prefix and endpoint, MLflow URI and
   experiment, Redis key prefix) and S3 credentials as environment variables.
 

@@ -1,7 +1,7 @@
 """KFP component ``evaluate``: score a trained checkpoint on the run's held-out tasks.
 
 avg@k over the prepared ``eval.jsonl`` tasks, graded by the environment's verifier
-(``posttrain.kfp_entry.evaluate`` over ``posttrain.eval.heldout.evaluate_policy``); writes Metrics and an
+(``posttrain.kfp.evaluate.evaluate`` over ``posttrain.eval.heldout.evaluate_policy``); writes Metrics and an
 HTML report. Runs in the ``trainer`` image.
 """
 
@@ -26,9 +26,10 @@ def evaluate(
         metrics: ``heldout_accuracy``, ``heldout_reward_mean``, ``heldout_action_tokens_mean``, ``heldout_num_rollouts``.
         report: HTML table of the run, checkpoint and scores.
     """
-    from posttrain import kfp_entry
+    from posttrain.kfp.artifacts import write_outputs
+    from posttrain.kfp.evaluate import evaluate, model_location
 
-    where = kfp_entry.model_location(model.uri, model.path, model.metadata)
-    result = kfp_entry.evaluate(prepared.path, where, local_model_dir=model.path)
-    kfp_entry.write_outputs(result, metrics=metrics, html_report=report)
+    where = model_location(model.uri, model.path, model.metadata)
+    result = evaluate(prepared.path, where, local_model_dir=model.path)
+    write_outputs(result, metrics=metrics, html_report=report)
     return result.metrics["heldout_accuracy"]

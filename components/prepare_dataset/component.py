@@ -3,7 +3,7 @@
 Resolves the run config with the per-run knobs (technique, model, dataset, steps), validates the
 training data and writes the Dataset artifact (resolved ``config.yaml``, ``manifest.json``,
 ``train.jsonl``, ``eval.jsonl``) that every later step reads. A wrapper over
-``posttrain.kfp_entry.prepare_dataset``; runs in the torch-free ``base`` image.
+``posttrain.kfp.prepare.prepare_dataset``; runs in the torch-free ``base`` image.
 
 Run alone: ``kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False))`` then
 ``prepare_dataset(config="configs/sao_demo_cpu.yaml", technique="sao", model="", dataset="", steps=2,
@@ -39,7 +39,8 @@ def prepare_dataset(
         prepared: Directory with config.yaml, manifest.json, train.jsonl, eval.jsonl.
         summary: ``train_rows``, ``eval_rows``.
     """
-    from posttrain import kfp_entry
+    from posttrain.kfp.artifacts import write_outputs
+    from posttrain.kfp.prepare import prepare_dataset
 
-    result = kfp_entry.prepare_dataset(config, technique, model, dataset, steps, run_id, prepared.path)
-    kfp_entry.write_outputs(result, metrics=summary, artifact=prepared)
+    result = prepare_dataset(config, technique, model, dataset, steps, run_id, prepared.path)
+    write_outputs(result, metrics=summary, artifact=prepared)

@@ -7,8 +7,8 @@ import yaml
 from kfp.dsl import Dataset, Metrics
 
 from components.prepare_dataset.component import prepare_dataset
-from posttrain import kfp_entry
 from posttrain.data.tasks import DatasetError
+from posttrain.kfp.artifacts import PipelineStepError, load_prepared
 
 
 def run(tmp_path, config, technique="sao", model="", dataset="", steps=0, run_id="0a1b2c3d-4e5f"):
@@ -36,7 +36,7 @@ def test_prepare_writes_the_resolved_config_tasks_and_manifest(tmp_path, tiny_sa
 
 def test_later_steps_read_the_artifact_with_absolute_paths(tmp_path, tiny_sao_config, mlflow_uri):
     run(tmp_path, tiny_sao_config)
-    cfg, manifest = kfp_entry.load_prepared(tmp_path / "prepared", tmp_path / "work")
+    cfg, manifest = load_prepared(tmp_path / "prepared", tmp_path / "work")
     assert cfg.data.train_path == str(tmp_path / "prepared" / "train.jsonl")
     assert cfg.output_dir == str(tmp_path / "work")
     assert manifest["technique"] == "sao"
@@ -60,9 +60,9 @@ def test_a_bad_task_row_names_file_line_and_field(tmp_path, tiny_sao_config, mlf
 
 
 def test_an_unknown_technique_or_missing_config_is_refused(tmp_path, tiny_sao_config, mlflow_uri):
-    with pytest.raises(kfp_entry.PipelineStepError, match=r"technique: 'ppo' is not one of"):
+    with pytest.raises(PipelineStepError, match=r"technique: 'ppo' is not one of"):
         run(tmp_path, tiny_sao_config, technique="ppo")
-    with pytest.raises(kfp_entry.PipelineStepError, match=r"config: configs/nope.yaml not found"):
+    with pytest.raises(PipelineStepError, match=r"config: configs/nope.yaml not found"):
         run(tmp_path, "configs/nope.yaml")
 
 
@@ -80,13 +80,13 @@ def test_models_uri_resolves_to_the_current_champion(tmp_path, tiny_sao_config, 
     cfg = yaml.safe_load((tmp_path / "prepared" / "config.yaml").read_text())
     assert cfg["model"]["path"] == str(ckpt)
     assert prepared.metadata["base_model"] == f"models:/team-policy@champion = team-policy version 1 ({ckpt})"
-    with pytest.raises(kfp_entry.PipelineStepError, match="has no alias 'gold'"):
+    with pytest.raises(PipelineStepError, match="has no alias 'gold'"):
         run(tmp_path, tiny_sao_config, model="models:/team-policy@gold")
 
 
 def test_a_model_path_without_config_json_fails_early(tmp_path, tiny_sao_config, mlflow_uri):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(kfp_entry.PipelineStepError, match="model: .*empty has no config.json"):
+    with pytest.raises(PipelineStepError, match="model: .*empty has no config.json"):
         run(tmp_path, tiny_sao_config, model=str(tmp_path / "empty"))
 
 
@@ -105,7 +105,7 @@ def test_config_dataset_and_model_can_live_in_s3(tmp_path, tiny_sao_config, mlfl
         s3.write_bytes("s3://team/models/base/config.json", b"{}")
         prepared, summary = run(tmp_path, "s3://team/configs/sao.yaml", dataset="s3://team/data/tasks.jsonl",
                                 model="s3://team/models/base")
-        with pytest.raises(kfp_entry.PipelineStepError, match="s3://team/models/none has no config.json"):
+        with pytest.raises(PipelineStepError, match="s3://team/models/none has no config.json"):
             run(tmp_path / "again", "s3://team/configs/sao.yaml", model="s3://team/models/none")
     assert summary.metadata["train_rows"] == 1.0
     cfg = yaml.safe_load((tmp_path / "prepared" / "config.yaml").read_text())

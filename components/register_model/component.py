@@ -3,7 +3,7 @@
 Registers the checkpoint as a new version of the tenant's registered model with its lineage
 (pipeline run, technique, dataset and config hashes, base model) and held-out scores, gives it the
 ``challenger`` alias and moves ``champion`` to it only if it beats the current champion on
-held-out accuracy (``posttrain.kfp_entry.register_model`` over ``posttrain.tracking``). The
+held-out accuracy (``posttrain.kfp.register.register_model`` over ``posttrain.tracking``). The
 weights are not copied: the version's source is the checkpoint's location. Runs in the ``base`` image.
 """
 
@@ -30,9 +30,11 @@ def register_model(
         run_id: Pipeline run id (lineage tag ``posttrain.run``).
         report: The registration and the promotion decision.
     """
-    from posttrain import kfp_entry
+    from posttrain.kfp.artifacts import write_outputs
+    from posttrain.kfp.evaluate import model_location
+    from posttrain.kfp.register import register_model
 
-    where = kfp_entry.model_location(model.uri, model.path, model.metadata)
-    result = kfp_entry.register_model(prepared.path, where, model.metadata, eval_metrics.metadata, run_id)
-    kfp_entry.write_outputs(result, markdown=report)
+    where = model_location(model.uri, model.path, model.metadata)
+    result = register_model(prepared.path, where, model.metadata, eval_metrics.metadata, run_id)
+    write_outputs(result, markdown=report)
     return result.text

@@ -4,7 +4,8 @@ import pytest
 from kfp.dsl import Dataset, Markdown, Metrics, Model
 
 from components.register_model.component import register_model
-from posttrain import kfp_entry
+from posttrain.kfp.artifacts import PipelineStepError
+from posttrain.kfp.evaluate import model_location
 from posttrain.tracking import show_model
 
 
@@ -40,15 +41,15 @@ def test_champion_moves_only_to_a_better_checkpoint(tmp_path, prepared_sao, mlfl
 
 
 def test_without_heldout_accuracy_nothing_is_registered(tmp_path, prepared_sao, mlflow_uri):
-    with pytest.raises(kfp_entry.PipelineStepError, match="no heldout_accuracy"):
+    with pytest.raises(PipelineStepError, match="no heldout_accuracy"):
         register_model.python_func(prepared=Dataset(uri=str(prepared_sao)), model=Model(uri=str(tmp_path)),
                                    eval_metrics=Metrics(uri=str(tmp_path / "m")), run_id="r",
                                    report=Markdown(uri=str(tmp_path / "r.md")))
 
 
 def test_model_location_prefers_the_recorded_checkpoint_uri():
-    assert kfp_entry.model_location("minio://b/x", "/minio/b/x", {"checkpoint_uri": "s3://t/runs/j/final_model"}) \
+    assert model_location("minio://b/x", "/minio/b/x", {"checkpoint_uri": "s3://t/runs/j/final_model"}) \
         == "s3://t/runs/j/final_model"
-    assert kfp_entry.model_location("minio://mlpipeline/v2/a/model", "/minio/mlpipeline/v2/a/model", {}) \
+    assert model_location("minio://mlpipeline/v2/a/model", "/minio/mlpipeline/v2/a/model", {}) \
         == "s3://mlpipeline/v2/a/model"
-    assert kfp_entry.model_location("/tmp/root/train/model", "/tmp/root/train/model", {}) == "/tmp/root/train/model"
+    assert model_location("/tmp/root/train/model", "/tmp/root/train/model", {}) == "/tmp/root/train/model"

@@ -5,7 +5,7 @@ Redis inside this step (``kfp.local`` and small CPU runs). ``mode="cluster"`` bu
 (learner, N generators, Redis) labelled with the tenant's Kueue ``queue``
 (``posttrain.cluster.jobset.build_sao_jobset``), creates it or re-attaches to it after a retry
 (``posttrain.cluster.launcher.launch_or_attach``) and follows it to the end (``wait_for_jobset``);
-the step's pod itself needs no GPU. A wrapper over ``posttrain.kfp_entry.train_sao``; runs in the
+the step's pod itself needs no GPU. A wrapper over ``posttrain.kfp.train.train_sao``; runs in the
 ``trainer`` image.
 """
 
@@ -40,8 +40,9 @@ def train_sao(
         metrics: Policy versions, rollouts trained/dropped, generator busy fraction; JobSet restarts.
         report: Summary table.
     """
-    from posttrain import kfp_entry
+    from posttrain.kfp.artifacts import write_outputs
+    from posttrain.kfp.train import train_sao
 
-    result = kfp_entry.train_sao(prepared.path, model.path, mode=mode, queue=queue, run_id=run_id,
-                                 learner_image=learner_image, generator_image=generator_image)
-    kfp_entry.write_outputs(result, metrics=metrics, artifact=model, markdown=report)
+    result = train_sao(prepared.path, model.path, mode=mode, queue=queue, run_id=run_id,
+                       learner_image=learner_image, generator_image=generator_image)
+    write_outputs(result, metrics=metrics, artifact=model, markdown=report)

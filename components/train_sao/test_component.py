@@ -113,7 +113,7 @@ def test_a_missing_local_queue_fails_before_anything_is_created(tmp_path, prepar
 
 
 def test_an_unknown_mode_is_refused(tmp_path, prepared_sao):
-    from posttrain.kfp_entry import PipelineStepError
+    from posttrain.kfp.artifacts import PipelineStepError
 
     with pytest.raises(PipelineStepError, match=r"mode: 'gpu' is not one of \['local', 'cluster'\]"):
         train_sao.python_func(prepared=Dataset(uri=str(prepared_sao)), mode="gpu", queue="posttrain", run_id="r",

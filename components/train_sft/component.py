@@ -1,7 +1,7 @@
 """KFP component ``train_sft``: supervised fine-tuning on chat rows (``sft.data_path``).
 
 Trains from the prepared Dataset artifact with ``posttrain.runners.run`` (through
-``posttrain.kfp_entry.train_technique``) and writes the final transformers checkpoint into the
+``posttrain.kfp.train.train_technique``) and writes the final transformers checkpoint into the
 Model artifact. Runs in the ``trainer`` image; the pipelines give it GPUs, the Kueue queue label
 and a workspace volume through ``components/k8s.py``.
 """
@@ -29,7 +29,8 @@ def train_sft(
         metrics: Numeric rows of the training summary.
         report: The training summary table.
     """
-    from posttrain import kfp_entry
+    from posttrain.kfp.artifacts import write_outputs
+    from posttrain.kfp.train import train_technique
 
-    result = kfp_entry.train_technique(prepared.path, model.path, "sft", run_id=run_id)
-    kfp_entry.write_outputs(result, metrics=metrics, artifact=model, markdown=report)
+    result = train_technique(prepared.path, model.path, "sft", run_id=run_id)
+    write_outputs(result, metrics=metrics, artifact=model, markdown=report)

@@ -5,7 +5,8 @@ from kfp.dsl import Dataset, Markdown, Metrics, Model
 
 from components.conftest import write_config
 from components.train_sft.component import train_sft
-from posttrain import kfp_entry
+from posttrain.kfp.artifacts import PipelineStepError
+from posttrain.kfp.prepare import prepare_dataset
 
 TINY = ["run_name=tiny-sft", "sft.steps=2", "sft.checkpoint_every=1", "data.num_train_tasks=50", "data.num_eval_tasks=2", "eval.num_tasks=2"]
 
@@ -18,7 +19,7 @@ def run(tmp_path, prepared):
 
 
 def test_a_dataset_prepared_for_another_technique_is_refused(tmp_path, prepared_sao):
-    with pytest.raises(kfp_entry.PipelineStepError, match="prepared for technique 'sao', not 'sft'"):
+    with pytest.raises(PipelineStepError, match="prepared for technique 'sao', not 'sft'"):
         run(tmp_path, prepared_sao)
 
 
@@ -26,7 +27,7 @@ def test_a_dataset_prepared_for_another_technique_is_refused(tmp_path, prepared_
 def test_train_(tmp_path, mlflow_uri):
     config = write_config(tmp_path / "sft.yaml", "configs/sft_cpu.yaml", TINY)
     prepared = tmp_path / "prepared"
-    kfp_entry.prepare_dataset(str(config), "sft", "", "", 0, "run-sft", prepared)
+    prepare_dataset(str(config), "sft", "", "", 0, "run-sft", prepared)
     model, _ = run(tmp_path, prepared)
     assert (tmp_path / "model" / "config.json").is_file()
     assert (tmp_path / "model" / "posttrain_model.json").is_file()

@@ -31,7 +31,7 @@ from posttrain.storage import S3Storage
 pytestmark = pytest.mark.integration
 
 BASE = "s3://runs/team-a/sao-cluster-test"
-"""What ``_train_sao_cluster`` calls ``{base}``: the JobSet's prefix."""
+"""What ``train_sao_cluster`` calls ``{base}``: the JobSet's prefix."""
 
 OVERRIDES = [
     "run_name=sao-cluster-test", "output_dir=runs", "generator.engine=hf", "generator.episodes_in_flight=4",
@@ -58,7 +58,7 @@ def _write_tasks(path: Path, tasks: list) -> None:
 
 
 def _stage(s3: S3Storage, tmp_path: Path, *extra: str) -> str:
-    """Put tasks and the run config on S3 the way ``_train_sao_cluster`` does; return the config URI."""
+    """Put tasks and the run config on S3 the way ``train_sao_cluster`` does; return the config URI."""
     cfg = load_config(None, OVERRIDES)
     ctx = RunContext(cfg.model_copy(update={"output_dir": str(tmp_path / "stage")}))
     (tmp_path / "dataset").mkdir()

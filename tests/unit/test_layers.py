@@ -25,7 +25,7 @@ LAYERS: dict[str, int] = {
     "inference": 2, "rollout": 2, "weight_sync": 2, "runtime": 2,
     "episodes": 3,
     "learner": 4, "generator": 4, "eval": 4,
-    "runners": 5, "kfp": 5, "kfp_entry": 5, "cluster": 5, "cli": 5,
+    "runners": 5, "kfp": 5, "cluster": 5, "cli": 5,
 }
 ROLES = {"learner", "generator", "eval"}
 

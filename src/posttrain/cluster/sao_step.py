@@ -1,0 +1,104 @@
+"""The cluster branch of the ``train_sao`` pipeline step: stage the run's files, launch the JobSet, follow it.
+
+``train_sao_cluster`` uploads the prepared dataset and a config pointing below the run's prefix,
+creates the SAO JobSet (learner, generators, Redis; gang-admitted by Kueue through the ``queue``
+label) or re-attaches to it after a retried step, and follows it to ``Completed``. The Model
+artifact it writes holds no weights: ``posttrain_model.json`` and the artifact's metadata name the
+checkpoint the learner uploads (``checkpoint_uri``). ``posttrain.kfp.train.train_sao`` calls it for
+``mode="cluster"``.
+
+Try it against the current kubeconfig with a prepared Dataset artifact: ``python -c "from
+posttrain.cluster.sao_step import train_sao_cluster; print(train_sao_cluster('/tmp/ds', '/tmp/model',
+queue='posttrain', run_id='try', learner_image='...', generator_image='...', poll_s=30,
+timeout_s=3600).metadata)"``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from posttrain.cluster.jobset import SAOImages, build_sao_jobset, jobset_name
+from posttrain.cluster.kube import kube_clients, runs_uri
+from posttrain.cluster.tenant import REDIS_CREDENTIALS_SECRET
+from posttrain.kfp.artifacts import (
+    CONFIG_FILE,
+    MODEL_INFO_FILE,
+    PipelineStepError,
+    StepOutputs,
+    expect_technique,
+    load_prepared,
+    markdown_table,
+)
+from posttrain.kfp.config_fields import with_fields
+from posttrain.storage import is_s3_uri, storage_for
+
+
+def train_sao_cluster(
+    dataset_dir: Path | str, model_out: Path | str, *, queue: str, run_id: str, learner_image: str,
+    generator_image: str, poll_s: float, timeout_s: float,
+) -> StepOutputs:
+    """Stage the run's files, create (or re-attach to) the SAO JobSet and follow it to ``Completed``.
+
+    Everything the pods exchange lives under ``<runs_uri>/<jobset name>``: ``config.yaml`` (with
+    ``weights_uri``, ``final_model_uri`` and, on S3, ``checkpoints_uri`` pointing below it),
+    ``dataset/``, ``weights/`` (the ``S3WeightStore``), ``checkpoints/`` (the learner's checkpoints
+    and start model, so a restarted learner pod resumes) and ``final_model/``, which the learner
+    uploads at the end and the returned ``checkpoint_uri`` names.
+
+    Args:
+        dataset_dir: Dataset artifact from ``prepare_dataset`` (technique sao).
+        model_out: Model artifact directory; gets ``posttrain_model.json`` only (no weights).
+        queue: Kueue LocalQueue of the JobSet.
+        run_id: Pipeline run id; the JobSet name derives from it, so a retry re-attaches.
+        learner_image: Learner image.
+        generator_image: Generator image.
+        poll_s: Seconds between JobSet status reads.
+        timeout_s: Seconds before giving up on the JobSet.
+
+    Returns:
+        Metrics ``jobset_restarts`` and ``generators``; metadata with ``checkpoint_uri``, ``jobset``,
+        ``namespace`` and ``config_uri``; a Markdown summary.
+
+    Raises:
+        PipelineStepError: an image is missing, the runs location is not set, or the dataset is not sao's.
+        posttrain.cluster.launcher.JobSetError: the JobSet failed, timed out or conflicts.
+    """
+    if not learner_image or not generator_image:
+        raise PipelineStepError("learner_image / generator_image: both are required in cluster mode")
+    # The launcher needs the kubernetes package (the kfp extra): imported once the arguments are checked.
+    from posttrain.cluster.launcher import launch_or_attach, wait_for_jobset
+
+    cfg, manifest = load_prepared(dataset_dir)
+    expect_technique(manifest, "sao")
+    namespace, api, core = kube_clients()
+    name = jobset_name(run_id)
+    base = f"{runs_uri()}/{name}"
+    store = storage_for(base)
+    store.upload_dir(Path(dataset_dir), f"{base}/dataset")
+    # The pods share no volume: tasks, weights and the final model all live under the run's prefix.
+    checkpoint_uri = f"{base}/final_model"
+    fields = {**{k: f"{base}/dataset/{v}" for k, v in manifest["files"].items()},
+              "weights_uri": f"{base}/weights", "final_model_uri": checkpoint_uri}
+    if is_s3_uri(base):  # a restarted learner pod resumes from checkpoints kept there
+        fields["checkpoints_uri"] = f"{base}/checkpoints"
+    staged = with_fields(cfg, fields)
+    config_uri = f"{base}/{CONFIG_FILE}"
+    store.write_bytes(config_uri, yaml.safe_dump(staged.model_dump(mode="json", by_alias=True), sort_keys=False).encode())
+    body = build_sao_jobset(run_id, namespace, SAOImages(learner=learner_image, generator=generator_image),
+                            cfg.generator.num_processes, queue, config_uri, REDIS_CREDENTIALS_SECRET)
+    launch_or_attach(api, core, namespace, body)
+    print(f"JobSet {namespace}/{name}: queue {queue}, {cfg.generator.num_processes} generators, config {config_uri}",
+          flush=True)
+    status = wait_for_jobset(api, core, namespace, name, poll_s=poll_s, timeout_s=timeout_s,
+                             on_status=lambda s: print(s.summary(), flush=True))
+    info = {"technique": "sao", "run_name": cfg.run_name, "jobset": name, "namespace": namespace,
+            "checkpoint_uri": checkpoint_uri, "config_uri": config_uri}
+    out = Path(model_out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MODEL_INFO_FILE).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    metrics = {"jobset_restarts": float(status.restarts), "generators": float(cfg.generator.num_processes)}
+    md = f"# SAO training on the cluster: JobSet {namespace}/{name}\n\n" + markdown_table({**info, **metrics})
+    return StepOutputs(metrics=metrics, metadata=info, markdown=md)

@@ -1,0 +1,145 @@
+"""The training steps: ``train_sao`` and ``train_technique`` (sft, dpo, grpo), from a prepared dataset.
+
+Each writes a transformers checkpoint into the Model artifact directory, with
+``posttrain_model.json`` beside it (``export_model``), and works in ``workspace(run_name)``: a
+mounted volume when ``$POSTTRAIN_WORKSPACE`` exists (a retried step resumes from its checkpoints),
+else a temporary directory. ``train_sao(mode="cluster")`` hands over to
+``posttrain.cluster.sao_step``, which runs the same training as one JobSet.
+
+Runs in the ``trainer`` image. Try it on a Dataset artifact written by ``prepare_dataset``:
+``python -c "from posttrain.kfp.train import train_sao;
+print(train_sao('/tmp/ds', '/tmp/model', mode='local', queue='', run_id='try').metrics)"``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from posttrain.kfp.artifacts import (
+    PipelineStepError,
+    StepOutputs,
+    expect_technique,
+    export_model,
+    load_prepared,
+    markdown_table,
+    workspace,
+)
+from posttrain.kfp.locations import local_model
+
+SAO_MODES = ("local", "cluster")
+"""``train_sao`` modes: processes inside the step, or one JobSet admitted by Kueue."""
+
+
+def train_sao(
+    dataset_dir: Path | str,
+    model_out: Path | str,
+    *,
+    mode: str,
+    queue: str,
+    run_id: str,
+    learner_image: str = "",
+    generator_image: str = "",
+    poll_s: float = 30.0,
+    timeout_s: float = 7 * 86400.0,
+) -> StepOutputs:
+    """SAO (Single-Rollout Asynchronous Optimization, arXiv 2607.07508) from a prepared dataset.
+
+    ``mode="local"``: the SFT warm start, then ``generator.num_processes`` generator processes, the
+    learner in this process and an embedded Redis (``posttrain.runners.sao.train_sao``); the final policy
+    is copied into ``model_out``. ``mode="cluster"``: one JobSet (learner, generators, Redis)
+    labelled with ``queue`` for Kueue, created or re-attached by run id and followed to the end
+    (``posttrain.cluster.sao_step.train_sao_cluster``).
+
+    Args:
+        dataset_dir: Dataset artifact from ``prepare_dataset``.
+        model_out: Model artifact directory to fill.
+        mode: ``local`` or ``cluster``.
+        queue: Kueue LocalQueue of the JobSet (cluster mode).
+        run_id: Pipeline run id (the JobSet name derives from it).
+        learner_image: Learner image (cluster mode).
+        generator_image: Generator image (cluster mode).
+        poll_s: Seconds between JobSet status reads (cluster mode).
+        timeout_s: Seconds before giving up on the JobSet (cluster mode).
+
+    Returns:
+        Metrics (policy versions, rollouts trained and dropped, generator busy fraction), the model
+        metadata and a Markdown summary.
+
+    Raises:
+        PipelineStepError: unknown mode, or a prepared dataset of another technique.
+        posttrain.cluster.launcher.JobSetError: the JobSet failed, timed out or conflicts (cluster mode).
+    """
+    if mode not in SAO_MODES:
+        raise PipelineStepError(f"mode: {mode!r} is not one of {list(SAO_MODES)}")
+    if mode == "cluster":
+        from posttrain.cluster.sao_step import train_sao_cluster
+
+        return train_sao_cluster(dataset_dir, model_out, queue=queue, run_id=run_id, learner_image=learner_image,
+                                 generator_image=generator_image, poll_s=poll_s, timeout_s=timeout_s)
+    from posttrain.runners.common import metrics_sink, prepare, warm_start
+    from posttrain.runners.sao import train_sao
+    from posttrain.runtime import RunContext
+    from posttrain.tracking import Tracker
+
+    cfg, manifest = load_prepared(dataset_dir)
+    expect_technique(manifest, "sao")
+    with workspace(cfg.run_name) as work:
+        cfg = local_model(load_prepared(dataset_dir, work)[0], work)
+        ctx = RunContext(cfg)
+        tracker = Tracker(cfg.tracking.tracking_uri, cfg.tracking.experiment, run_name=cfg.run_name,
+                          tags={"posttrain.technique": "sao", "posttrain.pipeline_run": run_id})
+        with tracker:
+            tracker.log_params(cfg.model_dump(mode="json", by_alias=True))
+            sink = metrics_sink(ctx, tracker)
+            prepare(ctx)
+            start = warm_start(ctx, sink)
+            summary = train_sao(ctx, start, sink)
+        metrics = {"policy_version": float(summary.policy_version), **{k: float(v) for k, v in summary.counters.items()}}
+        info = {"technique": "sao", "run_name": cfg.run_name, "mlflow_run_id": tracker.run_id,
+                "policy_version": summary.policy_version}
+        export_model(summary.final_model_dir, model_out, info)
+    md = f"# SAO training: {cfg.run_name}\n\n" + markdown_table({**info, **metrics})
+    return StepOutputs(metrics=metrics, metadata=info, markdown=md)
+
+
+def train_technique(dataset_dir: Path | str, model_out: Path | str, technique: str, *, run_id: str = "") -> StepOutputs:
+    """SFT, DPO or GRPO from a prepared dataset through ``posttrain.runners.run``.
+
+    Args:
+        dataset_dir: Dataset artifact from ``prepare_dataset``.
+        model_out: Model artifact directory to fill with the final checkpoint.
+        technique: ``sft``, ``dpo`` or ``grpo`` (must match the prepared dataset).
+        run_id: Pipeline run id (an MLflow tag).
+
+    Returns:
+        The technique's summary rows that are numbers, as metrics; a Markdown summary.
+
+    Raises:
+        PipelineStepError: a technique mismatch, or no final checkpoint after training.
+    """
+    from posttrain.runners import run
+    from posttrain.runtime import RunContext
+
+    if technique not in ("sft", "dpo", "grpo"):
+        raise PipelineStepError(f"technique: {technique!r} is not sft, dpo or grpo")
+    cfg, manifest = load_prepared(dataset_dir)
+    expect_technique(manifest, technique)
+    with workspace(cfg.run_name) as work:
+        cfg = local_model(load_prepared(dataset_dir, work)[0], work)
+        # The pipeline's register_model step registers the model; training must not do it twice.
+        cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"register_final": False})})
+        summary = run(cfg)
+        final = RunContext(cfg).final_model_dir
+        if not (final / "config.json").is_file():
+            raise PipelineStepError(f"{technique}: training finished without a checkpoint in {final}")
+        metrics: dict[str, float] = {}
+        for key, value in summary.rows:
+            try:
+                metrics[re.sub(r"[^A-Za-z0-9_]+", "_", key).strip("_")] = float(value)
+            except (TypeError, ValueError):
+                continue  # text rows (paths, names) belong in the report, not in Metrics
+        info = {"technique": technique, "run_name": cfg.run_name, "pipeline_run": run_id}
+        export_model(final, model_out, info)
+    md = f"# {technique.upper()} training: {cfg.run_name}\n\n" + summary.table() + "\n"
+    return StepOutputs(metrics=metrics, metadata=info, markdown=md)
