@@ -1,15 +1,12 @@
 """posttrain on a Kubernetes cluster: the SAO JobSet, its launcher, tenant rendering, offline validation.
 
-Modules (import the one you need; nothing here connects to a cluster on import):
+Modules (import the one you need; nothing here connects to a cluster on import). The pipeline step
+that launches the JobSet is ``posttrain.kfp.train_cluster``.
 
 * ``jobset``: ``build_sao_jobset`` builds the learner + generators + Redis JobSet (gang-admitted by Kueue).
 * ``launcher``: ``launch_or_attach`` / ``wait_for_jobset`` submit it through the ``kubernetes`` client,
   re-attach after a retried step, follow it and explain a failure (needs the ``kfp`` extra, which
   brings ``kubernetes``).
-* ``kube``: ``kube_clients`` connects to the API of wherever a pipeline step runs; ``runs_uri`` is
-  where cluster-mode runs keep their files.
-* ``sao_step``: ``train_sao_cluster``, the cluster branch of the ``train_sao`` pipeline step: stages
-  the run's files, launches or re-attaches to the JobSet and follows it.
 * ``tenant``: ``render_tenant`` renders a team's Namespace, Kueue queues, RBAC, ConfigMap and Redis ACL
   template; ``tenant_cli`` prints them as YAML.
 * ``schedule``: KFP recurring runs for scheduled retraining (``posttrain schedule``).

@@ -11,7 +11,7 @@ The steps, in pipeline order:
   per-run knobs applied, resolves the model (a path, an ``s3://`` URI or ``models:/...`` in the
   MLflow registry), validates the training data and writes the Dataset artifact directory.
 * ``train.train_sao`` (``mode="local"``: generator processes, learner and embedded Redis inside the
-  step; ``mode="cluster"``: one JobSet through ``posttrain.cluster.sao_step``) and
+  step; ``mode="cluster"``: one JobSet through ``posttrain.kfp.train_cluster``) and
   ``train.train_technique`` (sft, dpo, grpo) write a transformers checkpoint into the Model
   artifact directory, with ``posttrain_model.json`` beside it.
 * ``evaluate.evaluate`` scores the checkpoint on the held-out tasks (avg@k of the environment's
@@ -33,6 +33,10 @@ Files:
   ``local_model``, ``run_name_for``.
 * ``prepare.py``: ``prepare_dataset``.
 * ``train.py``: ``train_sao`` (local mode), ``train_technique``.
+* ``train_cluster.py``: ``train_sao_cluster``, the cluster branch of ``train_sao``: stages the run's
+  files, launches or re-attaches to the SAO JobSet (``posttrain.cluster``) and follows it.
+* ``kube.py``: ``kube_clients`` (the API of wherever a step runs), ``runs_uri`` (where cluster-mode
+  runs keep their files).
 * ``evaluate.py``: ``model_location``, ``evaluate``.
 * ``register.py``: ``register_model``.
 

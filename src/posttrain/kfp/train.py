@@ -4,7 +4,7 @@ Each writes a transformers checkpoint into the Model artifact directory, with
 ``posttrain_model.json`` beside it (``export_model``), and works in ``workspace(run_name)``: a
 mounted volume when ``$POSTTRAIN_WORKSPACE`` exists (a retried step resumes from its checkpoints),
 else a temporary directory. ``train_sao(mode="cluster")`` hands over to
-``posttrain.cluster.sao_step``, which runs the same training as one JobSet.
+``posttrain.kfp.train_cluster``, which runs the same training as one JobSet.
 
 Runs in the ``trainer`` image. Try it on a Dataset artifact written by ``prepare_dataset``:
 ``python -c "from posttrain.kfp.train import train_sao;
@@ -49,7 +49,7 @@ def train_sao(
     learner in this process and an embedded Redis (``posttrain.runners.sao.train_sao``); the final policy
     is copied into ``model_out``. ``mode="cluster"``: one JobSet (learner, generators, Redis)
     labelled with ``queue`` for Kueue, created or re-attached by run id and followed to the end
-    (``posttrain.cluster.sao_step.train_sao_cluster``).
+    (``posttrain.kfp.train_cluster.train_sao_cluster``).
 
     Args:
         dataset_dir: Dataset artifact from ``prepare_dataset``.
@@ -73,7 +73,7 @@ def train_sao(
     if mode not in SAO_MODES:
         raise PipelineStepError(f"mode: {mode!r} is not one of {list(SAO_MODES)}")
     if mode == "cluster":
-        from posttrain.cluster.sao_step import train_sao_cluster
+        from posttrain.kfp.train_cluster import train_sao_cluster
 
         return train_sao_cluster(dataset_dir, model_out, queue=queue, run_id=run_id, learner_image=learner_image,
                                  generator_image=generator_image, poll_s=poll_s, timeout_s=timeout_s)

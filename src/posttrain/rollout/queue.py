@@ -12,7 +12,7 @@ group) and ``memory_queue.MemoryRolloutQueue`` (an in-process twin for tests). B
 * no pickle: the payload is ``posttrain.records.encode_rollout`` msgpack.
 
 This module holds only types; import it anywhere (no Redis needed). Run the tests with
-``.venv/bin/python -m pytest -q tests/unit/rollout tests/integration/test_redis_stream.py``.
+``.venv/bin/python -m pytest -q tests/contracts tests/unit/rollout tests/integration/test_redis_stream.py``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ elsewhere; ``runs_uri`` is the shared location (``$POSTTRAIN_RUNS_URI``, else ``
 from the tenant ConfigMap) that the step and the JobSet pods exchange files through. Needs the
 ``kubernetes`` package (the ``kfp`` extra) only when ``kube_clients`` is called.
 
-Try it against the current kubeconfig: ``python -c "from posttrain.cluster.kube import kube_clients;
+Try it against the current kubeconfig: ``python -c "from posttrain.kfp.kube import kube_clients;
 print(kube_clients()[0])"``.
 """
 

@@ -8,7 +8,7 @@ checkpoint the learner uploads (``checkpoint_uri``). ``posttrain.kfp.train.train
 ``mode="cluster"``.
 
 Try it against the current kubeconfig with a prepared Dataset artifact: ``python -c "from
-posttrain.cluster.sao_step import train_sao_cluster; print(train_sao_cluster('/tmp/ds', '/tmp/model',
+posttrain.kfp.train_cluster import train_sao_cluster; print(train_sao_cluster('/tmp/ds', '/tmp/model',
 queue='posttrain', run_id='try', learner_image='...', generator_image='...', poll_s=30,
 timeout_s=3600).metadata)"``.
 """
@@ -21,7 +21,6 @@ from pathlib import Path
 import yaml
 
 from posttrain.cluster.jobset import SAOImages, build_sao_jobset, jobset_name
-from posttrain.cluster.kube import kube_clients, runs_uri
 from posttrain.cluster.tenant import REDIS_CREDENTIALS_SECRET
 from posttrain.kfp.artifacts import (
     CONFIG_FILE,
@@ -33,6 +32,7 @@ from posttrain.kfp.artifacts import (
     markdown_table,
 )
 from posttrain.kfp.config_fields import with_fields
+from posttrain.kfp.kube import kube_clients, runs_uri
 from posttrain.storage import is_s3_uri, storage_for
 
 
