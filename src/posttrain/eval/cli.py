@@ -76,7 +76,8 @@ def eval_cli(argv: list[str] | None = None) -> int:
         return _error("--judge-url and --judge-model must be given together")
     from posttrain.envs.math.verify import VerifierError
     from posttrain.eval.grading import JudgeClient
-    from posttrain.eval.report import read_report, write_reports
+    from posttrain.eval.report import read_report
+    from posttrain.eval.report_render import write_reports
     from posttrain.eval.runner import EvalError, evaluate
     from posttrain.eval.swe_grading import SweGradingError
 
