@@ -6,7 +6,7 @@ Modules (imported on use; importing the package is cheap and never pulls in vllm
   swe_bench_verified, swe_repair) loading from ``data/`` (``POSTTRAIN_DATA_DIR`` overrides it).
 * ``grading``: math grading on math-verify with a timeout, "needs judge" answers, an optional
   OpenAI-compatible judge.
-* ``swe_grading``: patch + FAIL_TO_PASS/PASS_TO_PASS tests + log grading; local and Kubernetes backends.
+* ``swe``: patch + FAIL_TO_PASS/PASS_TO_PASS tests + log grading; local and Kubernetes backends.
 * ``metrics``: avg@k, unbiased pass@k, Wilson / bootstrap intervals, length statistics.
 * ``runner``: ``evaluate(model_dir, benchmark, ...) -> EvalReport`` through the generator engines.
 * ``report``: ``EvalReport``, its aggregation from graded samples and its JSON.

@@ -79,7 +79,7 @@ def eval_cli(argv: list[str] | None = None) -> int:
     from posttrain.eval.report import read_report
     from posttrain.eval.report_render import write_reports
     from posttrain.eval.runner import EvalError, evaluate
-    from posttrain.eval.swe_grading import SweGradingError
+    from posttrain.eval.swe.instances import SweGradingError
 
     baseline = None
     if args.baseline:
