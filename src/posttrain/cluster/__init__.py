@@ -7,6 +7,8 @@ that launches the JobSet is ``posttrain.kfp.train_cluster``.
 * ``launcher``: ``launch_or_attach`` / ``wait_for_jobset`` submit it through the ``kubernetes`` client,
   re-attach after a retried step, follow it and explain a failure (needs the ``kfp`` extra, which
   brings ``kubernetes``).
+* ``jobset_status``: ``jobset_status`` / ``pod_failures`` read what a JobSet is doing and which of its
+  containers failed; the launcher reports through them.
 * ``tenant``: ``render_tenant`` renders a team's Namespace, Kueue queues, RBAC, ConfigMap and Redis ACL
   template; ``tenant_cli`` prints them as YAML.
 * ``schedule``: KFP recurring runs for scheduled retraining (``posttrain schedule``).

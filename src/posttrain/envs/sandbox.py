@@ -7,6 +7,13 @@ environment, the math Python tool) call it for every tool call.
 
 Run ``python -m posttrain.envs.sandbox 'echo hello; id'`` to see what this machine provides.
 
+One file on purpose (over the project's 500 lines): this is the security boundary between
+model-written commands and the host. Each guarantee below is kept by several pieces at once (the
+``prlimit`` line and the wrapper chain in ``run_in_sandbox``, the mount list of ``_bwrap_argv``,
+the uid switch of ``_setpriv_argv``, the clean-up of ``_pump`` and ``reap_uid``), so a reviewer
+checks a guarantee by reading them together against the lists below; spread over several files,
+no single file would show whether a guarantee holds.
+
 How. The command is wrapped in util-linux programs, outermost first:
 
 1. ``prlimit``: RLIMIT_CPU (seconds of CPU per process), RLIMIT_AS (address space per process),
@@ -66,8 +73,7 @@ Not guaranteed:
       then counts the caller's own processes too, so the cap is set to their current number plus
       ``max_processes`` (approximate). Clean-up kills the process group, and in bwrap mode the PID
       namespace; in process mode a process that calls ``setsid`` outlives the call. The unit
-      tests run as root; this path was checked by hand as uid 4242 (bwrap and process mode:
-      uid, no ``/root``, no network, fork bomb bounded; the ``setsid`` escape confirmed).
+      tests run as root and do not cover this path (it was checked by hand as a non-root uid).
 """
 
 from __future__ import annotations
@@ -345,8 +351,8 @@ def sandbox_capabilities() -> SandboxCapabilities:
                     bwrap, root=root, allow_network=False, workdir=tmp, tmp_bytes=1 << 20, code_file=None,
                     env={"PATH": "/usr/bin:/bin"},
                 )
-                # The project's interpreter, not just ``true``: a bwrap layout that hides it (the
-                # python tool and SWE grading would exit 127 on every call) counts as unusable.
+                # Probe with the project's interpreter, not just ``true``: a layout that hides the
+                # interpreter is unusable for the python tool and SWE grading.
                 bwrap_error = _probe(argv + _setpriv_argv(uid) + [sys.executable, "-I", "-c", "pass"], tmp)
             except SandboxUnavailableError as exc:
                 bwrap_error = str(exc)

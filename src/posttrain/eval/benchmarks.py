@@ -18,7 +18,7 @@ SWE-bench Verified here is the 50-instance "mini" subset (the full 500 could not
 offline; ``data/swe_bench_verified/SOURCE.md``); its difficulty labels come from OpenAI's
 public annotation file. SWE tasks are evaluated in patch mode: the model reads the issue (and, for
 the small self-made tasks, the repository's files) and answers with a unified diff, which
-``posttrain.eval.swe_grading`` applies and tests. Licences and attribution: ``data/ATTRIBUTION.md``.
+``posttrain.eval.swe`` applies and tests. Licences and attribution: ``data/ATTRIBUTION.md``.
 
 Run: ``python -m posttrain.eval.benchmarks`` lists the benchmarks and their task counts.
 """
@@ -92,7 +92,7 @@ class Benchmark:
         name: Registry key (also the ``Task.data_source`` of its tasks).
         description: One line for reports and ``--help``.
         kind: ``math`` (final-answer grading, ``posttrain.eval.grading``) or ``swe`` (patch plus
-            tests, ``posttrain.eval.swe_grading``).
+            tests, ``posttrain.eval.swe``).
         load: ``load(data_dir) -> list[Task]``, in the file's order.
         category_key: ``Task.metadata`` key of the per-category breakdown, or None.
         answer_style: Where the final answer sits in a response (``boxed``, ``hashes``, ``auto``).
@@ -283,12 +283,12 @@ def swe_eval_image(instance_id: str, template: str = SWE_EVAL_IMAGE_TEMPLATE) ->
 
 
 def load_swe_bench_verified(root: Path) -> list[Task]:
-    """SWE-bench Verified mini (50 instances) as tasks; grading data stays in ``swe_grading``.
+    """SWE-bench Verified mini (50 instances) as tasks; grading data stays in ``eval.swe``.
 
     The task's ``metadata`` carries what the agent may see and where it runs: ``repo``,
     ``base_commit``, ``version``, ``image`` (per-instance eval image), ``env_image`` (from the
     Verified image map) and ``difficulty`` (OpenAI annotations). The gold patch, the test patch
-    and the test lists are not in the task (``posttrain.eval.swe_grading.load_swe_instances``).
+    and the test lists are not in the task (``posttrain.eval.swe.instances.load_swe_instances``).
 
     Raises:
         BenchmarkDataError: missing file or field, or an instance absent from the Verified image map.

@@ -74,11 +74,12 @@ def eval_cli(argv: list[str] | None = None) -> int:
         return _error(f"--k must be >= 1, got {args.k}")
     if bool(args.judge_url) != bool(args.judge_model):
         return _error("--judge-url and --judge-model must be given together")
-    from posttrain.envs.math.verify import VerifierError
+    from posttrain.envs.math.verifier_pool import VerifierError
     from posttrain.eval.grading import JudgeClient
-    from posttrain.eval.report import read_report, write_reports
+    from posttrain.eval.report import read_report
+    from posttrain.eval.report_render import write_reports
     from posttrain.eval.runner import EvalError, evaluate
-    from posttrain.eval.swe_grading import SweGradingError
+    from posttrain.eval.swe.instances import SweGradingError
 
     baseline = None
     if args.baseline:

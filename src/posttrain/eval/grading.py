@@ -32,13 +32,9 @@ from typing import Literal
 
 import msgspec
 
-from posttrain.envs.math.verify import (
-    AnswerStyle,
-    MathVerifier,
-    VerifyResult,
-    reference_is_prose,
-    verify_answer,
-)
+from posttrain.envs.math.answers import AnswerStyle, reference_is_prose
+from posttrain.envs.math.verifier_pool import MathVerifier
+from posttrain.envs.math.verify import VerifyResult, verify_answer
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +161,7 @@ def grade_math(
 
     Raises:
         TypeError, ValueError: as ``verify_answer`` (non-string input, bad style or timeout).
-        posttrain.envs.math.verify.VerifierError: the math-verify worker could not start.
+        posttrain.envs.math.verifier_pool.VerifierError: the math-verify worker could not start.
     """
     result = verify_answer(response, reference, style=answer_style, timeout_s=timeout_s, verifier=verifier)
     return grade_from_verify(result, unparsable_answer_needs_judge=unparsable_answer_needs_judge)

@@ -4,7 +4,7 @@
 task with an inference engine (vLLM by default where it imports, else the transformers ``hf``
 engine) through the same token-in/token-out agent loop the generators use (one turn per
 episode), grades every response (math: ``posttrain.eval.grading`` with an optional judge; SWE:
-``posttrain.eval.swe_grading`` with the ``local`` or ``kubernetes`` backend), and returns an
+``posttrain.eval.swe`` with the ``local`` or ``kubernetes`` backend), and returns an
 ``EvalReport``; with ``out_dir`` it also writes ``<benchmark>.samples.jsonl`` (one graded
 response per line).
 
@@ -187,24 +187,26 @@ def _swe_runner(bench: Benchmark, backend: SweBackendKind, namespace: str, swe_b
     Raises:
         EvalError: the backend does not fit the benchmark.
     """
-    from posttrain.eval import swe_grading as sg
+    from posttrain.eval.swe.instances import load_swe_instances
+    from posttrain.eval.swe.k8s_backend import KubernetesSweBackend
+    from posttrain.eval.swe.local_backend import LocalSweBackend, local_instance_from_task_dir
 
     if bench.name == "swe_bench_verified":
         if backend != "kubernetes":
             raise EvalError("swe_bench_verified runs in the instances' SWE-bench images: use --backend kubernetes")
-        runner = swe_backend_obj or sg.KubernetesSweBackend(namespace=namespace)
-        instances = sg.load_swe_instances()
+        runner = swe_backend_obj or KubernetesSweBackend(namespace=namespace)
+        instances = load_swe_instances()
         return lambda task, patch: runner.run(instances[task.task_id], patch)
     if backend != "local":
         raise EvalError(f"{bench.name} is graded on this machine: use --backend local")
-    runner = swe_backend_obj or sg.LocalSweBackend()
-    return lambda task, patch: runner.run(sg.local_instance_from_task_dir(Path(task.reference)), patch)
+    runner = swe_backend_obj or LocalSweBackend()
+    return lambda task, patch: runner.run(local_instance_from_task_dir(Path(task.reference)), patch)
 
 
 async def _grade_swe(
     bench: Benchmark, samples: Sequence[_Sample], run: Any, concurrency: int
 ) -> list[SampleRecord]:
-    from posttrain.eval.swe_grading import extract_patch
+    from posttrain.eval.swe.patches import extract_patch
 
     gate = asyncio.Semaphore(concurrency)
 

@@ -15,13 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.envs.math.verify import (
-    MathVerifier,
-    averify_answer,
-    extract_answer,
-    reference_is_prose,
-    verify_answer,
-)
+from posttrain.envs.math.answers import extract_answer, reference_is_prose
+from posttrain.envs.math.verifier_pool import MathVerifier
+from posttrain.envs.math.verify import averify_answer, verify_answer
 
 DATA = Path(__file__).resolve().parents[3] / "data"
 

@@ -14,8 +14,9 @@ import pytest
 
 from posttrain.envs.base import Environment, Episode
 from posttrain.envs.sandbox import sandbox_capabilities
-from posttrain.envs.swe.env import LocalSandboxBackend, SWEEnvironment, SWELimits
+from posttrain.envs.swe.env import SWEEnvironment, SWELimits
 from posttrain.envs.swe.tasks import load_swe_tasks, parse_patch
+from posttrain.envs.swe.workspace import LocalSandboxBackend
 from posttrain.envs.tool_calls import ToolCall, format_tool_call
 from posttrain.records import Task
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from posttrain.envs.sandbox import SandboxLimits, sandbox_capabilities
-from posttrain.envs.swe.env import LocalSandboxBackend
 from posttrain.envs.swe.tasks import (
     PatchError,
     SWETaskError,
@@ -25,6 +24,7 @@ from posttrain.envs.swe.tasks import (
     parse_patch,
 )
 from posttrain.envs.swe.tools import grade
+from posttrain.envs.swe.workspace import LocalSandboxBackend
 
 SPECS = load_swe_task_specs()
 GRADING = SandboxLimits(cpu_time_s=60, wall_time_s=120)

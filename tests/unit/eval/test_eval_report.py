@@ -6,13 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.eval.report import (
-    SampleRecord,
-    build_report,
-    read_report,
-    render_markdown,
-    write_reports,
-)
+from posttrain.eval.report import SampleRecord, build_report, read_report
+from posttrain.eval.report_render import render_markdown, write_reports
 
 
 def _s(task: str, i: int, status: str, cat: str = "", tokens: int = 10, finish: str = "stop") -> SampleRecord:

@@ -8,22 +8,18 @@ from pathlib import Path
 import pytest
 
 from posttrain.envs.swe.tasks import default_tasks_root
-from posttrain.eval.swe_grading import (
-    GRADER_DIR,
+from posttrain.eval.swe.eval_script import REPO_SPECS, build_eval_script, eval_targets
+from posttrain.eval.swe.instances import load_swe_instances
+from posttrain.eval.swe.local_backend import GRADER_DIR, LocalSweBackend, local_instance_from_task_dir
+from posttrain.eval.swe.log_grading import (
     MARK_END,
     MARK_PATCH_FAILED,
     MARK_START,
-    REPO_SPECS,
-    LocalSweBackend,
-    build_eval_script,
-    eval_targets,
-    extract_patch,
     grade_test_log,
-    load_swe_instances,
-    local_instance_from_task_dir,
     parse_django_log,
     parse_pytest_log,
 )
+from posttrain.eval.swe.patches import extract_patch
 
 PYTEST_LOG = """
 tests/test_a.py::test_one PASSED                                         [ 25%]

@@ -10,15 +10,9 @@ from collections.abc import Iterator
 import pytest
 
 from fakes.fake_kube_api import FakeKubeAPI
-from posttrain.eval.swe_grading import (
-    EGRESS_POLICY_NAME,
-    MARK_END,
-    MARK_START,
-    KubernetesSweBackend,
-    SweGradingError,
-    SweInstance,
-    load_swe_instances,
-)
+from posttrain.eval.swe.instances import SweGradingError, SweInstance, load_swe_instances
+from posttrain.eval.swe.k8s_backend import EGRESS_POLICY_NAME, KubernetesSweBackend
+from posttrain.eval.swe.log_grading import MARK_END, MARK_START
 
 NS = "team-a"
 

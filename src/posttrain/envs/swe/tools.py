@@ -1,7 +1,7 @@
 """The SWE environment's tools (``bash``, ``view``, ``edit``, ``submit``) and the grader behind submit.
 
 Tools act on a ``Workspace``: a private copy of the task's repository inside some execution
-backend (``env.LocalSandboxBackend`` here; a Kubernetes pod backend implements the same Protocol).
+backend (``workspace.LocalSandboxBackend`` here; a Kubernetes pod backend implements the same Protocol).
 Each tool takes the validated JSON arguments of one tool call (see ``posttrain.envs.tool_calls``)
 and returns the text the agent reads; a call that is well formed but fails raises
 ``ToolUseError`` (reported to the agent, not counted as malformed), a call with unknown tool

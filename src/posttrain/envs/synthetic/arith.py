@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from posttrain.envs.base import StepResult
-from posttrain.envs.math.verify import extract_answer
+from posttrain.envs.math.answers import extract_answer
 from posttrain.records import Task
 
 ENV_NAME = "synthetic_arith"

@@ -1,0 +1,68 @@
+"""MLflow tracking and model registration: run metrics, checkpoint versions with lineage, alias promotion.
+
+* ``runs``: ``Tracker``, one MLflow run on any tracking URI (``sqlite:///...`` by default,
+  ``http://`` for a server): params (nested dicts flattened to dotted keys), metrics with a step,
+  artifacts; a restarted process resumes the same run by ``run_id``. ``MetricsSink`` is the one
+  type of a metrics callback, ``(metrics, step) -> None``, that every learner and runner reports
+  through (``posttrain.runners.common.metrics_sink`` builds one).
+* ``registry``: ``register_checkpoint`` makes a trained checkpoint (a local directory or an
+  ``s3://`` URI, checked through ``posttrain.storage``; weights are not copied) a new version of
+  the team's registered model, tagged with its lineage (``posttrain.*``: run, technique, dataset
+  hash, config hash, base model) and eval scores (``eval.<benchmark>.<metric>``), with the
+  ``challenger`` alias.
+* ``promotion``: ``promote_if_better`` moves the ``champion`` alias to a version only if it beats
+  the current champion on the configured metric by the configured margin; the decision is
+  recorded as tags.
+* ``listing``: ``list_models`` / ``show_model``, what ``posttrain models list|show`` prints.
+* ``client``: tracking URI, experiment name, the MLflow client, metric keys and alias names.
+
+Aliases replace MLflow's deprecated stages (``models:/<name>@champion`` resolves to the version).
+The names below are importable from this package, where runners, KFP steps and the CLI import
+them. The command line for the registry is ``posttrain models list|show|promote``.
+"""
+
+from posttrain.tracking.client import (
+    CHALLENGER,
+    CHAMPION,
+    EVAL_PREFIX,
+    LINEAGE_PREFIX,
+    TrackingError,
+    default_tracking_uri,
+    experiment_name,
+    metric_key,
+)
+from posttrain.tracking.listing import ModelSummary, list_models, show_model
+from posttrain.tracking.promotion import PromotionDecision, promote_if_better
+from posttrain.tracking.registry import (
+    Lineage,
+    ModelVersionInfo,
+    config_hash,
+    dataset_hash,
+    register_checkpoint,
+)
+from posttrain.tracking.runs import MAX_PARAM_CHARS, MetricsSink, Tracker, flatten_params
+
+__all__ = [
+    "CHALLENGER",
+    "CHAMPION",
+    "EVAL_PREFIX",
+    "LINEAGE_PREFIX",
+    "MAX_PARAM_CHARS",
+    "Lineage",
+    "MetricsSink",
+    "ModelSummary",
+    "ModelVersionInfo",
+    "PromotionDecision",
+    "Tracker",
+    "TrackingError",
+    "config_hash",
+    "dataset_hash",
+    "default_tracking_uri",
+    "experiment_name",
+    "flatten_params",
+    "list_models",
+    "metric_key",
+    "promote_if_better",
+    "register_checkpoint",
+    "show_model",
+]
