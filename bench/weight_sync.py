@@ -7,7 +7,7 @@ CPU learner publishes it) and ``--repeats`` versions:
 * **ours** = the learner's publish sequence (``posttrain.learner.sao_loop``):
   ``FilesystemWeightStore.publish`` (copy the tensors, safetensors write, fsync, rename,
   ``LATEST``), ``RedisPolicyVersionStore.set`` and ``announce_weights`` (Redis pub/sub), then, in
-  a separate generator process, the generator's watch loop (``posttrain.generator.worker``):
+  a separate generator process, the generator's watch loop (``posttrain.generator.watcher``):
   ``WeightAnnouncements.wait`` wakes on the announcement (or after ``WEIGHT_WAIT_S``), reads the
   store's ``LATEST`` and the version directory's stamp, and ``update_weights`` of the ``hf``
   engine (``load_file`` and ``load_state_dict`` in place). The clock runs from the start of
@@ -70,7 +70,7 @@ def _fsync(path: Path) -> None:
 
 
 async def _serve_versions(model_dir: Path, store_dir: Path, redis_url: str, run: str) -> None:
-    """The generator side: the watch loop of ``posttrain.generator.worker`` around an ``hf`` engine.
+    """The generator side: the watch loop of ``posttrain.generator.watcher`` around an ``hf`` engine.
 
     Same calls in the same order as the worker's watcher: read ``LATEST`` and the version
     directory's stamp, reload when the stamp changed, check the stop key, then
@@ -79,7 +79,7 @@ async def _serve_versions(model_dir: Path, store_dir: Path, redis_url: str, run:
     """
     import redis
 
-    from posttrain.generator.worker import WEIGHT_WAIT_S
+    from posttrain.generator.watcher import WEIGHT_WAIT_S
     from posttrain.inference.hf import HFEngine
     from posttrain.rollout.keys import StreamKeys
     from posttrain.weight_sync.announce import WeightAnnouncements
@@ -134,7 +134,7 @@ def measure_shape(name: str, shape: dict[str, Any], repeats: int, vllm: bool, tm
     import torch
     from safetensors.torch import load_file, save_file
 
-    from posttrain.generator.worker import WEIGHT_WAIT_S
+    from posttrain.generator.watcher import WEIGHT_WAIT_S
     from posttrain.models.hf import build_tiny_model, load_policy
     from posttrain.rollout.keys import StreamKeys
     from posttrain.rollout.redis_streams import RedisPolicyVersionStore
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis-url", default=None, help="existing server; default: start an embedded one")
     p.add_argument("--no-docs", action="store_true")
     args = p.parse_args(args_list)
-    from posttrain.generator.worker import WEIGHT_WAIT_S
+    from posttrain.generator.watcher import WEIGHT_WAIT_S
     from posttrain.services.embedded_redis import EmbeddedRedis
 
     embedded = None if args.redis_url else EmbeddedRedis().start()

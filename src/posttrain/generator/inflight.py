@@ -10,7 +10,7 @@ tool calls. ``InFlightEpisodes`` lets the generator cancel them as soon as a new
 (prime-rl cancels groups past its bound early in the same way, research/peers.md, its row), so
 the slot and ticket go to an episode that can still be trained.
 
-Usage (``generator.worker``)::
+Usage (``generator.slots``)::
 
     running = InFlightEpisodes()
     rollout = await running.run(functools.partial(run_episode, engine, tokenizer, env, task, limits))
