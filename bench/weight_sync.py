@@ -4,7 +4,7 @@ For each model shape (random weights; ``tiny`` and a Qwen2-0.5B-shaped model: vo
 151,936, hidden 896, 24 layers, 14 heads, 2 KV heads, MLP 4,864, tied embeddings, float32 as the
 CPU learner publishes it) and ``--repeats`` versions:
 
-* **ours** = the learner's publish sequence (``posttrain.learner.sao_loop``):
+* **ours** = the learner's publish sequence (``posttrain.learner.publish``):
   ``FilesystemWeightStore.publish`` (copy the tensors, safetensors write, fsync, rename,
   ``LATEST``), ``RedisPolicyVersionStore.set`` and ``announce_weights`` (Redis pub/sub), then, in
   a separate generator process, the generator's watch loop (``posttrain.generator.watcher``):

@@ -236,6 +236,10 @@ class RunningMeanBaseline:
         self._rewards.extend(float(r) for r in rewards.detach().cpu().tolist())
         return out
 
+    def rewards(self) -> list[float]:
+        """The rewards in the window, oldest first."""
+        return [float(r) for r in self._rewards]
+
     def state_dict(self) -> dict[str, object]:
         """The window and its rewards, for checkpoints (plain python values)."""
         return {"window": self.window, "rewards": list(self._rewards)}

@@ -41,7 +41,7 @@ stale as its oldest token).
 ``render_sft_example`` renders an SFT conversation through the same segment logic, so warm-start
 data and RL rollouts of the same assistant tokens are token-for-token identical.
 
-Run the tests: ``python -m pytest -q tests/unit/generator/test_agent_loop.py``.
+Run the tests: ``python -m pytest -q tests/unit/episodes/test_runner.py``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Usage::
 
     engine = make_engine("auto", model_dir, seed=0, max_model_len=1024, kv_cache_gib=1, max_batch=32)
 
-Run the tests: ``python -m pytest -q tests/unit/generator/test_hf_engine.py``.
+Run the tests: ``python -m pytest -q tests/unit/inference/test_hf_engine.py``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Determinism: a request's tokens are a function of the weights, the request (incl
 ``seed``; without one, the engine seed and the request's arrival number) and, through float
 rounding in padded batches, the batch it ran in.
 
-Run the tests: ``python -m pytest -q tests/unit/generator/test_hf_engine.py``.
+Run the tests: ``python -m pytest -q tests/unit/inference/test_hf_engine.py``.
 """
 
 from __future__ import annotations

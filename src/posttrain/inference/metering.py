@@ -46,7 +46,7 @@ class GeneratorStats:
         in_flight: Episodes running now.
         max_in_flight: Most episodes ever running at once.
         weight_reloads: In-place weight updates applied.
-        weight_announcements: New-weights announcements received (``generator.weight_watch``).
+        weight_announcements: New-weights announcements received (``posttrain.weight_sync.announce``).
         weight_wait_timeouts: Waits for an announcement that timed out (the store was read anyway).
         admission_wait_s: Seconds spent waiting for admission tickets (summed over episode slots).
         stale_aborted: Episodes cancelled in flight because the learner had moved more than

@@ -63,7 +63,7 @@ class Checkpointer:
             posttrain.storage.StorageError: the mirror failed (nothing is acknowledged).
         """
         if self.baseline is not None:
-            self.state.baseline_rewards = [float(r) for r in self.baseline.state_dict()["rewards"]]  # type: ignore[union-attr]
+            self.state.baseline_rewards = self.baseline.rewards()
         self.state.counters = dict(self.counters)
         saved = save_checkpoint(
             self.ctx.checkpoints_dir, state=self.state, policy=self.modules["policy"],

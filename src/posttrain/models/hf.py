@@ -105,10 +105,11 @@ def load_tokenizer(path: Path | str) -> Any:
     return tok
 
 
-def load_backbone(path: Path | str, dtype: torch.dtype = torch.float32) -> nn.Module:
+def load_backbone(path: Path | str, dtype: torch.dtype = torch.float32) -> Any:
     """Load the transformer backbone of a causal LM (no LM head) from a local HF directory.
 
-    The SAO critic is this backbone with a value head (``posttrain.learner.critic``).
+    The SAO critic is this backbone with a value head (``posttrain.learner.critic``). Returns a
+    transformers ``PreTrainedModel`` (its ``config.hidden_size`` sizes the head).
 
     Raises:
         FileNotFoundError: if ``path`` has no ``config.json``.

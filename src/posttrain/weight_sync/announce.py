@@ -14,7 +14,7 @@ delay and loses nothing. A learner that restarts and re-publishes an existing ve
 announces it again; the generator compares the store's (version, directory mtime) stamp, not
 the number.
 
-Run the tests: ``python -m pytest -q tests/unit/generator/test_weight_watch.py``.
+Run the tests: ``python -m pytest -q tests/unit/weight_sync/test_announce.py``.
 """
 
 from __future__ import annotations
