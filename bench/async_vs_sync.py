@@ -1,36 +1,28 @@
 """SAO against synchronous GRPO (G = 4, 8) and asynchronous GRPO + DIS on a long-tailed multi-turn workload.
 
-One command runs one method in one setting (``--repeats`` times, seeds ``seed``, ``seed + 1``, ...) and
-writes one results file, ``bench/results/async_vs_sync/<setting>/<method>.json`` (or ``--out``); the
-``async_vs_sync`` section of docs/benchmarks.md is then rendered from every file there. A method is
-``bench/configs/async_vs_sync/<method>.yaml`` on top of ``base.yaml``, with dotted ``key=value``
-overrides after it (``load_method``), run through the product code path from a shared SFT warm start:
+One command runs one method in one setting (``--repeats`` runs, seeds ``seed``, ``seed + 1``, ...) and writes
+one results file, ``bench/results/async_vs_sync/<setting>/<method>.json`` (or ``--out``); the ``async_vs_sync``
+section of docs/benchmarks.md is rendered from every file there. A method is ``bench/configs/async_vs_sync/
+<method>.yaml`` on ``base.yaml``, then dotted ``key=value`` overrides, run from a shared SFT warm start:
+``sao`` and ``grpo_async_g8`` (``grpo.async``) through ``posttrain.runners.sao.train_sao`` (generator
+processes, the learner), ``grpo_sync_g4`` / ``_g8`` through ``posttrain.runners.grpo_sync.run_grpo_sync``
+(one engine in the learner's process: generate a batch, wait for its slowest episode, train, reload).
 
-* ``sao``: ``posttrain.runners.sao.train_sao`` (generator processes, the learner with critic and DIS);
-* ``grpo_sync_g4`` / ``grpo_sync_g8``: ``posttrain.runners.grpo_sync.run_grpo_sync`` (one engine in the
-  learner's process: generate a whole batch, wait for its slowest episode, train, reload);
-* ``grpo_async_g8``: ``train_sao`` on the ``grpo`` section with ``grpo.async`` (groups, DIS, staleness bound).
+The setting is ``tool_latency`` when ``data.env_args.tool_latency_median_s > 0`` (the default, on which the
+targets are judged: each tool call waits a log-normal wall time seeded per task, as a sandbox would), else
+``compute_bound`` (generation and training share the CPU cores). Files under ``sweep/`` are SAO's capacity sweep.
 
-The setting is ``tool_latency`` when ``data.env_args.tool_latency_median_s > 0`` (the default: every tool
-call waits a log-normal wall time, seeded per task, as a sandbox or a test run would; the targets are
-judged on it), else ``compute_bound`` (tool calls are instantaneous, so generation and training share the
-same CPU cores). Files under ``sweep/`` are SAO's capacity sweep (other tau and episode slots).
+Per run: ``busy_fraction`` (the engine's generating share of a generator's wall time), and between the first
+and the last policy update ``trained_action_tokens_per_s`` (GRPO: kept groups only) and ``rollouts_per_s``;
+``time_to_target_s`` (the first snapshot, every ``--eval-every`` versions of the first run, whose held-out
+reward reaches the warm start's + ``--target-gain``); an ``engine_probe`` before and after; synchronous runs
+keep their ledger's episodes for ``bench.sim`` to replay (``run_episodes``).
 
-Measured per run, from the learner's metrics and the generators' counters: ``busy_fraction`` (share of a
-generator's wall time its engine spent generating, ``posttrain.inference.metering``), and between the first
-and the last policy update ``trained_action_tokens_per_s`` (tokens that got a policy gradient: GRPO's kept
-groups only) and ``rollouts_per_s``; ``time_to_target_s`` (the first weight snapshot, every ``--eval-every``
-versions, whose held-out reward reaches the warm start's + ``--target-gain``; first run only). Each run also
-keeps an ``engine_probe`` before and after it and the episodes of its ledger (``run_episodes``; synchronous
-runs store them for ``bench.sim`` to replay).
-
-Run from the repository root (31 minutes for the four methods of the tool-latency setting on 2 cores,
-plus 8 minutes of warm start the first time, cached under ``output_dir``):
-  ``.venv/bin/python -m bench.async_vs_sync sao --repeats 3``
-  compute-bound: ``... sao --repeats 3 data.env_args.tool_latency_median_s=0 generator.episodes_in_flight=64
-  sao.max_staleness=4 generator.abort_stale_episodes=false``
-  smoke: ``... sao sao.steps=2 sao.checkpoint_every=2 warm_start.steps=5 data.num_train_tasks=64
-  output_dir=/tmp/avs --eval-every 2 --out /tmp/avs.json --no-docs``
+Run from the repository root (31 minutes for the four methods on 2 cores, plus 8 minutes of warm start once):
+  ``.venv/bin/python -m bench.async_vs_sync sao --repeats 3``; compute-bound: ``... sao --repeats 3
+  data.env_args.tool_latency_median_s=0 generator.episodes_in_flight=64 sao.max_staleness=4
+  generator.abort_stale_episodes=false``; smoke: ``... sao sao.steps=2 sao.checkpoint_every=2 warm_start.steps=5
+  data.num_train_tasks=64 output_dir=/tmp/avs --eval-every 2 --out /tmp/avs.json --no-docs``.
 """
 
 from __future__ import annotations
@@ -42,23 +34,14 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench import common
-from bench.common import (
-    RESULTS_DIR,
-    command_line,
-    display_path,
-    machine_info,
-    machine_line,
-    markdown_table,
-    publish_result,
-)
 
-RESULTS = RESULTS_DIR / "async_vs_sync"
+RESULTS = common.RESULTS_DIR / "async_vs_sync"
 """``<setting>/<method>.json`` and ``<setting>/sweep/<point>.json``."""
 METHODS = ("sao", "grpo_sync_g4", "grpo_sync_g8", "grpo_async_g8")
 """The methods, in the order the tables show them."""
@@ -139,65 +122,51 @@ class MethodRun:
     episode_wait_mismatches: int = 0
 
 
-def make_sink(run: MethodRun, weights_dir: Path, t0: float, batch: int, eval_every: int, total: int,
-              snap_dir: Path) -> Callable[[dict[str, float], int], None]:
-    """A metrics sink recording ``StepRecord`` s and copying every ``eval_every``-th version's weights."""
-    from posttrain.weight_sync.store import FilesystemWeightStore
-
-    store, last = FilesystemWeightStore(weights_dir), [0]
-
-    def sink(metrics: dict[str, float], version: int) -> None:
-        now, updated = time.monotonic() - t0, version > last[0]
-        last[0] = version
-        generated = metrics.get("response/action_tokens_mean", 0.0) * batch
-        tokens = metrics.get("grpo/action_tokens_kept", generated)  # GRPO trains kept groups only
-        run.steps.append(StepRecord(now, version, updated, float(batch), tokens if updated else 0.0, generated,
-                                    metrics.get("learner/step_s", 0.0), metrics.get("reward/mean", 0.0)))
-        if "generator/batch_s" in metrics:
-            run.batch_gen_s.append(metrics["generator/batch_s"])
-        if updated and (version % eval_every == 0 or version == total):
-            shutil.copytree(store.path_for(version), snap_dir / f"v{version:06d}", dirs_exist_ok=True)
-            run.snapshots[version] = (now, snap_dir / f"v{version:06d}")
-
-    return sink
-
-
 def run_method(config: Any, method: str, base: Any, sft: Path, snap_dir: Path, eval_every: int) -> MethodRun:
-    """Train one method from the warm start ``sft`` (module docstring); snapshots go to ``snap_dir`` (emptied)."""
+    """Train one method from ``sft``; snapshot every ``eval_every``-th version and the last into ``snap_dir`` (emptied)."""
     from bench.sim.collect import engine_probe
     from posttrain.runners.grpo_sync import run_grpo_sync
     from posttrain.runners.sao import train_sao
     from posttrain.runtime import RunContext
+    from posttrain.weight_sync.store import FilesystemWeightStore
 
     ctx = RunContext(config)
     for d in (ctx.run_dir, snap_dir):
         shutil.rmtree(d, ignore_errors=True)
-    snap_dir.mkdir(parents=True)
     shutil.copytree(base.tokenizer_dir, ctx.tokenizer_dir)
     ctx.save_resolved_config()
     grpo = config.technique == "grpo"
     steps, batch = (config.grpo.steps, config.grpo.batch_rollouts) if grpo else (config.sao.steps, config.sao.batch_size)
     run = MethodRun(method, engine_probe=[engine_probe(sft, config.generator.max_new_tokens)], load_avg=[os.getloadavg()[0]])
-    t0 = time.monotonic()
-    sink = make_sink(run, ctx.weights_dir, t0, batch, eval_every, steps, snap_dir)
+    t0, store = time.monotonic(), FilesystemWeightStore(ctx.weights_dir)
+
+    def snapshot(version: int, t: float) -> None:
+        shutil.copytree(store.path_for(version), snap_dir / f"v{version:06d}", dirs_exist_ok=True)
+        run.snapshots[version] = (t, snap_dir / f"v{version:06d}")
+
+    def sink(metrics: dict[str, float], version: int) -> None:
+        now, updated = time.monotonic() - t0, version > (run.steps[-1].policy_version if run.steps else 0)
+        generated = metrics.get("response/action_tokens_mean", 0.0) * batch
+        tokens = metrics.get("grpo/action_tokens_kept", generated)  # GRPO trains kept groups only
+        run.steps.append(StepRecord(now, version, updated, float(batch), tokens if updated else 0.0, generated,
+                                    metrics.get("learner/step_s", 0.0), metrics.get("reward/mean", 0.0)))
+        run.batch_gen_s += [metrics["generator/batch_s"]] if "generator/batch_s" in metrics else []
+        if updated and (version % eval_every == 0 or version == steps):
+            snapshot(version, now)
+
     print(f"[{method}] {steps} policy versions of {batch} rollouts", flush=True)
     if grpo and not config.grpo.async_:
         summary = run_grpo_sync(config, start_model_dir=sft, sink=sink, progress=False)
     else:
         summary = train_sao(ctx, sft, sink)
-    run.wall_s = time.monotonic() - t0
+    run.wall_s, run.when = time.monotonic() - t0, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     run.load_avg.append(os.getloadavg()[0])
-    run.when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     run.counters = dict(summary.counters)
     run.engine_probe.append(engine_probe(sft, config.generator.max_new_tokens))
     run.episodes, run.episode_wait_mismatches = run_episodes(ctx, method)
     updated = [s for s in run.steps if s.updated]
     if updated and updated[-1].policy_version not in run.snapshots:  # GRPO may skip a batch: keep the last version
-        from posttrain.weight_sync.store import FilesystemWeightStore
-
-        v = updated[-1].policy_version
-        shutil.copytree(FilesystemWeightStore(ctx.weights_dir).path_for(v), snap_dir / f"v{v:06d}", dirs_exist_ok=True)
-        run.snapshots[v] = (updated[-1].t, snap_dir / f"v{v:06d}")
+        snapshot(updated[-1].policy_version, updated[-1].t)
     return run
 
 
@@ -231,12 +200,9 @@ def evaluate_snapshots(base: Any, sft: Path, runs: list[MethodRun]) -> tuple[flo
 
 
 def run_episodes(ctx: Any, method: str) -> tuple[list[list[Any]], int]:
-    """Every episode of a run's ledger, in replay order, as ``[unit, prompt_tokens, action_tokens,
-    observation_tokens, reward, tool_waits_s]`` (lengths per turn; the task's tool latency after each turn but
-    the last, to 10 ms), and how many episodes' waits do not add up to the ``tool_wait_s`` they reported.
-
-    Order: SAO by start time (one unit each); synchronous GRPO in ledger order, a group's members together;
-    asynchronous GRPO groups by their first member's start. Episodes still running at the end are not there.
+    """A run's ledger as ``[unit, prompt_tokens, action_tokens, observation_tokens, reward, tool_waits_s]`` per
+    episode (per turn; the task's tool latency after each turn but the last), in replay order (SAO by start; GRPO
+    groups together, asynchronous ones by their first start), and how many waits miss the reported ``tool_wait_s``.
 
     Raises:
         FileNotFoundError: the run wrote no ledger.
@@ -303,17 +269,8 @@ def setting_order(names: Iterable[str]) -> list[str]:
 
 def read_setting(name: str, results: Path = RESULTS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """A setting's method files (in ``METHODS`` order, then by name) and its capacity-sweep files (marked
-    ``sweep``; by tau, then slots, letting stale episodes finish first).
-
-    Raises:
-        ValueError: a file that is not JSON (naming it).
-    """
-    def read(path: Path) -> dict[str, Any]:
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as exc:
-            raise ValueError(f"{display_path(path)}: {exc}") from exc
-
+    ``sweep``; by tau, then slots, letting stale episodes finish first); ValueError for a file that is not JSON."""
+    read = common.read_json
     main = [read(p) for p in sorted((results / name).glob("*.json"),
                                     key=lambda p: (METHODS.index(p.stem) if p.stem in METHODS else len(METHODS), p.stem))]
     sweep = [{**read(p), "sweep": True} for p in (results / name).glob("sweep/*.json")]
@@ -370,7 +327,7 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
                 "seeded per task (sandbox / test execution: wall time, no accelerator time).")
     else:
         head = "**Compute-bound setting**: tool calls are instantaneous; generation and training share the same 2 CPU cores."
-    out = [head, "", machine_line(max((f["machine"] for f in files), key=lambda m: m["when"])), "",
+    out = [head, "", common.machine_line(max((f["machine"] for f in files), key=lambda m: m["when"])), "",
            f"Setting: `synthetic_longtail`, required calls per task log-normal (median {s['calls_median']}, sigma "
            f"{s['calls_sigma']}, clipped to 1..{s['max_calls']}; train tasks: mean {calls['mean']:.1f}, p90 {calls['p90']:.0f}, "
            f"max {calls['max']:.0f}); {s['batch_rollouts']} rollouts per policy version, {s['steps']} versions per method, "
@@ -382,7 +339,7 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
            + ("generators let an episode that became too stale to train run to its end for the learner to drop."
               if s["keep_stale_episodes"] else "generators cancel an episode in flight once the learner is more than tau "
               "versions past its oldest version (the learner would drop it)."), "",
-           markdown_table(["method", "busy fraction", "trained action tokens/s", "rollouts/s", "learner s/step", "wall s",
+           common.markdown_table(["method", "busy fraction", "trained action tokens/s", "rollouts/s", "learner s/step", "wall s",
                            f"s to held-out reward {first['target']:.2f}", "held-out reward at snapshots"], rows), "",
            "Commands (one per method; when its last run ended):", "",
            *[f"* `{f['command']}` ({f['runs'][-1]['when']})" for f in files], ""]
@@ -428,8 +385,8 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
                 "episodes can wait on tools at once. \"Stale episodes\": whether a generator cancels an episode in flight "
                 "once the learner is more than tau versions past its oldest version (the default), or lets it finish for "
                 "the learner to drop (`generator.abort_stale_episodes=false`).", "",
-                machine_line(max((f["machine"] for f in sweep), key=lambda m: m["when"])), "",
-                markdown_table(["tau", "slots per engine", "admission capacity (rollouts)", "stale episodes",
+                common.machine_line(max((f["machine"] for f in sweep), key=lambda m: m["when"])), "",
+                common.markdown_table(["tau", "slots per engine", "admission capacity (rollouts)", "stale episodes",
                                 "busy fraction", "rollouts/s", "trained action tokens/s", "stale-dropped share",
                                 "cancelled in flight per run", "max in flight", "held-out reward (first run)"], srows), "",
                 "Commands:", "", *[f"* `{f['command']}`" for f in sweep]]
@@ -453,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="results file (default: bench/results/async_vs_sync/<setting>/<method>.json)")
     p.add_argument("--no-docs", action="store_true", help="write the results file only")
     p.add_argument("--torch-threads", type=int, default=1, help="threads of this process; generator processes use 1")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
     if args.repeats < 1 or args.eval_every < 1:
         p.error(f"--repeats and --eval-every: must be >= 1, got {args.repeats} and {args.eval_every}")
     try:
@@ -472,13 +429,13 @@ def main(argv: list[str] | None = None) -> int:
     start, rewards = evaluate_snapshots(base, sft, runs[:1])
     target = round(start + args.target_gain, 3)
     setting = setting_of(config)
-    result = {"setting": setting, "method": args.method, "command": command_line("bench.async_vs_sync", argv),
-              "machine": machine_info(), "settings": settings_of(config, args.eval_every, args.repeats),
+    result = {"setting": setting, "method": args.method, "command": common.command_line("bench.async_vs_sync", argv),
+              "machine": common.machine_info(), "settings": settings_of(config, args.eval_every, args.repeats),
               "task_calls": {split: summarise_calls(base.tasks(split)) for split in ("train", "eval")},
               "start_reward": start, "target": target,
               "runs": [{**summarise(r, rewards[r.method] if i == 0 else {}, target), "seed": config.seed + i}
                        for i, r in enumerate(runs)]}
-    publish_result(args.out or RESULTS / setting / f"{args.method}.json", result, "async_vs_sync", render,
+    common.publish_result(args.out or RESULTS / setting / f"{args.method}.json", result, "async_vs_sync", render,
                    docs=not args.no_docs)
     print(json.dumps({q: cell(result, q, 3) for q in ("busy_fraction", "trained_action_tokens_per_s", "rollouts_per_s")}))
     return 0

@@ -55,44 +55,6 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def busy_cpu_seconds(stat: Path = Path("/proc/stat")) -> float | None:
-    """CPU seconds every process of the machine has spent busy since boot (user, nice, system, irq, softirq of
-    ``/proc/stat``'s ``cpu`` line), or None off Linux.
-
-    Raises:
-        ValueError: ``stat`` exists but its first line is not the aggregate ``cpu`` line.
-    """
-    try:
-        first = stat.read_text().splitlines()[0].split()
-    except (OSError, IndexError):
-        return None
-    if not first or first[0] != "cpu":
-        raise ValueError(f"{stat}: first line is not the aggregate 'cpu' line: {' '.join(first[:3])!r}")
-    return sum(int(first[1 + i]) for i in (0, 1, 2, 5, 6)) / os.sysconf("SC_CLK_TCK")
-
-
-class OtherCpu:
-    """Context manager: ``cores`` other processes kept busy while its block ran (None off Linux).
-
-    ``max(0, (busy CPU seconds of the machine - this process's CPU seconds) / wall seconds)``; unlike the
-    load average it does not lag behind processes that just exited.
-    """
-
-    def __init__(self) -> None:
-        self.cores: float | None = None
-        self._start: tuple[float, float | None, float] = (0.0, None, 0.0)
-
-    def __enter__(self) -> OtherCpu:
-        self._start = (time.monotonic(), busy_cpu_seconds(), time.process_time())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        wall0, busy0, own0 = self._start
-        wall, busy, own = time.monotonic() - wall0, busy_cpu_seconds(), time.process_time() - own0
-        if busy0 is not None and busy is not None and wall > 0:
-            self.cores = max(0.0, (busy - busy0 - own) / wall)
-
-
 def machine_line(info: dict[str, Any]) -> str:
     """One Markdown line describing ``info`` (``machine_info``)."""
     load = info.get("load_avg") or []
@@ -171,10 +133,23 @@ def write_result(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
+def read_json(path: Path) -> dict[str, Any]:
+    """A results file, parsed.
+
+    Raises:
+        OSError: it cannot be read.
+        ValueError: it is not JSON (the message names the file).
+    """
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ValueError(f"{display_path(path)}: {exc}") from exc
+
+
 def read_result(name: str, results_dir: Path = RESULTS_DIR) -> dict[str, Any] | None:
     """The parsed ``<results_dir>/<name>.json``, or None when the benchmark has not been run."""
     path = results_dir / f"{name}.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    return read_json(path) if path.exists() else None
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
@@ -195,13 +170,13 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align:
     return "\n".join(lines)
 
 
-def update_docs_section(name: str, markdown: str, docs: Path = DOCS) -> Path:
+def update_docs_section(name: str, markdown: str, docs: Path | None = None) -> Path:
     """Replace the section ``name`` of ``docs`` (between its markers) with ``markdown``; append it when absent.
 
     Raises:
         ValueError: ``docs`` has only one of the section's two markers.
     """
-    begin, end = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"
+    begin, end, docs = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->", docs or DOCS
     text = docs.read_text(encoding="utf-8") if docs.exists() else "# Benchmarks\n"
     block = f"{begin}\n{markdown.strip()}\n{end}"
     if (begin in text) != (end in text):
@@ -246,9 +221,9 @@ def targets_section(results_dir: Path = RESULTS_DIR) -> str:
             "re-renders it).\n\n" + markdown_table(["target", "measured", "met?", "from"], rows, align="lrll"))
 
 
-def refresh_targets(results_dir: Path = RESULTS_DIR, docs: Path = DOCS) -> Path:
-    """Rewrite the ``targets`` section of ``docs`` from ``results_dir``."""
-    return update_docs_section("targets", targets_section(results_dir), docs)
+def refresh_targets(docs: Path | None = None) -> Path:
+    """Rewrite the ``targets`` section of ``docs`` (default docs/benchmarks.md) from ``RESULTS_DIR``."""
+    return update_docs_section("targets", targets_section(RESULTS_DIR), docs)
 
 
 def publish_result(path: Path, data: dict[str, Any], section: str, render: Callable[[], str], *, docs: bool) -> Path:

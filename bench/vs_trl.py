@@ -32,15 +32,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.async_vs_sync import MethodRun, StepRecord, evaluate_snapshots, run_method, shared_warm_start, summarise
-from bench.common import RESULTS_DIR, command_line, load_method, machine_info, machine_line, markdown_table, publish_result
+from bench import async_vs_sync as avs
+from bench import common
 
 TRL_PIN = "trl==1.16.0"
 """The TRL version this benchmark was written and run against (``bench/requirements-trl.txt``, ``make bench-deps``)."""
 METHODS = ("trl_grpo", "grpo_sync", "sao")
 
 
-def run_trl(config: Any, base: Any, sft: Path, snap_dir: Path, eval_every: int) -> tuple[MethodRun, str]:
+def run_trl(config: Any, base: Any, sft: Path, snap_dir: Path, eval_every: int) -> tuple[avs.MethodRun, str]:
     """Train ``trl.GRPOTrainer`` from ``sft`` with the ``grpo_sync`` ``config``, recording steps and snapshots as
     ``bench.async_vs_sync.make_sink`` does.
 
@@ -58,7 +58,7 @@ def run_trl(config: Any, base: Any, sft: Path, snap_dir: Path, eval_every: int) 
     from posttrain.models.hf import load_tokenizer
 
     g = config.grpo
-    run, batch = MethodRun("trl_grpo"), g.batch_rollouts
+    run, batch = avs.MethodRun("trl_grpo"), g.batch_rollouts
     shutil.rmtree(snap_dir, ignore_errors=True)
     snap_dir.mkdir(parents=True)
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t.prompt}], "reference": t.reference}
@@ -87,7 +87,7 @@ def run_trl(config: Any, base: Any, sft: Path, snap_dir: Path, eval_every: int) 
             if logs and "reward" in logs:
                 generated = float(logs.get("completions/mean_length", 0.0)) * batch
                 trained = generated * (1.0 - float(logs.get("frac_reward_zero_std", 0.0)))
-                run.steps.append(StepRecord(time.monotonic() - t0, state.global_step, True, float(batch), trained,
+                run.steps.append(avs.StepRecord(time.monotonic() - t0, state.global_step, True, float(batch), trained,
                                             generated, float(logs.get("step_time", 0.0)), float(logs["reward"])))
 
         def on_step_end(self, _args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
@@ -128,14 +128,14 @@ def render(result: dict[str, Any]) -> str:
              " / ".join(f"{v:.2f}" for v in r["heldout_reward"].values()) or "-"] for name, r in result["methods"].items()]
     s = result["settings"]
     return "\n".join([
-        machine_line(result["machine"]), "",
+        common.machine_line(result["machine"]), "",
         f"Command: `{result['command']}`; TRL `{result['trl_version']}` (pin `{TRL_PIN}`; it installed beside "
         f"torch {result['machine'].get('torch')} without replacing it, adding accelerate and datasets).", "",
         f"Setting: `synthetic_arith` (sums of two integers below {s['operand_high']}), {s['train_tasks']} train tasks, "
         f"{s['steps']} optimizer steps of {s['prompts']} prompts x {s['group_size']} rollouts (SAO: "
         f"{s['prompts'] * s['group_size']} rollouts of different prompts), at most {s['max_new_tokens']} new tokens, "
         f"lr {s['lr']}, tiny Qwen2-shaped model after {s['sft_steps']} SFT steps, everything on the CPU.", "",
-        markdown_table(["method", "action tokens/s", "trained action tokens/s", "rollouts/s", "wall s",
+        common.markdown_table(["method", "action tokens/s", "trained action tokens/s", "rollouts/s", "wall s",
                         f"s to probe reward {result['target']:.2f}", "probe reward at snapshots"], rows), "",
         f"Probe reward (the first {s['eval_tasks']} training prompts x {s['eval_samples']} samples, temperature 1) of "
         f"the warm start: {result['start_reward']:.3f}; snapshots every {s['eval_every']} steps. The tiny model does "
@@ -151,12 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--eval-every", type=int, default=20, help="snapshot every this many steps")
     p.add_argument("--target-gain", type=float, default=0.1, help="probe target: warm start's reward + this")
-    p.add_argument("--out", type=Path, default=RESULTS_DIR / "vs_trl.json")
+    p.add_argument("--out", type=Path, default=common.RESULTS_DIR / "vs_trl.json")
     p.add_argument("--no-docs", action="store_true")
     p.add_argument("--torch-threads", type=int, default=1, help="threads of this process; generator processes use 1")
     args = p.parse_intermixed_args(argv)
     try:
-        configs = {m: load_method("vs_trl", m, args.overrides) for m in ("grpo_sync", "sao")}
+        configs = {m: common.load_method("vs_trl", m, args.overrides) for m in ("grpo_sync", "sao")}
     except ValueError as exc:
         p.error(str(exc).splitlines()[0])
     if args.eval_every < 1:
@@ -165,20 +165,20 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.torch_threads)
     grpo = configs["grpo_sync"]
-    base, sft = shared_warm_start(grpo)
+    base, sft = avs.shared_warm_start(grpo)
     runs, trl_version = [], None
     for method in args.methods:
         snap = Path(grpo.output_dir).parent / "snapshots" / method
         if method == "trl_grpo":
             run, trl_version = run_trl(grpo, base, sft, snap, args.eval_every)
         else:
-            run = run_method(configs[method].model_copy(update={"run_name": method}), method, base, sft, snap, args.eval_every)
+            run = avs.run_method(configs[method].model_copy(update={"run_name": method}), method, base, sft, snap, args.eval_every)
         runs.append(run)
-    start, rewards = evaluate_snapshots(probe_context(base), sft, runs)
+    start, rewards = avs.evaluate_snapshots(probe_context(base), sft, runs)
     target = round(start + args.target_gain, 3)
-    methods = {r.method: summarise(r, rewards[r.method], target) for r in runs}
+    methods = {r.method: avs.summarise(r, rewards[r.method], target) for r in runs}
     g, data = grpo.grpo, grpo.data
-    result = {"command": command_line("bench.vs_trl", argv), "machine": machine_info(), "trl_version": trl_version,
+    result = {"command": common.command_line("bench.vs_trl", argv), "machine": common.machine_info(), "trl_version": trl_version,
               "trl_pin": TRL_PIN, "settings": {
                   "operand_high": data.env_args.get("high"), "train_tasks": data.num_train_tasks, "steps": g.steps,
                   "prompts": g.prompts_per_step, "group_size": g.group_size, "max_new_tokens": grpo.generator.max_new_tokens,
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                   "eval_samples": grpo.eval.samples_per_task, "eval_every": args.eval_every, "seed": grpo.seed,
                   "overrides": args.overrides},
               "start_reward": start, "target": target, "methods": methods}
-    publish_result(args.out, result, "vs_trl", lambda: render(result), docs=not args.no_docs)
+    common.publish_result(args.out, result, "vs_trl", lambda: render(result), docs=not args.no_docs)
     return 0
 
 

@@ -23,7 +23,6 @@ measured runs: busy fraction, trained action tokens per second and rollouts per 
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -31,8 +30,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.sim.model import ClusterConfig, EngineModel, LearnerModel, RolloutShape, Workload, method_kind, simulate
-from bench.sim.model import simulate_feeding as feed
+from bench.sim import model
+from bench.sim.model import ClusterConfig, EngineModel, LearnerModel, RolloutShape, Workload
 
 ENGINE_MODES = ("lockstep", "continuous", "groups")
 """The feedings ``engine_modes`` measures: synchronous GRPO's, SAO's and asynchronous GRPO's."""
@@ -166,7 +165,7 @@ def measured_config(inputs: dict[str, Any], result: dict[str, Any], run: dict[st
     and the generator's alone otherwise (synchronous GRPO never overlaps the two).
     """
     s, method = result["settings"], result["method"]
-    kind = method_kind(method)
+    kind = model.method_kind(method)
     cores = int(result["machine"]["cpu_count"])
     generator = GENERATOR_BUSY_THREADS
     ours = generator if kind == "grpo_sync" else generator + 1
@@ -217,7 +216,7 @@ def calibrate_engine_speed(base: ClusterConfig, run: dict[str, Any], workload: W
         target = statistics.fmean(phases)
 
         def phase(f: float) -> float:
-            sims = [simulate(replace(base.scaled(f), seed=base.seed + k), workload).generation_phase_s
+            sims = [model.simulate(replace(base.scaled(f), seed=base.seed + k), workload).generation_phase_s
                     for k in range(repeats)]
             return statistics.fmean(x for x in sims if x is not None)
 
@@ -231,7 +230,7 @@ def calibrate_engine_speed(base: ClusterConfig, run: dict[str, Any], workload: W
     if busy_s and produced:
         target, factor = float(busy_s) / float(produced), 1.0
         for _ in range(4):
-            simulated = statistics.fmean(simulate(replace(base.scaled(factor), seed=base.seed + k),
+            simulated = statistics.fmean(model.simulate(replace(base.scaled(factor), seed=base.seed + k),
                                                   workload).generating_s_per_rollout for k in range(repeats))
             if simulated <= 0:
                 break
@@ -275,7 +274,7 @@ def fit_engine_speed(inputs: dict[str, Any], costs: dict[str, float], modes: Seq
     engine, scale = engine_alone(inputs, costs)
     factor = 1.0
     for _ in range(rounds):
-        logs = [math.log(feed(engine, scale * factor, feeding_episodes(em, m), m, engine.max_batch, float(em["feed_s"]),
+        logs = [math.log(model.simulate_feeding(engine, scale * factor, feeding_episodes(em, m), m, engine.max_batch, float(em["feed_s"]),
                               int(em["group_size"])) / float(em[m]["rollouts_per_s"])) for m in modes]
         factor *= math.exp(statistics.fmean(logs))
     return factor
@@ -317,7 +316,7 @@ def method_rows(inputs: dict[str, Any], result: dict[str, Any], costs: dict[str,
     Raises:
         ValueError: a malformed recorded episode (``run_replay``).
     """
-    kind = method_kind(result["method"])
+    kind = model.method_kind(result["method"])
     feeding = FEEDING_OF[kind]
     runs = [r for r in result["runs"] if r.get("learner_step_s_mean") is not None]
     sims, ratios, replayed, speed_from = [], [], 0, ""
@@ -329,7 +328,7 @@ def method_rows(inputs: dict[str, Any], result: dict[str, Any], costs: dict[str,
                                f"engine_modes {feeding}" if feeding in speeds else "engine_modes")
         speed_from = speed_from or from_
         ratios.append(engine_probe_ratio(inputs, run))
-        sims += [simulate(replace(base, seed=base.seed + k), run_workload) for k in range(repeats)]
+        sims += [model.simulate(replace(base, seed=base.seed + k), run_workload) for k in range(repeats)]
     speed_from += f" (mean of {len(runs)} runs)" if len(runs) > 1 else ""
     known = [r for r in ratios if r is not None]
     batch_rows = [(r.get("counters") or {}).get("generator_mean_batch_rows") for r in runs]
@@ -358,7 +357,7 @@ def validate_setting(inputs: dict[str, Any], results: Sequence[dict[str, Any]], 
     em = inputs["engine_modes"]
     engine, scale = engine_alone(inputs, costs)
     for mode in ENGINE_MODES:
-        pred = feed(engine, scale * factor, feeding_episodes(em, mode), mode, engine.max_batch, float(em["feed_s"]),
+        pred = model.simulate_feeding(engine, scale * factor, feeding_episodes(em, mode), mode, engine.max_batch, float(em["feed_s"]),
                     int(em["group_size"]))
         meas = float(em[mode]["rollouts_per_s"])
         rows.append({"method": f"engine_{mode}", "quantity": "rollouts_per_s", "measured": meas, "predicted": pred,
@@ -401,9 +400,10 @@ def load_settings(results_dir: Path) -> dict[str, tuple[dict[str, Any], list[dic
         ValueError: a file that is not JSON.
     """
     from bench.async_vs_sync import read_setting, setting_order
+    from bench.common import read_json
 
     names = setting_order(p.stem for p in (results_dir / "sim").glob("*.json"))
     if not names:
         raise FileNotFoundError(f"{results_dir / 'sim'}: no simulator inputs; run .venv/bin/python -m bench.sim.collect")
-    return {n: (json.loads((results_dir / "sim" / f"{n}.json").read_text(encoding="utf-8")),
+    return {n: (read_json(results_dir / "sim" / f"{n}.json"),
                 [r for part in read_setting(n, results_dir / "async_vs_sync") for r in part]) for n in names}

@@ -1,19 +1,14 @@
 """What the simulator needs from one ``bench.async_vs_sync`` setting, measured on its warm start.
 
-* ``trace``: episode lengths and rewards of the warm-started policy (``--trace-tasks`` training tasks x
-  ``--trace-samples``, instantaneous tools), the workload ``bench.sim`` draws from;
-* ``engine_modes``: one ``hf`` engine (1 thread, alone) fed by real episodes for ``--feed-s`` seconds
-  three ways (``measure_engine_modes``), with every batch it ran and every episode, and an
-  ``engine_probe`` before and after: the engine's costs and speed;
-* ``learner_cost``: one SAO iteration against one GRPO iteration on the same batch;
-* ``weight_sync``: publish and reload seconds, the ``tiny`` row of ``bench/results/weight_sync.json``.
+``trace`` (episode lengths and rewards of the warm start, instantaneous tools: the workload ``bench.sim``
+draws from), ``engine_modes`` (one ``hf`` engine fed by real episodes three ways, every batch and episode
+recorded, with ``engine_probe`` s around it: the engine's costs and speed), ``learner_cost`` (an SAO against a
+GRPO iteration on one batch) and ``weight_sync`` (publish and reload seconds: the ``tiny`` row of
+``bench/results/weight_sync.json``). Writes ``bench/results/sim/<setting>.json`` (the ``sao`` config's setting
+with the given overrides) and re-renders the ``async_vs_sync`` section.
 
-Writes ``bench/results/sim/<setting>.json`` (the setting of the ``sao`` config with the given overrides)
-and re-renders the ``async_vs_sync`` section (its learner and engine lines).
-
-Run (after ``bench.weight_sync``; 6 minutes plus the warm start the first time):
-``.venv/bin/python -m bench.sim.collect``, compute-bound:
-``.venv/bin/python -m bench.sim.collect data.env_args.tool_latency_median_s=0 generator.episodes_in_flight=64``.
+Run after ``bench.weight_sync`` (6 minutes, plus the warm start the first time): ``.venv/bin/python -m
+bench.sim.collect``; compute-bound: ``... data.env_args.tool_latency_median_s=0 generator.episodes_in_flight=64``.
 """
 
 from __future__ import annotations
@@ -25,14 +20,36 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, OtherCpu, command_line, machine_info, publish_result, read_result
+from bench.common import RESULTS_DIR, command_line, machine_info, publish_result, read_result
 
 PROBE_BATCHES = ((64, 384), (8, 128))
 """``(rows, width)`` of the static batches ``engine_probe`` times, each 5 times (the median is kept)."""
+
+
+def busy_cpu_seconds(stat: Path = Path("/proc/stat")) -> float | None:
+    """CPU seconds the machine's processes spent busy since boot (user, nice, system, irq, softirq of ``stat``'s
+    ``cpu`` line), None without ``stat``; ValueError when its first line is not the ``cpu`` line."""
+    if not stat.exists():
+        return None
+    first = stat.read_text().split("\n", 1)[0].split()
+    if first[:1] != ["cpu"]:
+        raise ValueError(f"{stat}: first line is not the aggregate 'cpu' line: {' '.join(first[:3])!r}")
+    return sum(int(first[1 + i]) for i in (0, 1, 2, 5, 6)) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def other_cpu() -> Iterator[list[float]]:
+    """Yields a list that, after the block, holds the cores other processes kept busy meanwhile: busy CPU seconds of
+    the machine less this process's, over wall seconds (empty off Linux)."""
+    wall, busy, own, out = time.monotonic(), busy_cpu_seconds(), time.process_time(), []
+    yield out
+    if busy is not None:
+        out.append(max(0.0, (busy_cpu_seconds() - busy - time.process_time() + own) / (time.monotonic() - wall)))
 
 
 def _one_thread_engine(model_dir: Path, max_batch: int, max_model_len: int) -> Any:
@@ -46,8 +63,9 @@ def _one_thread_engine(model_dir: Path, max_batch: int, max_model_len: int) -> A
 
 def engine_probe(sft: Path, new_tokens: int) -> dict[str, Any]:
     """The ``hf`` engine's speed now: the summed median seconds of ``PROBE_BATCHES`` (random ids, no stop token,
-    ``new_tokens`` decode steps) at one torch thread, with the ``background_cores`` other processes used meanwhile
-    (``OtherCpu``) and the time; ``bench.sim`` scales a run's engine by its probes over those of ``engine_modes``."""
+    ``new_tokens`` decode steps) at one torch thread, the ``background_cores`` other processes kept busy meanwhile
+    (``other_cpu``) and the time; ``bench.sim`` scales a run's
+    engine by its probes over those around ``engine_modes``."""
     import torch
 
     from posttrain.inference.base import GenerationRequest
@@ -69,13 +87,13 @@ def engine_probe(sft: Path, new_tokens: int) -> dict[str, Any]:
 
     try:
         timed(1, 8, 1)  # warm-up, not timed
-        with OtherCpu() as other:
+        with other_cpu() as other:
             batches = [[rows, width, round(statistics.median(timed(rows, width, new_tokens) for _ in range(5)), 6)]
                        for rows, width in PROBE_BATCHES]
     finally:
         engine.close()
         torch.set_num_threads(threads)
-    return {"seconds": sum(b[2] for b in batches), "background_cores": other.cores, "batches": batches,
+    return {"seconds": sum(b[2] for b in batches), "background_cores": other[0] if other else None, "batches": batches,
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
@@ -252,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--feed-s", type=float, default=60.0, help="seconds each engine feeding starts episodes")
     p.add_argument("--out", type=Path, default=None, help="default: bench/results/sim/<setting>.json")
     p.add_argument("--no-docs", action="store_true")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
     try:
         sao = avs.load_method("sao", args.overrides)
         grpo = avs.load_method("grpo_sync_g8", args.overrides).grpo.model_copy(update={"drop_uniform_groups": False})

@@ -21,8 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.common import PLOTS_DIR, REPO, RESULTS_DIR, command_line, display_path, machine_info, machine_line
-from bench.common import markdown_table, publish_result
+from bench import common
 from bench.sim.calibrate import GENERATOR_BUSY_THREADS, load_settings, validate_all
 from bench.sim.model import ClusterConfig, EngineModel, LearnerModel, Workload, simulate
 
@@ -38,7 +37,7 @@ def gpu_assumptions(inputs: dict[str, Any], overrides: Sequence[str] = ()) -> di
 
     from posttrain.config.load import parse_overrides
 
-    a = yaml.safe_load((REPO / "bench" / "configs" / "sim" / "gpu.yaml").read_text(encoding="utf-8"))
+    a = yaml.safe_load((common.REPO / "bench" / "configs" / "sim" / "gpu.yaml").read_text(encoding="utf-8"))
     for key, value in parse_overrides(list(overrides)).items():
         if key not in a or isinstance(value, dict) != isinstance(a[key], dict) or not set(value or {}) <= set(a[key]):
             raise ValueError(f"override {key}: not an assumption of bench/configs/sim/gpu.yaml (keys: {', '.join(a)})")
@@ -118,7 +117,7 @@ def render(result: dict[str, Any]) -> str:
              "slot_occupancy") for m in ("sao", "grpo_sync")), f"{r['speedup_sao_over_grpo_sync']:.2f}"]
             for r in result["projection"]]
     return "\n".join([
-        machine_line(result["machine"]), "",
+        common.machine_line(result["machine"]), "",
         f"Command: `{result['command']}` (inputs: `{result['measured_from']}`, measured at {result['measured_when']})", "",
         f"**Check against the small runs** (mean of {v['repeats']} seeds per run), for each setting measured. A run's "
         "twin runs the `hf` engine's batch costs, fitted on the batches it ran in `engine_modes` (the engine alone, "
@@ -143,7 +142,7 @@ def render(result: dict[str, Any]) -> str:
           + ", ".join(f"x{x:.2f} {mode}" for mode, x in b["feeding_factors"].items())
           + f" (one for all: x{b['engine_factor']:.2f}); worst error {100 * b['max_abs_relative_error']:.0f}%."
           for b in v["by_setting"]], "",
-        markdown_table(["setting", "method", "quantity", "measured", "measured SE", "simulated", "error",
+        common.markdown_table(["setting", "method", "quantity", "measured", "measured SE", "simulated", "error",
                         "engine probe", "replayed episodes", "speed from"], vrows, align="lllrrrrrrl"), "",
         f"**Projection** to a GPU cluster (assumed, not measured: continuous batching, decode step "
         f"{e['step_s'] * 1e3:.0f} ms + {e['step_s_per_row'] * 1e3:.2f} ms per row, up to {e['max_batch']} rows, "
@@ -153,11 +152,11 @@ def render(result: dict[str, Any]) -> str:
         f"rollouts per generator per step; publish {a['publish_s']} s, reload {a['reload_s']} s; turn lengths of the "
         f"trace x{a['token_scale']}; {tool}; G = {a['group_size']}, tau = {a['max_staleness']}, {a['steps']} versions "
         "per run).", "",
-        markdown_table(["N", "learner GPUs", "B", "busy SAO", "busy GRPO", "occupancy SAO", "occupancy GRPO",
+        common.markdown_table(["N", "learner GPUs", "B", "busy SAO", "busy GRPO", "occupancy SAO", "occupancy GRPO",
                         "speedup SAO/GRPO"], prow), "",
         f"![utilisation and speedup against N]({result['plot']})", "",
         f"Learner GPUs per generator at N = {result['learner_sensitivity'][0]['generators']} (same assumptions otherwise):",
-        "", markdown_table(["learner GPUs per generator", "learner GPUs", "busy SAO", "busy GRPO", "speedup SAO/GRPO"],
+        "", common.markdown_table(["learner GPUs per generator", "learner GPUs", "busy SAO", "busy GRPO", "speedup SAO/GRPO"],
                            [[f"{r['learner_ratio']:g}", r["learner_gpus"], f"{r['sao']['busy_fraction']:.2f}",
                              f"{r['grpo_sync']['busy_fraction']:.2f}", f"{r['speedup_sao_over_grpo_sync']:.2f}"]
                             for r in result["learner_sensitivity"]]),
@@ -170,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="assumptions, e.g. engine.step_s=0.03")
     p.add_argument("--ns", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256, 512, 1024], help="generator counts")
     p.add_argument("--repeats", type=int, default=5, help="seeds per measured run in the check")
-    p.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where async_vs_sync/ and sim/ are read")
-    p.add_argument("--out", type=Path, default=RESULTS_DIR / "simulate.json")
+    p.add_argument("--results-dir", type=Path, default=common.RESULTS_DIR, help="where async_vs_sync/ and sim/ are read")
+    p.add_argument("--out", type=Path, default=common.RESULTS_DIR / "simulate.json")
     p.add_argument("--no-docs", action="store_true", help="write the results file (and the plot beside it) only")
     args = p.parse_intermixed_args(argv)
     if args.repeats < 1 or min(args.ns) < 1:
@@ -193,11 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = project(args.ns, assumptions, workload)
     sensitivity = [{"learner_ratio": r, **project([assumptions["sensitivity_n"]], assumptions, workload, r)[0]}
                    for r in assumptions["sensitivity_ratios"]]
-    plot(rows, args.out.with_suffix(".png") if args.no_docs else PLOTS_DIR / "simulate.png")
-    result = {"command": command_line("bench.sim", argv), "machine": machine_info(),
-              "measured_from": f"{display_path(args.results_dir)}/async_vs_sync/, sim/",
+    plot(rows, args.out.with_suffix(".png") if args.no_docs else common.PLOTS_DIR / "simulate.png")
+    result = {"command": common.command_line("bench.sim", argv), "machine": common.machine_info(),
+              "measured_from": f"{common.display_path(args.results_dir)}/async_vs_sync/, sim/",
               "measured_when": first["machine"]["when"], "validation": validation, "assumptions": assumptions,
               "projection": rows, "learner_sensitivity": sensitivity, "plot": "benchmarks/simulate.png",
               "seconds": time.monotonic() - t0}
-    publish_result(args.out, result, "simulate", lambda: render(result), docs=not args.no_docs)
+    common.publish_result(args.out, result, "simulate", lambda: render(result), docs=not args.no_docs)
     return 0
