@@ -80,8 +80,9 @@ def shared_warm_start(config: Any) -> tuple[Any, Path]:
     from posttrain.runners.common import prepare, warm_start
     from posttrain.runtime import RunContext
 
-    env_args = {k: v for k, v in config.data.env_args.items() if not k.startswith("tool_latency")}
-    base = RunContext(config.model_copy(update={"run_name": "base", "data": config.data.model_copy(update={"env_args": env_args})}))
+    data = config.data.model_copy(update={"env_args": {k: v for k, v in config.data.env_args.items()
+                                                       if not k.startswith("tool_latency")}})
+    base = RunContext(config.model_copy(update={"run_name": "base", "data": data}))
     prepare(base)
     sft = warm_start(base)
     for f in base.tokenizer_dir.iterdir():  # snapshots and evaluation load the tokenizer beside the weights
@@ -92,8 +93,7 @@ def shared_warm_start(config: Any) -> tuple[Any, Path]:
 
 @dataclass
 class StepRecord:
-    """One learner iteration as the metrics sink saw it: seconds since the start, version after it, whether it
-    updated the policy, rollouts, trained and generated action tokens, learner seconds, mean reward."""
+    """One learner iteration as the metrics sink saw it (seconds since the start; the version after it)."""
 
     t: float
     policy_version: int
@@ -350,8 +350,8 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
     out += [f"Held-out reward of the warm start: {first['start_reward']:.3f} ({s['eval_tasks']} tasks x {s['eval_samples']} "
             f"samples); snapshots every {s['eval_every']} versions.",
             "Throughput ratio SAO / synchronous GRPO (trained action tokens per second): "
-            + (f"**{min(by.values()):.2f}x**" if by else "not measured (needs sao and a grpo_sync_g<G> method)")
-            + f" against the faster synchronous variant ({', '.join(f'{k}: {v:.2f}x' for k, v in by.items())})."]
+            + (f"**{min(by.values()):.2f}x** against the faster synchronous variant "
+               f"({', '.join(f'{k}: {v:.2f}x' for k, v in by.items())})." if by else "needs sao and a grpo_sync_g<G>.")]
     if inputs:
         lc, em = inputs["learner_cost"], inputs["engine_modes"]
         names = {"lockstep": "lockstep", "continuous": "continuous", "groups": f"in groups of {em['group_size']} of one task"}
@@ -379,12 +379,8 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
                           f"{share:.2f}", f"{statistics.fmean(float(r.get('stale_aborted') or 0.0) for r in rs):.0f}",
                           f"{statistics.fmean(float(r['counters'].get('generator_max_in_flight') or 0.0) for r in rs):.0f}",
                           " / ".join(f"{v:.2f}" for v in rs[0]["heldout_reward"].values()) or "-"])
-        out += ["", f"**SAO against its admission capacity** ({runs} run{'s' if runs > 1 else ''} per point, one command "
-                "per point, run one after the other): a generator may start a rollout only while started < (v + tau + 1) x "
-                "B, and rollouts waiting for the learner hold their tickets, so tau and the episode slots bound how many "
-                "episodes can wait on tools at once. \"Stale episodes\": whether a generator cancels an episode in flight "
-                "once the learner is more than tau versions past its oldest version (the default), or lets it finish for "
-                "the learner to drop (`generator.abort_stale_episodes=false`).", "",
+        out += ["", f"**SAO against its admission capacity** ({runs} run{'s' if runs > 1 else ''} per point, one "
+                "command per point; what it shows: below the section).", "",
                 common.machine_line(max((f["machine"] for f in sweep), key=lambda m: m["when"])), "",
                 common.markdown_table(["tau", "slots per engine", "admission capacity (rollouts)", "stale episodes",
                                 "busy fraction", "rollouts/s", "trained action tokens/s", "stale-dropped share",
@@ -409,7 +405,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-gain", type=float, default=0.05, help="held-out target: warm start's reward + this")
     p.add_argument("--out", type=Path, default=None, help="results file (default: bench/results/async_vs_sync/<setting>/<method>.json)")
     p.add_argument("--no-docs", action="store_true", help="write the results file only")
-    p.add_argument("--torch-threads", type=int, default=1, help="threads of this process; generator processes use 1")
     args = p.parse_intermixed_args(argv)
     if args.repeats < 1 or args.eval_every < 1:
         p.error(f"--repeats and --eval-every: must be >= 1, got {args.repeats} and {args.eval_every}")
@@ -421,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from posttrain.envs.synthetic.longtail import summarise_calls
 
-    torch.set_num_threads(args.torch_threads)
+    torch.set_num_threads(1)  # learner and in-process engine; generator processes use 1 too
     base, sft = shared_warm_start(config)
     snaps = Path(config.output_dir) / "snapshots" / args.method
     runs = [run_method(config.model_copy(update={"seed": config.seed + i, "run_name": f"{args.method}_r{i}"}), args.method,

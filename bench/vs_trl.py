@@ -42,7 +42,7 @@ METHODS = ("trl_grpo", "grpo_sync", "sao")
 
 def run_trl(config: Any, base: Any, sft: Path, snap_dir: Path, eval_every: int) -> tuple[avs.MethodRun, str]:
     """Train ``trl.GRPOTrainer`` from ``sft`` with the ``grpo_sync`` ``config``, recording steps and snapshots as
-    ``bench.async_vs_sync.make_sink`` does.
+    ``bench.async_vs_sync.run_method`` does.
 
     Returns:
         The ``MethodRun`` and the TRL version.
@@ -153,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-gain", type=float, default=0.1, help="probe target: warm start's reward + this")
     p.add_argument("--out", type=Path, default=common.RESULTS_DIR / "vs_trl.json")
     p.add_argument("--no-docs", action="store_true")
-    p.add_argument("--torch-threads", type=int, default=1, help="threads of this process; generator processes use 1")
     args = p.parse_intermixed_args(argv)
     try:
         configs = {m: common.load_method("vs_trl", m, args.overrides) for m in ("grpo_sync", "sao")}
@@ -163,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--eval-every: must be >= 1 steps, got {args.eval_every}")
     import torch
 
-    torch.set_num_threads(args.torch_threads)
+    torch.set_num_threads(1)  # learner and in-process engine; generator processes use 1 too
     grpo = configs["grpo_sync"]
     base, sft = avs.shared_warm_start(grpo)
     runs, trl_version = [], None

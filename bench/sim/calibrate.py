@@ -1,23 +1,12 @@
-"""The simulator's calibration on the measured small runs, and its check against them.
+"""The simulator's calibration on the measured small runs, and its check against them (``validate_all``).
 
-A setting's inputs (``load_settings``): ``bench/results/sim/<setting>.json`` (``bench.sim.collect``:
-trace, ``engine_modes``, learner cost, publish and reload seconds) and every results file under
-``bench/results/async_vs_sync/<setting>/`` (one method, or one capacity-sweep point under ``sweep/``).
-
-The twin of one measured run (``run_twin``):
-
-* engine costs fitted on the batches ``engine_modes`` timed in every setting, scaled to a whole
-  core (``fit_batch_costs``), times a speed factor fitted on the rate of the feeding the method's
-  generator produces (``FEEDING_OF``), times the run's engine probe over the probe around
-  ``engine_modes`` (the machine's speed in that hour), times the CPU share its load average implied
-  (``measured_config``); where the run measured its own generation speed, that speed instead
-  (``calibrate_engine_speed``);
-* the run's mean learner step time, the setting's publish and reload seconds, tool latency, tau and slots;
-* a synchronous GRPO run replays the episodes it recorded; asynchronous runs draw from the trace
-  (their records lack the episodes still running when they stopped, the longest ones).
-
-``validate_all`` compares the mean of ``repeats`` simulations of every run with the mean of the
-measured runs: busy fraction, trained action tokens per second and rollouts per second.
+A setting's inputs are ``bench/results/sim/<setting>.json`` (``bench.sim.collect``) and its results files under
+``bench/results/async_vs_sync/<setting>/``. A run's twin (``run_twin``) has engine costs fitted on every
+setting's ``engine_modes`` batches at a whole core's speed, times the speed factor of the feeding its method's
+generator produces (``FEEDING_OF``), times its engine probe over the probe around ``engine_modes``, times the
+CPU share its load implied (``measured_config``), or the speed the run measured itself
+(``calibrate_engine_speed``); the run's learner step, the setting's publish, reload and tool latency; a
+synchronous run replays its recorded episodes (asynchronous records lack the longest, still running at the end).
 """
 
 from __future__ import annotations
@@ -67,15 +56,9 @@ def batch_cost_features(rows: int, width: int, steps: int, sampled: int) -> list
 
 
 def fit_batch_costs(batches: Sequence[Sequence[float]]) -> dict[str, float]:
-    """Non-negative least squares of batch seconds on ``batch_cost_features``, in relative error.
-
-    Args:
-        batches: ``[rows, width, prompt_tokens, new_tokens, seconds]`` per batch, with the sampled tokens
-            sixth; unless every batch has them, ``sample_s_per_token`` is 0 (indistinguishable from a row cost).
-
-    Raises:
-        ValueError: fewer batches than terms, or a batch with non-positive seconds.
-    """
+    """Non-negative least squares, in relative error, of the seconds of ``[rows, width, prompt_tokens, new_tokens,
+    seconds, sampled_tokens]`` batches on ``batch_cost_features`` (``sample_s_per_token`` 0 unless every batch
+    counts its sampled tokens); ValueError for fewer batches than terms or non-positive seconds."""
     import numpy as np
     from scipy.optimize import nnls
 
@@ -109,11 +92,7 @@ def engine_mode_batches(inputs: dict[str, Any]) -> list[list[float]]:
 
 
 def feeding_episodes(em: dict[str, Any], mode: str) -> list[RolloutShape]:
-    """The episodes an ``engine_modes`` feeding ran, in start order (``[prompt, actions, observations]`` each).
-
-    Raises:
-        ValueError: a missing list, or a malformed entry (naming it).
-    """
+    """The episodes an ``engine_modes`` feeding ran, in start order; ValueError naming a missing or malformed one."""
     out = []
     for i, entry in enumerate((em.get(mode) or {}).get("episodes") or []):
         if not isinstance(entry, list) or len(entry) != 3:
@@ -130,12 +109,8 @@ def feeding_episodes(em: dict[str, Any], mode: str) -> list[RolloutShape]:
 
 
 def run_replay(run: dict[str, Any], where: str) -> tuple[tuple[RolloutShape, ...], ...]:
-    """A run's recorded units in start order (``[unit, prompt, actions, observations, reward, tool_waits_s]`` per
-    episode; consecutive equal units form a group); () without ``episodes``.
-
-    Raises:
-        ValueError: a malformed entry (``where``, its index and what is wrong).
-    """
+    """A run's recorded units in start order from its ``[unit, prompt, actions, observations, reward, tool_waits_s]``
+    episodes (consecutive equal units form a group; () without); ValueError naming ``where`` and a malformed entry."""
     units: list[list[RolloutShape]] = []
     last = None
     for i, entry in enumerate(run.get("episodes") or []):
@@ -197,17 +172,12 @@ def phase_identifies_engine_speed(phases: Sequence[float], engine_free_s: float,
 
 def calibrate_engine_speed(base: ClusterConfig, run: dict[str, Any], workload: Workload,
                            repeats: int) -> tuple[ClusterConfig, str]:
-    """Scale the twin's engine to the speed the run itself measured, when it did.
+    """Scale the twin's engine to the speed the run measured itself, and say where the speed came from.
 
-    Synchronous GRPO (``generator_batch_s``, its generation seconds per step): the factor that makes the simulated
-    mean phase equal the measured one (bisection on its log in [1/20, 20]), unless the phase is mostly tool waits
-    (``phase_identifies_engine_speed``). A run whose generators counted their engine seconds and rollouts
-    (``counters.generator_busy_s`` / ``generator_rollouts``): 4 rounds of ``factor *= measured / simulated``
-    engine seconds per rollout (a slower engine also batches more rows). Otherwise ``base``.
-
-    Returns:
-        The config and where its speed came from (``generator_batch_s``, ``generator_busy_s``,
-        ``load average (generator_batch_s is tool waits)`` or ``load average``).
+    ``generator_batch_s`` (synchronous GRPO's generation seconds per step): bisect the factor's log in [1/20, 20]
+    until the simulated mean phase is the measured one, unless the phase is mostly tool waits. ``generator_busy_s``
+    (generators' engine seconds and rollouts in ``counters``): 4 rounds of ``factor *= measured / simulated``
+    engine seconds per rollout (a slower engine also batches more rows). Else ``load average``: ``base``.
     """
     phases = run.get("generator_batch_s") or []
     counters = run.get("counters", {})
@@ -281,11 +251,8 @@ def fit_engine_speed(inputs: dict[str, Any], costs: dict[str, float], modes: Seq
 
 
 def measured_relative_se_over(runs: Sequence[dict[str, Any]], quantity: str) -> float | None:
-    """Relative standard error of a quantity's mean over runs (None if unknown).
-
-    Three or more runs: ``stdev / sqrt(n) / mean`` of their values. Fewer: the first run's per-update spread
-    (tokens per update after the first; intervals between iterations after the first) over ``sqrt(n)``.
-    """
+    """Relative standard error of a quantity's mean over runs: from their spread with three or more, else the first
+    run's per-update spread (tokens per update, intervals between iterations; the first left out) over sqrt(n)."""
     values = [float(r[quantity]) for r in runs if r.get(quantity) is not None]
     if len(values) >= 3 and statistics.fmean(values) > 0:
         return statistics.stdev(values) / math.sqrt(len(values)) / statistics.fmean(values)
@@ -311,11 +278,7 @@ def label(result: dict[str, Any]) -> str:
 
 def method_rows(inputs: dict[str, Any], result: dict[str, Any], costs: dict[str, float], factor: float,
                 speeds: dict[str, float], workload: Workload, repeats: int) -> list[dict[str, Any]]:
-    """The three rows (busy fraction, trained action tokens/s, rollouts/s) of one results file's runs.
-
-    Raises:
-        ValueError: a malformed recorded episode (``run_replay``).
-    """
+    """The three rows (busy fraction, trained action tokens/s, rollouts/s) of one results file's runs."""
     kind = model.method_kind(result["method"])
     feeding = FEEDING_OF[kind]
     runs = [r for r in result["runs"] if r.get("learner_step_s_mean") is not None]
@@ -369,15 +332,8 @@ def validate_setting(inputs: dict[str, Any], results: Sequence[dict[str, Any]], 
 
 
 def validate_all(settings: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]], repeats: int = 5) -> dict[str, Any]:
-    """``validate_setting`` for every setting (``load_settings``), engine costs fitted on every setting's batches.
-
-    Returns:
-        ``rows`` (each with its ``setting``), ``max_abs_relative_error`` and ``worst`` over all of them (calibration
-        rows left out), ``repeats`` and ``by_setting`` (each setting's result without rows).
-
-    Raises:
-        ValueError: a malformed part of a setting (the message starts with the setting).
-    """
+    """``validate_setting`` of every setting (``load_settings``) with costs fitted on all their batches: ``rows``,
+    the worst (calibration rows left out), ``repeats`` and ``by_setting``; ValueError starting with the setting."""
     costs = fit_batch_costs([b for inputs, _ in settings.values() for b in engine_mode_batches(inputs)])
     rows, by_setting = [], []
     for name, (inputs, results) in settings.items():
@@ -393,12 +349,8 @@ def validate_all(settings: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]
 
 
 def load_settings(results_dir: Path) -> dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]:
-    """``{setting: (simulator inputs, its results files)}`` for every setting with inputs, tool latency first.
-
-    Raises:
-        FileNotFoundError: no inputs under ``<results_dir>/sim`` (run ``bench.sim.collect``).
-        ValueError: a file that is not JSON.
-    """
+    """``{setting: (simulator inputs, its results files)}`` for every setting with inputs, tool latency first;
+    FileNotFoundError without any, ValueError naming a file that is not JSON."""
     from bench.async_vs_sync import read_setting, setting_order
     from bench.common import read_json
 

@@ -105,12 +105,9 @@ def _limits(gen: Any) -> Any:
 
 
 def collect_trace(base: Any, sft: Path, tasks: int, samples: int, seed: int) -> tuple[list[dict[str, Any]], list[Any]]:
-    """``samples`` episodes of the warm start on each of the first ``tasks`` training tasks.
-
-    Returns:
-        One dict per task (``task_id``, ``required_calls``, ``rollouts``: prompt, action and observation tokens per
-        turn, reward, finish reason each) and the ``Rollout`` records.
-    """
+    """``samples`` episodes of the warm start on each of the first ``tasks`` training tasks: one dict per task
+    (``task_id``, ``required_calls``, ``rollouts``: prompt, action and observation tokens per turn, reward, finish
+    reason) and the ``Rollout`` records."""
     from posttrain.envs.synthetic.longtail import codes_of
     from posttrain.episodes.runner import run_episode
     from posttrain.inference.factory import make_engine
@@ -147,15 +144,12 @@ def collect_trace(base: Any, sft: Path, tasks: int, samples: int, seed: int) -> 
 
 def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed: int, group_size: int = 8) -> dict[str, Any]:
     """Rollouts per second of one ``hf`` engine (1 thread, alone) fed three ways, episodes started for ``seconds``
-    each and the ones in flight then drained: ``lockstep`` (``slots`` episodes at once, the next ``slots`` when
-    all are done: synchronous GRPO), ``continuous`` (``slots`` slots, each starting an episode when its last ends:
-    SAO) and ``groups`` (``slots // group_size`` slots of ``group_size`` episodes of one task: asynchronous GRPO).
-
-    Returns:
-        ``feed_s``, ``group_size``, ``load_avg_start`` / ``_end``, ``engine_probe`` (before, after) and per mode
-        ``rollouts``, ``seconds`` (drain included), ``rollouts_per_s``, ``mean_batch``, ``batches`` (``[rows, width,
-        prompt_tokens, new_tokens, seconds, generated_tokens]`` each) and ``episodes`` (``[prompt_tokens,
-        action_tokens, observation_tokens]`` in start order; a group's members consecutive).
+    then drained: ``lockstep`` (``slots`` at once, the next ``slots`` when all are done: synchronous GRPO),
+    ``continuous`` (``slots`` slots, each starting an episode when its last ends: SAO), ``groups`` (``slots //
+    group_size`` slots of ``group_size`` episodes of one task: asynchronous GRPO). Per mode: ``rollouts``,
+    ``seconds``, ``rollouts_per_s``, ``mean_batch``, ``batches`` (``[rows, width, prompt_tokens, new_tokens,
+    seconds, generated_tokens]``) and ``episodes`` (``[prompt, actions, observations]`` in start order); with
+    ``feed_s``, ``group_size``, the load average at the start and end and an ``engine_probe`` before and after.
     """
     import torch
 
@@ -179,11 +173,13 @@ def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed:
     async def feed(stop: float, unit_slots: int, size: int, one_task: bool) -> int:
         done = [0]
 
+        def draw() -> tuple[Any, int]:
+            return tasks[rng.randrange(len(tasks))], rng.randrange(2**31)
+
         async def slot() -> None:
             while time.monotonic() < stop:
-                task, first = tasks[rng.randrange(len(tasks))], rng.randrange(2**31)
-                await asyncio.gather(*(episode(task, first + 1000 * k) if one_task
-                                       else episode(tasks[rng.randrange(len(tasks))], rng.randrange(2**31))
+                task, first = draw() if one_task else (None, 0)
+                await asyncio.gather(*(episode(task, first + 1000 * k) if one_task else episode(*draw())
                                        for k in range(size)))
                 done[0] += size
 
@@ -216,13 +212,9 @@ def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed:
 
 
 def measure_learner_cost(sao: Any, grpo: Any, sft: Path, rollouts: Sequence[Any], seed: int, repeats: int = 3) -> dict[str, float]:
-    """Median seconds of one SAO learner iteration (critic values, GAE, critic updates, DIS policy update, after the
-    warm-up) and one GRPO iteration (every group trained) on the same ``sao.batch_size`` rollouts of ``rollouts``.
-
-    Returns:
-        ``sao_step_s``, ``grpo_step_s``, ``ratio_sao_over_grpo``, ``padded_tokens`` (of the length-ordered
-        micro-batches), ``real_tokens``, ``micro_batch_size``, ``rows``.
-    """
+    """Median seconds of one SAO learner iteration (critic, GAE, DIS policy update, after the warm-up) and one GRPO
+    iteration (every group trained) on the same ``sao.batch_size`` of ``rollouts``, their ratio, and the batch's
+    real and padded tokens (length-ordered micro-batches), micro-batch size and rows."""
     from posttrain.learner.batching import collate_rollouts
     from posttrain.learner.critic import CriticModel
     from posttrain.learner.grpo_step import grpo_train_step

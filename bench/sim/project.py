@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
-from bench.sim.calibrate import GENERATOR_BUSY_THREADS, load_settings, validate_all
+from bench.sim.calibrate import load_settings, validate_all
 from bench.sim.model import ClusterConfig, EngineModel, LearnerModel, Workload, simulate
 
 
@@ -119,23 +119,8 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join([
         common.machine_line(result["machine"]), "",
         f"Command: `{result['command']}` (inputs: `{result['measured_from']}`, measured at {result['measured_when']})", "",
-        f"**Check against the small runs** (mean of {v['repeats']} seeds per run), for each setting measured. A run's "
-        "twin runs the `hf` engine's batch costs, fitted on the batches it ran in `engine_modes` (the engine alone, "
-        "fed by real episodes in lockstep, continuously and in groups of 8 of one task), times a speed factor fitted on "
-        "the feeding the method's generator produces (synchronous GRPO lockstep, SAO continuous, asynchronous GRPO "
-        "groups; the `engine_*` rows show every feeding at one speed, as calibration, not counted in the worst error), "
-        "times the run's *engine probe* (fixed batches timed before and after the run, over the same around "
-        "`engine_modes`, each scaled to a whole core), times the CPU share its load average implied (the generator "
-        f"counted as {GENERATOR_BUSY_THREADS} busy thread); with the run's learner step time, publish and reload medians "
-        "and tool latency. Where a run measured its own generation speed, that speed is used instead (*speed from*: "
-        "`generator_batch_s`, a synchronous run's generation seconds per step, unless mostly tool waits; "
-        "`generator_busy_s`, an asynchronous run's engine seconds per rollout, so the row checks the scheduling around "
-        "it). A method run several times is the mean of its runs against the mean of their twins. *Measured SE*: the "
-        "relative standard error of the measured value, from the runs' spread with three or more runs, else from one "
-        "run's step-to-step spread over the square root of the runs. Rows `sao tau=<tau> slots=<slots>` are the "
-        "capacity sweep. *Replayed episodes*: a synchronous GRPO run is simulated on the episodes it recorded, batch "
-        "after batch; asynchronous runs draw from the trace (their records lack the episodes still running at the end, "
-        f"the longest: replaying the rest made simulated SAO 31% faster). Worst relative error: **{100 * worst:.0f}%** "
+        f"**Check against the small runs** (mean of {v['repeats']} seeds per run; how each run's twin is built: "
+        f"below the section). Worst relative error: **{100 * worst:.0f}%** "
         f"({w.get('setting')}, {w.get('method')}, {w.get('quantity')}; target: within 15%, "
         f"{'met' if worst <= 0.15 else 'not met'}).", "",
         *[f"* `{b['setting']}` (measured at {b['measured_when']}): engine speed from `engine_modes`: "

@@ -6,7 +6,17 @@ import json
 from pathlib import Path
 
 import pytest
-from bench.async_vs_sync import cell, load_method, main, ratios, render, render_setting, setting_of, settings_of, targets
+from bench.async_vs_sync import (
+    cell,
+    load_method,
+    main,
+    ratios,
+    render,
+    render_setting,
+    setting_of,
+    settings_of,
+    targets,
+)
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -126,6 +136,7 @@ def test_a_runs_episodes_come_from_its_ledger_in_replay_order_with_the_tasks_too
     import types
 
     from bench.async_vs_sync import run_episodes
+
     from posttrain.envs.synthetic.longtail import SyntheticLongTailEnv
     from posttrain.learner.ledger import append_ledger, ledger_line
     from posttrain.records import Rollout
