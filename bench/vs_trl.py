@@ -18,7 +18,7 @@ snapshots every ``--eval-every`` steps evaluated after training on a fixed probe
 
 Run: ``make bench-deps`` once (TRL and what it adds, pinned in ``bench/requirements-trl.txt``), then
 ``.venv/bin/python -m bench.vs_trl`` (2 minutes on 2 cores, plus 2 minutes of warm start the first time) or
-``.venv/bin/python -m bench.vs_trl --methods trl_grpo grpo_sync grpo.steps=4`` for a quick look.
+``.venv/bin/python -m bench.vs_trl grpo.steps=4 --methods trl_grpo grpo_sync`` for a quick look.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import statistics
@@ -62,20 +63,20 @@ def _one_thread_engine(model_dir: Path, max_batch: int, max_model_len: int) -> A
 
 
 def engine_probe(sft: Path, new_tokens: int) -> dict[str, Any]:
-    """The ``hf`` engine's speed now: the summed median seconds of ``PROBE_BATCHES`` (random ids, no stop token,
-    ``new_tokens`` decode steps) at one torch thread, the ``background_cores`` other processes kept busy meanwhile
-    (``other_cpu``) and the time; ``bench.sim`` scales a run's
-    engine by its probes over those around ``engine_modes``."""
+    """The ``hf`` engine's speed now: the summed median seconds of ``PROBE_BATCHES`` (ids drawn from [3, 300), or
+    from the model's vocabulary when smaller; no stop token; ``new_tokens`` decode steps) at one torch thread, the
+    ``background_cores`` other processes kept busy meanwhile (``other_cpu``) and the time; ``bench.sim`` scales a
+    run's engine by its probes over those around ``engine_modes``."""
     import torch
 
     from posttrain.inference.base import GenerationRequest
 
     threads = torch.get_num_threads()
     engine = _one_thread_engine(sft, max(r for r, _ in PROBE_BATCHES), max(w for _, w in PROBE_BATCHES) + new_tokens + 1)
-    rng = random.Random(0)
+    rng, top = random.Random(0), min(300, json.loads((sft / "config.json").read_text())["vocab_size"])
 
     def timed(rows: int, width: int, new: int) -> float:
-        reqs = [GenerationRequest(prompt_token_ids=[rng.randrange(3, 300) for _ in range(width)], max_new_tokens=new,
+        reqs = [GenerationRequest(prompt_token_ids=[rng.randrange(3, top) for _ in range(width)], max_new_tokens=new,
                                   temperature=1.0, stop_token_ids=[], seed=rng.randrange(2**31)) for _ in range(rows)]
 
         async def run() -> float:
