@@ -1,15 +1,11 @@
-"""Helpers shared by the benchmarks: machine description, results JSON, sections of docs/benchmarks.md.
+"""Helpers shared by the benchmarks: machine description, results JSON, method configs, docs/benchmarks.md.
 
-A benchmark writes its results file under ``bench/results/`` (``write_result``) and rewrites its own
-section of ``docs/benchmarks.md`` (``update_docs_section``): the text between
-``<!-- bench:<name>:begin -->`` and ``<!-- bench:<name>:end -->``, so a re-run replaces only its own
-numbers and leaves hand-written text alone. ``targets_section`` renders the table of targets with
-the measured value beside each.
+A benchmark writes its results under ``bench/results/`` and rewrites its own section of the page, the
+text between ``<!-- bench:<name>:begin -->`` and ``<!-- bench:<name>:end -->``, leaving hand-written
+text alone; ``targets_section`` renders the targets with the measured value beside each.
 
-Run:
-  ``.venv/bin/python -m bench.common targets``   re-render the targets table from bench/results/
-  ``.venv/bin/python -m bench.common render``    re-render every section and the targets from bench/results/
-  ``.venv/bin/python -m bench.common machine``   print the machine description as JSON
+Run: ``.venv/bin/python -m bench.common render`` (every section and the targets, from bench/results/),
+``... targets`` (the targets alone) or ``... machine`` (this machine's description as JSON).
 """
 
 from __future__ import annotations

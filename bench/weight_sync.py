@@ -1,25 +1,16 @@
 """Weight-sync latency: a learner's publish until a generator serves the new version, against raw safetensors I/O.
 
-For each model shape (random weights: ``tiny``, and a Qwen2-0.5B shape, float32 as the CPU learner
-publishes it) and ``--repeats`` versions, alternately (raw first on odd versions):
+Per model shape (random float32 weights: ``tiny`` and a Qwen2-0.5B shape) and version, alternately:
+**ours** is the learner's publish (``FilesystemWeightStore.publish``, the version key,
+``announce_weights`` over Redis pub/sub) until, in a separate generator process running the watcher of
+``posttrain.generator.worker``, ``update_weights`` of the ``hf`` engine returns (``--vllm`` also times
+vLLM's reload in-process); **raw** is ``safetensors`` ``save_file`` + fsync, then ``load_file`` with
+every tensor copied. Reported (medians, seconds): publish, detection, reload, end to end and ours/raw;
+``worst_ratio_over_raw`` is the target's (at most 2x). Writes ``bench/results/weight_sync.json`` and
+its docs section.
 
-* **ours**: the learner's publish sequence (``FilesystemWeightStore.publish``: copy the tensors,
-  write, fsync, rename, ``LATEST``; ``RedisPolicyVersionStore.set``; ``announce_weights`` over Redis
-  pub/sub), then in a separate generator process the watch loop of ``posttrain.generator.worker``
-  (``WeightAnnouncements.wait`` wakes on the announcement or after ``WEIGHT_WAIT_S``, reads ``LATEST``
-  and the version's stamp, ``update_weights`` of the ``hf`` engine), timed from the start of
-  ``publish`` to the end of ``update_weights`` (``time.time()``, one machine); ``--vllm`` also times
-  the vLLM engine's reload in-process;
-* **raw**: ``safetensors.torch.save_file`` of the same tensors and fsync, then ``load_file`` with
-  every tensor copied into memory.
-
-Reported (medians, seconds): publish, detection (publish done -> the generator read ``LATEST``),
-the generator's reload, end to end, and ours/raw end to end and without detection;
-``worst_ratio_over_raw`` (over shapes) is what the target (at most 2x) is checked against. Writes
-``bench/results/weight_sync.json`` and the ``weight_sync`` section of docs/benchmarks.md.
-
-Run: ``.venv/bin/python -m bench.weight_sync`` (about 3 minutes on 2 cores, mostly the 2 GB writes of
-the 0.5B shape), ``.venv/bin/python -m bench.weight_sync --shapes tiny --vllm`` (adds vLLM's reload).
+Run: ``.venv/bin/python -m bench.weight_sync`` (about 3 minutes on 2 cores, mostly the 0.5B shape's 2 GB
+writes), ``.venv/bin/python -m bench.weight_sync --shapes tiny --vllm`` (adds vLLM's reload).
 """
 
 from __future__ import annotations
