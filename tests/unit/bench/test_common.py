@@ -6,14 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from bench.common import (
-    OtherCpu,
-    busy_cpu_seconds,
-    markdown_table,
-    targets_rows,
-    update_docs_section,
-    write_result,
-)
+from bench.common import REPO, display_path, markdown_table, targets_rows, update_docs_section, write_result
 
 
 def test_update_docs_section_replaces_only_its_own_block_and_appends_new_ones(tmp_path: Path) -> None:
@@ -41,64 +34,64 @@ def test_markdown_table_aligns_numbers_right_and_checks_row_width() -> None:
 
 
 def test_targets_read_each_result_and_judge_it(tmp_path: Path) -> None:
-    """Busy 0.95 >= 0.9 met; ratio 1.2 < 1.5 not met; stream worst of 0.6 and 0.4 is 0.4 < 0.5; rest missing."""
-    (tmp_path / "async_vs_sync.json").write_text(json.dumps(
-        {"busy_fraction": {"sao": 0.95}, "throughput_ratio_sao_over_grpo_sync": 1.2}))
+    """Busy 0.95 >= 0.9 met; ratio 60 / 50 = 1.2 < 1.5 not met; stream worst of 0.6 and 0.4 is 0.4 < 0.5; the
+    weight sync 1.85 <= 2 met; the simulator missing."""
+    setting = tmp_path / "async_vs_sync" / "tool_latency"
+    setting.mkdir(parents=True)
+    for method, busy, tokens in (("sao", 0.95, 60.0), ("grpo_sync_g8", 0.1, 50.0)):
+        (setting / f"{method}.json").write_text(json.dumps(
+            {"method": method, "runs": [{"busy_fraction": busy, "trained_action_tokens_per_s": tokens}]}))
+    (tmp_path / "weight_sync.json").write_text(json.dumps({"worst_ratio_over_raw": 1.85}))
     (tmp_path / "stream.json").write_text(json.dumps(
         {"rows": [{"ratio_ours_over_raw": 0.6}, {"ratio_ours_over_raw": 0.4}]}))
     rows = targets_rows(tmp_path)
-    assert [(r["measured"], r["met"]) for r in rows] == [(0.95, True), (1.2, False), (0.4, False), (None, None),
-                                                         (None, None)]
+    assert [(r["measured"], r["met"]) for r in rows] == [(0.95, True), (pytest.approx(1.2), False), (0.4, False),
+                                                         (1.85, True), (None, None)]
 
 
-def test_publish_result_writes_json_then_docs_and_targets_only_when_asked(tmp_path: Path, capsys) -> None:
-    from bench.common import publish_result
+def test_publish_result_writes_the_file_then_the_section_and_targets_only_when_asked(tmp_path: Path, capsys,
+                                                                                     monkeypatch) -> None:
+    """With docs off only the file is written and ``render`` is never called; with docs on, ``render`` runs after
+    the write (so a section rendered from the results directory includes the new file) and the targets follow."""
+    import bench.common as common
 
     docs = tmp_path / "benchmarks.md"
     docs.write_text("# B\n")
-    path = publish_result("stream", {"rows": []}, "the table", docs=False, shown="this run",
-                          results_dir=tmp_path, docs_path=docs)
-    assert json.loads(path.read_text()) == {"rows": []}
-    assert docs.read_text() == "# B\n"
-    assert capsys.readouterr().out.startswith("this run\n")
-    publish_result("stream", {"rows": []}, "the table", docs=True, results_dir=tmp_path, docs_path=docs)
+    monkeypatch.setattr(common, "DOCS", docs)
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    path = tmp_path / "stream.json"
+
+    def render() -> str:
+        return f"the table of {json.loads(path.read_text())}"
+
+    common.publish_result(path, {"rows": []}, "stream", lambda: pytest.fail("rendered with docs off"), docs=False)
+    assert json.loads(path.read_text()) == {"rows": []} and docs.read_text() == "# B\n"
+    common.publish_result(path, {"rows": [{"ratio_ours_over_raw": 0.6}]}, "stream", render, docs=True)
     text = docs.read_text()
-    assert "the table" in text and "<!-- bench:targets:begin -->" in text
+    assert "the table of {'rows': [{'ratio_ours_over_raw': 0.6}]}" in text and "| 0.60 | yes |" in text
+    assert "the table of" in capsys.readouterr().out
 
 
-def test_settings_write_repository_paths_relative_so_results_carry_no_machine_path():
-    import argparse
-
-    from bench.common import REPO, settings_of
-
-    got = settings_of(argparse.Namespace(work_dir=REPO / "runs" / "bench" / "x", out=Path("/elsewhere/r.json"), n=3))
-    assert got == {"work_dir": "runs/bench/x", "out": "r.json", "n": 3}
+def test_repository_paths_are_written_relative_so_results_carry_no_machine_path() -> None:
+    assert display_path(REPO / "bench" / "results" / "x.json") == "bench/results/x.json"
+    assert display_path(Path("/elsewhere/r.json")) == "/elsewhere/r.json"
 
 
-def test_busy_cpu_seconds_reads_user_nice_system_irq_softirq(tmp_path: Path) -> None:
-    """cpu user nice system idle iowait irq softirq steal: busy = 100 + 1 + 50 + 2 + 3 ticks (idle, iowait, steal out)."""
-    import os
+def test_every_section_of_the_docs_renders_from_the_committed_results() -> None:
+    """Re-rendering every generated section of docs/benchmarks.md from bench/results/ gives the committed text."""
+    from bench import async_vs_sync, stream, vs_trl, weight_sync
+    from bench.common import DOCS, read_result, targets_section
+    from bench.sim import project
 
-    stat = tmp_path / "stat"
-    stat.write_text("cpu  100 1 50 9000 70 2 3 40 0 0\ncpu0 50 0 25 4500 35 1 1 20 0 0\n")
-    assert busy_cpu_seconds(stat) == pytest.approx(156 / os.sysconf("SC_CLK_TCK"))
-    assert busy_cpu_seconds(tmp_path / "absent") is None
-    stat.write_text("intr 1 2 3\n")
-    with pytest.raises(ValueError, match="not the aggregate 'cpu' line"):
-        busy_cpu_seconds(stat)
+    docs = DOCS.read_text(encoding="utf-8")
 
+    def section(name: str) -> str:
+        return docs.split(f"<!-- bench:{name}:begin -->\n")[1].split(f"\n<!-- bench:{name}:end -->")[0]
 
-@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads /proc/stat (Linux)")
-def test_other_cpu_counts_a_busy_child_process() -> None:
-    """A child spins for 1 s of CPU while this process waits for it: at least a quarter of a core is counted
-    (two cores, whatever else runs beside the test)."""
-    import subprocess
-    import sys
-
-    with OtherCpu() as other:
-        subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass"],
-                       check=True)
-    assert other.cores is not None and other.cores >= 0.25
+    assert section("async_vs_sync") == async_vs_sync.render()
+    assert section("targets") == targets_section()
+    for name, module in (("vs_trl", vs_trl), ("stream", stream), ("weight_sync", weight_sync), ("simulate", project)):
+        assert section(name) == module.render(read_result(name)), name
 
 
 def test_results_read_back_unchanged_with_one_line_per_batch_or_episode(tmp_path: Path) -> None:
@@ -106,7 +99,7 @@ def test_results_read_back_unchanged_with_one_line_per_batch_or_episode(tmp_path
     data = {"setting": "x", "load": [1.0, 0.5], "batches": [[64, 384, 20, 0.5, 900], [8, 128, 20, 0.1, 160]],
             "episodes": [[78, [15, 4], [23, 0]]], "runs": [{"seed": 0, "ok": True, "none": None}], "empty": [],
             "nested": {}, "numbered": {1: "a"}}
-    text = write_result("r", data, tmp_path).read_text()
+    text = write_result(tmp_path / "r.json", data).read_text()
     assert json.loads(text) == {**data, "numbered": {"1": "a"}}
     lines = text.splitlines()
     assert '  "load": [1.0, 0.5],' in lines

@@ -6,10 +6,25 @@ import json
 from dataclasses import replace
 
 import pytest
-from bench.simulate import (
+from bench.sim.calibrate import (
     BATCH_COST_TERMS,
     FEEDING_OF,
-    POOLED_BATCHES_KEY,
+    batch_cost_features,
+    calibrate_engine_speed,
+    engine_mode_batches,
+    engine_probe_ratio,
+    feeding_episodes,
+    fit_batch_costs,
+    fit_engine_speed,
+    measured_config,
+    measured_relative_se_over,
+    phase_identifies_engine_speed,
+    probe_core_seconds,
+    run_replay,
+    run_twin,
+    validate_setting,
+)
+from bench.sim.model import (
     Cluster,
     ClusterConfig,
     Engine,
@@ -18,24 +33,9 @@ from bench.simulate import (
     LearnerModel,
     Request,
     RolloutShape,
-    ThreadPool,
     Workload,
-    batch_cost_features,
-    calibrate_engine_speed,
-    engine_costs,
-    engine_mode_batches,
-    engine_probe_ratio,
-    feeding_episodes,
-    feeding_speeds,
-    fit_batch_costs,
-    measured_config,
-    measured_relative_se_over,
-    measured_worker,
     method_kind,
-    phase_identifies_engine_speed,
-    probe_core_seconds,
     reward_posteriors,
-    run_twin,
     simulate,
     simulate_feeding,
     steady_window,
@@ -51,7 +51,6 @@ def finish_times(model: EngineModel, requests: list[tuple[int, int]], reload_s: 
     for i, (prompt, new) in enumerate(requests):
         engine.submit(Request(prompt, new, lambda i=i: done.__setitem__(i, loop.now)))
     loop.run(lambda: False, 10_000)
-    assert engine.outstanding == 0
     return done
 
 
@@ -178,15 +177,13 @@ def test_a_request_cancelled_while_queued_is_skipped_by_a_static_engine() -> Non
     engine.submit(Request(1, 10, lambda: done.append("live")))
     engine.submit(Request(1, 10, lambda: done.append("cancelled"), live=lambda: False))
     loop.run(lambda: False, 100)
-    assert done == ["live"] and engine.outstanding == 0
+    assert done == ["live"]
 
 
 def test_an_asynchronous_run_that_reports_its_engine_seconds_is_simulated_at_that_speed() -> None:
     """SAO with 2 s tool calls between 3 turns and 16 slots: a run whose generator spent twice the simulated engine
     seconds per rollout (``generator_busy_s`` / ``generator_rollouts`` in its counters) is simulated with an engine
     that matches it within 5%, although a slower engine also batches more rows per step."""
-    from bench.simulate import calibrate_engine_speed
-
     shape = RolloutShape(8, (20, 20, 20), (4, 4, 0), 1.0, tool_waits_s=(2.0, 2.0))
     work = Workload(((shape,),))
     base = ClusterConfig(method="sao", batch_rollouts=4, episodes_in_flight=16, max_staleness=2, steps=8,
@@ -227,34 +224,43 @@ def test_cluster_config_rejects_a_batch_that_is_not_whole_groups() -> None:
         ClusterConfig(method="sao", group_size=2, batch_rollouts=4)
 
 
-def two_core_results(methods: dict) -> dict:
-    """A setting's results on 2 cores, its engine calibrated alone at load 2, with ``methods``."""
-    return {
-        "machine": {"cpu_count": 2, "load_avg": [9.0, 9.0, 9.0]},
-        "settings": {"generators": 1, "episodes_in_flight": 32, "batch_rollouts": 32, "max_staleness": 2,
-                     "critic_warmup": 1, "seed": 0},
-        "engine_calibration": {"step_s": 0.01, "step_s_per_row": 0.001, "prefill_s_per_token": 1e-5, "load_avg": 2.0},
-        "weight_sync": {"publish_s": 0.1, "reload_s": 0.05},
-        "methods": methods,
-    }
+COSTS = {"step_s": 0.01, "step_s_per_row": 0.001, "prefill_s_per_token": 1e-5}
+"""Engine costs at a whole core's speed (what ``fit_batch_costs`` returns)."""
+
+
+def inputs_on(cores: int = 2) -> dict:
+    """A setting's simulator inputs: publish and reload seconds, no engine_modes probe."""
+    return {"machine": {"cpu_count": cores, "when": "2026-12-01T10:00:00Z"}, "weight_sync": {"publish_s": 0.1, "reload_s": 0.05},
+            "engine_modes": {}, "settings": {"episodes_in_flight": 32}}
+
+
+def result_of(method: str, *runs: dict, **settings: object) -> dict:
+    """A results file of ``method`` on 2 cores with ``runs``."""
+    return {"method": method, "machine": {"cpu_count": 2},
+            "settings": {"generators": 1, "episodes_in_flight": 32, "batch_rollouts": 32, "max_staleness": 2,
+                         "critic_warmup": 1, "seed": 0, "keep_stale_episodes": False, "tool_latency_median_s": 0.0,
+                         "tool_latency_sigma": 1.0, "tool_latency_max_s": 30.0, **settings}, "runs": list(runs)}
+
+
+def run_at(loads: list[float], step_s: float = 3.0, **extra: object) -> dict:
+    """One measured run: 12 versions, mean learner step ``step_s``, 1-minute load at its start and end."""
+    return {"policy_versions": 12, "learner_step_s_mean": step_s, "load_avg_start_end": loads, **extra}
 
 
 def test_measured_config_builds_the_twin_of_each_measured_method() -> None:
-    """2 cores. Calibrated alone at load 2 (background 1): share min(1, 2/2) = 1. SAO ran at load 4 with 3 busy
-    threads of ours (generator 2, learner 1; background 1): generator share 2/(1 + 2) = 2/3 with the learner
-    idle, 2/(1 + 3) = 2/4 with it busy -> engine times x1.5 and x2. Sync GRPO at load 3 (background 1, the
-    generator's 2 threads): share 2/3 -> x1.5 in both states."""
-    measured = two_core_results({
-        "sao": {"policy_versions": 12, "learner_step_s_mean": 3.0, "load_avg_start_end": [4.0, 4.0]},
-        "grpo_sync_g4": {"policy_versions": 12, "learner_step_s_mean": 1.0, "load_avg_start_end": [3.0, 3.0]},
-        "grpo_async_g8": {"policy_versions": 12, "learner_step_s_mean": 1.0}})
-    sao = measured_config(measured, "sao")
+    """2 cores, costs at a whole core. SAO ran at load 3.5 with 2 busy threads of ours (generator 1, learner 1;
+    background 1.5): generator share 2/(1.5 + 1) = 0.8 with the learner idle, 2/(1.5 + 2) = 4/7 with it busy ->
+    engine times x1.25 and x1.75. Sync GRPO at load 3 (background 2, its generator's 1 thread): share 2/3 -> x1.5
+    in both states (it never trains while generating)."""
+    inputs = inputs_on()
+    sao = measured_config(inputs, result_of("sao"), run_at([3.5, 3.5]), COSTS)
     assert (sao.method, sao.group_size, sao.learner.warmup_iterations, sao.learner.step_s_fixed) == ("sao", 1, 1, 3.0)
-    assert (sao.engine_scale_idle, sao.engine_scale_learner_busy) == pytest.approx((1.5, 2.0))
-    g4 = measured_config(measured, "grpo_sync_g4")
+    assert (sao.engine_scale_idle, sao.engine_scale_learner_busy) == pytest.approx((1.25, 1.75))
+    assert (sao.publish_s, sao.reload_s, sao.engine.step_s) == (0.1, 0.05, 0.01)
+    g4 = measured_config(inputs, result_of("grpo_sync_g4"), run_at([3.0, 3.0], 1.0), COSTS)
     assert (g4.method, g4.group_size, g4.generators, g4.learner.warmup_iterations) == ("grpo_sync", 4, 1, 0)
     assert (g4.engine_scale_idle, g4.engine_scale_learner_busy) == pytest.approx((1.5, 1.5))
-    assert measured_config(measured, "grpo_async_g8").method == "grpo_async"
+    assert measured_config(inputs, result_of("grpo_async_g8"), run_at([1.0, 1.0]), COSTS).method == "grpo_async"
 
 
 def probe(seconds: float, background_cores: float = 0.0) -> dict:
@@ -273,19 +279,16 @@ def test_a_probe_is_scaled_to_a_whole_core_by_what_ran_beside_it() -> None:
 
 def test_a_run_in_a_slower_hour_is_simulated_with_a_slower_engine() -> None:
     """engine_modes probed 1.0 and 1.2 s (mean 1.1); SAO's first run probed 1.32 s twice -> its engine runs x1.2
-    slower than in engine_modes; its repeat has no probe (from before it) and keeps the engine_modes speed."""
-    measured = two_core_results({
-        "sao": {"policy_versions": 12, "learner_step_s_mean": 3.0, "load_avg_start_end": [3.0, 3.0],
-                "engine_probe": [probe(1.32), probe(1.32)],
-                "repeat_runs": [{"policy_versions": 12, "learner_step_s_mean": 3.0, "load_avg_start_end": [3.0, 3.0]}]}})
+    slower than in engine_modes; a run without a probe keeps the engine_modes speed."""
+    first, again = run_at([3.0, 3.0], engine_probe=[probe(1.32), probe(1.32)]), run_at([3.0, 3.0])
+    measured, result = inputs_on(), result_of("sao", first, again)
     measured["engine_modes"] = {"engine_probe": [probe(1.0), probe(1.2)]}
-    first, again = measured["methods"]["sao"], measured["methods"]["sao"]["repeat_runs"][0]
     assert engine_probe_ratio(measured, first) == pytest.approx(1.2)
     assert engine_probe_ratio(measured, again) is None
     work = Workload(((one_turn(10),),))
-    probed, speed_from = run_twin(measured, "sao", first, 0.5, work, repeats=1)
-    unprobed, unprobed_from = run_twin(measured, "sao", again, 0.5, work, repeats=1)
-    plain = measured_config(measured, "sao", run=again)
+    probed, speed_from = run_twin(measured, result, first, COSTS, 0.5, work, repeats=1)
+    unprobed, unprobed_from = run_twin(measured, result, again, COSTS, 0.5, work, repeats=1)
+    plain = measured_config(measured, result, again, COSTS)
     assert probed.engine_scale_idle == pytest.approx(0.5 * 1.2 * plain.engine_scale_idle)
     assert probed.engine_scale_learner_busy == pytest.approx(0.5 * 1.2 * plain.engine_scale_learner_busy)
     assert unprobed.engine_scale_idle == pytest.approx(0.5 * plain.engine_scale_idle)
@@ -295,13 +298,11 @@ def test_a_run_in_a_slower_hour_is_simulated_with_a_slower_engine() -> None:
 
 
 def test_a_repeated_run_is_simulated_with_its_own_learner_time_and_load() -> None:
-    """SAO's first run: learner 3.0 s at load 4 (engine x1.5 / x2, as above); its repeat: learner 2.0 s at load 3
-    (background 0: share 2/2 = 1 idle, 2/3 with the learner busy -> x1 / x1.5)."""
-    measured = two_core_results({
-        "sao": {"policy_versions": 12, "learner_step_s_mean": 3.0, "load_avg_start_end": [4.0, 4.0],
-                "repeat_runs": [{"policy_versions": 12, "learner_step_s_mean": 2.0, "load_avg_start_end": [3.0, 3.0]}]}})
-    first = measured_config(measured, "sao")
-    again = measured_config(measured, "sao", run=measured["methods"]["sao"]["repeat_runs"][0])
+    """SAO's first run: learner 3.0 s at load 3.5 (engine x1.25 / x1.75, as above); its repeat: learner 2.0 s at
+    load 3 (background 1: share 2/2 = 1 idle, 2/3 with the learner busy -> x1 / x1.5)."""
+    result = result_of("sao", run_at([3.5, 3.5]), run_at([3.0, 3.0], 2.0))
+    first = measured_config(inputs_on(), result, result["runs"][0], COSTS)
+    again = measured_config(inputs_on(), result, result["runs"][1], COSTS)
     assert (first.learner.step_s_fixed, again.learner.step_s_fixed) == (3.0, 2.0)
     assert (again.engine_scale_idle, again.engine_scale_learner_busy) == pytest.approx((1.0, 1.5))
 
@@ -326,34 +327,6 @@ def test_engine_times_follow_the_learner_state_scale() -> None:
                          learner=LearnerModel(step_s_fixed=0.0, s_per_token=0.0))
     assert simulate(base, work).wall_s == pytest.approx(2.0)
     assert simulate(replace(base, engine_scale_idle=3.0), work).wall_s == pytest.approx(6.0)
-
-
-def test_thread_pool_runs_jobs_in_order_on_free_workers() -> None:
-    """2 workers, 3 jobs: the third starts only when the first releases its worker."""
-    pool = ThreadPool(2)
-    started: list[int] = []
-    releases: list = []
-    for i in range(3):
-        pool.submit(lambda release, i=i: (started.append(i), releases.append(release)))
-    assert started == [0, 1]
-    releases[0]()
-    releases[0]()  # releasing twice frees one worker only
-    assert started == [0, 1, 2] and pool.free == 0
-
-
-def test_blocking_admission_pool_counts_queued_batches_as_in_engine_but_not_as_generating() -> None:
-    """tau 0, B 2, 8 slots, a 10 s learner, 6 pool threads. Fixed worker: in-engine = generating. Old worker:
-    waiting slots hold all 6 threads in acquire(1 s), so each 1 s batch of 2 first waits 1 s for a thread:
-    4 versions in 48 s -> generating 4 x 1 s / 48 = 0.083, in engine 4 x 2 s / 48 = 0.167."""
-    work = Workload(((one_turn(10),),))
-    base = ClusterConfig(method="sao", batch_rollouts=2, episodes_in_flight=8, max_staleness=0, steps=4,
-                         engine=EngineModel(max_batch=8, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0),
-                         learner=LearnerModel(step_s_fixed=10.0, s_per_token=0.0))
-    fixed = simulate(base, work)
-    old = simulate(replace(base, pool_workers=6), work)
-    assert fixed.in_engine_fraction == pytest.approx(fixed.busy_fraction, abs=0.02)
-    assert old.busy_fraction == pytest.approx(4 / 48)
-    assert old.in_engine_fraction == pytest.approx(8 / 48)
 
 
 def test_tool_latency_is_paid_between_turns_not_after_the_last() -> None:
@@ -381,51 +354,28 @@ def test_reward_posteriors_shrink_each_task_towards_the_pooled_rate() -> None:
     assert reward_posteriors([(one_turn(5, 0.5),), (one_turn(5, 1.0),)]) == ()  # non-binary rewards: none
 
 
-def test_measured_worker_reads_the_busy_clock_flag_then_the_setting_marker() -> None:
-    """A flag wins; else a result with a ``setting`` is current unless marked as carried from before the fix."""
-    assert measured_worker({"methods": {"sao": {"busy_measured_by_engine": 1.0}}}) == "current"
-    assert measured_worker({"methods": {"sao": {"counters": {"generator_busy_measured_by_engine": 0.0}}},
-                            "setting": "tool_latency"}) == "blocking_pool"
-    assert measured_worker({"methods": {}, "setting": "tool_latency"}) == "current"
-    assert measured_worker({"methods": {}, "setting": "compute_bound", "runtime_note": "before the fix"}) == "blocking_pool"
-    assert measured_worker({"methods": {}}) == "blocking_pool"
-
-
 def test_engine_alone_rate_is_inversely_proportional_to_the_speed_factor() -> None:
     """Lockstep feeding of 2 one-turn 10-token episodes, 0.1 s steps: 1 s per wave -> 2 rollouts/s; x2 slower -> 1."""
-    work = Workload(((one_turn(10),),))
     model = EngineModel(max_batch=2, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0)
-    assert simulate_feeding(model, 1.0, work, "lockstep", 2, 10.0, 0) == pytest.approx(2.0, rel=0.11)
-    assert simulate_feeding(model, 2.0, work, "lockstep", 2, 10.0, 0) == pytest.approx(1.0, rel=0.11)
-
-
-def sao_measured(loads: list[float]) -> dict:
-    return {
-        "machine": {"cpu_count": 2, "load_avg": [1.0, 1.0, 1.0]},
-        "settings": {"generators": 1, "episodes_in_flight": 32, "batch_rollouts": 32, "max_staleness": 2,
-                     "critic_warmup": 1, "seed": 0},
-        "engine_calibration": {"step_s": 0.01, "step_s_per_row": 0.001, "prefill_s_per_token": 1e-5, "load_avg": 1.0},
-        "weight_sync": {"publish_s": 0.1, "reload_s": 0.05},
-        "methods": {"sao": {"policy_versions": 12, "learner_step_s_mean": 3.0, "load_avg_start_end": loads}},
-    }
+    assert simulate_feeding(model, 1.0, [one_turn(10)], "lockstep", 2, 10.0) == pytest.approx(2.0, rel=0.11)
+    assert simulate_feeding(model, 2.0, [one_turn(10)], "lockstep", 2, 10.0) == pytest.approx(1.0, rel=0.11)
 
 
 def test_a_learner_slows_the_engine_only_when_it_leaves_the_generator_less_than_a_core() -> None:
     """2 cores, calibrated at load 1 (share 1). SAO at load 1.5 (1 -> 2): our 2 busy threads (engine, learner)
     fit the 2 cores, x1 in both states. At load 2.5 (2 -> 3) 0.5 of it is other work: the engine alone gets
     min(1, 2 / 1.5) = 1 (x1); beside the training learner, 2 / 2.5 = 0.8 (x1.25)."""
-    idle = measured_config(sao_measured([1.0, 2.0]), "sao")
+    idle = measured_config(inputs_on(), result_of("sao"), run_at([1.0, 2.0]), COSTS)
     assert (idle.engine_scale_idle, idle.engine_scale_learner_busy) == pytest.approx((1.0, 1.0))
-    shared = measured_config(sao_measured([2.0, 3.0]), "sao")
+    shared = measured_config(inputs_on(), result_of("sao"), run_at([2.0, 3.0]), COSTS)
     assert (shared.engine_scale_idle, shared.engine_scale_learner_busy) == pytest.approx((1.0, 1.25))
 
 
 def test_continuous_feeding_counts_the_episodes_that_drain_after_the_window() -> None:
     """1 slot, 1 s episodes, a 2.5 s window: episodes start at 0, 1 and 2 s; the last ends at 3 s -> 3 / 3 = 1.0
     rollouts/s (stopping the clock at 2.5 s gave 2 / 2.5 = 0.8)."""
-    work = Workload(((one_turn(10),),))
     model = EngineModel(max_batch=1, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0)
-    assert simulate_feeding(model, 1.0, work, "continuous", 1, 2.5, 0) == pytest.approx(1.0)
+    assert simulate_feeding(model, 1.0, [one_turn(10)], "continuous", 1, 2.5) == pytest.approx(1.0)
 
 
 def test_batch_costs_fitted_on_timed_batches_recover_the_costs_that_produced_them() -> None:
@@ -467,35 +417,16 @@ def test_batches_without_a_sampled_token_count_fit_no_sampling_cost() -> None:
     assert fit_batch_costs([*counted[1:], batches[0]])["sample_s_per_token"] == 0.0
 
 
-def test_engine_costs_come_from_the_recorded_batches_when_there_are_any() -> None:
-    """engine_modes with batches -> fitted on them, scaled to a whole core; without -> the grid at its load."""
-    measured = sao_measured([1.0, 2.0])
-    costs, share, source = engine_costs(measured)
-    assert (source, share, costs["step_s"], costs["step_s_per_kv_sq"]) == ("calibration grid", 1.0, 0.01, 0.0)
-    batches = [[r, w, r * w, 10, 0.01 * 10 + 1e-5 * r * w] for r in (1, 2, 4, 8) for w in (10, 20, 40)]
-    measured["engine_modes"] = {"load_avg_start": 3.0, "load_avg_end": 3.0,
-                                "lockstep": {"batches": batches[:6]}, "continuous": {"batches": batches[6:]}}
-    costs, share, source = engine_costs(measured)
-    assert (source, share) == ("engine_modes batches", 1.0)
-    # Load 3 with our 1 engine thread: 2 others, so the engine had 2/3 of a core; a whole core is 1.5x faster.
-    assert (costs["step_s"], costs["prefill_s_per_token"]) == pytest.approx((0.01 * 2 / 3, 1e-5 * 2 / 3))
-
-
-def test_every_settings_batches_are_pooled_at_a_whole_cores_speed() -> None:
+def test_recorded_batches_are_scaled_to_a_whole_core_and_every_setting_is_pooled() -> None:
     """Setting A timed at load 1 (share 1), setting B at load 3 (our 1 thread + 2 others: share 2/3, so its
-    0.3 s batch is 0.2 s of a whole core). With both pooled, each setting's costs come from all batches."""
+    0.3 s batch is 0.2 s of a whole core). Fitted on both settings' batches, the costs are those of a whole core."""
     def setting(load: float, seconds: float) -> dict:
-        m = sao_measured([1.0, 2.0])
         batches = [[r, w, r * w, 10, seconds * (0.1 + 0.01 * r) / 0.11] for r in (1, 2, 4, 8) for w in (10, 20)]
-        m["engine_modes"] = {"load_avg_start": load, "load_avg_end": load,
-                             "lockstep": {"batches": batches}, "continuous": {"batches": []}}
-        return m
+        return {"machine": {"cpu_count": 2}, "engine_modes": {"load_avg_start": load, "load_avg_end": load,
+                                                               "lockstep": {"batches": batches}}}
     a, b = setting(1.0, 0.2), setting(3.0, 0.3)
     assert engine_mode_batches(b)[0][4] == pytest.approx(0.2)
-    assert engine_mode_batches(sao_measured([1.0, 2.0])) == []
-    pooled = {**a, POOLED_BATCHES_KEY: engine_mode_batches(a) + engine_mode_batches(b)}
-    costs, share, source = engine_costs(pooled)
-    assert (share, source) == (1.0, "engine_modes batches of every setting")
+    costs = fit_batch_costs(engine_mode_batches(a) + engine_mode_batches(b))
     assert costs["step_s"] == pytest.approx(0.2 * 0.1 / 0.11 / 10, rel=1e-6)
 
 
@@ -566,29 +497,29 @@ def test_a_group_feed_starts_the_next_group_when_its_longest_member_ends() -> No
     """One task, members of 10 and 2 tokens, G = 2, one group slot, 0.1 s steps: each group is one 2-row batch of
     10 steps (1.0 s), started at 0, 1 and 2 s inside a 2.5 s window -> 6 rollouts by 3.0 s = 2.0/s. Fed
     continuously, the 2-token member's slot would not wait for the 10-token one."""
-    work = Workload(((one_turn(10), one_turn(2)),))
     model = EngineModel(max_batch=2, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0)
-    assert simulate_feeding(model, 1.0, work, "groups", 2, 2.5, 0, group_size=2) == pytest.approx(2.0)
+    episodes = [one_turn(10), one_turn(2)]
+    assert simulate_feeding(model, 1.0, episodes, "groups", 2, 2.5, group_size=2) == pytest.approx(2.0)
 
 
 def test_a_feeding_replays_the_recorded_episodes_in_order_and_from_the_start_again() -> None:
-    """The trace holds one 10-token episode (1 s at 0.1 s a step), the measurement ran 2-token ones (0.2 s): one
-    continuous slot in a 1.0 s window replays 2-token episodes, cycling the one recorded, 5 by 1.0 s. Groups of 2
-    replay consecutive pairs: (10, 2) takes 1.0 s, (2, 2) 0.2 s; in a 1.1 s window 4 rollouts by 1.2 s."""
-    work = Workload(((one_turn(10),),))
+    """One continuous slot in a 1.0 s window cycles the one recorded 2-token episode (0.2 s at 0.1 s a step): 5 by
+    1.0 s (a 10-token one: 1 by 1.0 s). Groups of 2 replay consecutive pairs: (10, 2) takes 1.0 s, (2, 2) 0.2 s; in
+    a 1.1 s window 4 rollouts by 1.2 s."""
     model = EngineModel(max_batch=2, step_s=0.1, step_s_per_row=0.0, prefill_s_per_token=0.0)
-    assert simulate_feeding(model, 1.0, work, "continuous", 1, 1.0, 0) == pytest.approx(1.0)
-    assert simulate_feeding(model, 1.0, work, "continuous", 1, 1.0, 0, episodes=[one_turn(2)]) == pytest.approx(5.0)
+    assert simulate_feeding(model, 1.0, [one_turn(10)], "continuous", 1, 1.0) == pytest.approx(1.0)
+    assert simulate_feeding(model, 1.0, [one_turn(2)], "continuous", 1, 1.0) == pytest.approx(5.0)
     pairs = [one_turn(10), one_turn(2), one_turn(2), one_turn(2)]
-    assert simulate_feeding(model, 1.0, work, "groups", 2, 1.1, 0, group_size=2, episodes=pairs) == pytest.approx(4 / 1.2)
+    assert simulate_feeding(model, 1.0, pairs, "groups", 2, 1.1, group_size=2) == pytest.approx(4 / 1.2)
 
 
 def test_recorded_feeding_episodes_are_read_and_malformed_ones_name_the_entry() -> None:
-    """``[prompt, actions, observations]`` per episode becomes a RolloutShape; a feeding without them is None; an
-    episode whose observation counts do not match its turns is a ValueError naming the mode and index."""
+    """``[prompt, actions, observations]`` per episode becomes a RolloutShape; a feeding without them, or an episode
+    whose observation counts do not match its turns, is a ValueError naming the mode (and the index)."""
     em = {"groups": {"episodes": [[78, [15, 4], [23, 0]]]}, "lockstep": {"rollouts_per_s": 1.0}}
     assert feeding_episodes(em, "groups") == [RolloutShape(78, (15, 4), (23, 0), 0.0)]
-    assert feeding_episodes(em, "lockstep") is None
+    with pytest.raises(ValueError, match=r"engine_modes.lockstep.episodes: none recorded"):
+        feeding_episodes(em, "lockstep")
     em["continuous"] = {"episodes": [[78, [15, 4], [23, 0]], [78, [15, 4], [23]]]}
     with pytest.raises(ValueError, match=r"engine_modes.continuous.episodes\[1\]"):
         feeding_episodes(em, "continuous")
@@ -598,95 +529,97 @@ def test_each_method_runs_at_the_speed_of_the_feeding_its_generator_produces() -
     """Lockstep measured 1.5x slower than the engine model at factor 1, groups 3x slower: the fitted factors are
     about 1.5 and 3 (the feeding window makes the rate not exactly inverse), and synchronous GRPO, SAO and
     asynchronous GRPO read lockstep, continuous and groups."""
-    measured = sao_measured([1.0, 1.0])
-    work = Workload(((one_turn(10), one_turn(6)),))
-    measured["engine_modes"] = {"feed_s": 5.0, "group_size": 2, "load_avg_start": 1.0, "load_avg_end": 1.0}
-    engine = EngineModel(max_batch=32, step_s=0.01, step_s_per_row=0.001, prefill_s_per_token=1e-5)
+    episodes = [one_turn(10), one_turn(6)]
+    inputs = {**inputs_on(), "settings": {"episodes_in_flight": 32},
+              "engine_modes": {"feed_s": 5.0, "group_size": 2, "load_avg_start": 1.0, "load_avg_end": 1.0}}
+    costs = {"step_s": 0.01, "step_s_per_row": 0.001, "prefill_s_per_token": 1e-5}
+    engine = EngineModel(max_batch=32, **costs)
+    recorded = [[s.prompt_tokens, list(s.action_tokens), list(s.observation_tokens)] for s in episodes]
     for mode, slower in (("lockstep", 1.5), ("groups", 3.0)):
-        rate = simulate_feeding(engine, 1.0, work, mode, 32, 5.0, 0, group_size=2)
-        measured["engine_modes"][mode] = {"rollouts_per_s": rate / slower}
-    speeds = feeding_speeds(measured, work, repeats=1)
-    assert set(speeds) == {"lockstep", "groups"}
-    assert speeds["lockstep"] == pytest.approx(1.5, rel=0.1)
-    assert speeds["groups"] == pytest.approx(3.0, rel=0.1)
+        rate = simulate_feeding(engine, 1.0, episodes, mode, 32, 5.0, group_size=2)
+        inputs["engine_modes"][mode] = {"rollouts_per_s": rate / slower, "episodes": recorded}
+    assert fit_engine_speed(inputs, costs, ("lockstep",)) == pytest.approx(1.5, rel=0.1)
+    assert fit_engine_speed(inputs, costs, ("groups",)) == pytest.approx(3.0, rel=0.1)
     kinds = {m: FEEDING_OF[method_kind(m)] for m in ("grpo_sync_g4", "sao", "grpo_async_g8")}
     assert kinds == {"grpo_sync_g4": "lockstep", "sao": "continuous", "grpo_async_g8": "groups"}
 
 
-def test_a_missing_or_malformed_measured_file_is_one_line_and_exit_2(tmp_path, capsys) -> None:  # noqa: ANN001
-    """``--measured`` naming no file, or a file that is not JSON: exit 2 and one line naming the file, no traceback."""
-    from bench.simulate import main
+def test_missing_inputs_or_a_malformed_file_is_one_line_and_exit_2(tmp_path, capsys) -> None:  # noqa: ANN001
+    """No simulator inputs under ``--results-dir``, or an inputs file that is not JSON: exit 2 and one line naming
+    what to run or the file, no traceback, nothing written."""
+    from bench.sim.project import main
 
-    assert main(["--measured", str(tmp_path / "absent.json"), "--validate-only"]) == 2
-    assert "absent.json" in capsys.readouterr().err
-    bad = tmp_path / "bad.json"
-    bad.write_text("{not json")
-    assert main(["--measured", str(bad), "--validate-only"]) == 2
+    out = tmp_path / "simulate.json"
+    assert main(["--results-dir", str(tmp_path), "--out", str(out), "--no-docs"]) == 2
+    assert "run .venv/bin/python -m bench.sim.collect" in capsys.readouterr().err
+    (tmp_path / "sim").mkdir()
+    (tmp_path / "sim" / "tool_latency.json").write_text("{not json")
+    assert main(["--results-dir", str(tmp_path), "--out", str(out), "--no-docs"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "bad.json" in err[0]
+    assert len(err) == 1 and "tool_latency.json" in err[0] and not out.exists()
 
 
 def test_a_malformed_recorded_episode_is_one_line_naming_setting_and_entry_and_exit_2(tmp_path, capsys) -> None:  # noqa: ANN001
-    """A results file whose engine_modes episode has two fields, or more observations than turns: exit 2, one line
-    with the file, the setting and the entry, and nothing written."""
-    from bench.simulate import main
+    """Inputs whose engine_modes episode has two fields, or more observations than turns: exit 2, one line with the
+    setting and the entry, and nothing written."""
+    from bench.sim.project import main
 
-    measured = sao_measured([1.0, 1.0])
-    measured["setting"] = "tool_latency"
-    measured["trace"] = [{"rollouts": [{"prompt_tokens": 5, "action_tokens": [3], "observation_tokens": [0],
-                                        "reward": 1.0}]}]
+    batches = [[r, w, r * w, 5, 0.01 * r + 1e-4 * r * w, r * 5] for r in (1, 2, 4) for w in (10, 20)]
+    inputs = {**inputs_on(), "settings": {"episodes_in_flight": 4, "tool_latency_median_s": 0.0, "tool_latency_sigma": 1.0,
+                                          "tool_latency_max_s": 30.0},
+              "learner_cost": {"ratio_sao_over_grpo": 2.0},
+              "trace": [{"rollouts": [{"prompt_tokens": 5, "action_tokens": [3], "observation_tokens": [0], "reward": 1.0}]}]}
+    (tmp_path / "sim").mkdir()
+    out = tmp_path / "simulate.json"
     for bad, needle in (([78, [15, 4]], "expected [prompt_tokens"), ([78, [15, 4], [23, 0, 7]], "2 turns and 3")):
-        measured["engine_modes"] = {"feed_s": 1.0, "group_size": 2, "load_avg_start": 1.0, "load_avg_end": 1.0,
-                                    "groups": {"rollouts_per_s": 1.0, "episodes": [[78, [15, 4], [23, 0]], bad]}}
-        path = tmp_path / "m.json"
-        path.write_text(json.dumps(measured))
-        assert main(["--measured", str(path), "--validate-only"]) == 2
+        inputs["engine_modes"] = {"feed_s": 1.0, "group_size": 2, "load_avg_start": 1.0, "load_avg_end": 1.0,
+                                  **{m: {"rollouts_per_s": 1.0, "batches": batches, "episodes": [[78, [15, 4], [23, 0]], bad]}
+                                     for m in ("lockstep", "continuous", "groups")}}
+        (tmp_path / "sim" / "tool_latency.json").write_text(json.dumps(inputs))
+        assert main(["--results-dir", str(tmp_path), "--out", str(out), "--no-docs"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "m.json: tool_latency: engine_modes.groups.episodes[1]" in err[0] and needle in err[0]
+        assert len(err) == 1 and "tool_latency: engine_modes.lockstep.episodes[1]" in err[0] and needle in err[0]
+        assert not out.exists()
 
 
 def test_capacity_sweep_points_are_simulated_with_their_own_tau_and_slots() -> None:
     """SAO with 1 s tool calls between 3 turns, B = 8. The sweep's point tau = 0 / 4 slots lets at most
     (0 + 1) x 8 rollouts start per version and 4 run at once; tau = 4 / 40 slots, 40 at once. Each point gets its
     own rows, compared with the mean of its runs, and the larger capacity keeps the engine busier."""
-    from bench.simulate import validate
-
-    measured = sao_measured([1.0, 1.0])
-    measured["settings"].update(episodes_in_flight=8, batch_rollouts=8, tool_latency_median_s=1.0,
-                                tool_latency_sigma=0.0, tool_latency_max_s=30.0)
-    measured["methods"]["sao"].update(policy_versions=4, learner_step_s_mean=0.5, busy_fraction=0.5,
-                                      trained_action_tokens_per_s=100.0, rollouts_per_s=2.0)
-    shape = {"prompt_tokens": 8, "action_tokens": [20, 20, 20], "observation_tokens": [4, 4], "reward": 1.0}
-    measured["trace"] = [{"rollouts": [shape, shape]}]
+    shape = {"prompt_tokens": 8, "action_tokens": [20, 20, 20], "observation_tokens": [4, 4, 0], "reward": 1.0}
+    recorded = [[8, [20, 20, 20], [4, 4, 0]]]
+    inputs = {**inputs_on(), "trace": [{"rollouts": [shape, shape]}], "settings": {"episodes_in_flight": 8},
+              "engine_modes": {"feed_s": 2.0, "group_size": 2, "load_avg_start": 1.0, "load_avg_end": 1.0,
+                               **{m: {"rollouts_per_s": 2.0, "episodes": recorded} for m in ("lockstep", "continuous", "groups")}}}
 
     def run(busy: float) -> dict:
-        return {**measured["methods"]["sao"], "busy_fraction": busy}
+        return run_at([1.0, 1.0], 0.5, policy_versions=4, busy_fraction=busy, trained_action_tokens_per_s=100.0,
+                      rollouts_per_s=2.0)
 
-    measured["capacity_sweep"] = {"points": [
-        {"max_staleness": 0, "episodes_in_flight": 4, "keep_stale_episodes": False, "runs": [run(0.2), run(0.4)]},
-        {"max_staleness": 4, "episodes_in_flight": 40, "keep_stale_episodes": False, "runs": [run(0.9)]},
-        {"max_staleness": 0, "episodes_in_flight": 4, "runs": [run(0.2)]}]}  # stored before the option: kept
-    rows = validate(measured, repeats=1)["rows"]
-    busy = {r["method"]: r for r in rows if r["quantity"] == "busy_fraction"}
+    latency = {"episodes_in_flight": 8, "batch_rollouts": 8, "tool_latency_median_s": 1.0, "tool_latency_sigma": 0.0}
+    results = [result_of("sao", run(0.5), **latency),
+               {**result_of("sao", run(0.2), run(0.4), **{**latency, "max_staleness": 0, "episodes_in_flight": 4}), "sweep": True},
+               {**result_of("sao", run(0.9), **{**latency, "max_staleness": 4, "episodes_in_flight": 40}), "sweep": True},
+               {**result_of("sao", run(0.2), **{**latency, "max_staleness": 0, "episodes_in_flight": 4,
+                                                "keep_stale_episodes": True}), "sweep": True}]
+    rows = validate_setting(inputs, results, COSTS, repeats=1)["rows"]
+    busy = {r["method"]: r for r in rows if r["quantity"] == "busy_fraction" and not r.get("calibration")}
     assert set(busy) == {"sao", "sao tau=0 slots=4", "sao tau=4 slots=40", "sao tau=0 slots=4 keep"}
     assert busy["sao tau=0 slots=4"]["measured"] == pytest.approx(0.3) and busy["sao tau=0 slots=4"]["runs"] == 2
-    assert busy["sao tau=0 slots=4"]["capacity_sweep"] and "capacity_sweep" not in busy["sao"]
     assert busy["sao tau=4 slots=40"]["predicted"] > busy["sao"]["predicted"] > busy["sao tau=0 slots=4"]["predicted"]
 
 
 def test_a_runs_recorded_episodes_are_read_as_units_in_order() -> None:
     """Episodes [unit, prompt, actions, observations, reward, waits]: consecutive equal units form a group."""
-    from bench.simulate import run_replay
-
     run = {"episodes": [[0, 8, [20, 5], [4, 0], 1.0, [2.5]], [0, 8, [20], [0], 0.0, []], [1, 9, [7], [0], 1.0, []]]}
-    first, second = run_replay(run, "methods.grpo_sync_g2[0]")
+    first, second = run_replay(run, "grpo_sync_g2.runs[0]")
     assert [s.action_tokens for s in first] == [(20, 5), (20,)] and first[0].tool_waits_s == (2.5,)
     assert (first[0].reward, first[1].reward, second[0].prompt_tokens) == (1.0, 0.0, 9)
-    assert run_replay({}, "methods.sao[0]") == ()
-    with pytest.raises(ValueError, match=r"methods.sao\[1\].episodes\[0\]: expected \[unit, prompt_tokens"):
-        run_replay({"episodes": [[8, [20], [0], 1.0]]}, "methods.sao[1]")
+    assert run_replay({}, "sao.runs[0]") == ()
+    with pytest.raises(ValueError, match=r"sao.runs\[1\].episodes\[0\]: expected \[unit, prompt_tokens"):
+        run_replay({"episodes": [[8, [20], [0], 1.0]]}, "sao.runs[1]")
     with pytest.raises(ValueError, match=r"episodes\[0\]: needs >= 1 turn.*2 turns, 2 observations and 0 waits"):
-        run_replay({"episodes": [[0, 8, [20, 5], [4, 0], 1.0, []]]}, "methods.sao[0]")
+        run_replay({"episodes": [[0, 8, [20, 5], [4, 0], 1.0, []]]}, "sao.runs[0]")
 
 
 def test_replayed_units_come_first_with_their_own_tool_waits_then_draws_from_the_trace() -> None:
