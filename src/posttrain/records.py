@@ -18,10 +18,10 @@ import numpy as np
 ROLLOUT_SCHEMA_VERSION = 2
 """Version of the ``Rollout`` wire format. Bump it on any incompatible change.
 
-v2 packs the per-token arrays as little-endian bytes (int32 token ids, float32 logprobs, uint8
-mask) inside the msgpack map, which makes encoding and validating a 32k-token rollout ~50x
-cheaper than a msgpack list per token; with numpy arrays in and out (no python object per
-token) the queue runs near the raw Redis loop (see docs/benchmarks.md, stream)."""
+The per-token arrays travel as little-endian bytes (int32 token ids, float32 logprobs, uint8
+mask) inside the msgpack map, so encoding and validating a rollout needs no python object per
+token; with numpy arrays in and out the queue runs near the raw Redis loop (see
+docs/benchmarks.md, stream)."""
 
 FinishReason = Literal["stop", "length", "tool_error", "timeout"]
 """Why an episode ended: the model stopped, a token/turn limit was hit, a tool failed, or wall time ran out."""
@@ -328,9 +328,9 @@ def decode_rollout(payload: bytes, *, arrays: bool = False) -> Rollout:
         payload: ``encode_rollout`` bytes.
         arrays: Return the per-token fields as read-only numpy views of ``payload`` instead of
             python lists (no copy: ``token_ids`` [T] int32, ``behaviour_logprobs`` [T] float32,
-            ``action_mask`` [T] bool). About 1.3 ms cheaper per 32k-token rollout; for consumers
-            that only take ``len()``, index, slice or call ``torch.as_tensor`` on the fields
-            (the learner's batching). Validation is the same either way.
+            ``action_mask`` [T] bool). About 1.3 ms cheaper per 32k-token rollout
+            (docs/benchmarks.md, stream); for consumers that only take ``len()``, index, slice or
+            call ``torch.as_tensor`` on the fields (the learner's batching). Validation is the same either way.
 
     Raises:
         RecordError: undecodable bytes, an unknown schema version, a wrong field type, a byte

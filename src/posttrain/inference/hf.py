@@ -172,9 +172,9 @@ class HFEngine:
             policy_version: Version of the weights in ``model_dir`` (count of weight publications).
             batch_wait_s: Seconds the batching loop waits after the first queued request for
                 others to join its batch.
-            torch_threads: If set, ``torch.set_num_threads`` for the whole process. On a busy
-                2-core machine one thread decoded 12x faster than two (0.8 s against 9.7 s for
-                128 tokens of the tiny model), as vLLM's CPU worker also does; None leaves it.
+            torch_threads: If set, ``torch.set_num_threads`` for the whole process; None leaves
+                it. Use 1 when generator and learner processes share the CPU cores (as vLLM's CPU
+                worker does): more threads per process then contend for the same cores.
 
         Raises:
             ValueError: ``max_batch < 1``, ``max_model_len < 2``, ``batch_wait_s < 0`` or
@@ -213,7 +213,7 @@ class HFEngine:
         self.batch_sizes: deque[int] = deque(maxlen=BATCH_HISTORY)
         """Size (requests) of the last ``BATCH_HISTORY`` batches, oldest first; for tests and metrics.
 
-        Bounded: a generator runs for days, and a list grew by one entry per batch for its life.
+        Bounded, because a generator runs for days and keeps one entry per batch.
         """
         self.batch_observer: Callable[[BatchTiming], None] | None = None
         """Called on the engine's thread after every batch that ran to completion (None: nobody listens).

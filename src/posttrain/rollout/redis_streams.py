@@ -154,8 +154,8 @@ class RedisStreamQueue:
         arrays: Deliver rollouts whose ``token_ids`` / ``behaviour_logprobs`` / ``action_mask``
             are read-only numpy views of the entry's payload ([T] int32 / float32 / bool) instead
             of python lists (``decode_rollout(arrays=True)``: same validation, no per-token
-            python objects; ~1.3 ms less per 32k-token rollout). For a learner that only turns
-            them into tensors.
+            python objects; ~1.3 ms less per 32k-token rollout, docs/benchmarks.md, stream). For a
+            learner that only turns them into tensors.
 
     Raises:
         ValueError: a bad argument (the message names it).

@@ -51,7 +51,7 @@ episodes and its engine, keep running)::
 for the ``i``-th call (0-based) of an episode of that task, so every method, generator and
 replay sees the same latencies for the same task (several calls in one action wait in order;
 malformed actions and final answers run no tool and wait nothing). The default
-``tool_latency_median_s = 0`` keeps the environment instantaneous, as before.
+``tool_latency_median_s = 0`` makes every call instantaneous.
 ``call_latency_s(task, i)`` gives the delay without waiting.
 
 Every step reports ``correct``, ``tool_calls``, ``required_calls``, ``extra_calls``,
