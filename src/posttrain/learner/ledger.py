@@ -13,7 +13,7 @@
 
 A summary keeps a rollout's lengths, reward, versions and times, not its tokens, so a line stays
 a few kilobytes for a batch of 64. Users read it to see which tasks, lengths and staleness each
-update saw; ``bench.async_vs_sync`` reads it to replay a run's episodes in ``bench.simulate``.
+update saw; ``bench.async_vs_sync`` reads it to replay a run's episodes in the simulator (``bench.sim``).
 
 Example: ``tests/unit/learner/test_ledger.py``.
 """
