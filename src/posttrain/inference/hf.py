@@ -218,7 +218,7 @@ class HFEngine:
         self.batch_observer: Callable[[BatchTiming], None] | None = None
         """Called on the engine's thread after every batch that ran to completion (None: nobody listens).
 
-        ``bench.async_vs_sync`` records these; ``bench.sim.calibrate`` fits the simulator's engine cost model on them.
+        ``bench.sim.collect`` records these; ``bench.sim.calibrate`` fits the simulator's engine cost model on them.
         It must be quick and must not raise: an exception fails the batch's requests.
         """
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
