@@ -25,6 +25,7 @@ from posttrain.config import RunConfig
 from posttrain.config.load import ConfigError
 from posttrain.data.formats import LoadedRows, RowPolicy, load_rows
 from posttrain.eval.heldout import evaluate_policy
+from posttrain.learner.resume import ResumedPolicy
 from posttrain.runtime import RunContext
 from posttrain.tracking import MetricsSink
 
@@ -277,19 +278,28 @@ def tracked_run(config: RunConfig) -> Iterator[TrackedRun]:
         yield TrackedRun(config, ctx, tracker, metrics_sink(ctx, tracker), time.monotonic())
 
 
-def step_checkpointer(
-    run: TrackedRun, model: Any, tokenizer: Any, optimizers: dict[str, Any], every: int, total: int
-) -> Callable[[int], None]:
-    """``save(step)``: a learner checkpoint every ``every`` optimizer steps and at step ``total``."""
+def step_callback(
+    run: TrackedRun, resumed: ResumedPolicy, tokenizer: Any, every: int, total: int, tracked: str
+) -> tuple[Callable[[int, dict[str, float]], None], list[float]]:
+    """The ``on_step(step, metrics)`` of the supervised trainers, and the list of one metric it keeps.
+
+    Each optimizer step's metrics go to the run's sink; every ``every`` steps and at step ``total`` a
+    learner checkpoint is written (``policy_version`` = step). ``tracked`` names the metric whose
+    values the returned list collects, in step order (e.g. ``loss/sft``) for the run's summary.
+    """
     from posttrain.learner.checkpoint import LearnerState, save_checkpoint
 
-    def save(step: int) -> None:
+    values: list[float] = []
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        values.append(metrics[tracked])
+        run.sink(metrics, step)
         if step % every == 0 or step >= total:
             save_checkpoint(run.ctx.checkpoints_dir, state=LearnerState(iteration=step, policy_version=step),
-                            policy=model, tokenizer=tokenizer, critic=None, optimizers=optimizers,
-                            resolved_config_yaml=run.ctx.resolved_config_yaml())
+                            policy=resumed.policy.model, tokenizer=tokenizer, critic=None,
+                            optimizers=resumed.optimizers, resolved_config_yaml=run.ctx.resolved_config_yaml())
 
-    return save
+    return on_step, values
 
 
 def data_file(value: str | None, field: str) -> Path:

@@ -14,7 +14,7 @@ from posttrain.runners.common import (
     evaluate_and_log,
     load_training_rows,
     start_model,
-    step_checkpointer,
+    step_callback,
     tracked_run,
 )
 
@@ -65,15 +65,8 @@ def run_dpo(config: RunConfig) -> RunSummary:
         before = preference_metrics(model, held, ref_held, section, pad_token_id=pad)
         run.sink({"data/pairs": float(len(train)), "data/heldout_pairs": float(len(held)),
                   "data/quarantined_rows": float(quarantined), **{f"heldout/{k}": v for k, v in before.items()}}, start)
-        optimizers = {"policy_opt": optimizer, "policy_sched": scheduler}
-        save = step_checkpointer(run, model, tokenizer, optimizers, section.checkpoint_every, section.steps)
-        accuracy: list[float] = []
-
-        def on_step(step: int, metrics: dict[str, float]) -> None:
-            accuracy.append(metrics["dpo/accuracy"])
-            run.sink(metrics, step)
-            save(step)
-
+        on_step, accuracy = step_callback(run, resumed, tokenizer, section.checkpoint_every, section.steps,
+                                          "dpo/accuracy")
         print(f"[3/4] dpo: {section.steps} steps on {len(train)} pairs ({len(held)} held out)", flush=True)
         train_dpo(model, train, ref_train, section, pad_token_id=pad, reference=per_batch_reference,
                   seed=config.seed, start_step=start, optimizers=(optimizer, scheduler), on_step=on_step)

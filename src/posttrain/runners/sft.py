@@ -14,7 +14,7 @@ from posttrain.runners.common import (
     data_file,
     evaluate_and_log,
     load_training_rows,
-    step_checkpointer,
+    step_callback,
     tracked_run,
 )
 
@@ -75,15 +75,7 @@ def _run_supervised(config: RunConfig, fmt: Literal["sft", "cpt"]) -> RunSummary
         start = resumed.state.iteration
         run.sink({"data/examples": float(len(examples)), "data/rows": float(len(rows)),
                   "data/quarantined_rows": float(quarantined)}, start)
-        optimizers = {"policy_opt": optimizer, "policy_sched": scheduler}
-        save = step_checkpointer(run, model, tokenizer, optimizers, section.checkpoint_every, section.steps)
-        losses: list[float] = []
-
-        def on_step(step: int, metrics: dict[str, float]) -> None:
-            losses.append(metrics["loss/sft"])
-            run.sink(metrics, step)
-            save(step)
-
+        on_step, losses = step_callback(run, resumed, tokenizer, section.checkpoint_every, section.steps, "loss/sft")
         print(f"[3/4] {fmt}: {section.steps} steps, {len(examples)} examples in {len(rows)} rows", flush=True)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         train_sft_packed(model, rows, section, pad_token_id=pad, seed=config.seed, start_step=start,
