@@ -1,33 +1,30 @@
 """SAO against synchronous GRPO (G = 4, 8) and asynchronous GRPO + DIS on a long-tailed multi-turn workload.
 
-One command runs one method in one setting (``--repeats`` runs, seeds ``seed``, ``seed + 1``, ...) and writes
-one results file, ``bench/results/async_vs_sync/<setting>/<method>.json`` (or ``--out``); the ``async_vs_sync``
-section of docs/benchmarks.md is rendered from every file there. A method is ``bench/configs/async_vs_sync/
-<method>.yaml`` on ``base.yaml``, then dotted ``key=value`` overrides, run from a shared SFT warm start:
-``sao`` and ``grpo_async_g8`` (``grpo.async``) through ``posttrain.runners.sao.train_sao`` (generator
-processes, the learner), ``grpo_sync_g4`` / ``_g8`` through ``posttrain.runners.grpo_sync.run_grpo_sync``
-(one engine in the learner's process: generate a batch, wait for its slowest episode, train, reload).
+One command runs one method in one setting (``--repeats`` runs, seeds ``seed``, ``seed + 1``, ...) from a shared
+SFT warm start and writes ``bench/results/async_vs_sync/<setting>/<method>.json`` (or ``--out``); the section
+of docs/benchmarks.md is rendered from every file there. A method is ``bench/configs/async_vs_sync/<method>.yaml``
+on ``base.yaml``, then dotted ``key=value`` overrides: ``sao`` and ``grpo_async_g8`` run through
+``posttrain.runners.sao.train_sao`` (generator processes, the learner), ``grpo_sync_g4`` / ``_g8`` through
+``posttrain.runners.grpo_sync.run_grpo_sync`` (one engine in the learner's process: generate a batch, wait for
+its slowest episode, train, reload). The setting is ``tool_latency`` when ``data.env_args.tool_latency_median_s
+> 0`` (the default, where the targets are judged: each tool call waits a log-normal wall time seeded per task),
+else ``compute_bound``; files under ``sweep/`` are SAO's capacity sweep.
 
-The setting is ``tool_latency`` when ``data.env_args.tool_latency_median_s > 0`` (the default, on which the
-targets are judged: each tool call waits a log-normal wall time seeded per task, as a sandbox would), else
-``compute_bound`` (generation and training share the CPU cores). Files under ``sweep/`` are SAO's capacity sweep.
-
-Per run: ``busy_fraction`` (the engine's generating share of a generator's wall time), and between the first
-and the last policy update ``trained_action_tokens_per_s`` (GRPO: kept groups only) and ``rollouts_per_s``;
+Per run: ``busy_fraction`` (the engine's generating share of a generator's wall time); between the first and
+the last policy update, ``trained_action_tokens_per_s`` (GRPO: kept groups only) and ``rollouts_per_s``;
 ``time_to_target_s`` (the first snapshot, every ``--eval-every`` versions of the first run, whose held-out
-reward reaches the warm start's + ``--target-gain``); an ``engine_probe`` before and after; synchronous runs
-keep their ledger's episodes for ``bench.sim`` to replay (``run_episodes``).
+reward reaches the warm start's + ``TARGET_GAIN``); an ``engine_probe`` before and after; synchronous runs keep
+their ledger's episodes for ``bench.sim`` to replay (``run_episodes``).
 
-Run from the repository root (31 minutes for the four methods on 2 cores, plus 8 minutes of warm start once):
-  ``.venv/bin/python -m bench.async_vs_sync sao --repeats 3``; compute-bound: ``... sao --repeats 3
-  data.env_args.tool_latency_median_s=0 generator.episodes_in_flight=64 sao.max_staleness=4
-  generator.abort_stale_episodes=false``; smoke: ``... sao sao.steps=2 sao.checkpoint_every=2 warm_start.steps=5
-  data.num_train_tasks=64 output_dir=/tmp/avs --eval-every 2 --out /tmp/avs.json --no-docs``.
+Run (31 minutes for the four methods on 2 cores, plus 8 of warm start once): ``.venv/bin/python -m
+bench.async_vs_sync sao --repeats 3``; compute-bound: ``... sao --repeats 3 data.env_args.tool_latency_median_s=0
+generator.episodes_in_flight=64 sao.max_staleness=4 generator.abort_stale_episodes=false``; smoke: ``... sao
+sao.steps=2 sao.checkpoint_every=2 warm_start.steps=5 data.num_train_tasks=64 output_dir=/tmp/avs --eval-every 2
+--out /tmp/avs.json --no-docs``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -36,6 +33,7 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +44,10 @@ RESULTS = common.RESULTS_DIR / "async_vs_sync"
 METHODS = ("sao", "grpo_sync_g4", "grpo_sync_g8", "grpo_async_g8")
 """The methods, in the order the tables show them."""
 SETTINGS = ("tool_latency", "compute_bound")
-
-
-def load_method(method: str, overrides: Sequence[str] = ()) -> Any:
-    """The ``RunConfig`` of ``method`` (``bench.common.load_method`` on ``bench/configs/async_vs_sync``)."""
-    return common.load_method("async_vs_sync", method, overrides)
+TARGET_GAIN = 0.05
+"""The held-out target: the warm start's reward + this."""
+load_method = partial(common.load_method, "async_vs_sync")
+"""``load_method(method, overrides=(), parser=None)``: ``bench.common.load_method`` on ``bench/configs/async_vs_sync``."""
 
 
 def setting_of(config: Any) -> str:
@@ -85,9 +82,7 @@ def shared_warm_start(config: Any) -> tuple[Any, Path]:
     base = RunContext(config.model_copy(update={"run_name": "base", "data": data}))
     prepare(base)
     sft = warm_start(base)
-    for f in base.tokenizer_dir.iterdir():  # snapshots and evaluation load the tokenizer beside the weights
-        if not (sft / f.name).exists():
-            shutil.copy2(f, sft / f.name)
+    common.copy_missing(base.tokenizer_dir, sft)  # snapshots and evaluation load the tokenizer beside the weights
     return base, sft
 
 
@@ -159,7 +154,7 @@ def run_method(config: Any, method: str, base: Any, sft: Path, snap_dir: Path, e
         summary = run_grpo_sync(config, start_model_dir=sft, sink=sink, progress=False)
     else:
         summary = train_sao(ctx, sft, sink)
-    run.wall_s, run.when = time.monotonic() - t0, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    run.wall_s, run.when = time.monotonic() - t0, common.utc_now()
     run.load_avg.append(os.getloadavg()[0])
     run.counters = dict(summary.counters)
     run.engine_probe.append(engine_probe(sft, config.generator.max_new_tokens))
@@ -191,9 +186,7 @@ def evaluate_snapshots(base: Any, sft: Path, runs: list[MethodRun]) -> tuple[flo
     for run in runs:
         out[run.method] = {}
         for version, (_, path) in sorted(run.snapshots.items()):
-            for f in base.tokenizer_dir.iterdir():
-                if not (path / f.name).exists():
-                    shutil.copy2(f, path / f.name)
+            common.copy_missing(base.tokenizer_dir, path)
             out[run.method][version] = evaluate_policy(base, path, engine_kind="hf")["reward_mean"]
             print(f"  eval reward {run.method} v{version}: {out[run.method][version]:.3f}", flush=True)
     return start, out
@@ -312,13 +305,13 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
     """One setting's part of the docs section."""
     files, sweep = read_setting(name, results)
     inputs_path = results.parent / "sim" / f"{name}.json"
-    inputs = json.loads(inputs_path.read_text(encoding="utf-8")) if inputs_path.exists() else {}
+    inputs = common.read_json(inputs_path) if inputs_path.exists() else {}
     first, s = files[0], files[0]["settings"]
     calls = first["task_calls"]["train"]
     rows = [[f["method"], cell(f, "busy_fraction", 2), cell(f, "trained_action_tokens_per_s", 1),
              cell(f, "rollouts_per_s", 2), cell(f, "learner_step_s_mean", 2), f"{f['runs'][0]['wall_s']:.0f}",
              "not reached" if f["runs"][0]["time_to_target_s"] is None else f"{f['runs'][0]['time_to_target_s']:.0f}",
-             " / ".join(f"{v:.2f}" for v in f["runs"][0]["heldout_reward"].values()) or "-"] for f in files]
+             common.joined(f["runs"][0]["heldout_reward"].values())] for f in files]
     repeated = [f"{f['method']}: {len(f['runs'])}" for f in files if len(f["runs"]) > 1]
     by = ratios(files)
     if name == "tool_latency":
@@ -378,7 +371,7 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
                           cell(f, "busy_fraction", 2), cell(f, "rollouts_per_s", 2), cell(f, "trained_action_tokens_per_s", 1),
                           f"{share:.2f}", f"{statistics.fmean(float(r.get('stale_aborted') or 0.0) for r in rs):.0f}",
                           f"{statistics.fmean(float(r['counters'].get('generator_max_in_flight') or 0.0) for r in rs):.0f}",
-                          " / ".join(f"{v:.2f}" for v in rs[0]["heldout_reward"].values()) or "-"])
+                          common.joined(rs[0]["heldout_reward"].values())])
         out += ["", f"**SAO against its admission capacity** ({runs} run{'s' if runs > 1 else ''} per point, one "
                 "command per point; what it shows: below the section).", "",
                 common.machine_line(max((f["machine"] for f in sweep), key=lambda m: m["when"])), "",
@@ -397,21 +390,15 @@ def render(results: Path = RESULTS) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry (module docstring)."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.parser(__doc__, None)
     p.add_argument("method", help=f"a file of bench/configs/async_vs_sync/: {', '.join(METHODS)}")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. sao.max_staleness=4")
     p.add_argument("--repeats", type=int, default=1, help="runs (seeds seed, seed + 1, ...); the first is evaluated")
     p.add_argument("--eval-every", type=int, default=4, help="snapshot every this many versions (first run)")
-    p.add_argument("--target-gain", type=float, default=0.05, help="held-out target: warm start's reward + this")
-    p.add_argument("--out", type=Path, default=None, help="results file (default: bench/results/async_vs_sync/<setting>/<method>.json)")
-    p.add_argument("--no-docs", action="store_true", help="write the results file only")
     args = p.parse_intermixed_args(argv)
     if args.repeats < 1 or args.eval_every < 1:
         p.error(f"--repeats and --eval-every: must be >= 1, got {args.repeats} and {args.eval_every}")
-    try:
-        config = load_method(args.method, args.overrides)
-    except ValueError as exc:
-        p.error(str(exc).splitlines()[0])
+    config = load_method(args.method, args.overrides, p)
     import torch
 
     from posttrain.envs.synthetic.longtail import summarise_calls
@@ -422,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [run_method(config.model_copy(update={"seed": config.seed + i, "run_name": f"{args.method}_r{i}"}), args.method,
                        base, sft, snaps / f"r{i}", args.eval_every if i == 0 else 10**9) for i in range(args.repeats)]
     start, rewards = evaluate_snapshots(base, sft, runs[:1])
-    target = round(start + args.target_gain, 3)
+    target = round(start + TARGET_GAIN, 3)
     setting = setting_of(config)
     result = {"setting": setting, "method": args.method, "command": common.command_line("bench.async_vs_sync", argv),
               "machine": common.machine_info(), "settings": settings_of(config, args.eval_every, args.repeats),
@@ -431,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
               "runs": [{**summarise(r, rewards[r.method] if i == 0 else {}, target), "seed": config.seed + i}
                        for i, r in enumerate(runs)]}
     common.publish_result(args.out or RESULTS / setting / f"{args.method}.json", result, "async_vs_sync", render,
-                   docs=not args.no_docs)
+                          docs=not args.no_docs)
     print(json.dumps({q: cell(result, q, 3) for q in ("busy_fraction", "trained_action_tokens_per_s", "rollouts_per_s")}))
     return 0
 

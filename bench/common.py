@@ -4,8 +4,8 @@ A benchmark writes its results under ``bench/results/`` and rewrites its own sec
 text between ``<!-- bench:<name>:begin -->`` and ``<!-- bench:<name>:end -->``, leaving hand-written
 text alone; ``targets_section`` renders the targets with the measured value beside each.
 
-Run: ``.venv/bin/python -m bench.common render`` (every section and the targets, from bench/results/),
-``... targets`` (the targets alone) or ``... machine`` (this machine's description as JSON).
+Run: ``.venv/bin/python -m bench.common render`` (every section and the targets, from bench/results/) or
+``... targets`` (the targets alone).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,18 @@ PLOTS_DIR = REPO / "docs" / "benchmarks"
 """PNG plots referenced from the report."""
 
 
+def utc_now() -> str:
+    """The time now, UTC, ISO 8601 to the second (``2026-12-01T10:00:00Z``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def seconds(fn: Callable[..., Any], *args: Any) -> float:
+    """Wall seconds (``time.perf_counter``) that ``fn(*args)`` took."""
+    t = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t
+
+
 def machine_info() -> dict[str, Any]:
     """The machine a benchmark ran on: platform, processor, cores, memory (GiB), Python, torch, GPU (or None),
     the 1/5/15 minute load averages (other people's work included) and the time (UTC, ISO 8601)."""
@@ -40,7 +53,7 @@ def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                             "cpu_count": os.cpu_count(), "memory_gib": memory, "python": platform.python_version(),
                             "load_avg": [round(x, 2) for x in os.getloadavg()],
-                            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                            "when": utc_now()}
     try:
         import torch
 
@@ -70,27 +83,53 @@ def display_path(path: Path) -> str:
     return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(path)
 
 
-def load_method(bench: str, method: str, overrides: Sequence[str] = ()) -> Any:
+def parser(doc: str, out: Path | None) -> argparse.ArgumentParser:
+    """A benchmark's argument parser: ``doc``'s first line, ``--out`` (default ``out``) and ``--no-docs``."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--out", type=Path, default=out, help="results file (default: %(default)s, else per setting)")
+    p.add_argument("--no-docs", action="store_true", help="write the results file only")
+    return p
+
+
+def load_method(bench: str, method: str, overrides: Sequence[str] = (),
+                parser: argparse.ArgumentParser | None = None) -> Any:
     """A ``RunConfig``: ``bench/configs/<bench>/base.yaml``, then ``<method>.yaml`` (as overrides), then ``overrides``.
 
     Raises:
-        posttrain.config.ConfigError: an unknown method or a bad value (one line naming it).
+        posttrain.config.ConfigError: an unknown method or a bad value (one line naming it); with ``parser``,
+            ``parser.error`` of that line instead (exit 2).
     """
     import yaml
 
     from posttrain.config import ConfigError, load_config
 
-    folder = REPO / "bench" / "configs" / bench
-    path = folder / f"{method}.yaml"
-    if method == "base" or not path.is_file():
-        known = sorted(p.stem for p in folder.glob("*.yaml") if p.stem != "base")
-        raise ConfigError(f"method {method!r}: no {display_path(path)}; known: {', '.join(known)}")
-
     def flat(d: dict[str, Any], prefix: str = "") -> list[str]:
         return [x for k, v in d.items() for x in (flat(v, f"{prefix}{k}.") if isinstance(v, dict)
                                                    else [f"{prefix}{k}={json.dumps(v)}"])]
 
-    return load_config(folder / "base.yaml", [*flat(yaml.safe_load(path.read_text(encoding="utf-8"))), *overrides])
+    folder = REPO / "bench" / "configs" / bench
+    path = folder / f"{method}.yaml"
+    try:
+        if method == "base" or not path.is_file():
+            known = sorted(p.stem for p in folder.glob("*.yaml") if p.stem != "base")
+            raise ConfigError(f"method {method!r}: no {display_path(path)}; known: {', '.join(known)}")
+        return load_config(folder / "base.yaml", [*flat(yaml.safe_load(path.read_text(encoding="utf-8"))), *overrides])
+    except ValueError as exc:
+        if parser is None:
+            raise
+        parser.error(str(exc).splitlines()[0])
+
+
+def copy_missing(src: Path, dst: Path) -> None:
+    """Copy each file of folder ``src`` that ``dst`` lacks (a tokenizer beside weights that lack it)."""
+    for f in src.iterdir():
+        if not (dst / f.name).exists():
+            shutil.copy2(f, dst / f.name)
+
+
+def joined(values: Iterable[float]) -> str:
+    """``0.17 / 0.19 / 0.22`` (two decimals), or ``-`` when there are none (rewards at the snapshots)."""
+    return " / ".join(f"{v:.2f}" for v in values) or "-"
 
 
 def readable_json(value: Any, indent: int = 0) -> str:
@@ -217,11 +256,6 @@ def targets_section(results_dir: Path = RESULTS_DIR) -> str:
             "re-renders it).\n\n" + markdown_table(["target", "measured", "met?", "from"], rows, align="lrll"))
 
 
-def refresh_targets(docs: Path | None = None) -> Path:
-    """Rewrite the ``targets`` section of ``docs`` (default docs/benchmarks.md) from ``RESULTS_DIR``."""
-    return update_docs_section("targets", targets_section(RESULTS_DIR), docs)
-
-
 def publish_result(path: Path, data: dict[str, Any], section: str, render: Callable[[], str], *, docs: bool) -> Path:
     """A benchmark's last step: write ``data`` to ``path``; unless ``docs`` is False, rewrite its docs ``section``
     with ``render()`` (called after the write) and the targets, and print the section."""
@@ -229,7 +263,7 @@ def publish_result(path: Path, data: dict[str, Any], section: str, render: Calla
     if docs:
         text = render()
         update_docs_section(section, text)
-        refresh_targets()
+        update_docs_section("targets", targets_section(RESULTS_DIR))
         print(text)
     print(f"\nWrote {display_path(path)}")
     return path
@@ -237,13 +271,9 @@ def publish_result(path: Path, data: dict[str, Any], section: str, render: Calla
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("cmd", choices=["targets", "render", "machine"])
-    args = parser.parse_args(argv)
-    if args.cmd == "machine":
-        print(json.dumps(machine_info(), indent=2))
-        return 0
-    if args.cmd == "render":
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("cmd", choices=["targets", "render"])
+    if p.parse_args(argv).cmd == "render":
         from bench import async_vs_sync, stream, vs_trl, weight_sync
         from bench.sim import project
 
@@ -251,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, module in (("vs_trl", vs_trl), ("stream", stream), ("weight_sync", weight_sync), ("simulate", project)):
             if (result := read_result(name)) is not None:
                 update_docs_section(name, module.render(result))
-    print(refresh_targets())
+    print(update_docs_section("targets", targets_section(RESULTS_DIR)))
     return 0
 
 

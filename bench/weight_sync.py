@@ -15,7 +15,6 @@ writes), ``.venv/bin/python -m bench.weight_sync --shapes tiny --vllm`` (adds vL
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
@@ -27,7 +26,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, command_line, machine_info, machine_line, markdown_table, publish_result
+import redis
+
+from bench import common
+from posttrain.rollout.keys import StreamKeys
 
 SERVED_KEY = "served"
 """Redis list (under the bench run's keys) where the generator process reports each version it serves."""
@@ -38,17 +40,16 @@ SHAPES: dict[str, dict[str, Any]] = {
                    "intermediate_size": 4864, "tie_word_embeddings": True},
 }
 """Model shapes measured (``build_tiny_model`` arguments)."""
+REPEATS = {"tiny": 16, "qwen2-0.5b": 4}
+"""Versions published per shape (medians over them)."""
 
 
 async def _serve_versions(model_dir: Path, store_dir: Path, redis_url: str, run: str) -> None:
     """The generator side, the watcher of ``posttrain.generator.watcher`` around an ``hf`` engine: read ``LATEST`` and
     the version's stamp, reload when it changed (then push ``detected_at served_at version`` to ``SERVED_KEY``),
     stop on the stop key, else ``WeightAnnouncements.wait(WEIGHT_WAIT_S)``."""
-    import redis
-
     from posttrain.generator.watcher import WEIGHT_WAIT_S
     from posttrain.inference.hf import HFEngine
-    from posttrain.rollout.keys import StreamKeys
     from posttrain.weight_sync.announce import WeightAnnouncements
     from posttrain.weight_sync.store import FilesystemWeightStore
 
@@ -87,15 +88,14 @@ def measure_shape(name: str, shape: dict[str, Any], repeats: int, vllm: bool, tm
     """Medians (seconds) of raw write and read and of publish, detection and reload for one shape.
 
     Raises:
-        RuntimeError: ``vllm`` without vLLM, or no report from the generator process within 300 s (its log's tail).
+        RuntimeError: no report from the generator process within 300 s (the message holds its log's tail).
+        ImportError: ``vllm`` where vLLM does not import.
     """
-    import redis
     import torch
     from safetensors.torch import load_file, save_file
 
     from posttrain.generator.watcher import WEIGHT_WAIT_S
     from posttrain.models.hf import build_tiny_model, load_policy
-    from posttrain.rollout.keys import StreamKeys
     from posttrain.rollout.redis_streams import RedisPolicyVersionStore
     from posttrain.weight_sync.announce import announce_weights
     from posttrain.weight_sync.store import FilesystemWeightStore, prepare_state_dict
@@ -116,8 +116,8 @@ def measure_shape(name: str, shape: dict[str, Any], repeats: int, vllm: bool, tm
 
     s: dict[str, list[float]] = {k: [] for k in ("raw_write_s", "raw_read_s", "publish_s", "detect_s", "reload_hf_s", "ours_s")}
     with log_path.open("wb") as log:
-        gen = subprocess.Popen([sys.executable, "-m", "bench.weight_sync", "serve-generator", "--model-dir", str(model_dir),
-                                "--store", str(store.root), "--redis-url", redis_url, "--run", run],
+        gen = subprocess.Popen([sys.executable, "-m", "bench.weight_sync", "serve-generator", str(model_dir), str(store.root),
+                                redis_url, run],
                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         if next_served() != b"ready":
@@ -176,10 +176,6 @@ def measure_shape(name: str, shape: dict[str, Any], repeats: int, vllm: bool, tm
         "ratio_without_detection": statistics.median(t - d for t, d in zip(s["ours_s"], s["detect_s"], strict=True)) / raw_s,
         "ratio_over_raw": med["ours_s"] / raw_s, "samples": s}
     if vllm:
-        from posttrain.inference.factory import vllm_available
-
-        if not vllm_available():
-            raise RuntimeError("--vllm: vllm does not import here")
         from posttrain.inference.vllm import VLLMEngine
 
         t = time.perf_counter()
@@ -188,9 +184,7 @@ def measure_shape(name: str, shape: dict[str, Any], repeats: int, vllm: bool, tm
         try:
             for version in range(repeats + 1, 2 * repeats + 1):
                 path = store.publish(model.state_dict(), version, model_dir)
-                t = time.perf_counter()
-                asyncio.run(v_engine.update_weights(path, version))
-                times.append(time.perf_counter() - t)
+                times.append(common.seconds(asyncio.run, v_engine.update_weights(path, version)))
         finally:
             v_engine.close()
         row["reload_vllm_s"] = statistics.median(times)
@@ -208,10 +202,10 @@ def render(result: dict[str, Any]) -> str:
              f"{r['ours_s']:.3f}", f"{r['ratio_without_detection']:.2f}", f"**{r['ratio_over_raw']:.2f}**"]
             for r in result["rows"]]
     return "\n".join([
-        machine_line(result["machine"]), "",
+        common.machine_line(result["machine"]), "",
         f"Command: `{result['command']}` (medians over versions: "
         + ", ".join(f"{r['shape']} {r['repeats']}" for r in result["rows"]) + "; seconds).", "",
-        markdown_table(["shape", "parameters", "file", "raw write + read", "publish", "detect (max)", "hf reload",
+        common.markdown_table(["shape", "parameters", "file", "raw write + read", "publish", "detect (max)", "hf reload",
                         "ours end to end", "ours/raw without detect", "ours/raw"], rows), "",
         f"Worst ratio over shapes, end to end (publish in the learner process until the generator process serves "
         f"the version; announcement over Redis pub/sub, fallback wait {result['weight_wait_s']} s): "
@@ -220,41 +214,25 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry (module docstring); ``serve-generator`` is the generator process."""
+    """Command-line entry (module docstring); ``serve-generator MODEL_DIR STORE REDIS_URL RUN`` is the generator process."""
     args_list = sys.argv[1:] if argv is None else list(argv)
     if args_list[:1] == ["serve-generator"]:
-        g = argparse.ArgumentParser(description="generator side of bench.weight_sync (started by the benchmark)")
-        for flag in ("--model-dir", "--store", "--redis-url", "--run"):
-            g.add_argument(flag, required=True)
-        ga = g.parse_args(args_list[1:])
-        asyncio.run(_serve_versions(Path(ga.model_dir), Path(ga.store), ga.redis_url, ga.run))
+        model_dir, store, redis_url, run = args_list[1:]
+        asyncio.run(_serve_versions(Path(model_dir), Path(store), redis_url, run))
         return 0
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.parser(__doc__, common.RESULTS_DIR / "weight_sync.json")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    p.add_argument("--repeats", type=int, default=None, help="versions per shape (default: 16 for tiny, 4 otherwise)")
     p.add_argument("--vllm", action="store_true", help="also time the vLLM engine's reload")
-    p.add_argument("--tmp-dir", type=Path, default=None, help="where the weight files go (default: system temp)")
-    p.add_argument("--redis-url", default=None, help="existing server; default: start an embedded one")
-    p.add_argument("--out", type=Path, default=RESULTS_DIR / "weight_sync.json")
-    p.add_argument("--no-docs", action="store_true")
     args = p.parse_args(args_list)
-    if args.repeats is not None and args.repeats < 1:
-        p.error(f"--repeats: must be >= 1 versions, got {args.repeats}")
     from posttrain.generator.watcher import WEIGHT_WAIT_S
     from posttrain.services.embedded_redis import EmbeddedRedis
 
-    embedded = None if args.redis_url else EmbeddedRedis().start()
-    try:
-        with tempfile.TemporaryDirectory(dir=args.tmp_dir) as tmp:
-            rows = [measure_shape(name, SHAPES[name], args.repeats or (16 if name == "tiny" else 4), args.vllm, Path(tmp),
-                                  args.redis_url or embedded.url) for name in args.shapes]  # type: ignore[union-attr]
-    finally:
-        if embedded is not None:
-            embedded.stop()
-    result = {"command": command_line("bench.weight_sync", argv), "machine": machine_info(),
+    with EmbeddedRedis() as server, tempfile.TemporaryDirectory() as tmp:
+        rows = [measure_shape(name, SHAPES[name], REPEATS[name], args.vllm, Path(tmp), server.url) for name in args.shapes]
+    result = {"command": common.command_line("bench.weight_sync", argv), "machine": common.machine_info(),
               "notification": "redis pub/sub (posttrain.weight_sync.announce)", "weight_wait_s": WEIGHT_WAIT_S,
               "rows": rows, "worst_ratio_over_raw": max(r["ratio_over_raw"] for r in rows)}
-    publish_result(args.out, result, "weight_sync", lambda: render(result), docs=not args.no_docs)
+    common.publish_result(args.out, result, "weight_sync", lambda: render(result), docs=not args.no_docs)
     return 0
 
 
