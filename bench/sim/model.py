@@ -2,14 +2,14 @@
 
 Episodes come from a measured trace (``Workload``): a GRPO group's members are distinct traced rollouts
 of one task, its rewards drawn from the task's success-rate posterior; a measured run's own episodes
-can be replayed first. After every turn but the last an episode waits ``env_step_s`` plus the tool
-latency of its task instance. Engines batch statically (the ``hf`` engine: a batch runs until its
-longest request ends) or continuously (vLLM: requests join and leave at every step). The learner
-trains a batch, publishes (``publish_s``) and every engine reloads (``reload_s``). Methods: ``sao``
-(admission ``(v + tau + 1) * B``, stale rollouts dropped or cancelled in flight, critic warm-up
-iterations refunded), ``grpo_async`` (the same on groups; uniform groups train nothing) and
-``grpo_sync`` (generate B/G groups, wait for the last, train, publish, reload). ``simulate`` measures
-what ``bench.async_vs_sync`` measures: busy fraction, trained action tokens and rollouts per second.
+can be replayed first. After every turn but the last an episode waits the tool latency of its task
+instance. Engines batch statically (the ``hf`` engine: a batch runs until its longest request ends) or
+continuously (vLLM: requests join and leave at every step). The learner trains a batch, publishes
+(``publish_s``) and every engine reloads (``reload_s``). Methods: ``sao`` (admission ``(v + tau + 1) * B``,
+stale rollouts dropped or cancelled in flight, critic warm-up iterations refunded), ``grpo_async`` (the
+same on groups; uniform groups train nothing) and ``grpo_sync`` (generate B/G groups, wait for the last,
+train, publish, reload). ``simulate`` measures what ``bench.async_vs_sync`` measures: busy fraction,
+trained action tokens and rollouts per second.
 """
 
 from __future__ import annotations
@@ -69,21 +69,17 @@ class Workload:
         Raises:
             ValueError: an empty trace, a task without rollouts, or a rollout without turns.
         """
-        if not trace:
-            raise ValueError("trace: empty")
-        tasks = []
-        for i, entry in enumerate(trace):
-            shapes = []
-            for j, r in enumerate(entry.get("rollouts", [])):
-                if not r["action_tokens"]:
-                    raise ValueError(f"trace[{i}].rollouts[{j}].action_tokens: empty (a rollout has at least one turn)")
-                shapes.append(RolloutShape(max(1, round(r["prompt_tokens"] * token_scale)),
-                                           tuple(max(1, round(a * token_scale)) for a in r["action_tokens"]),
-                                           tuple(round(o * token_scale) for o in r["observation_tokens"]),
-                                           float(r["reward"])))
-            if not shapes:
-                raise ValueError(f"trace[{i}].rollouts: empty")
-            tasks.append(tuple(shapes))
+        def shape(where: str, r: dict[str, Any]) -> RolloutShape:
+            if not r["action_tokens"]:
+                raise ValueError(f"{where}.action_tokens: empty (a rollout has at least one turn)")
+            return RolloutShape(max(1, round(r["prompt_tokens"] * token_scale)),
+                                tuple(max(1, round(a * token_scale)) for a in r["action_tokens"]),
+                                tuple(round(o * token_scale) for o in r["observation_tokens"]), float(r["reward"]))
+
+        tasks = [tuple(shape(f"trace[{i}].rollouts[{j}]", r) for j, r in enumerate(e.get("rollouts", [])))
+                 for i, e in enumerate(trace)]
+        if not tasks or not all(tasks):
+            raise ValueError("trace: empty, or a task without rollouts")
         return cls(tuple(tasks), reward_posteriors(tasks))
 
 
@@ -168,7 +164,6 @@ class ClusterConfig:
     steps: int = 10
     publish_s: float = 0.0
     reload_s: float = 0.0
-    env_step_s: float = 0.0
     engine: EngineModel = field(default_factory=EngineModel)
     learner: LearnerModel = field(default_factory=LearnerModel)
     seed: int = 0
@@ -375,13 +370,11 @@ class Engine:
 
 @dataclass(eq=False)
 class Unit:
-    """An asynchronous unit in flight (an SAO episode or a GRPO group) on generator ``gen``, started at ``version``;
-    ``versioned`` once its first turn returned, ``aborted`` once cancelled as stale."""
+    """A unit in flight (an SAO episode or a GRPO group) on generator ``gen``, started at ``version``; ``versioned``
+    once its first turn returned, ``aborted`` once cancelled as stale (asynchronous methods only)."""
 
-    uid: int
     gen: int
     version: int
-    size: int
     versioned: bool = False
     aborted: bool = False
 
@@ -403,8 +396,7 @@ class Cluster:
         self.waiting: deque[int] = deque()  # generator of each slot waiting for admission, FIFO
         self.updates: list[tuple[float, float, float]] = []  # (time, rollouts, trained action tokens)
         self.stale_dropped = self.stale_aborted = self.finished_rollouts = 0
-        self._units: dict[int, Unit] = {}
-        self._unit_ids = itertools.count()
+        self._units: dict[Unit, None] = {}  # asynchronous units in flight, in start order
         self._instances = itertools.count()  # task instances drawn (tool-latency seeds)
         self._replayed = 0
 
@@ -418,30 +410,26 @@ class Cluster:
         z = random.Random((c.seed * 1_000_003 + instance) * 101 + call).gauss(0.0, 1.0)
         return min(c.tool_latency_max_s, c.tool_latency_median_s * math.exp(c.tool_latency_sigma * z))
 
-    def _episode(self, gen: int, shape: RolloutShape, on_done: Callable[[], None], instance: int = 0,
-                 unit: Unit | None = None) -> None:
-        engine = self.engines[gen]
-        state = {"turn": 0, "context": shape.prompt_tokens}
-        live = (lambda: not unit.aborted) if unit is not None else (lambda: True)
+    def _episode(self, shape: RolloutShape, on_done: Callable[[], None], instance: int, unit: Unit) -> None:
+        engine, turn, context = self.engines[unit.gen], 0, shape.prompt_tokens
+
+        def live() -> bool:
+            return not unit.aborted
 
         def submit() -> None:
             if live():
-                engine.submit(Request(state["context"], shape.action_tokens[state["turn"]], after_turn, live))
+                engine.submit(Request(context, shape.action_tokens[turn], after_turn, live))
 
         def after_turn() -> None:
+            nonlocal turn, context
             if not live():
                 return
-            if unit is not None:
-                unit.versioned = True
-            turn = state["turn"]
-            state["context"] += shape.action_tokens[turn] + (shape.observation_tokens[turn] if turn < len(shape.observation_tokens) else 0)
-            state["turn"] = turn + 1
-            if state["turn"] >= len(shape.action_tokens):
+            unit.versioned = True
+            context += shape.action_tokens[turn] + (shape.observation_tokens[turn] if turn < len(shape.observation_tokens) else 0)
+            turn += 1
+            if turn >= len(shape.action_tokens):
                 on_done()
-                return
-            wait = self.cfg.env_step_s + (shape.tool_waits_s[turn] if shape.tool_waits_s
-                                          else self._tool_latency(instance, turn))
-            if wait > 0:
+            elif (wait := shape.tool_waits_s[turn - 1] if shape.tool_waits_s else self._tool_latency(instance, turn - 1)) > 0:
                 self.loop.at(self.loop.now + wait, submit)
             else:
                 submit()
@@ -453,6 +441,7 @@ class Cluster:
         """Start one unit's episodes on ``gen`` (``shapes``, else ``_draw_group``); ``on_done(shapes, version)``."""
         shapes = self._draw_group() if shapes is None else shapes
         version, instance, left = self.version, next(self._instances), [len(shapes)]
+        unit = unit or Unit(gen, version)
 
         def one_done() -> None:
             self.finished_rollouts += 1
@@ -461,7 +450,7 @@ class Cluster:
                 on_done(shapes, version)
 
         for s in shapes:
-            self._episode(gen, s, one_done, instance, unit)
+            self._episode(s, one_done, instance, unit)
 
     def _draw_group(self) -> list[RolloutShape]:
         """The next replayed unit, else G distinct traced rollouts of a drawn task (with replacement when it has
@@ -485,11 +474,11 @@ class Cluster:
             self.waiting.append(gen)
             return
         self.started += self.cfg.group_size
-        unit = Unit(next(self._unit_ids), gen, self.version, self.cfg.group_size)
-        self._units[unit.uid] = unit
+        unit = Unit(gen, self.version)
+        self._units[unit] = None
 
         def done(shapes: list[RolloutShape], version: int) -> None:
-            del self._units[unit.uid]
+            del self._units[unit]
             self.ready.append((shapes, version))
             self._slot(gen)
             self._maybe_train()
@@ -497,24 +486,19 @@ class Cluster:
         self._group(gen, done, unit=unit)
 
     def _abort_stale(self) -> None:
-        doomed = [u for u in self._units.values() if u.versioned and self.version - u.version > self.cfg.max_staleness]
+        doomed = [u for u in self._units if u.versioned and self.version - u.version > self.cfg.max_staleness]
         for u in doomed:
             u.aborted = True
-            del self._units[u.uid]
-            self.started -= u.size
-            self.stale_aborted += u.size
+            del self._units[u]
+            self.started -= self.cfg.group_size
+            self.stale_aborted += self.cfg.group_size
         for u in doomed:
             self._slot(u.gen)
 
     def _kept(self, units: list[tuple[list[RolloutShape], int]]) -> tuple[float, int]:
         """Trained action tokens and rollouts of a batch: all (SAO), or groups with unequal rewards (GRPO)."""
-        tokens, rollouts = 0.0, 0
-        for shapes, _ in units:
-            if self.cfg.method != "sao" and len({s.reward for s in shapes}) == 1:
-                continue
-            tokens += sum(sum(s.action_tokens) for s in shapes)
-            rollouts += len(shapes)
-        return tokens, rollouts
+        kept = [shapes for shapes, _ in units if self.cfg.method == "sao" or len({s.reward for s in shapes}) > 1]
+        return float(sum(sum(s.action_tokens) for shapes in kept for s in shapes)), sum(len(shapes) for shapes in kept)
 
     def _maybe_train(self) -> None:
         if self.learner_busy or len(self.updates) >= self.cfg.steps:
@@ -593,22 +577,21 @@ class Cluster:
                 for _ in range(max(1, self.cfg.episodes_in_flight // self.cfg.group_size)):
                     self._slot(gen)
         self.loop.run(lambda: len(self.updates) >= self.cfg.steps, max_events)
-        wall = self.loop.now
-        generating = [e.generating_until_now() for e in self.engines]
+        wall, generating = self.loop.now, [e.generating_until_now() for e in self.engines]
         window, tokens, rollouts = steady_window(self.updates)
-        batches = sum(e.batches for e in self.engines)
+
+        def per(x: float, y: float) -> float:
+            return x / y if y > 0 else 0.0
+
         return SimResult(
-            busy_fraction=min(1.0, statistics.fmean(generating) / wall) if wall > 0 else 0.0,
+            busy_fraction=min(1.0, per(statistics.fmean(generating), wall)),
             generation_phase_s=statistics.fmean(self._gen_phases) if self._gen_phases else None,
-            slot_occupancy=min(1.0, statistics.fmean(e.row_seconds for e in self.engines)
-                               / (wall * self.cfg.engine.max_batch)) if wall > 0 else 0.0,
-            learner_busy_fraction=min(1.0, self.learner_busy_s / wall) if wall > 0 else 0.0,
-            trained_action_tokens_per_s=tokens / window if window > 0 else 0.0,
-            rollouts_per_s=rollouts / window if window > 0 else 0.0,
-            window_s=window, wall_s=wall, updates=len(self.updates), stale_dropped=self.stale_dropped,
-            stale_aborted=self.stale_aborted, events=self.loop.events,
+            slot_occupancy=min(1.0, per(statistics.fmean(e.row_seconds for e in self.engines), wall * self.cfg.engine.max_batch)),
+            learner_busy_fraction=min(1.0, per(self.learner_busy_s, wall)), trained_action_tokens_per_s=per(tokens, window),
+            rollouts_per_s=per(rollouts, window), window_s=window, wall_s=wall, updates=len(self.updates),
+            stale_dropped=self.stale_dropped, stale_aborted=self.stale_aborted, events=self.loop.events,
             generating_s_per_rollout=sum(generating) / max(self.finished_rollouts, 1),
-            mean_batch_rows=sum(e.batch_rows for e in self.engines) / batches if batches else 0.0)
+            mean_batch_rows=per(sum(e.batch_rows for e in self.engines), sum(e.batches for e in self.engines)))
 
 
 def steady_window(updates: Sequence[tuple[float, float, float]]) -> tuple[float, float, float]:
@@ -635,23 +618,25 @@ def simulate_feeding(engine: EngineModel, scale: float, episodes: Sequence[Rollo
     unit_slots, size = {"lockstep": (1, slots), "continuous": (slots, 1)}.get(mode, (max(1, slots // group_size), group_size))
     cluster = Cluster(ClusterConfig(method="grpo_async"), Workload(((episodes[0],),)))
     cluster.engines = [Engine(cluster.loop, engine, lambda: scale)]
-    state = {"done": 0, "running": 0, "next": 0}
+    done = running = started = 0
 
     def unit_slot() -> None:
+        nonlocal running, started
         if cluster.loop.now >= feed_s:
             return
-        state["running"] += 1
-        shapes = [episodes[(state["next"] + k) % len(episodes)] for k in range(size)]
-        state["next"] += size
+        running += 1
+        shapes = [episodes[(started + k) % len(episodes)] for k in range(size)]
+        started += size
 
         def finished(shapes: list[RolloutShape], version: int) -> None:
-            state["running"] -= 1
-            state["done"] += len(shapes)
+            nonlocal done, running
+            running -= 1
+            done += len(shapes)
             unit_slot()
 
         cluster._group(0, finished, shapes)
 
     for _ in range(unit_slots):
         unit_slot()
-    cluster.loop.run(lambda: state["running"] == 0, 5_000_000)
-    return state["done"] / cluster.loop.now if cluster.loop.now > 0 else 0.0
+    cluster.loop.run(lambda: running == 0, 5_000_000)
+    return done / cluster.loop.now if cluster.loop.now > 0 else 0.0
