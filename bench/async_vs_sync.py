@@ -196,11 +196,7 @@ def run_episodes(ctx: Any, method: str) -> tuple[list[list[Any]], int]:
     """A run's ledger as ``[unit, prompt_tokens, action_tokens, observation_tokens, reward, tool_waits_s]`` per
     episode (per turn; the task's tool latency after each turn but the last), in replay order (SAO by start; GRPO
     groups together, asynchronous ones by their first start), and how many waits miss the reported ``tool_wait_s``.
-
-    Raises:
-        FileNotFoundError: the run wrote no ledger.
-        ValueError: a malformed ledger line, or a rollout of a task the run does not have.
-    """
+    FileNotFoundError without a ledger; ValueError for a malformed line or a rollout of a task the run lacks."""
     from bench.sim.model import method_kind
     from posttrain.learner.ledger import LEDGER_NAME, read_ledger
 

@@ -52,8 +52,7 @@ def machine_info() -> dict[str, Any]:
         memory = round(int(line.split()[1]) / 2**20, 1)
     info: dict[str, Any] = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                             "cpu_count": os.cpu_count(), "memory_gib": memory, "python": platform.python_version(),
-                            "load_avg": [round(x, 2) for x in os.getloadavg()],
-                            "when": utc_now()}
+                            "load_avg": [round(x, 2) for x in os.getloadavg()], "when": utc_now()}
     try:
         import torch
 
@@ -134,11 +133,7 @@ def joined(values: Iterable[float]) -> str:
 
 def readable_json(value: Any, indent: int = 0) -> str:
     """``value`` as JSON with objects one key per line and lists holding no object compact: on one line when
-    their items are scalars, else one line per item (``json.loads`` reads it back unchanged).
-
-    Raises:
-        TypeError: ``value`` holds something JSON cannot encode.
-    """
+    their items are scalars, else one line per item (``json.loads`` reads it back); TypeError for what JSON cannot hold."""
     pad, inner = " " * indent, " " * (indent + 2)
 
     def holds_object(v: Any) -> bool:
@@ -148,33 +143,21 @@ def readable_json(value: Any, indent: int = 0) -> str:
         items = [f"{inner}{json.dumps(k if isinstance(k, str) else json.dumps(k))}: {readable_json(v, indent + 2)}"
                  for k, v in value.items()]
         return "{\n" + ",\n".join(items) + f"\n{pad}}}"
-    if isinstance(value, list | tuple) and value:
-        if not any(holds_object(v) for v in value):
-            if not any(isinstance(v, list | tuple) for v in value):
-                return json.dumps(value)
-            return "[\n" + ",\n".join(inner + json.dumps(v) for v in value) + f"\n{pad}]"
-        return "[\n" + ",\n".join(inner + readable_json(v, indent + 2) for v in value) + f"\n{pad}]"
+    if isinstance(value, list | tuple) and any(isinstance(v, dict | list | tuple) for v in value):
+        flat = not any(holds_object(v) for v in value)
+        return "[\n" + ",\n".join(inner + (json.dumps(v) if flat else readable_json(v, indent + 2)) for v in value) + f"\n{pad}]"
     return json.dumps(value)
 
 
 def write_result(path: Path, data: dict[str, Any]) -> Path:
-    """Write ``data`` to ``path`` as ``readable_json`` (creating its folder); return the path.
-
-    Raises:
-        TypeError: ``data`` holds something JSON cannot encode.
-    """
+    """Write ``data`` to ``path`` as ``readable_json`` (creating its folder); return the path. TypeError as there."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(readable_json(data) + "\n", encoding="utf-8")
     return path
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """A results file, parsed.
-
-    Raises:
-        OSError: it cannot be read.
-        ValueError: it is not JSON (the message names the file).
-    """
+    """A results file, parsed; OSError when it cannot be read, ValueError naming it when it is not JSON."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
@@ -188,11 +171,8 @@ def read_result(name: str, results_dir: Path = RESULTS_DIR) -> dict[str, Any] | 
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
-    """A Markdown table; ``align`` holds ``l`` or ``r`` per column (default: first left, the rest right).
-
-    Raises:
-        ValueError: a row or ``align`` whose length differs from ``headers``.
-    """
+    """A Markdown table; ``align`` holds ``l`` or ``r`` per column (default: first left, the rest right); ValueError for
+    a row or ``align`` whose length differs from ``headers``."""
     n = len(headers)
     align = align or ("l" + "r" * (n - 1))
     if len(align) != n:
@@ -206,11 +186,8 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align:
 
 
 def update_docs_section(name: str, markdown: str, docs: Path | None = None) -> Path:
-    """Replace the section ``name`` of ``docs`` (between its markers) with ``markdown``; append it when absent.
-
-    Raises:
-        ValueError: ``docs`` has only one of the section's two markers.
-    """
+    """Replace the section ``name`` of ``docs`` (between its markers) with ``markdown``, or append it when absent;
+    ValueError when ``docs`` has only one of the section's two markers."""
     begin, end, docs = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->", docs or DOCS
     text = docs.read_text(encoding="utf-8") if docs.exists() else "# Benchmarks\n"
     block = f"{begin}\n{markdown.strip()}\n{end}"

@@ -61,11 +61,8 @@ def median_ms(first: Callable[[], Any], second: Callable[[Any], Any], repeats: i
 
 
 def run_ours(client: redis.Redis, rollout: Rollout, n: int, batch: int, arrays: bool = False) -> float:
-    """Seconds to put ``n`` rollouts and get + ack them all through ``RedisStreamQueue(arrays=arrays)``.
-
-    Raises:
-        RuntimeError: the stream ran dry early, or entries were dead-lettered.
-    """
+    """Seconds to put ``n`` rollouts and get + ack them all through ``RedisStreamQueue(arrays=arrays)``; RuntimeError
+    when the stream runs dry early or entries were dead-lettered."""
     keys = StreamKeys("bench", uuid.uuid4().hex[:12])
     q = RedisStreamQueue(client, keys, maxlen=max(10 * n, 1000), arrays=arrays)
     t0 = time.perf_counter()
@@ -86,11 +83,8 @@ def run_ours(client: redis.Redis, rollout: Rollout, n: int, batch: int, arrays: 
 
 
 def run_raw(client: redis.Redis, payload: bytes, n: int, batch: int) -> float:
-    """Seconds to XADD ``payload`` ``n`` times and XREAD all entries back (no decode, no group).
-
-    Raises:
-        RuntimeError: the stream ran dry early.
-    """
+    """Seconds to XADD ``payload`` ``n`` times and XREAD all entries back (no decode, no group); RuntimeError when the
+    stream runs dry early."""
     key = f"bench:raw:{uuid.uuid4().hex[:12]}"
     t0 = time.perf_counter()
     for _ in range(n):
@@ -108,11 +102,8 @@ def run_raw(client: redis.Redis, payload: bytes, n: int, batch: int) -> float:
 
 
 def measure_size(client: redis.Redis, tokens: int, repeats: int, rng: random.Random) -> dict[str, Any]:
-    """One row of the table: the three paths at ``tokens`` tokens per rollout.
-
-    Raises:
-        RuntimeError: the arrays and the lists rollout encode to different payloads.
-    """
+    """One row of the table: the three paths at ``tokens`` tokens per rollout; RuntimeError when the arrays and the
+    lists rollout encode to different payloads."""
     rollout = make_rollout(tokens, rng)
     payload, arr = encode_rollout(rollout), rollout.to_arrays()
     if encode_rollout(arr) != payload:

@@ -7,7 +7,7 @@ rollouts, one per prompt) at the same learning rate; ``bench/configs/vs_trl/`` h
 ``trl.GRPOTrainer`` (``loss_type="dapo"``, group-std scaling, clip 0.2 / 0.28, no KL), ``grpo_sync``
 ``posttrain.runners.grpo_sync.run_grpo_sync`` (the same loss family), ``sao`` ``posttrain.runners.sao.train_sao``.
 Measured: action tokens generated and trained per second between the first and the last step, wall time,
-and seconds to the probe reward target (warm start + ``--target-gain``) from snapshots every
+and seconds to the probe reward target (warm start + ``TARGET_GAIN``) from snapshots every
 ``--eval-every`` steps evaluated on training prompts (``probe_context``). Writes ``bench/results/vs_trl.json``
 and its docs section.
 
@@ -18,7 +18,6 @@ bench.vs_trl`` (2 minutes on 2 cores, plus 2 of warm start the first time) or
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -33,18 +32,13 @@ from bench import common
 TRL_PIN = "trl==1.16.0"
 """The TRL version this benchmark was written and run against (``bench/requirements-trl.txt``, ``make bench-deps``)."""
 METHODS = ("trl_grpo", "grpo_sync", "sao")
+TARGET_GAIN = 0.1
+"""The probe target: the warm start's probe reward + this."""
 
 
 def run_trl(config: Any, base: Any, sft: Path, snap_dir: Path, eval_every: int) -> tuple[avs.MethodRun, str]:
     """Train ``trl.GRPOTrainer`` from ``sft`` with the ``grpo_sync`` ``config``, recording steps and snapshots as
-    ``bench.async_vs_sync.run_method`` does.
-
-    Returns:
-        The ``MethodRun`` and the TRL version.
-
-    Raises:
-        ImportError: TRL is not installed (``make bench-deps``).
-    """
+    ``bench.async_vs_sync.run_method`` does; the run and TRL's version. ImportError without TRL (``make bench-deps``)."""
     import trl
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -100,11 +94,8 @@ def run_trl(config: Any, base: Any, sft: Path, snap_dir: Path, eval_every: int) 
 
 
 def probe_context(base: Any) -> Any:
-    """A ``RunContext`` whose evaluation tasks are the first ``eval.num_tasks`` training tasks (the probe set).
-
-    The tiny model does not learn to add unseen numbers within this budget (operands below 20: held-out
-    reward 2-8% for every method), so learning speed is measured on training prompts.
-    """
+    """A ``RunContext`` whose evaluation tasks are the first ``eval.num_tasks`` training tasks (the probe set: the
+    tiny model does not learn to add unseen numbers in this budget, so learning speed is measured on these)."""
     from posttrain.runtime import RunContext
 
     path = base.run_dir.parent.parent / "tasks" / "train_probe.jsonl"
@@ -141,18 +132,12 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry (module docstring)."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.parser(__doc__, common.RESULTS_DIR / "vs_trl.json")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides of both configs, e.g. grpo.steps=4")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--eval-every", type=int, default=20, help="snapshot every this many steps")
-    p.add_argument("--target-gain", type=float, default=0.1, help="probe target: warm start's reward + this")
-    p.add_argument("--out", type=Path, default=common.RESULTS_DIR / "vs_trl.json")
-    p.add_argument("--no-docs", action="store_true")
     args = p.parse_intermixed_args(argv)
-    try:
-        configs = {m: common.load_method("vs_trl", m, args.overrides) for m in ("grpo_sync", "sao")}
-    except ValueError as exc:
-        p.error(str(exc).splitlines()[0])
+    configs = {m: common.load_method("vs_trl", m, args.overrides, p) for m in ("grpo_sync", "sao")}
     if args.eval_every < 1:
         p.error(f"--eval-every: must be >= 1 steps, got {args.eval_every}")
     import torch
@@ -169,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             run = avs.run_method(configs[method].model_copy(update={"run_name": method}), method, base, sft, snap, args.eval_every)
         runs.append(run)
     start, rewards = avs.evaluate_snapshots(probe_context(base), sft, runs)
-    target = round(start + args.target_gain, 3)
+    target = round(start + TARGET_GAIN, 3)
     methods = {r.method: avs.summarise(r, rewards[r.method], target) for r in runs}
     g, data = grpo.grpo, grpo.data
     result = {"command": common.command_line("bench.vs_trl", argv), "machine": common.machine_info(), "trl_version": trl_version,

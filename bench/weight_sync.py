@@ -85,12 +85,8 @@ async def _serve_versions(model_dir: Path, store_dir: Path, redis_url: str, run:
 
 
 def measure_shape(name: str, shape: dict[str, Any], repeats: int, vllm: bool, tmp: Path, redis_url: str) -> dict[str, Any]:
-    """Medians (seconds) of raw write and read and of publish, detection and reload for one shape.
-
-    Raises:
-        RuntimeError: no report from the generator process within 300 s (the message holds its log's tail).
-        ImportError: ``vllm`` where vLLM does not import.
-    """
+    """Medians (seconds) of raw write and read and of publish, detection and reload for one shape; RuntimeError (with
+    its log's tail) when the generator process reports nothing for 300 s, ImportError for ``vllm`` without vLLM."""
     import torch
     from safetensors.torch import load_file, save_file
 

@@ -78,9 +78,8 @@ def fit_batch_costs(batches: Sequence[Sequence[float]]) -> dict[str, float]:
 
 def engine_modes_share(inputs: dict[str, Any]) -> float:
     """CPU share the engine had during ``engine_modes`` (mean of its start and end load, our one busy thread)."""
-    em = inputs["engine_modes"]
+    em, busy = inputs["engine_modes"], GENERATOR_BUSY_THREADS
     load = statistics.fmean([float(em["load_avg_start"]), float(em["load_avg_end"])])
-    busy = GENERATOR_BUSY_THREADS
     return cpu_share(int(inputs["machine"]["cpu_count"]), max(0.0, load - busy), busy)
 
 
@@ -139,13 +138,10 @@ def measured_config(inputs: dict[str, Any], result: dict[str, Any], run: dict[st
     times are divided by ``cpu_share(cores, L - ours, busy)``, with busy = ours while the learner trains
     and the generator's alone otherwise (synchronous GRPO never overlaps the two).
     """
-    s, method = result["settings"], result["method"]
-    kind = model.method_kind(method)
-    cores = int(result["machine"]["cpu_count"])
-    generator = GENERATOR_BUSY_THREADS
+    s, method, generator = result["settings"], result["method"], GENERATOR_BUSY_THREADS
+    kind, cores, slots = model.method_kind(method), int(result["machine"]["cpu_count"]), s["episodes_in_flight"]
     ours = generator if kind == "grpo_sync" else generator + 1
     background = max(0.0, statistics.fmean(run["load_avg_start_end"]) - ours)
-    slots = s["episodes_in_flight"]
     return ClusterConfig(
         engine_scale_idle=engine_factor / cpu_share(cores, background, generator),
         engine_scale_learner_busy=engine_factor / cpu_share(cores, background, ours),
@@ -170,6 +166,12 @@ def phase_identifies_engine_speed(phases: Sequence[float], engine_free_s: float,
     return at_current_s - engine_free_s > 2 * se
 
 
+def simulated_mean(config: ClusterConfig, workload: Workload, repeats: int, quantity: str) -> float:
+    """Mean of a ``SimResult`` quantity over ``repeats`` simulations, seeds ``config.seed`` + 0, 1, ... (Nones left out)."""
+    values = [getattr(model.simulate(replace(config, seed=config.seed + k), workload), quantity) for k in range(repeats)]
+    return statistics.fmean(x for x in values if x is not None)
+
+
 def calibrate_engine_speed(base: ClusterConfig, run: dict[str, Any], workload: Workload,
                            repeats: int) -> tuple[ClusterConfig, str]:
     """Scale the twin's engine to the speed the run measured itself, and say where the speed came from.
@@ -179,16 +181,13 @@ def calibrate_engine_speed(base: ClusterConfig, run: dict[str, Any], workload: W
     (generators' engine seconds and rollouts in ``counters``): 4 rounds of ``factor *= measured / simulated``
     engine seconds per rollout (a slower engine also batches more rows). Else ``load average``: ``base``.
     """
-    phases = run.get("generator_batch_s") or []
-    counters = run.get("counters", {})
+    phases, counters = run.get("generator_batch_s") or [], run.get("counters", {})
     busy_s, produced = counters.get("generator_busy_s"), counters.get("generator_rollouts")
     if base.method == "grpo_sync" and phases:
         target = statistics.fmean(phases)
 
         def phase(f: float) -> float:
-            sims = [model.simulate(replace(base.scaled(f), seed=base.seed + k), workload).generation_phase_s
-                    for k in range(repeats)]
-            return statistics.fmean(x for x in sims if x is not None)
+            return simulated_mean(base.scaled(f), workload, repeats, "generation_phase_s")
 
         if not phase_identifies_engine_speed(phases, phase(1e-6), phase(1.0)):
             return base, "load average (generator_batch_s is tool waits)"
@@ -200,9 +199,7 @@ def calibrate_engine_speed(base: ClusterConfig, run: dict[str, Any], workload: W
     if busy_s and produced:
         target, factor = float(busy_s) / float(produced), 1.0
         for _ in range(4):
-            simulated = statistics.fmean(model.simulate(replace(base.scaled(factor), seed=base.seed + k),
-                                                  workload).generating_s_per_rollout for k in range(repeats))
-            if simulated <= 0:
+            if (simulated := simulated_mean(base.scaled(factor), workload, repeats, "generating_s_per_rollout")) <= 0:
                 break
             factor *= target / simulated
         return base.scaled(factor), "generator_busy_s"
@@ -229,24 +226,23 @@ def run_twin(inputs: dict[str, Any], result: dict[str, Any], run: dict[str, Any]
     return base, speed_from
 
 
-def engine_alone(inputs: dict[str, Any], costs: dict[str, float]) -> tuple[EngineModel, float]:
-    """The ``hf`` engine of ``engine_modes`` and its time scale at that measurement's CPU share."""
-    slots = int(inputs["settings"]["episodes_in_flight"])
-    return EngineModel(batching="static", max_batch=slots, **costs), 1.0 / engine_modes_share(inputs)
+def feeding_rate(inputs: dict[str, Any], costs: dict[str, float], factor: float, mode: str) -> float:
+    """Simulated rollouts/s of the ``hf`` engine of ``engine_modes`` at its CPU share times ``factor``, fed as the
+    feeding ``mode`` was (``simulate_feeding`` replaying its recorded episodes, with its window)."""
+    em, slots = inputs["engine_modes"], int(inputs["settings"]["episodes_in_flight"])
+    engine, scale = EngineModel(batching="static", max_batch=slots, **costs), 1.0 / engine_modes_share(inputs)
+    return model.simulate_feeding(engine, scale * factor, feeding_episodes(em, mode), mode, slots, float(em["feed_s"]),
+                                  int(em["group_size"]))
 
 
 def fit_engine_speed(inputs: dict[str, Any], costs: dict[str, float], modes: Sequence[str] = ENGINE_MODES,
                      rounds: int = 4) -> float:
     """Speed factor on ``costs`` that fits the engine fed by real episodes in ``modes``: ``rounds`` times, move its
-    log by the mean log ratio of simulated to measured rollouts/s (``simulate_feeding`` replaying the episodes
-    each feeding recorded, with its window)."""
-    em = inputs["engine_modes"]
-    engine, scale = engine_alone(inputs, costs)
+    log by the mean log ratio of ``feeding_rate`` to the measured rollouts/s."""
     factor = 1.0
     for _ in range(rounds):
-        logs = [math.log(model.simulate_feeding(engine, scale * factor, feeding_episodes(em, m), m, engine.max_batch, float(em["feed_s"]),
-                              int(em["group_size"])) / float(em[m]["rollouts_per_s"])) for m in modes]
-        factor *= math.exp(statistics.fmean(logs))
+        factor *= math.exp(statistics.fmean([math.log(feeding_rate(inputs, costs, factor, m)
+                                                      / float(inputs["engine_modes"][m]["rollouts_per_s"])) for m in modes]))
     return factor
 
 
@@ -317,12 +313,8 @@ def validate_setting(inputs: dict[str, Any], results: Sequence[dict[str, Any]], 
     factor = fit_engine_speed(inputs, costs)
     speeds = {mode: fit_engine_speed(inputs, costs, (mode,)) for mode in ENGINE_MODES}
     rows = [row for result in results for row in method_rows(inputs, result, costs, factor, speeds, workload, repeats)]
-    em = inputs["engine_modes"]
-    engine, scale = engine_alone(inputs, costs)
     for mode in ENGINE_MODES:
-        pred = model.simulate_feeding(engine, scale * factor, feeding_episodes(em, mode), mode, engine.max_batch, float(em["feed_s"]),
-                    int(em["group_size"]))
-        meas = float(em[mode]["rollouts_per_s"])
+        pred, meas = feeding_rate(inputs, costs, factor, mode), float(inputs["engine_modes"][mode]["rollouts_per_s"])
         rows.append({"method": f"engine_{mode}", "quantity": "rollouts_per_s", "measured": meas, "predicted": pred,
                      "relative_error": (pred - meas) / meas, "calibration": True,
                      "speed_from": "engine_modes (one speed for every feeding)"})

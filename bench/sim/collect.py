@@ -151,9 +151,7 @@ def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed:
     ``continuous`` (``slots`` slots, each starting an episode when its last ends: SAO), ``groups`` (``slots //
     group_size`` slots of ``group_size`` episodes of one task: asynchronous GRPO). Per mode: ``rollouts``,
     ``seconds``, ``rollouts_per_s``, ``mean_batch``, ``batches`` (``[rows, width, prompt_tokens, new_tokens,
-    seconds, generated_tokens]``) and ``episodes`` (``[prompt, actions, observations]`` in start order); with
-    ``feed_s``, ``group_size``, the load average at the start and end and an ``engine_probe`` before and after.
-    """
+    seconds, generated_tokens]``) and ``episodes`` (``[prompt, actions, observations]`` in start order)."""
     gen, tasks = base.config.generator, base.tasks("train")
     tokenizer, env, limits = load_tokenizer(sft), base.environment(), _limits(gen)
     rng = random.Random(seed)

@@ -64,11 +64,7 @@ class Workload:
     @classmethod
     def from_trace(cls, trace: Sequence[dict[str, Any]], token_scale: float = 1.0) -> Workload:
         """From ``[{"rollouts": [{prompt_tokens, action_tokens, observation_tokens, reward}]}]``, every length times
-        ``token_scale`` (rounded; at least 1 action token per turn).
-
-        Raises:
-            ValueError: an empty trace, a task without rollouts, or a rollout without turns.
-        """
+        ``token_scale`` (rounded; at least 1 action token per turn); ValueError for an empty task or turnless rollout."""
         def shape(where: str, r: dict[str, Any]) -> RolloutShape:
             if not r["action_tokens"]:
                 raise ValueError(f"{where}.action_tokens: empty (a rollout has at least one turn)")
@@ -105,11 +101,9 @@ def reward_posteriors(tasks: Sequence[Sequence[RolloutShape]]) -> tuple[tuple[fl
 
 @dataclass(frozen=True)
 class EngineModel:
-    """One generator's engine, ``static`` (hf) or ``continuous`` (vLLM), up to ``max_batch`` sequences (seconds).
-
-    A decode step takes ``step_time(rows, width)``; a static batch also pays ``prefill_s_per_token`` per padded
-    prompt token and ``sample_s_per_token`` per sampled token (a continuous engine pays prefill per request).
-    """
+    """One generator's engine, ``static`` (hf) or ``continuous`` (vLLM), up to ``max_batch`` sequences (seconds): a
+    decode step takes ``step_time(rows, width)``; a static batch also pays ``prefill_s_per_token`` per padded prompt
+    token and ``sample_s_per_token`` per sampled token (a continuous engine pays prefill per request)."""
 
     batching: Literal["static", "continuous"] = "static"
     max_batch: int = 32
@@ -128,10 +122,8 @@ class EngineModel:
 
 @dataclass(frozen=True)
 class LearnerModel:
-    """The learner: ``gpus`` data-parallel devices, ``step_s_fixed + s_per_token * tokens / gpus`` per iteration.
-
-    ``warmup_iterations`` leading iterations publish no version (SAO's critic warm-up).
-    """
+    """The learner: ``gpus`` data-parallel devices, ``step_s_fixed + s_per_token * tokens / gpus`` seconds per
+    iteration; the first ``warmup_iterations`` publish no version (SAO's critic warm-up)."""
 
     gpus: int = 1
     step_s_fixed: float = 0.0
@@ -609,12 +601,9 @@ def simulate(config: ClusterConfig, workload: Workload) -> SimResult:
 
 def simulate_feeding(engine: EngineModel, scale: float, episodes: Sequence[RolloutShape], mode: str, slots: int,
                      feed_s: float, group_size: int = 8) -> float:
-    """Rollouts per second of one engine fed as ``bench.sim.collect.measure_engine_modes`` feeds it (no learner).
-
-    Slots start units of ``episodes`` (in order, cycling) while the clock is below ``feed_s``, a slot's next unit
-    when its last is done; the rate counts the drain. ``lockstep``: 1 slot of ``slots`` episodes; ``continuous``:
-    ``slots`` slots of 1; ``groups``: ``slots // group_size`` slots of ``group_size``.
-    """
+    """Rollouts per second of one engine fed as ``bench.sim.collect.measure_engine_modes`` feeds it (no learner):
+    slots start units of ``episodes`` (in order, cycling) while the clock is below ``feed_s``, a slot's next unit
+    when its last is done; the rate counts the drain."""
     unit_slots, size = {"lockstep": (1, slots), "continuous": (slots, 1)}.get(mode, (max(1, slots // group_size), group_size))
     cluster = Cluster(ClusterConfig(method="grpo_async"), Workload(((episodes[0],),)))
     cluster.engines = [Engine(cluster.loop, engine, lambda: scale)]

@@ -13,7 +13,6 @@ Run: ``.venv/bin/python -m bench.sim`` (7 minutes on one core, 3 of them for N =
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Sequence
@@ -28,11 +27,7 @@ from bench.sim.model import ClusterConfig, EngineModel, LearnerModel, Workload, 
 
 def gpu_assumptions(inputs: dict[str, Any], overrides: Sequence[str] = ()) -> dict[str, Any]:
     """``bench/configs/sim/gpu.yaml`` with ``overrides``, SAO's learner cost over GRPO's as ``inputs`` measured it,
-    and the tool latency of ``inputs``' setting.
-
-    Raises:
-        ValueError: an override of a key the file does not have.
-    """
+    and the tool latency of ``inputs``' setting; ValueError for an override of a key the file does not have."""
     import yaml
 
     from posttrain.config.load import parse_overrides
@@ -56,15 +51,15 @@ def project(ns: Sequence[int], a: dict[str, Any], workload: Workload, learner_ra
         gpus = max(1, round(n * (a["learner_gpus_per_generator"] if learner_ratio is None else learner_ratio)))
         batch = n * a["rollouts_per_generator_per_step"]
         batch -= batch % a["group_size"]
-        common = dict(generators=n, episodes_in_flight=a["episodes_in_flight"], batch_rollouts=batch,
+        shared = dict(generators=n, episodes_in_flight=a["episodes_in_flight"], batch_rollouts=batch,
                       max_staleness=a["max_staleness"], steps=a["steps"], publish_s=a["publish_s"], reload_s=a["reload_s"],
                       engine=EngineModel(**a["engine"]), seed=0, tool_latency_median_s=a["tool_latency_median_s"],
                       tool_latency_sigma=a["tool_latency_sigma"], tool_latency_max_s=a["tool_latency_max_s"])
         t0 = time.monotonic()
         sao = simulate(ClusterConfig(method="sao", group_size=1, learner=LearnerModel(
-            gpus=gpus, s_per_token=a["grpo_learner_s_per_token"] * a["sao_learner_cost_ratio"]), **common), workload)
+            gpus=gpus, s_per_token=a["grpo_learner_s_per_token"] * a["sao_learner_cost_ratio"]), **shared), workload)
         grpo = simulate(ClusterConfig(method="grpo_sync", group_size=a["group_size"], learner=LearnerModel(
-            gpus=gpus, s_per_token=a["grpo_learner_s_per_token"]), **common), workload)
+            gpus=gpus, s_per_token=a["grpo_learner_s_per_token"]), **shared), workload)
         speedup = sao.trained_action_tokens_per_s / grpo.trained_action_tokens_per_s if grpo.trained_action_tokens_per_s else None
         rows.append({"generators": n, "learner_gpus": gpus, "batch_rollouts": batch, "sao": asdict(sao),
                      "grpo_sync": asdict(grpo), "speedup_sao_over_grpo_sync": speedup, "sim_seconds": time.monotonic() - t0})
@@ -150,13 +145,11 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry (module docstring)."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.parser(__doc__, common.RESULTS_DIR / "simulate.json")  # --no-docs: the plot goes beside --out
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="assumptions, e.g. engine.step_s=0.03")
     p.add_argument("--ns", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256, 512, 1024], help="generator counts")
     p.add_argument("--repeats", type=int, default=5, help="seeds per measured run in the check")
     p.add_argument("--results-dir", type=Path, default=common.RESULTS_DIR, help="where async_vs_sync/ and sim/ are read")
-    p.add_argument("--out", type=Path, default=common.RESULTS_DIR / "simulate.json")
-    p.add_argument("--no-docs", action="store_true", help="write the results file (and the plot beside it) only")
     args = p.parse_intermixed_args(argv)
     if args.repeats < 1 or min(args.ns) < 1:
         p.error(f"--repeats and --ns: must be >= 1, got {args.repeats} and {args.ns}")
