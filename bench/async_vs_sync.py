@@ -1,20 +1,15 @@
 """SAO against synchronous GRPO (G = 4, 8) and asynchronous GRPO + DIS on a long-tailed multi-turn workload.
 
-One command runs one method in one setting (``--repeats`` runs, seeds ``seed``, ``seed + 1``, ...) from a shared
-SFT warm start and writes ``bench/results/async_vs_sync/<setting>/<method>.json`` (or ``--out``); the section
-of docs/benchmarks.md is rendered from every file there. A method is ``bench/configs/async_vs_sync/<method>.yaml``
-on ``base.yaml``, then dotted ``key=value`` overrides: ``sao`` and ``grpo_async_g8`` run through
-``posttrain.runners.sao.train_sao`` (generator processes, the learner), ``grpo_sync_g4`` / ``_g8`` through
-``posttrain.runners.grpo_sync.run_grpo_sync`` (one engine in the learner's process: generate a batch, wait for
-its slowest episode, train, reload). The setting is ``tool_latency`` when ``data.env_args.tool_latency_median_s
-> 0`` (the default, where the targets are judged: each tool call waits a log-normal wall time seeded per task),
-else ``compute_bound``; files under ``sweep/`` are SAO's capacity sweep.
-
-Per run: ``busy_fraction`` (the engine's generating share of a generator's wall time); between the first and
-the last policy update, ``trained_action_tokens_per_s`` (GRPO: kept groups only) and ``rollouts_per_s``;
-``time_to_target_s`` (the first snapshot, every ``--eval-every`` versions of the first run, whose held-out
-reward reaches the warm start's + ``TARGET_GAIN``); an ``engine_probe`` before and after; synchronous runs keep
-their ledger's episodes for ``bench.sim`` to replay (``run_episodes``).
+One command trains one method (``bench/configs/async_vs_sync/<method>.yaml`` on ``base.yaml``, then dotted
+``key=value`` overrides) ``--repeats`` times (seeds ``seed``, ``seed + 1``, ...) from a shared SFT warm start and
+writes ``bench/results/async_vs_sync/<setting>/<method>.json``; the docs section renders every file there (``sweep/``:
+SAO's capacity sweep). ``sao`` and ``grpo_async_g8`` run ``train_sao`` (generator processes, the learner),
+``grpo_sync_g<G>`` ``run_grpo_sync`` (generate a batch, wait for its slowest episode, train, reload). The setting is
+``tool_latency`` (the default, where the targets are judged: each tool call waits a log-normal wall time seeded per
+task) unless ``data.env_args.tool_latency_median_s=0`` (``compute_bound``). Per run: ``busy_fraction``; between the
+first and the last policy update, ``trained_action_tokens_per_s`` (GRPO: kept groups only) and ``rollouts_per_s``;
+``time_to_target_s`` (held-out reward of the first run's snapshots every ``--eval-every`` versions against the warm
+start's + ``TARGET_GAIN``); an ``engine_probe`` before and after; synchronous runs keep their episodes for ``bench.sim``.
 
 Run (31 minutes for the four methods on 2 cores, plus 8 of warm start once): ``.venv/bin/python -m
 bench.async_vs_sync sao --repeats 3``; compute-bound: ``... sao --repeats 3 data.env_args.tool_latency_median_s=0
@@ -38,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
+from bench.sim.model import method_kind
+from posttrain.learner.ledger import LEDGER_NAME, read_ledger
+from posttrain.runtime import RunContext
 
 RESULTS = common.RESULTS_DIR / "async_vs_sync"
 """``<setting>/<method>.json`` and ``<setting>/sweep/<point>.json``."""
@@ -75,7 +73,6 @@ def settings_of(config: Any, eval_every: int, repeats: int) -> dict[str, Any]:
 def shared_warm_start(config: Any) -> tuple[Any, Path]:
     """The base ``RunContext`` (run ``base``, no tool latency) and its SFT warm start, built once per ``output_dir``."""
     from posttrain.runners.common import prepare, warm_start
-    from posttrain.runtime import RunContext
 
     data = config.data.model_copy(update={"env_args": {k: v for k, v in config.data.env_args.items()
                                                        if not k.startswith("tool_latency")}})
@@ -122,7 +119,6 @@ def run_method(config: Any, method: str, base: Any, sft: Path, snap_dir: Path, e
     from bench.sim.collect import engine_probe
     from posttrain.runners.grpo_sync import run_grpo_sync
     from posttrain.runners.sao import train_sao
-    from posttrain.runtime import RunContext
     from posttrain.weight_sync.store import FilesystemWeightStore
 
     ctx = RunContext(config)
@@ -169,12 +165,10 @@ def steady_window(steps: Sequence[StepRecord]) -> dict[str, float]:
     """Throughput between the first and the last policy update: the iterations after the first update over the
     seconds between the two (zeros with fewer than two updates)."""
     updates = [i for i, s in enumerate(steps) if s.updated]
-    if len(updates) < 2:
-        return {"steady_window_s": 0.0, "trained_action_tokens_per_s": 0.0, "action_tokens_per_s": 0.0, "rollouts_per_s": 0.0}
-    inside, window = steps[updates[0] + 1 : updates[-1] + 1], steps[updates[-1]].t - steps[updates[0]].t
-    return {"steady_window_s": window, "trained_action_tokens_per_s": sum(s.trained_action_tokens for s in inside) / window,
-            "action_tokens_per_s": sum(s.action_tokens for s in inside) / window,
-            "rollouts_per_s": sum(s.rollouts for s in inside) / window}
+    inside = steps[updates[0] + 1 : updates[-1] + 1] if len(updates) > 1 else []
+    window = steps[updates[-1]].t - steps[updates[0]].t if inside else 0.0
+    return {"steady_window_s": window, **{f"{k}_per_s": sum(getattr(s, k) for s in inside) / window if inside else 0.0
+                                          for k in ("trained_action_tokens", "action_tokens", "rollouts")}}
 
 
 def evaluate_snapshots(base: Any, sft: Path, runs: list[MethodRun]) -> tuple[float, dict[str, dict[int, float]]]:
@@ -197,9 +191,6 @@ def run_episodes(ctx: Any, method: str) -> tuple[list[list[Any]], int]:
     episode (per turn; the task's tool latency after each turn but the last), in replay order (SAO by start; GRPO
     groups together, asynchronous ones by their first start), and how many waits miss the reported ``tool_wait_s``.
     FileNotFoundError without a ledger; ValueError for a malformed line or a rollout of a task the run lacks."""
-    from bench.sim.model import method_kind
-    from posttrain.learner.ledger import LEDGER_NAME, read_ledger
-
     rollouts = [r for line in read_ledger(ctx.run_dir / LEDGER_NAME) for r in line["rollouts"] + line.get("dropped", [])]
     kind = method_kind(method)
     if kind == "sao":
@@ -229,8 +220,6 @@ def run_episodes(ctx: Any, method: str) -> tuple[list[list[Any]], int]:
 
 def summarise(run: MethodRun, rewards: dict[int, float], target: float) -> dict[str, Any]:
     """One run's numbers in the results file."""
-    from bench.sim.model import method_kind
-
     window, updated = steady_window(run.steps), [s for s in run.steps if s.updated]
     reached = [run.snapshots[v][0] for v in sorted(rewards) if rewards[v] >= target]
     return {

@@ -1,13 +1,11 @@
 """Weight-sync latency: a learner's publish until a generator serves the new version, against raw safetensors I/O.
 
-Per model shape (random float32 weights: ``tiny`` and a Qwen2-0.5B shape) and version, alternately:
-**ours** is the learner's publish (``FilesystemWeightStore.publish``, the version key,
-``announce_weights`` over Redis pub/sub) until, in a separate generator process running the watcher of
-``posttrain.generator.watcher``, ``update_weights`` of the ``hf`` engine returns (``--vllm`` also times
-vLLM's reload in-process); **raw** is ``safetensors`` ``save_file`` + fsync, then ``load_file`` with
-every tensor copied. Reported (medians, seconds): publish, detection, reload, end to end and ours/raw;
-``worst_ratio_over_raw`` is the target's (at most 2x). Writes ``bench/results/weight_sync.json`` and
-its docs section.
+Per model shape (random float32 weights: ``tiny`` and a Qwen2-0.5B shape) and version, alternately: **ours**,
+the learner's publish (``FilesystemWeightStore.publish``, the version key, ``announce_weights`` over Redis
+pub/sub) until ``update_weights`` of the ``hf`` engine returns in a separate generator process watching as
+``posttrain.generator.watcher`` does (``--vllm`` also times vLLM's reload in-process); **raw**, ``save_file`` +
+fsync, then ``load_file`` with every tensor copied. Reported (medians, seconds): publish, detection, reload, end
+to end and ours/raw (``worst_ratio_over_raw``: the target's, at most 2x). Writes ``bench/results/weight_sync.json``.
 
 Run: ``.venv/bin/python -m bench.weight_sync`` (about 3 minutes on 2 cores, mostly the 0.5B shape's 2 GB
 writes), ``.venv/bin/python -m bench.weight_sync --shapes tiny --vllm`` (adds vLLM's reload).
@@ -30,6 +28,7 @@ import redis
 
 from bench import common
 from posttrain.rollout.keys import StreamKeys
+from posttrain.services.embedded_redis import EmbeddedRedis
 
 SERVED_KEY = "served"
 """Redis list (under the bench run's keys) where the generator process reports each version it serves."""
@@ -111,10 +110,37 @@ def measure_shape(name: str, shape: dict[str, Any], repeats: int, vllm: bool, tm
         return reply[1]
 
     s: dict[str, list[float]] = {k: [] for k in ("raw_write_s", "raw_read_s", "publish_s", "detect_s", "reload_hf_s", "ours_s")}
+
+    def raw(_: int) -> None:
+        tensors = prepare_state_dict(model.state_dict(), shape["tie_word_embeddings"])
+        t = time.perf_counter()
+        save_file(tensors, str(raw_path))
+        with open(raw_path, "rb") as fh:
+            os.fsync(fh.fileno())
+        s["raw_write_s"].append(time.perf_counter() - t)
+        # load_file only maps the file: copying each tensor reads it
+        s["raw_read_s"].append(common.seconds(lambda: {k: v.clone() for k, v in load_file(str(raw_path)).items()}))
+        raw_path.unlink()
+
+    def ours(version: int) -> None:
+        t0 = time.time()
+        store.publish(model.state_dict(), version, model_dir)
+        published = time.time()
+        versions.set(version)
+        announce_weights(client, keys, version)
+        detected_at, served_at, served_version = next_served().split()
+        if int(served_version) != version:
+            raise RuntimeError(f"generator served version {served_version.decode()}, expected {version}")
+        # publish + detect + reload = end to end; detect: version key, announcement, wake-up, read of LATEST
+        s["publish_s"].append(published - t0)
+        s["detect_s"].append(float(detected_at) - published)
+        s["reload_hf_s"].append(float(served_at) - float(detected_at))
+        s["ours_s"].append(float(served_at) - t0)
+        store.prune(keep=1)
+
     with log_path.open("wb") as log:
         gen = subprocess.Popen([sys.executable, "-m", "bench.weight_sync", "serve-generator", str(model_dir), str(store.root),
-                                redis_url, run],
-                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                redis_url, run], stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         if next_served() != b"ready":
             raise RuntimeError("generator process: expected 'ready' first")
@@ -122,37 +148,8 @@ def measure_shape(name: str, shape: dict[str, Any], repeats: int, vllm: bool, tm
             with torch.no_grad():
                 for p in model.parameters():
                     p.mul_(1.0001)
-
-            def raw() -> None:
-                tensors = prepare_state_dict(model.state_dict(), shape["tie_word_embeddings"])
-                t = time.perf_counter()
-                save_file(tensors, str(raw_path))
-                with open(raw_path, "rb") as fh:
-                    os.fsync(fh.fileno())
-                s["raw_write_s"].append(time.perf_counter() - t)
-                t = time.perf_counter()
-                {k: v.clone() for k, v in load_file(str(raw_path)).items()}  # load_file only maps; copying reads
-                s["raw_read_s"].append(time.perf_counter() - t)
-                raw_path.unlink()
-
-            def ours(version: int = version) -> None:
-                t0 = time.time()
-                store.publish(model.state_dict(), version, model_dir)
-                published = time.time()
-                versions.set(version)
-                announce_weights(client, keys, version)
-                detected_at, served_at, served_version = next_served().split()
-                if int(served_version) != version:
-                    raise RuntimeError(f"generator served version {served_version.decode()}, expected {version}")
-                # publish + detect + reload = end to end; detect: version key, announcement, wake-up, read of LATEST
-                s["publish_s"].append(published - t0)
-                s["detect_s"].append(float(detected_at) - published)
-                s["reload_hf_s"].append(float(served_at) - float(detected_at))
-                s["ours_s"].append(float(served_at) - t0)
-                store.prune(keep=1)
-
             for step in ((raw, ours) if version % 2 else (ours, raw)):  # the disk's write-back favours the second
-                step()
+                step(version)
     finally:
         client.set(f"{keys.base}:stop", b"1")
         announce_weights(client, keys, 0)  # wake the watcher now so it sees the stop key
@@ -220,13 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--vllm", action="store_true", help="also time the vLLM engine's reload")
     args = p.parse_args(args_list)
-    from posttrain.generator.watcher import WEIGHT_WAIT_S
-    from posttrain.services.embedded_redis import EmbeddedRedis
-
     with EmbeddedRedis() as server, tempfile.TemporaryDirectory() as tmp:
         rows = [measure_shape(name, SHAPES[name], REPEATS[name], args.vllm, Path(tmp), server.url) for name in args.shapes]
     result = {"command": common.command_line("bench.weight_sync", argv), "machine": common.machine_info(),
-              "notification": "redis pub/sub (posttrain.weight_sync.announce)", "weight_wait_s": WEIGHT_WAIT_S,
+              "notification": "redis pub/sub (posttrain.weight_sync.announce)", "weight_wait_s": rows[0]["weight_wait_s"],
               "rows": rows, "worst_ratio_over_raw": max(r["ratio_over_raw"] for r in rows)}
     common.publish_result(args.out, result, "weight_sync", lambda: render(result), docs=not args.no_docs)
     return 0

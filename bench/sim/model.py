@@ -82,10 +82,9 @@ class Workload:
 def reward_posteriors(tasks: Sequence[Sequence[RolloutShape]]) -> tuple[tuple[float, float], ...]:
     """Beta posterior ``(a, b)`` of each task's success rate; () for non-binary rewards or fewer than 2 tasks.
 
-    Prior Beta(kappa m, kappa (1 - m)) by the method of moments: m is the mean reward, kappa =
-    m (1 - m) / var_p - 1 with var_p = (var(k / n) - m (1 - m) / n) / (1 - 1 / n), the spread of
-    the tasks' rates beyond binomial noise (var_p <= 0: kappa 1e6, the pooled rate). Task with k
-    of n successes: a = k + kappa m, b = n - k + kappa (1 - m).
+    Prior Beta(kappa m, kappa (1 - m)) by the method of moments: m is the mean reward, kappa = m (1 - m) / var_p - 1
+    with var_p = (var(k / n) - m (1 - m) / n) / (1 - 1 / n), the spread of the tasks' rates beyond binomial noise
+    (var_p <= 0: kappa 1e6, the pooled rate). A task with k of n successes: a = k + kappa m, b = n - k + kappa (1 - m).
     """
     rewards = [[s.reward for s in t] for t in tasks]
     if len(tasks) < 2 or any(r not in (0.0, 1.0) for rs in rewards for r in rs):
@@ -167,10 +166,7 @@ class ClusterConfig:
     abort_stale: bool = True
 
     def __post_init__(self) -> None:
-        """Raises ValueError for a count below 1, a batch that is not whole groups, or SAO with groups."""
-        for name in ("generators", "episodes_in_flight", "batch_rollouts", "group_size", "steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        """Raises ValueError for a batch that is not whole groups, or SAO with groups."""
         if self.batch_rollouts % self.group_size:
             raise ValueError(f"batch_rollouts ({self.batch_rollouts}) must be a multiple of group_size ({self.group_size})")
         if self.method == "sao" and self.group_size != 1:
@@ -241,14 +237,13 @@ class Engine:
     def __init__(self, loop: EventLoop, model: EngineModel, scale: Callable[[], float] = lambda: 1.0) -> None:
         self.loop, self.model, self._scale = loop, model, scale
         self.gen_s, self.row_seconds, self.batches, self.batch_rows = 0.0, 0.0, 0, 0
+        self._queue: deque[Request] = deque()  # static batching: queued requests, the open batch's start, a reload due
         self._gen_since: float | None = None
-        self._queue: deque[Request] = deque()  # static batching
         self._running = self._start_pending = False
-        self._reload_pending = self._stall_end = 0.0
-        self._phi = self._last = self._stall_start = 0.0  # continuous batching: decode steps done so far
-        self._active: list[tuple[float, int, Request]] = []
-        self._ids = itertools.count()
-        self._token = 0
+        self._reload_pending = self._stall_end = self._stall_start = 0.0
+        self._phi = self._last = 0.0  # continuous batching: decode steps done so far, when last advanced
+        self._active: list[tuple[float, int, Request]] = []  # (phi at which it ends, id, request)
+        self._ids, self._token = itertools.count(), 0
 
     def generating_until_now(self) -> float:
         """Generating seconds so far, including an open period."""
@@ -375,16 +370,13 @@ class Cluster:
     """Generators, learner and the controller of one method; ``run()`` simulates it."""
 
     def __init__(self, config: ClusterConfig, workload: Workload) -> None:
-        self.cfg, self.workload = config, workload
-        self.rng = random.Random(config.seed)
-        self.loop = EventLoop()
+        self.cfg, self.workload, self.rng, self.loop = config, workload, random.Random(config.seed), EventLoop()
         self.engines = [Engine(self.loop, config.engine, self._engine_scale) for _ in range(config.generators)]
         self._gen_phases: list[float] = []
         self.version = self.iteration = 0
         self.started = 0  # rollouts started and not refunded (admission)
         self.ready: deque[tuple[list[RolloutShape], int]] = deque()  # complete units and their start version
-        self.learner_busy = False
-        self.learner_busy_s = 0.0
+        self.learner_busy, self.learner_busy_s = False, 0.0
         self.waiting: deque[int] = deque()  # generator of each slot waiting for admission, FIFO
         self.updates: list[tuple[float, float, float]] = []  # (time, rollouts, trained action tokens)
         self.stale_dropped = self.stale_aborted = self.finished_rollouts = 0
