@@ -176,9 +176,8 @@ def evaluate_snapshots(base: Any, sft: Path, runs: list[MethodRun]) -> tuple[flo
     from posttrain.eval.heldout import evaluate_policy
 
     start = evaluate_policy(base, sft, engine_kind="hf")["reward_mean"]
-    out: dict[str, dict[int, float]] = {}
+    out: dict[str, dict[int, float]] = {run.method: {} for run in runs}
     for run in runs:
-        out[run.method] = {}
         for version, (_, path) in sorted(run.snapshots.items()):
             common.copy_missing(base.tokenizer_dir, path)
             out[run.method][version] = evaluate_policy(base, path, engine_kind="hf")["reward_mean"]
@@ -192,8 +191,7 @@ def run_episodes(ctx: Any, method: str) -> tuple[list[list[Any]], int]:
     groups together, asynchronous ones by their first start), and how many waits miss the reported ``tool_wait_s``.
     FileNotFoundError without a ledger; ValueError for a malformed line or a rollout of a task the run lacks."""
     rollouts = [r for line in read_ledger(ctx.run_dir / LEDGER_NAME) for r in line["rollouts"] + line.get("dropped", [])]
-    kind = method_kind(method)
-    if kind == "sao":
+    if (kind := method_kind(method)) == "sao":
         units = [[r] for r in sorted(rollouts, key=lambda r: r["started_at"])]
     else:
         groups: dict[str, list[dict[str, Any]]] = {}
@@ -281,8 +279,7 @@ def ratios(files: Sequence[dict[str, Any]]) -> dict[str, float]:
 def targets(results: Path = RESULTS) -> dict[str, float | None]:
     """SAO's busy fraction and its throughput over the faster synchronous GRPO, tool-latency setting (means)."""
     files, _ = read_setting("tool_latency", results)
-    sao = next((f for f in files if f["method"] == "sao"), None)
-    by = ratios(files)
+    sao, by = next((f for f in files if f["method"] == "sao"), None), ratios(files)
     return {"busy": mean_of(sao, "busy_fraction") if sao else None, "ratio": min(by.values()) if by else None}
 
 
@@ -291,14 +288,13 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
     files, sweep = read_setting(name, results)
     inputs_path = results.parent / "sim" / f"{name}.json"
     inputs = common.read_json(inputs_path) if inputs_path.exists() else {}
-    first, s = files[0], files[0]["settings"]
+    first, s, by = files[0], files[0]["settings"], ratios(files)
     calls = first["task_calls"]["train"]
     rows = [[f["method"], cell(f, "busy_fraction", 2), cell(f, "trained_action_tokens_per_s", 1),
              cell(f, "rollouts_per_s", 2), cell(f, "learner_step_s_mean", 2), f"{f['runs'][0]['wall_s']:.0f}",
              "not reached" if f["runs"][0]["time_to_target_s"] is None else f"{f['runs'][0]['time_to_target_s']:.0f}",
              common.joined(f["runs"][0]["heldout_reward"].values())] for f in files]
     repeated = [f"{f['method']}: {len(f['runs'])}" for f in files if len(f["runs"]) > 1]
-    by = ratios(files)
     if name == "tool_latency":
         head = (f"**Tool-latency setting** (targets judged here): each tool call waits a log-normal wall time, median "
                 f"{s['tool_latency_median_s']} s, sigma {s['tool_latency_sigma']}, capped at {s['tool_latency_max_s']} s, "

@@ -280,10 +280,9 @@ class Engine:
             self.loop.at(self._stall_end, self._maybe_start)
 
     def _maybe_start(self) -> None:
-        self._start_pending = False
+        self._start_pending, now = False, self.loop.now
         if self._running or not self._queue:
             return
-        now = self.loop.now
         if self._reload_pending > 0:
             self._stall_end = max(self._stall_end, now) + self._reload_pending
             self._reload_pending = 0.0
@@ -297,15 +296,11 @@ class Engine:
                 batch.append(r)
         if not batch:
             return
-        self._running = True
-        rows, width, steps = len(batch), max(r.prompt for r in batch), max(r.new for r in batch)
-        self.batches += 1
-        self.batch_rows += rows
-        decode = steps * self.model.step_time(rows, width + steps // 2)
-        sampling = self.model.sample_s_per_token * sum(r.new for r in batch)
-        duration = (self.model.prefill_s_per_token * rows * width + decode + sampling) * self._scale()
+        rows, width, steps, m = len(batch), max(r.prompt for r in batch), max(r.new for r in batch), self.model
+        duration = (m.prefill_s_per_token * rows * width + steps * m.step_time(rows, width + steps // 2)
+                    + m.sample_s_per_token * sum(r.new for r in batch)) * self._scale()
+        self._running, self._gen_since, self.batches, self.batch_rows = True, now, self.batches + 1, self.batch_rows + rows
         self.row_seconds += rows * duration
-        self._gen_since = now
 
         def finish() -> None:
             self._running = False
@@ -487,17 +482,16 @@ class Cluster:
     def _maybe_train(self) -> None:
         if self.learner_busy or len(self.updates) >= self.cfg.steps:
             return
-        need = self.cfg.batch_rollouts // self.cfg.group_size
+        need, refunded = self.cfg.batch_rollouts // self.cfg.group_size, False
         fresh: list[tuple[list[RolloutShape], int]] = []
-        refunded = False
         while self.ready and len(fresh) < need:
             unit = self.ready.popleft()
-            if self.version - unit[1] > self.cfg.max_staleness:
-                self.stale_dropped += len(unit[0])
-                self.started -= len(unit[0])
-                refunded = True
+            if self.version - unit[1] <= self.cfg.max_staleness:
+                fresh.append(unit)
                 continue
-            fresh.append(unit)
+            self.stale_dropped += len(unit[0])
+            self.started -= len(unit[0])
+            refunded = True
         if refunded:
             self._wake()
         if len(fresh) < need:
@@ -539,9 +533,8 @@ class Cluster:
     def _sync_iteration(self) -> None:
         if len(self.updates) >= self.cfg.steps:
             return
-        groups = self.cfg.batch_rollouts // self.cfg.group_size
+        groups, started = self.cfg.batch_rollouts // self.cfg.group_size, self.loop.now
         units: list[tuple[list[RolloutShape], int]] = []
-        started = self.loop.now
 
         def group_done(shapes: list[RolloutShape], version: int) -> None:
             units.append((shapes, version))
