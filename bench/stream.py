@@ -46,17 +46,9 @@ def make_rollout(num_tokens: int, rng: random.Random) -> Rollout:
                    turn_policy_versions=[3])
 
 
-def median_ms(first: Callable[[], Any], second: Callable[[Any], Any], repeats: int = 10) -> tuple[float, float]:
-    """Median milliseconds of ``first()`` and of ``second(first's result)``, over ``repeats`` pairs."""
-    a, b = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = first()
-        t1 = time.perf_counter()
-        second(out)
-        a.append((t1 - t0) * 1e3)
-        b.append((time.perf_counter() - t1) * 1e3)
-    return statistics.median(a), statistics.median(b)
+def median_ms(fn: Callable[..., Any], *args: Any, repeats: int = 10) -> float:
+    """Median milliseconds of ``fn(*args)`` over ``repeats`` calls."""
+    return statistics.median(common.seconds(fn, *args) for _ in range(repeats)) * 1e3
 
 
 def run_ours(client: redis.Redis, rollout: Rollout, n: int, batch: int, arrays: bool = False) -> float:
@@ -117,9 +109,9 @@ def measure_size(client: redis.Redis, tokens: int, repeats: int, rng: random.Ran
         for name in order[rep % 3:] + order[: rep % 3]:  # rotate: no path always runs first
             times[name].append(runs[name]())
     med = {k: statistics.median(v) for k, v in times.items()}
-    enc_l, dec_l = median_ms(lambda: encode_rollout(rollout), decode_rollout)
-    enc_a, dec_a = median_ms(lambda: encode_rollout(arr), partial(decode_rollout, arrays=True))
-    val_l, conv = median_ms(rollout.validate, lambda _: rollout.to_arrays())
+    enc_l, dec_l = median_ms(encode_rollout, rollout), median_ms(decode_rollout, payload)
+    enc_a, dec_a = median_ms(encode_rollout, arr), median_ms(partial(decode_rollout, arrays=True), payload)
+    val_l, conv = median_ms(rollout.validate), median_ms(rollout.to_arrays)
     row: dict[str, Any] = {"tokens": tokens, "payload_bytes": len(payload), "entries": n, "repeats": repeats,
                            "ours_seconds": times["arrays"], "ours_lists_seconds": times["lists"], "raw_seconds": times["raw"]}
     for key, name in (("ours", "arrays"), ("ours_lists", "lists"), ("raw", "raw")):

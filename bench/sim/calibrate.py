@@ -111,19 +111,17 @@ def run_replay(run: dict[str, Any], where: str) -> tuple[tuple[RolloutShape, ...
     """A run's recorded units in start order from its ``[unit, prompt, actions, observations, reward, tool_waits_s]``
     episodes (consecutive equal units form a group; () without); ValueError naming ``where`` and a malformed entry."""
     units: list[list[RolloutShape]] = []
-    last = None
     for i, entry in enumerate(run.get("episodes") or []):
         if not isinstance(entry, list) or len(entry) != 6:
             raise ValueError(f"{where}.episodes[{i}]: expected [unit, prompt_tokens, action_tokens, "
                              f"observation_tokens, reward, tool_waits_s], got {entry!r}")
         unit, prompt, actions, observations, reward, waits = entry
+        if i == 0 or unit != run["episodes"][i - 1][0]:
+            units.append([])
         if not actions or len(observations) != len(actions) or len(waits) != len(actions) - 1:
             raise ValueError(f"{where}.episodes[{i}]: needs >= 1 turn, one observation count per turn and one tool "
                              f"wait per turn but the last, got {len(actions)} turns, {len(observations)} "
                              f"observations and {len(waits)} waits")
-        if unit != last:
-            units.append([])
-            last = unit
         units[-1].append(RolloutShape(int(prompt), tuple(int(a) for a in actions), tuple(int(o) for o in observations),
                                       float(reward), tuple(float(w) for w in waits)))
     return tuple(tuple(u) for u in units)
@@ -272,9 +270,10 @@ def label(result: dict[str, Any]) -> str:
     return f"sao tau={s['max_staleness']} slots={s['episodes_in_flight']}" + (" keep" if s["keep_stale_episodes"] else "")
 
 
-def method_rows(inputs: dict[str, Any], result: dict[str, Any], costs: dict[str, float], factor: float,
-                speeds: dict[str, float], workload: Workload, repeats: int) -> list[dict[str, Any]]:
-    """The three rows (busy fraction, trained action tokens/s, rollouts/s) of one results file's runs."""
+def method_rows(inputs: dict[str, Any], result: dict[str, Any], costs: dict[str, float], speeds: dict[str, float],
+                workload: Workload, repeats: int) -> list[dict[str, Any]]:
+    """The three rows (busy fraction, trained action tokens/s, rollouts/s) of one results file's runs, each twin's engine
+    at the speed ``speeds`` holds for the feeding its method's generator produces."""
     kind = model.method_kind(result["method"])
     feeding = FEEDING_OF[kind]
     runs = [r for r in result["runs"] if r.get("learner_step_s_mean") is not None]
@@ -283,8 +282,7 @@ def method_rows(inputs: dict[str, Any], result: dict[str, Any], costs: dict[str,
         replay = run_replay(run, f"{label(result)}.runs[{i}]") if kind == "grpo_sync" else ()
         replayed += sum(len(u) for u in replay)
         run_workload = replace(workload, replay=replay)
-        base, from_ = run_twin(inputs, result, run, costs, speeds.get(feeding, factor), run_workload, repeats,
-                               f"engine_modes {feeding}" if feeding in speeds else "engine_modes")
+        base, from_ = run_twin(inputs, result, run, costs, speeds[feeding], run_workload, repeats, f"engine_modes {feeding}")
         speed_from = speed_from or from_
         ratios.append(engine_probe_ratio(inputs, run))
         sims += [model.simulate(replace(base, seed=base.seed + k), run_workload) for k in range(repeats)]
@@ -312,7 +310,7 @@ def validate_setting(inputs: dict[str, Any], results: Sequence[dict[str, Any]], 
     workload = Workload.from_trace(inputs["trace"])
     factor = fit_engine_speed(inputs, costs)
     speeds = {mode: fit_engine_speed(inputs, costs, (mode,)) for mode in ENGINE_MODES}
-    rows = [row for result in results for row in method_rows(inputs, result, costs, factor, speeds, workload, repeats)]
+    rows = [row for result in results for row in method_rows(inputs, result, costs, speeds, workload, repeats)]
     for mode in ENGINE_MODES:
         pred, meas = feeding_rate(inputs, costs, factor, mode), float(inputs["engine_modes"][mode]["rollouts_per_s"])
         rows.append({"method": f"engine_{mode}", "quantity": "rollouts_per_s", "measured": meas, "predicted": pred,

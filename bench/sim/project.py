@@ -70,13 +70,10 @@ def project(ns: Sequence[int], a: dict[str, Any], workload: Workload, learner_ra
 
 def plot(rows: list[dict[str, Any]], out_png: Path) -> Path:
     """Busy fraction and slot occupancy (left) and the SAO/GRPO speedup (right) against N."""
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, nothing to close
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ns = [r["generators"] for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ns, fig = [r["generators"] for r in rows], Figure(figsize=(10, 3.8))
+    left, right = fig.subplots(1, 2)
     for method, marker in (("sao", "o"), ("grpo_sync", "s")):
         left.plot(ns, [r[method]["busy_fraction"] for r in rows], marker=marker, ls="-", label=f"{method} busy fraction")
         left.plot(ns, [r[method]["slot_occupancy"] for r in rows], marker=marker, ls="--", alpha=0.6,
@@ -93,7 +90,6 @@ def plot(rows: list[dict[str, Any]], out_png: Path) -> Path:
     fig.tight_layout()
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=110)
-    plt.close(fig)
     return out_png
 
 
