@@ -18,8 +18,6 @@ sao.steps=2 sao.checkpoint_every=2 warm_start.steps=5 data.num_train_tasks=64 ou
 --out /tmp/avs.json --no-docs``.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import shutil

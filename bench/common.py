@@ -8,8 +8,6 @@ Run: ``.venv/bin/python -m bench.common render`` (every section and the targets,
 ``... targets`` (the targets alone).
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import os

@@ -11,8 +11,6 @@ Run: ``.venv/bin/python -m bench.stream`` (about a minute on 2 cores) or
 ``.venv/bin/python -m bench.stream --sizes 1024 --repeats 1 --out /tmp/stream.json --no-docs`` for a quick look.
 """
 
-from __future__ import annotations
-
 import random
 import statistics
 import sys

@@ -13,8 +13,6 @@ bench.vs_trl`` (2 minutes on 2 cores, plus 2 of warm start the first time) or
 ``.venv/bin/python -m bench.vs_trl grpo.steps=4 --methods trl_grpo grpo_sync`` for a quick look.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import shutil

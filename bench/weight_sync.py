@@ -11,8 +11,6 @@ Run: ``.venv/bin/python -m bench.weight_sync`` (about 3 minutes on 2 cores, most
 writes), ``.venv/bin/python -m bench.weight_sync --shapes tiny --vllm`` (adds vLLM's reload).
 """
 
-from __future__ import annotations
-
 import asyncio
 import os
 import statistics

@@ -9,8 +9,6 @@ CPU share its load implied (``measured_config``), or the speed the run measured 
 synchronous run replays its recorded episodes (asynchronous records lack the longest, still running at the end).
 """
 
-from __future__ import annotations
-
 import itertools
 import math
 import statistics

@@ -11,8 +11,6 @@ Run after ``bench.weight_sync`` (6 minutes, plus the warm start the first time):
 bench.sim.collect``; compute-bound: ``... data.env_args.tool_latency_median_s=0 generator.episodes_in_flight=64``.
 """
 
-from __future__ import annotations
-
 import asyncio
 import json
 import os

@@ -11,8 +11,6 @@ Run: ``.venv/bin/python -m bench.sim`` (7 minutes on one core, 3 of them for N =
 ``.venv/bin/python -m bench.sim --ns 8 --repeats 1 --out /tmp/simulate.json --no-docs`` for a quick look.
 """
 
-from __future__ import annotations
-
 import sys
 import time
 from collections.abc import Sequence
