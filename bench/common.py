@@ -51,13 +51,9 @@ def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                             "cpu_count": os.cpu_count(), "memory_gib": memory, "python": platform.python_version(),
                             "load_avg": [round(x, 2) for x in os.getloadavg()], "when": utc_now()}
-    try:
-        import torch
+    import torch
 
-        info["torch"] = torch.__version__
-        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:
-        info["torch"], info["gpu"] = None, None
+    info["torch"], info["gpu"] = torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return info
 
 
@@ -90,12 +86,8 @@ def parser(doc: str, out: Path | None) -> argparse.ArgumentParser:
 
 def load_method(bench: str, method: str, overrides: Sequence[str] = (),
                 parser: argparse.ArgumentParser | None = None) -> Any:
-    """A ``RunConfig``: ``bench/configs/<bench>/base.yaml``, then ``<method>.yaml`` (as overrides), then ``overrides``.
-
-    Raises:
-        posttrain.config.ConfigError: an unknown method or a bad value (one line naming it); with ``parser``,
-            ``parser.error`` of that line instead (exit 2).
-    """
+    """A ``RunConfig``: ``bench/configs/<bench>/base.yaml``, then ``<method>.yaml`` (as overrides), then ``overrides``;
+    ``ConfigError`` naming an unknown method or a bad value in one line, or with ``parser`` its ``error`` (exit 2)."""
     import yaml
 
     from posttrain.config import ConfigError, load_config

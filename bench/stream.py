@@ -51,7 +51,7 @@ def median_ms(fn: Callable[..., Any], *args: Any, repeats: int = 10) -> float:
 
 def run_ours(client: redis.Redis, rollout: Rollout, n: int, batch: int, arrays: bool = False) -> float:
     """Seconds to put ``n`` rollouts and get + ack them all through ``RedisStreamQueue(arrays=arrays)``; RuntimeError
-    when the stream runs dry early or entries were dead-lettered."""
+    when the stream runs dry early (an entry that fails to decode is dead-lettered, never returned)."""
     keys = StreamKeys("bench", uuid.uuid4().hex[:12])
     q = RedisStreamQueue(client, keys, maxlen=max(10 * n, 1000), arrays=arrays)
     t0 = time.perf_counter()
@@ -65,8 +65,6 @@ def run_ours(client: redis.Redis, rollout: Rollout, n: int, batch: int, arrays: 
         q.ack([e.entry_id for e in entries])
         got += len(entries)
     elapsed = time.perf_counter() - t0
-    if q.dead_letter_count():
-        raise RuntimeError("ours: entries were dead-lettered during the benchmark")
     client.delete(keys.rollouts, keys.dead_letter)
     return elapsed
 
@@ -91,12 +89,10 @@ def run_raw(client: redis.Redis, payload: bytes, n: int, batch: int) -> float:
 
 
 def measure_size(client: redis.Redis, tokens: int, repeats: int, rng: random.Random) -> dict[str, Any]:
-    """One row of the table: the three paths at ``tokens`` tokens per rollout; RuntimeError when the arrays and the
-    lists rollout encode to different payloads."""
+    """One row of the table: the three paths at ``tokens`` tokens per rollout (the arrays and the lists rollout encode
+    to the same payload: tests/unit/test_records.py)."""
     rollout = make_rollout(tokens, rng)
     payload, arr = encode_rollout(rollout), rollout.to_arrays()
-    if encode_rollout(arr) != payload:
-        raise RuntimeError("arrays and lists encode to different payloads")
     n = max(20, int(MB_PER_CASE * 1e6 / len(payload)))
     runs = {"raw": partial(run_raw, client, payload, n, READ_BATCH),
             "arrays": partial(run_ours, client, arr, n, READ_BATCH, arrays=True),

@@ -127,13 +127,10 @@ def run_replay(run: dict[str, Any], where: str) -> tuple[tuple[RolloutShape, ...
 
 def measured_config(inputs: dict[str, Any], result: dict[str, Any], run: dict[str, Any], costs: dict[str, float],
                     engine_factor: float = 1.0) -> ClusterConfig:
-    """The simulated twin of one measured ``run`` of ``result`` (a method's results file) at ``engine_factor``.
-
-    CPU sharing: during the run the 1-minute load was L (mean of start and end), of which ours were the
-    generator's ``GENERATOR_BUSY_THREADS`` plus, for the asynchronous methods, the learner's one. Engine
-    times are divided by ``cpu_share(cores, L - ours, busy)``, with busy = ours while the learner trains
-    and the generator's alone otherwise (synchronous GRPO never overlaps the two).
-    """
+    """The simulated twin of one measured ``run`` of ``result`` (a method's results file) at ``engine_factor``. CPU
+    sharing: during the run the 1-minute load was L (mean of start and end), of which ours were the generator's
+    ``GENERATOR_BUSY_THREADS`` plus, for the asynchronous methods, the learner's one. Engine times are divided by
+    ``cpu_share(cores, L - ours, busy)``, busy = ours while the learner trains, else the generator's alone."""
     s, method, generator = result["settings"], result["method"], GENERATOR_BUSY_THREADS
     kind, cores, slots = model.method_kind(method), int(result["machine"]["cpu_count"]), s["episodes_in_flight"]
     ours = generator if kind == "grpo_sync" else generator + 1
@@ -170,13 +167,11 @@ def simulated_mean(config: ClusterConfig, workload: Workload, repeats: int, quan
 
 def calibrate_engine_speed(base: ClusterConfig, run: dict[str, Any], workload: Workload,
                            repeats: int) -> tuple[ClusterConfig, str]:
-    """Scale the twin's engine to the speed the run measured itself, and say where the speed came from.
-
+    """Scale the twin's engine to the speed the run measured itself, and say where the speed came from:
     ``generator_batch_s`` (synchronous GRPO's generation seconds per step): bisect the factor's log in [1/20, 20]
-    until the simulated mean phase is the measured one, unless the phase is mostly tool waits. ``generator_busy_s``
+    until the simulated mean phase is the measured one, unless the phase is mostly tool waits; ``generator_busy_s``
     (generators' engine seconds and rollouts in ``counters``): 4 rounds of ``factor *= measured / simulated``
-    engine seconds per rollout (a slower engine also batches more rows). Else ``load average``: ``base``.
-    """
+    engine seconds per rollout (a slower engine also batches more rows); else ``load average``: ``base``."""
     phases, counters = run.get("generator_batch_s") or [], run.get("counters", {})
     busy_s, produced = counters.get("generator_busy_s"), counters.get("generator_rollouts")
     if base.method == "grpo_sync" and phases:

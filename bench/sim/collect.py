@@ -79,10 +79,9 @@ def one_thread_engine(model_dir: Path, max_batch: int, max_model_len: int) -> It
 
 
 def engine_probe(sft: Path, new_tokens: int) -> dict[str, Any]:
-    """The ``hf`` engine's speed now: the summed median seconds of ``PROBE_BATCHES`` (ids drawn from [3, 300), or
-    from the model's vocabulary when smaller; no stop token; ``new_tokens`` decode steps) at one torch thread, the
-    ``background_cores`` other processes kept busy meanwhile (``other_cpu``) and the time; ``bench.sim`` scales a
-    run's engine by its probes over those around ``engine_modes``."""
+    """The ``hf`` engine's speed now: the summed median seconds of ``PROBE_BATCHES`` (ids in [3, 300) or the model's
+    smaller vocabulary, no stop token, ``new_tokens`` decode steps) at one torch thread, the ``background_cores`` other
+    processes kept busy meanwhile (``other_cpu``) and the time (``bench.sim`` compares a run's probes with these)."""
     rng, top = random.Random(0), min(300, json.loads((sft / "config.json").read_text())["vocab_size"])
     rows_max, width_max = max(r for r, _ in PROBE_BATCHES), max(w for _, w in PROBE_BATCHES)
     with one_thread_engine(sft, rows_max, width_max + new_tokens + 1) as engine:

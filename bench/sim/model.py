@@ -137,14 +137,12 @@ class LearnerModel:
 @dataclass(frozen=True)
 class ClusterConfig:
     """One simulated run: ``generators`` engines with ``episodes_in_flight`` slots each (a group takes G), B =
-    ``batch_rollouts`` per learner iteration, tau = ``max_staleness``, until ``steps`` versions are published.
-
-    Engine times are multiplied by ``engine_scale_idle`` or, while the learner trains, ``engine_scale_learner_busy``
-    (CPU sharing). A tool call waits ``min(tool_latency_max_s, tool_latency_median_s * exp(tool_latency_sigma * z))``,
+    ``batch_rollouts`` per learner iteration, tau = ``max_staleness``, until ``steps`` versions are published. Engine
+    times are multiplied by ``engine_scale_idle`` or, while the learner trains, ``engine_scale_learner_busy`` (CPU
+    sharing). A tool call waits ``min(tool_latency_max_s, tool_latency_median_s * exp(tool_latency_sigma * z))``,
     z ~ N(0, 1) per (task instance, call). ``abort_stale``: at each publication, cancel the asynchronous units whose
-    first turn returned and whose start version is more than tau behind (their queued requests are skipped, their
-    slots and tickets given back); False: they finish and the learner drops them.
-    """
+    first turn returned and whose start version is more than tau behind (their slots and tickets given back);
+    False: they finish and the learner drops them."""
 
     method: Method = "sao"
     generators: int = 1
