@@ -32,6 +32,8 @@ from typing import Any
 
 from bench import common
 from bench.sim.model import method_kind
+from posttrain.envs.synthetic.longtail import summarise_calls
+from posttrain.eval.heldout import evaluate_policy
 from posttrain.learner.ledger import LEDGER_NAME, read_ledger
 from posttrain.runtime import RunContext
 
@@ -159,20 +161,8 @@ def run_method(config: Any, method: str, base: Any, sft: Path, snap_dir: Path, e
     return run
 
 
-def steady_window(steps: Sequence[StepRecord]) -> dict[str, float]:
-    """Throughput between the first and the last policy update: the iterations after the first update over the
-    seconds between the two (zeros with fewer than two updates)."""
-    updates = [i for i, s in enumerate(steps) if s.updated]
-    inside = steps[updates[0] + 1 : updates[-1] + 1] if len(updates) > 1 else []
-    window = steps[updates[-1]].t - steps[updates[0]].t if inside else 0.0
-    return {"steady_window_s": window, **{f"{k}_per_s": sum(getattr(s, k) for s in inside) / window if inside else 0.0
-                                          for k in ("trained_action_tokens", "action_tokens", "rollouts")}}
-
-
 def evaluate_snapshots(base: Any, sft: Path, runs: list[MethodRun]) -> tuple[float, dict[str, dict[int, float]]]:
     """Held-out reward of the warm start and of every snapshot (``evaluate_policy``: the same tasks and seeds)."""
-    from posttrain.eval.heldout import evaluate_policy
-
     start = evaluate_policy(base, sft, engine_kind="hf")["reward_mean"]
     out: dict[str, dict[int, float]] = {run.method: {} for run in runs}
     for run in runs:
@@ -215,11 +205,16 @@ def run_episodes(ctx: Any, method: str) -> tuple[list[list[Any]], int]:
 
 
 def summarise(run: MethodRun, rewards: dict[int, float], target: float) -> dict[str, Any]:
-    """One run's numbers in the results file."""
-    window, updated = steady_window(run.steps), [s for s in run.steps if s.updated]
+    """One run's numbers in the results file; its throughputs are the iterations after the first policy update over
+    the seconds from it to the last update (zeros with fewer than two updates)."""
+    ups = [i for i, s in enumerate(run.steps) if s.updated]
+    updated, inside = [run.steps[i] for i in ups], run.steps[ups[0] + 1 : ups[-1] + 1] if len(ups) > 1 else []
+    window = run.steps[ups[-1]].t - run.steps[ups[0]].t if inside else 0.0
     reached = [run.snapshots[v][0] for v in sorted(rewards) if rewards[v] >= target]
     return {
-        "busy_fraction": run.counters.get("generator_busy_fraction"), **window, "wall_s": run.wall_s,
+        "busy_fraction": run.counters.get("generator_busy_fraction"), "steady_window_s": window,
+        **{f"{k}_per_s": sum(getattr(s, k) for s in inside) / window if inside else 0.0
+           for k in ("trained_action_tokens", "action_tokens", "rollouts")}, "wall_s": run.wall_s,
         "policy_versions": max((s.policy_version for s in run.steps), default=0), "iterations": len(run.steps),
         "learner_step_s_mean": statistics.fmean(s.step_s for s in updated) if updated else None,
         "learner_step_s": [s.step_s for s in run.steps],
@@ -235,7 +230,6 @@ def summarise(run: MethodRun, rewards: dict[int, float], target: float) -> dict[
     }
 
 
-# ----------------------------------------------------------------------------------------- rendering
 def setting_order(names: Iterable[str]) -> list[str]:
     """Setting names in display order: tool latency, compute-bound, then any other, sorted."""
     return sorted(names, key=lambda n: (SETTINGS.index(n) if n in SETTINGS else len(SETTINGS), n))
@@ -293,12 +287,10 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
              "not reached" if f["runs"][0]["time_to_target_s"] is None else f"{f['runs'][0]['time_to_target_s']:.0f}",
              common.joined(f["runs"][0]["heldout_reward"].values())] for f in files]
     repeated = [f"{f['method']}: {len(f['runs'])}" for f in files if len(f["runs"]) > 1]
-    if name == "tool_latency":
-        head = (f"**Tool-latency setting** (targets judged here): each tool call waits a log-normal wall time, median "
-                f"{s['tool_latency_median_s']} s, sigma {s['tool_latency_sigma']}, capped at {s['tool_latency_max_s']} s, "
-                "seeded per task (sandbox / test execution: wall time, no accelerator time).")
-    else:
-        head = "**Compute-bound setting**: tool calls are instantaneous; generation and training share the same 2 CPU cores."
+    head = (f"**Tool-latency setting** (targets judged here): each tool call waits a log-normal wall time, median "
+            f"{s['tool_latency_median_s']} s, sigma {s['tool_latency_sigma']}, capped at {s['tool_latency_max_s']} s, "
+            "seeded per task (sandbox / test execution: wall time, no accelerator time)." if name == "tool_latency" else
+            "**Compute-bound setting**: tool calls are instantaneous; generation and training share the same 2 CPU cores.")
     out = [head, "", common.machine_line(max((f["machine"] for f in files), key=lambda m: m["when"])), "",
            f"Setting: `synthetic_longtail`, required calls per task log-normal (median {s['calls_median']}, sigma "
            f"{s['calls_sigma']}, clipped to 1..{s['max_calls']}; train tasks: mean {calls['mean']:.1f}, p90 {calls['p90']:.0f}, "
@@ -379,8 +371,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--repeats and --eval-every: must be >= 1, got {args.repeats} and {args.eval_every}")
     config = load_method(args.method, args.overrides, p)
     import torch
-
-    from posttrain.envs.synthetic.longtail import summarise_calls
 
     torch.set_num_threads(1)  # learner and in-process engine; generator processes use 1 too
     base, sft = shared_warm_start(config)

@@ -19,14 +19,16 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from posttrain.config import ConfigError, load_config
+
 REPO = Path(__file__).resolve().parent.parent
 """Repository root (benchmarks run from here: ``python -m bench.<name>``)."""
 RESULTS_DIR = REPO / "bench" / "results"
 """Where results files go."""
 DOCS = REPO / "docs" / "benchmarks.md"
 """The benchmark report."""
-PLOTS_DIR = REPO / "docs" / "benchmarks"
-"""PNG plots referenced from the report."""
 
 
 def utc_now() -> str:
@@ -44,6 +46,8 @@ def seconds(fn: Callable[..., Any], *args: Any) -> float:
 def machine_info() -> dict[str, Any]:
     """The machine a benchmark ran on: platform, processor, cores, memory (GiB), Python, torch, GPU (or None),
     the 1/5/15 minute load averages (other people's work included) and the time (UTC, ISO 8601)."""
+    import torch
+
     memory = None
     if Path("/proc/meminfo").exists():
         line = next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal:"))
@@ -51,8 +55,6 @@ def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                             "cpu_count": os.cpu_count(), "memory_gib": memory, "python": platform.python_version(),
                             "load_avg": [round(x, 2) for x in os.getloadavg()], "when": utc_now()}
-    import torch
-
     info["torch"], info["gpu"] = torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return info
 
@@ -88,10 +90,6 @@ def load_method(bench: str, method: str, overrides: Sequence[str] = (),
                 parser: argparse.ArgumentParser | None = None) -> Any:
     """A ``RunConfig``: ``bench/configs/<bench>/base.yaml``, then ``<method>.yaml`` (as overrides), then ``overrides``;
     ``ConfigError`` naming an unknown method or a bad value in one line, or with ``parser`` its ``error`` (exit 2)."""
-    import yaml
-
-    from posttrain.config import ConfigError, load_config
-
     def flat(d: dict[str, Any], prefix: str = "") -> list[str]:
         return [x for k, v in d.items() for x in (flat(v, f"{prefix}{k}.") if isinstance(v, dict)
                                                    else [f"{prefix}{k}={json.dumps(v)}"])]
@@ -162,11 +160,9 @@ def read_result(name: str, results_dir: Path = RESULTS_DIR) -> dict[str, Any] | 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
     """A Markdown table; ``align`` holds ``l`` or ``r`` per column (default: first left, the rest right); ValueError for
-    a row or ``align`` whose length differs from ``headers``."""
+    a row whose length differs from ``headers``."""
     n = len(headers)
     align = align or ("l" + "r" * (n - 1))
-    if len(align) != n:
-        raise ValueError(f"align: expected {n} characters, got {align!r}")
     lines = ["| " + " | ".join(str(h) for h in headers) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
     for i, row in enumerate(rows):
         if len(row) != n:

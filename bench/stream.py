@@ -34,16 +34,6 @@ READ_BATCH = 16
 """Entries per read."""
 
 
-def make_rollout(num_tokens: int, rng: random.Random) -> Rollout:
-    """A rollout of ``num_tokens`` tokens: 10% prompt (observation), the rest sampled actions."""
-    prompt = max(1, num_tokens // 10)
-    return Rollout(rollout_id=uuid.uuid4().hex, task_id="bench", env_name="synthetic_arith",
-                   token_ids=[rng.randrange(151_936) for _ in range(num_tokens)],
-                   behaviour_logprobs=[0.0] * prompt + [-rng.random() * 5.0 for _ in range(num_tokens - prompt)],
-                   action_mask=[False] * prompt + [True] * (num_tokens - prompt), reward=1.0, policy_version=3,
-                   turn_policy_versions=[3])
-
-
 def median_ms(fn: Callable[..., Any], *args: Any, repeats: int = 10) -> float:
     """Median milliseconds of ``fn(*args)`` over ``repeats`` calls."""
     return statistics.median(common.seconds(fn, *args) for _ in range(repeats)) * 1e3
@@ -89,9 +79,14 @@ def run_raw(client: redis.Redis, payload: bytes, n: int, batch: int) -> float:
 
 
 def measure_size(client: redis.Redis, tokens: int, repeats: int, rng: random.Random) -> dict[str, Any]:
-    """One row of the table: the three paths at ``tokens`` tokens per rollout (the arrays and the lists rollout encode
-    to the same payload: tests/unit/test_records.py)."""
-    rollout = make_rollout(tokens, rng)
+    """One row of the table: the three paths for a rollout of ``tokens`` tokens, 10% prompt, the rest sampled actions
+    (its arrays and lists forms encode to the same payload: tests/unit/test_records.py)."""
+    prompt = max(1, tokens // 10)
+    rollout = Rollout(rollout_id=uuid.uuid4().hex, task_id="bench", env_name="synthetic_arith",
+                      token_ids=[rng.randrange(151_936) for _ in range(tokens)],
+                      behaviour_logprobs=[0.0] * prompt + [-rng.random() * 5.0 for _ in range(tokens - prompt)],
+                      action_mask=[False] * prompt + [True] * (tokens - prompt), reward=1.0, policy_version=3,
+                      turn_policy_versions=[3])
     payload, arr = encode_rollout(rollout), rollout.to_arrays()
     n = max(20, int(MB_PER_CASE * 1e6 / len(payload)))
     runs = {"raw": partial(run_raw, client, payload, n, READ_BATCH),

@@ -23,6 +23,8 @@ from typing import Any
 
 from bench import async_vs_sync as avs
 from bench import common
+from posttrain.envs.synthetic.arith import parse_integer_answer
+from posttrain.runtime import RunContext
 
 TRL_PIN = "trl==1.16.0"
 """The TRL version this benchmark was written and run against (``bench/requirements-trl.txt``, ``make bench-deps``)."""
@@ -38,7 +40,6 @@ def run_trl(config: Any, base: Any, sft: Path, snap_dir: Path, eval_every: int) 
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from posttrain.envs.synthetic.arith import parse_integer_answer
     from posttrain.models.hf import load_tokenizer
 
     g = config.grpo
@@ -91,8 +92,6 @@ def run_trl(config: Any, base: Any, sft: Path, snap_dir: Path, eval_every: int) 
 def probe_context(base: Any) -> Any:
     """A ``RunContext`` whose evaluation tasks are the first ``eval.num_tasks`` training tasks (the probe set: the
     tiny model does not learn to add unseen numbers in this budget, so learning speed is measured on these)."""
-    from posttrain.runtime import RunContext
-
     path = base.run_dir.parent.parent / "tasks" / "train_probe.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps({"task_id": t.task_id, "prompt": t.prompt, "reference": t.reference,

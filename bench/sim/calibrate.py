@@ -17,6 +17,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from scipy.optimize import nnls
+
+from bench.async_vs_sync import read_setting, setting_order
+from bench.common import read_json
 from bench.sim import model
 from bench.sim.model import ClusterConfig, EngineModel, LearnerModel, RolloutShape, Workload
 
@@ -57,9 +62,6 @@ def fit_batch_costs(batches: Sequence[Sequence[float]]) -> dict[str, float]:
     """Non-negative least squares, in relative error, of the seconds of ``[rows, width, prompt_tokens, new_tokens,
     seconds, sampled_tokens]`` batches on ``batch_cost_features`` (``sample_s_per_token`` 0 unless every batch
     counts its sampled tokens); ValueError for fewer batches than terms or non-positive seconds."""
-    import numpy as np
-    from scipy.optimize import nnls
-
     if len(batches) < len(BATCH_COST_TERMS):
         raise ValueError(f"batches: need at least {len(BATCH_COST_TERMS)} to fit the engine's costs, got {len(batches)}")
     y = np.array([float(b[4]) for b in batches])
@@ -255,24 +257,19 @@ def measured_relative_se_over(runs: Sequence[dict[str, Any]], quantity: str) -> 
     return statistics.stdev(xs) / math.sqrt(len(xs)) / statistics.fmean(xs) / math.sqrt(max(len(values), 1))
 
 
-def label(result: dict[str, Any]) -> str:
-    """A results file's row label: its method, or ``sao tau=<tau> slots=<slots>[ keep]`` for a capacity-sweep point."""
-    if not result.get("sweep"):
-        return result["method"]
-    s = result["settings"]
-    return f"sao tau={s['max_staleness']} slots={s['episodes_in_flight']}" + (" keep" if s["keep_stale_episodes"] else "")
-
-
 def method_rows(inputs: dict[str, Any], result: dict[str, Any], costs: dict[str, float], speeds: dict[str, float],
                 workload: Workload, repeats: int) -> list[dict[str, Any]]:
     """The three rows (busy fraction, trained action tokens/s, rollouts/s) of one results file's runs, each twin's engine
-    at the speed ``speeds`` holds for the feeding its method's generator produces."""
-    kind = model.method_kind(result["method"])
+    at the speed ``speeds`` holds for the feeding its method's generator produces; a capacity-sweep point's rows are
+    labelled ``sao tau=<tau> slots=<slots>[ keep]``."""
+    s, kind = result["settings"], model.method_kind(result["method"])
+    label = (f"sao tau={s['max_staleness']} slots={s['episodes_in_flight']}" + (" keep" if s["keep_stale_episodes"] else "")
+             if result.get("sweep") else result["method"])
     feeding = FEEDING_OF[kind]
     runs = [r for r in result["runs"] if r.get("learner_step_s_mean") is not None]
     sims, ratios, replayed, speed_from = [], [], 0, ""
     for i, run in enumerate(runs):
-        replay = run_replay(run, f"{label(result)}.runs[{i}]") if kind == "grpo_sync" else ()
+        replay = run_replay(run, f"{label}.runs[{i}]") if kind == "grpo_sync" else ()
         replayed += sum(len(u) for u in replay)
         run_workload = replace(workload, replay=replay)
         base, from_ = run_twin(inputs, result, run, costs, speeds[feeding], run_workload, repeats, f"engine_modes {feeding}")
@@ -286,7 +283,7 @@ def method_rows(inputs: dict[str, Any], result: dict[str, Any], costs: dict[str,
     for quantity in ("busy_fraction", "trained_action_tokens_per_s", "rollouts_per_s"):
         pred = statistics.fmean(getattr(r, quantity) for r in sims)
         meas = statistics.fmean(float(r[quantity]) for r in runs)
-        rows.append({"method": label(result), "quantity": quantity, "measured": meas, "predicted": pred,
+        rows.append({"method": label, "quantity": quantity, "measured": meas, "predicted": pred,
                      "relative_error": (pred - meas) / meas if meas else math.inf, "speed_from": speed_from,
                      "runs": len(runs), "measured_relative_se": measured_relative_se_over(runs, quantity),
                      "engine_probe_ratio": statistics.fmean(known) if known else None, "replayed_episodes": replayed,
@@ -334,9 +331,6 @@ def validate_all(settings: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]
 def load_settings(results_dir: Path) -> dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]:
     """``{setting: (simulator inputs, its results files)}`` for every setting with inputs, tool latency first;
     FileNotFoundError without any, ValueError naming a file that is not JSON."""
-    from bench.async_vs_sync import read_setting, setting_order
-    from bench.common import read_json
-
     names = setting_order(p.stem for p in (results_dir / "sim").glob("*.json"))
     if not names:
         raise FileNotFoundError(f"{results_dir / 'sim'}: no simulator inputs; run .venv/bin/python -m bench.sim.collect")

@@ -18,18 +18,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from bench import common
 from bench.sim.calibrate import load_settings, validate_all
 from bench.sim.model import ClusterConfig, EngineModel, LearnerModel, Workload, simulate
+from posttrain.config.load import parse_overrides
 
 
 def gpu_assumptions(inputs: dict[str, Any], overrides: Sequence[str] = ()) -> dict[str, Any]:
     """``bench/configs/sim/gpu.yaml`` with ``overrides``, SAO's learner cost over GRPO's as ``inputs`` measured it,
     and the tool latency of ``inputs``' setting; ValueError for an override of a key the file does not have."""
-    import yaml
-
-    from posttrain.config.load import parse_overrides
-
     a = yaml.safe_load((common.REPO / "bench" / "configs" / "sim" / "gpu.yaml").read_text(encoding="utf-8"))
     for key, value in parse_overrides(list(overrides)).items():
         if key not in a or isinstance(value, dict) != isinstance(a[key], dict) or not set(value or {}) <= set(a[key]):
@@ -164,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = project(args.ns, assumptions, workload)
     sensitivity = [{"learner_ratio": r, **project([assumptions["sensitivity_n"]], assumptions, workload, r)[0]}
                    for r in assumptions["sensitivity_ratios"]]
-    plot(rows, args.out.with_suffix(".png") if args.no_docs else common.PLOTS_DIR / "simulate.png")
+    plot(rows, args.out.with_suffix(".png") if args.no_docs else common.DOCS.with_suffix("") / "simulate.png")
     result = {"command": common.command_line("bench.sim", argv), "machine": common.machine_info(),
               "measured_from": f"{common.display_path(args.results_dir)}/async_vs_sync/, sim/",
               "measured_when": first["machine"]["when"], "validation": validation, "assumptions": assumptions,
