@@ -238,10 +238,9 @@ def setting_order(names: Iterable[str]) -> list[str]:
 def read_setting(name: str, results: Path = RESULTS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """A setting's method files (in ``METHODS`` order, then by name) and its capacity-sweep files (marked
     ``sweep``; by tau, then slots, letting stale episodes finish first); ValueError for a file that is not JSON."""
-    read = common.read_json
-    main = [read(p) for p in sorted((results / name).glob("*.json"),
-                                    key=lambda p: (METHODS.index(p.stem) if p.stem in METHODS else len(METHODS), p.stem))]
-    sweep = [{**read(p), "sweep": True} for p in (results / name).glob("sweep/*.json")]
+    main = [common.read_json(p) for p in sorted((results / name).glob("*.json"), key=lambda p: (
+        METHODS.index(p.stem) if p.stem in METHODS else len(METHODS), p.stem))]
+    sweep = [{**common.read_json(p), "sweep": True} for p in (results / name).glob("sweep/*.json")]
     sweep.sort(key=lambda r: (r["settings"]["max_staleness"], r["settings"]["episodes_in_flight"],
                               not r["settings"]["keep_stale_episodes"]))
     return main, sweep

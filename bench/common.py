@@ -159,8 +159,7 @@ def read_result(name: str, results_dir: Path = RESULTS_DIR) -> dict[str, Any] | 
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
-    """A Markdown table; ``align`` holds ``l`` or ``r`` per column (default: first left, the rest right); ValueError for
-    a row whose length differs from ``headers``."""
+    """A Markdown table, ``align`` ``l`` or ``r`` per column (default ``lrr...``); ValueError for a row of another width."""
     n = len(headers)
     align = align or ("l" + "r" * (n - 1))
     lines = ["| " + " | ".join(str(h) for h in headers) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]

@@ -60,8 +60,7 @@ def run_ours(client: redis.Redis, rollout: Rollout, n: int, batch: int, arrays: 
 
 
 def run_raw(client: redis.Redis, payload: bytes, n: int, batch: int) -> float:
-    """Seconds to XADD ``payload`` ``n`` times and XREAD all entries back (no decode, no group); RuntimeError when the
-    stream runs dry early."""
+    """Seconds to XADD ``payload`` ``n`` times and XREAD them back (no decode, no group); RuntimeError if it runs dry."""
     key = f"bench:raw:{uuid.uuid4().hex[:12]}"
     t0 = time.perf_counter()
     for _ in range(n):

@@ -44,8 +44,7 @@ def run_trl(config: Any, base: Any, sft: Path, snap_dir: Path, eval_every: int) 
 
     g = config.grpo
     run, batch = avs.MethodRun("trl_grpo"), g.batch_rollouts
-    shutil.rmtree(snap_dir, ignore_errors=True)
-    snap_dir.mkdir(parents=True)
+    shutil.rmtree(snap_dir, ignore_errors=True)  # save_pretrained makes the snapshot folders
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t.prompt}], "reference": t.reference}
                                  for t in base.tasks("train")])
 
@@ -105,7 +104,7 @@ def render(result: dict[str, Any]) -> str:
     """The docs section: machine, command, settings and the table."""
     rows = [[name, f"{r['action_tokens_per_s']:.0f}", f"{r['trained_action_tokens_per_s']:.0f}", f"{r['rollouts_per_s']:.1f}",
              f"{r['wall_s']:.0f}", "not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f}",
-             " / ".join(f"{v:.2f}" for v in r["heldout_reward"].values()) or "-"] for name, r in result["methods"].items()]
+             common.joined(r["heldout_reward"].values())] for name, r in result["methods"].items()]
     s = result["settings"]
     return "\n".join([
         common.machine_line(result["machine"]), "",

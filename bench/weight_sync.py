@@ -55,17 +55,14 @@ async def _serve_versions(model_dir: Path, store_dir: Path, redis_url: str, run:
     announcements = WeightAnnouncements(redis_url, keys)
     await announcements.subscribe()
 
-    def stamp(version: int) -> tuple[int, int]:
-        return version, store.path_for(version).stat().st_mtime_ns
-
-    served = stamp(latest) if (latest := store.latest_version()) is not None else (-1, 0)
+    served = (-1, 0)  # (version, mtime of its directory): the store starts empty
     client.rpush(f"{keys.base}:{SERVED_KEY}", b"ready")
     try:
         while True:
             latest, detected_at = store.latest_version(), time.time()
             if latest is not None:
                 try:
-                    current = stamp(latest)
+                    current = (latest, store.path_for(latest).stat().st_mtime_ns)
                 except FileNotFoundError:  # pruned or being replaced: look again at the next wake-up
                     current = served
                 if current != served:

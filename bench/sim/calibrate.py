@@ -37,14 +37,12 @@ BATCH_COST_TERMS = ("prefill_s_per_token", "step_s", "step_s_per_row", "step_s_p
 
 
 def cpu_share(cores: int, background_load: float, busy: int) -> float:
-    """Cores one busy single-threaded process gets beside ``busy - 1`` of ours and ``background_load`` others:
-    ``min(1, cores / (background_load + busy))``."""
+    """Cores a busy thread gets beside ``busy - 1`` of ours and ``background_load`` others (at most 1)."""
     return min(1.0, cores / max(background_load + busy, 1e-9))
 
 
 def probe_core_seconds(probes: Sequence[dict[str, Any]] | None, cores: int) -> float | None:
-    """Mean seconds of ``engine_probe`` measurements, each scaled to a whole core by the ``background_cores``
-    that ran beside it (None without probes)."""
+    """Mean ``engine_probe`` seconds, each scaled to a whole core by its ``background_cores`` (None without probes)."""
     values = [float(p["seconds"]) * cpu_share(cores, float(p.get("background_cores") or 0.0), 1)
               for p in probes or [] if p.get("seconds")]
     return statistics.fmean(values) if values else None

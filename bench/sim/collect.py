@@ -86,20 +86,16 @@ def engine_probe(sft: Path, new_tokens: int) -> dict[str, Any]:
     rows_max, width_max = max(r for r, _ in PROBE_BATCHES), max(w for _, w in PROBE_BATCHES)
     with one_thread_engine(sft, rows_max, width_max + new_tokens + 1) as engine:
 
-        def timed(rows: int, width: int, new: int) -> float:
+        async def timed(rows: int, width: int, new: int) -> float:
             reqs = [GenerationRequest(prompt_token_ids=[rng.randrange(3, top) for _ in range(width)], max_new_tokens=new,
                                       temperature=1.0, stop_token_ids=[], seed=rng.randrange(2**31)) for _ in range(rows)]
+            t = time.perf_counter()
+            await asyncio.gather(*(engine.generate(r) for r in reqs))
+            return time.perf_counter() - t
 
-            async def run() -> float:
-                t = time.perf_counter()
-                await asyncio.gather(*(engine.generate(r) for r in reqs))
-                return time.perf_counter() - t
-
-            return asyncio.run(run())
-
-        timed(1, 8, 1)  # warm-up, not timed
+        asyncio.run(timed(1, 8, 1))  # warm-up, not timed
         with other_cpu() as other:
-            batches = [[rows, width, round(statistics.median(timed(rows, width, new_tokens) for _ in range(5)), 6)]
+            batches = [[rows, width, round(statistics.median(asyncio.run(timed(rows, width, new_tokens)) for _ in range(5)), 6)]
                        for rows, width in PROBE_BATCHES]
     return {"seconds": sum(b[2] for b in batches), "background_cores": other[0] if other else None, "batches": batches,
             "when": common.utc_now()}

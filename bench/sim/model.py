@@ -430,8 +430,7 @@ class Cluster:
             self._episode(s, one_done, instance, unit)
 
     def _draw_group(self) -> list[RolloutShape]:
-        """The next replayed unit, else G distinct traced rollouts of a drawn task (with replacement when it has
-        fewer), rewards drawn from its posterior."""
+        """The next replayed unit, else G distinct rollouts of a drawn task (if it has G), rewards from its posterior."""
         if self._replayed < len(self.workload.replay):
             self._replayed += 1
             return list(self.workload.replay[self._replayed - 1])
@@ -570,8 +569,7 @@ class Cluster:
 
 
 def steady_window(updates: Sequence[tuple[float, float, float]]) -> tuple[float, float, float]:
-    """``(seconds, trained tokens, rollouts)`` from the first update to the last, the first's own left out
-    (produced during start-up); zeros with fewer than two updates."""
+    """``(seconds, trained tokens, rollouts)`` from the first update to the last, the first's own left out (start-up)."""
     if len(updates) < 2:
         return 0.0, 0.0, 0.0
     return updates[-1][0] - updates[0][0], sum(u[2] for u in updates[1:]), sum(u[1] for u in updates[1:])

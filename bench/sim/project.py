@@ -41,8 +41,7 @@ def gpu_assumptions(inputs: dict[str, Any], overrides: Sequence[str] = ()) -> di
 
 
 def project(ns: Sequence[int], a: dict[str, Any], workload: Workload, learner_ratio: float | None = None) -> list[dict[str, Any]]:
-    """SAO and synchronous GRPO for each N under the assumptions ``a``, one row per N (``learner_ratio``: learner
-    GPUs per generator instead of the assumptions')."""
+    """SAO and synchronous GRPO per N under the assumptions ``a`` (``learner_ratio``: learner GPUs per generator)."""
     rows = []
     for n in ns:
         gpus = max(1, round(n * (a["learner_gpus_per_generator"] if learner_ratio is None else learner_ratio)))
