@@ -2,14 +2,12 @@
 
 One command trains one method (``bench/configs/async_vs_sync/<method>.yaml`` on ``base.yaml``, then dotted
 ``key=value`` overrides) ``--repeats`` times (seeds ``seed``, ``seed + 1``, ...) from a shared SFT warm start and
-writes ``bench/results/async_vs_sync/<setting>/<method>.json``; the docs section renders every file there (``sweep/``:
-SAO's capacity sweep). ``sao`` and ``grpo_async_g8`` run ``train_sao`` (generator processes, the learner),
-``grpo_sync_g<G>`` ``run_grpo_sync`` (generate a batch, wait for its slowest episode, train, reload). The setting is
-``tool_latency`` (the default, where the targets are judged: each tool call waits a log-normal wall time seeded per
-task) unless ``data.env_args.tool_latency_median_s=0`` (``compute_bound``). Per run: ``busy_fraction``; between the
-first and the last policy update, ``trained_action_tokens_per_s`` (GRPO: kept groups only) and ``rollouts_per_s``;
-``time_to_target_s`` (held-out reward of the first run's snapshots every ``--eval-every`` versions against the warm
-start's + ``TARGET_GAIN``); an ``engine_probe`` before and after; synchronous runs keep their episodes for ``bench.sim``.
+writes ``bench/results/async_vs_sync/<setting>/<method>.json``, from which the docs section renders (``sweep/``:
+SAO's capacity sweep). The setting is ``tool_latency`` (the default, where the targets are judged: each tool call
+waits a log-normal wall time seeded per task) unless ``data.env_args.tool_latency_median_s=0`` (``compute_bound``).
+Per run: ``busy_fraction``, ``trained_action_tokens_per_s`` (GRPO: kept groups only) and ``rollouts_per_s`` between
+the first and the last policy update, ``time_to_target_s`` (the first run's snapshots every ``--eval-every``
+versions against the warm start's held-out reward + ``TARGET_GAIN``) and an ``engine_probe`` before and after.
 
 Run (31 minutes for the four methods on 2 cores, plus 8 of warm start once): ``.venv/bin/python -m
 bench.async_vs_sync sao --repeats 3``; compute-bound: ``... sao --repeats 3 data.env_args.tool_latency_median_s=0

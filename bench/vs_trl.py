@@ -1,12 +1,11 @@
 """TRL's GRPOTrainer (pinned: trl 1.16.0) against our synchronous GRPO and SAO: same task, model and budget, CPU.
 
-On ``synthetic_arith`` (``Compute 7 + 12.`` -> ``#### 19``, no agent loop), every method trains from the same SFT
-warm start for the same steps of prompts x group size (SAO: as many rollouts, one per prompt) at the same learning
-rate: ``trl_grpo`` is ``trl.GRPOTrainer`` (``loss_type="dapo"``, group-std scaling, clip 0.2 / 0.28, no KL) on the
-``grpo_sync`` config of ``bench/configs/vs_trl/``, ``grpo_sync`` and ``sao`` our runners (``key=value`` overrides
-apply to both configs). Measured: action tokens generated and trained per second between the first and the last
-step, wall time, and seconds to the probe reward target (warm start + ``TARGET_GAIN``, snapshots every
-``--eval-every`` steps evaluated on training prompts: ``probe_context``). Writes ``bench/results/vs_trl.json``.
+On ``synthetic_arith`` (no agent loop), every method trains from one SFT warm start for the same steps of prompts x
+group size (SAO: as many rollouts, one per prompt) at the same learning rate: ``trl_grpo`` is ``trl.GRPOTrainer``
+(``loss_type="dapo"``, group-std scaling, clip 0.2 / 0.28, no KL) on the ``grpo_sync`` config of
+``bench/configs/vs_trl/`` (``key=value`` overrides apply to both configs). Measured: action tokens generated and
+trained per second between the first and the last step, wall time, and seconds to the probe reward target (warm
+start + ``TARGET_GAIN``; snapshots every ``--eval-every`` steps, evaluated on training prompts: ``probe_context``).
 
 Run: ``make bench-deps`` once (TRL pinned in ``bench/requirements-trl.txt``), then ``.venv/bin/python -m
 bench.vs_trl`` (2 minutes on 2 cores, plus 2 of warm start the first time) or

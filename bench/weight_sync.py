@@ -1,11 +1,10 @@
 """Weight-sync latency: a learner's publish until a generator serves the new version, against raw safetensors I/O.
 
-Per model shape (random float32 weights: ``tiny`` and a Qwen2-0.5B shape) and version, alternately: **ours**,
-the learner's publish (``FilesystemWeightStore.publish``, the version key, ``announce_weights`` over Redis
-pub/sub) until ``update_weights`` of the ``hf`` engine returns in a separate generator process watching as
-``posttrain.generator.watcher`` does (``--vllm`` also times vLLM's reload in-process); **raw**, ``save_file`` +
-fsync, then ``load_file`` with every tensor copied. Reported (medians, seconds): publish, detection, reload, end
-to end and ours/raw (``worst_ratio_over_raw``: the target's, at most 2x). Writes ``bench/results/weight_sync.json``.
+Per model shape (random float32 weights: ``tiny`` and a Qwen2-0.5B shape) and version, alternately: **ours**, the
+learner's publish (weight store, version key, ``announce_weights`` over Redis pub/sub) until ``update_weights`` of
+the ``hf`` engine returns in a separate generator process watching as ``posttrain.generator.watcher`` does
+(``--vllm`` also times vLLM's reload in-process); **raw**, ``save_file`` + fsync, then ``load_file`` with every
+tensor copied. Reported (medians, seconds): publish, detection, reload, end to end and ours/raw.
 
 Run: ``.venv/bin/python -m bench.weight_sync`` (about 3 minutes on 2 cores, mostly the 0.5B shape's 2 GB
 writes), ``.venv/bin/python -m bench.weight_sync --shapes tiny --vllm`` (adds vLLM's reload).
@@ -30,15 +29,13 @@ from posttrain.services.embedded_redis import EmbeddedRedis
 
 SERVED_KEY = "served"
 """Redis list (under the bench run's keys) where the generator process reports each version it serves."""
-SHAPES: dict[str, dict[str, Any]] = {
-    "tiny": {"vocab_size": 1024, "hidden_size": 128, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
-             "intermediate_size": 256, "tie_word_embeddings": False},
-    "qwen2-0.5b": {"vocab_size": 151936, "hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_heads": 2,
-                   "intermediate_size": 4864, "tie_word_embeddings": True},
+SHAPES: dict[str, tuple[dict[str, Any], int]] = {
+    "tiny": ({"vocab_size": 1024, "hidden_size": 128, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
+              "intermediate_size": 256, "tie_word_embeddings": False}, 16),
+    "qwen2-0.5b": ({"vocab_size": 151936, "hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_heads": 2,
+                    "intermediate_size": 4864, "tie_word_embeddings": True}, 4),
 }
-"""Model shapes measured (``build_tiny_model`` arguments)."""
-REPEATS = {"tiny": 16, "qwen2-0.5b": 4}
-"""Versions published per shape (medians over them)."""
+"""Model shapes measured (``build_tiny_model`` arguments) and the versions published for each (medians over them)."""
 
 
 async def _serve_versions(model_dir: Path, store_dir: Path, redis_url: str, run: str) -> None:
@@ -212,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vllm", action="store_true", help="also time the vLLM engine's reload")
     args = p.parse_args(args_list)
     with EmbeddedRedis() as server, tempfile.TemporaryDirectory() as tmp:
-        rows = [measure_shape(name, SHAPES[name], REPEATS[name], args.vllm, Path(tmp), server.url) for name in args.shapes]
+        rows = [measure_shape(name, *SHAPES[name], args.vllm, Path(tmp), server.url) for name in args.shapes]
     result = {"command": common.command_line("bench.weight_sync", argv), "machine": common.machine_info(),
               "notification": "redis pub/sub (posttrain.weight_sync.announce)", "weight_wait_s": rows[0]["weight_wait_s"],
               "rows": rows, "worst_ratio_over_raw": max(r["ratio_over_raw"] for r in rows)}

@@ -1,12 +1,11 @@
 """The simulator's calibration on the measured small runs, and its check against them (``validate_all``).
 
 A setting's inputs are ``bench/results/sim/<setting>.json`` (``bench.sim.collect``) and its results files under
-``bench/results/async_vs_sync/<setting>/``. A run's twin (``run_twin``) has engine costs fitted on every
-setting's ``engine_modes`` batches at a whole core's speed, times the speed factor of the feeding its method's
-generator produces (``FEEDING_OF``), times its engine probe over the probe around ``engine_modes``, times the
-CPU share its load implied (``measured_config``), or the speed the run measured itself
-(``calibrate_engine_speed``); the run's learner step, the setting's publish, reload and tool latency; a
-synchronous run replays its recorded episodes (asynchronous records lack the longest, still running at the end).
+``bench/results/async_vs_sync/<setting>/``. A run's twin (``run_twin``) has engine costs fitted on every setting's
+``engine_modes`` batches at a whole core's speed, times the speed of the feeding its method's generator produces
+(``FEEDING_OF``), its engine probe over the one around ``engine_modes`` and the CPU share its load implied, or the
+speed the run measured itself (``calibrate_engine_speed``); the run's learner step, the setting's publish, reload and
+tool latency; a synchronous run replays its recorded episodes (asynchronous records lack those still running).
 """
 
 import itertools

@@ -1,11 +1,10 @@
 """What the simulator needs from one ``bench.async_vs_sync`` setting, measured on its warm start.
 
-``trace`` (episode lengths and rewards of the warm start, instantaneous tools: the workload ``bench.sim``
-draws from), ``engine_modes`` (one ``hf`` engine fed by real episodes three ways, every batch and episode
-recorded, with ``engine_probe`` s around it: the engine's costs and speed), ``learner_cost`` (an SAO against a
-GRPO iteration on one batch) and ``weight_sync`` (publish and reload seconds: the ``tiny`` row of
-``bench/results/weight_sync.json``). Writes ``bench/results/sim/<setting>.json`` (the ``sao`` config's setting
-with the given overrides) and re-renders the ``async_vs_sync`` section.
+``trace`` (the warm start's episode lengths and rewards, instantaneous tools: the workload ``bench.sim`` draws from),
+``engine_modes`` (one ``hf`` engine fed by real episodes three ways, every batch and episode recorded, with
+``engine_probe`` s around it), ``learner_cost`` (an SAO against a GRPO iteration on one batch) and ``weight_sync``
+(the ``tiny`` row of ``bench/results/weight_sync.json``). Writes ``bench/results/sim/<setting>.json`` (the ``sao``
+config's setting with the given overrides) and re-renders the ``async_vs_sync`` section.
 
 Run after ``bench.weight_sync`` (6 minutes, plus the warm start the first time): ``.venv/bin/python -m
 bench.sim.collect``; compute-bound: ``... data.env_args.tool_latency_median_s=0 generator.episodes_in_flight=64``.

@@ -1,15 +1,11 @@
 """The simulator's model: a discrete-event RL post-training cluster with N generators and a learner (seconds, tokens).
 
-Episodes come from a measured trace (``Workload``): a GRPO group's members are distinct traced rollouts
-of one task, its rewards drawn from the task's success-rate posterior; a measured run's own episodes
-can be replayed first. After every turn but the last an episode waits the tool latency of its task
-instance. Engines batch statically (the ``hf`` engine: a batch runs until its longest request ends) or
-continuously (vLLM: requests join and leave at every step). The learner trains a batch, publishes
-(``publish_s``) and every engine reloads (``reload_s``). Methods: ``sao`` (admission ``(v + tau + 1) * B``,
-stale rollouts dropped or cancelled in flight, critic warm-up iterations refunded), ``grpo_async`` (the
-same on groups; uniform groups train nothing) and ``grpo_sync`` (generate B/G groups, wait for the last,
-train, publish, reload). ``simulate`` measures what ``bench.async_vs_sync`` measures: busy fraction,
-trained action tokens and rollouts per second.
+Episodes come from a measured trace (``Workload``) and wait their task instance's tool latency after every turn but
+the last, on engines that batch statically (``hf``) or continuously (vLLM). The learner trains a batch, publishes
+(``publish_s``) and every engine reloads (``reload_s``). Methods: ``sao`` (admission ``(v + tau + 1) * B``, stale
+rollouts dropped or cancelled in flight, critic warm-up iterations refunded), ``grpo_async`` (the same on groups;
+uniform groups train nothing) and ``grpo_sync`` (generate B/G groups, wait for the last, train, publish, reload).
+``simulate`` measures what ``bench.async_vs_sync`` does: busy fraction, trained action tokens and rollouts per second.
 """
 
 from __future__ import annotations
@@ -364,7 +360,8 @@ class Cluster:
 
     def __init__(self, config: ClusterConfig, workload: Workload) -> None:
         self.cfg, self.workload, self.rng, self.loop = config, workload, random.Random(config.seed), EventLoop()
-        self.engines = [Engine(self.loop, config.engine, self._engine_scale) for _ in range(config.generators)]
+        self.engines = [Engine(self.loop, config.engine, lambda: config.engine_scale_learner_busy if self.learner_busy
+                               else config.engine_scale_idle) for _ in range(config.generators)]
         self._gen_phases: list[float] = []
         self.version = self.iteration = 0
         self.started = 0  # rollouts started and not refunded (admission)
@@ -376,9 +373,6 @@ class Cluster:
         self._units: dict[Unit, None] = {}  # asynchronous units in flight, in start order
         self._instances = itertools.count()  # task instances drawn (tool-latency seeds)
         self._replayed = 0
-
-    def _engine_scale(self) -> float:
-        return self.cfg.engine_scale_learner_busy if self.learner_busy else self.cfg.engine_scale_idle
 
     def _tool_latency(self, instance: int, call: int) -> float:
         c = self.cfg

@@ -1,11 +1,9 @@
 """The simulator's command: check the model against the measured small runs, then project to a GPU cluster.
 
-(a) ``bench.sim.calibrate.validate_all`` re-simulates every measured run of ``bench.async_vs_sync`` with
-what the run and ``bench.sim.collect`` measured and reports each quantity's relative error; (b) ``project``
-runs SAO and synchronous GRPO for N = 8 ... 1024 generators under the assumptions of
-``bench/configs/sim/gpu.yaml`` (dotted ``key=value`` overrides; every assumption is printed beside the
-result) and ``plot`` draws both against N. Writes ``bench/results/simulate.json``,
-``docs/benchmarks/simulate.png`` and the ``simulate`` section of docs/benchmarks.md.
+``validate_all`` re-simulates every measured run of ``bench.async_vs_sync`` with what the run and ``bench.sim.collect``
+measured and reports each quantity's relative error; ``project`` runs SAO and synchronous GRPO for N = 8 ... 1024
+generators under the assumptions of ``bench/configs/sim/gpu.yaml`` (dotted ``key=value`` overrides; every assumption
+is printed beside the result). Writes ``bench/results/simulate.json`` and ``docs/benchmarks/simulate.png``.
 
 Run: ``.venv/bin/python -m bench.sim`` (7 minutes on one core, 3 of them for N = 1024) or
 ``.venv/bin/python -m bench.sim --ns 8 --repeats 1 --out /tmp/simulate.json --no-docs`` for a quick look.
