@@ -178,13 +178,11 @@ def measure_shape(name: str, shape: dict[str, Any], repeats: int, vllm: bool, tm
 
 def render(result: dict[str, Any]) -> str:
     """The docs section: machine, command and the table."""
+    vllm = " (vLLM reload {reload_vllm_s:.3f} s, ratio {ratio_over_raw_vllm:.2f})"
     rows = [[r["shape"], f"{r['parameters'] / 1e6:.1f} M", f"{r['weights_bytes'] / 2**20:.0f} MiB",
-             f"{r['raw_write_s']:.3f} + {r['raw_read_s']:.3f}", f"{r['publish_s']:.3f}",
-             f"{r['detect_s']:.3f} ({r['detect_max_s']:.3f})",
-             f"{r['reload_hf_s']:.3f}" + (f" (vLLM reload {r['reload_vllm_s']:.3f} s, ratio {r['ratio_over_raw_vllm']:.2f})"
-                                          if "reload_vllm_s" in r else ""),
-             f"{r['ours_s']:.3f}", f"{r['ratio_without_detection']:.2f}", f"**{r['ratio_over_raw']:.2f}**"]
-            for r in result["rows"]]
+             f"{r['raw_write_s']:.3f} + {r['raw_read_s']:.3f}", f"{r['publish_s']:.3f}", f"{r['detect_s']:.3f} ({r['detect_max_s']:.3f})",
+             f"{r['reload_hf_s']:.3f}" + (vllm.format(**r) if "reload_vllm_s" in r else ""), f"{r['ours_s']:.3f}",
+             f"{r['ratio_without_detection']:.2f}", f"**{r['ratio_over_raw']:.2f}**"] for r in result["rows"]]
     return "\n".join([
         common.machine_line(result["machine"]), "",
         f"Command: `{result['command']}` (medians over versions: "

@@ -139,15 +139,12 @@ def measured_config(inputs: dict[str, Any], result: dict[str, Any], run: dict[st
         engine_scale_learner_busy=engine_factor / cpu_share(cores, background, ours),
         method=kind, generators=s["generators"] if kind != "grpo_sync" else 1, episodes_in_flight=slots,
         batch_rollouts=s["batch_rollouts"], group_size=1 if kind == "sao" else int(method.rpartition("_g")[2]),
-        max_staleness=s["max_staleness"], abort_stale=not s["keep_stale_episodes"],
-        steps=max(2, int(run["policy_versions"])),
-        publish_s=inputs["weight_sync"]["publish_s"], reload_s=inputs["weight_sync"]["reload_s"],
-        engine=EngineModel(batching="static", max_batch=max(slots, s["batch_rollouts"]) if kind == "grpo_sync" else slots,
-                           **costs),
+        max_staleness=s["max_staleness"], abort_stale=not s["keep_stale_episodes"], steps=max(2, int(run["policy_versions"])),
+        publish_s=inputs["weight_sync"]["publish_s"], reload_s=inputs["weight_sync"]["reload_s"], seed=s["seed"],
+        engine=EngineModel(batching="static", max_batch=max(slots, s["batch_rollouts"]) if kind == "grpo_sync" else slots, **costs),
         learner=LearnerModel(gpus=1, step_s_fixed=float(run["learner_step_s_mean"]), s_per_token=0.0,
                              warmup_iterations=s["critic_warmup"] if kind == "sao" else 0),
-        seed=s["seed"], tool_latency_median_s=float(s["tool_latency_median_s"]),
-        tool_latency_sigma=float(s["tool_latency_sigma"]), tool_latency_max_s=float(s["tool_latency_max_s"]))
+        **{k: float(s[k]) for k in ("tool_latency_median_s", "tool_latency_sigma", "tool_latency_max_s")})
 
 
 def phase_identifies_engine_speed(phases: Sequence[float], engine_free_s: float, at_current_s: float) -> bool:

@@ -128,13 +128,10 @@ def collect_trace(base: Any, sft: Path, tasks: int, samples: int, seed: int) -> 
     finally:
         engine.close()
 
-    def shape(r: Any) -> dict[str, Any]:
-        prompt, actions, observations = turn_lengths(r.action_mask)
-        return {"prompt_tokens": prompt, "action_tokens": actions, "observation_tokens": observations,
-                "reward": r.reward, "finish_reason": r.finish_reason}
-
-    return [{"task_id": t.task_id, "required_calls": len(codes_of(t)),
-             "rollouts": [shape(r) for r in rollouts[i * samples:(i + 1) * samples]]} for i, t in enumerate(chosen)], rollouts
+    return [{"task_id": t.task_id, "required_calls": len(codes_of(t)), "rollouts": [
+        {**dict(zip(("prompt_tokens", "action_tokens", "observation_tokens"), turn_lengths(r.action_mask), strict=True)),
+         "reward": r.reward, "finish_reason": r.finish_reason} for r in rollouts[i * samples:(i + 1) * samples]]}
+        for i, t in enumerate(chosen)], rollouts
 
 
 def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed: int, group_size: int = 8) -> dict[str, Any]:

@@ -76,12 +76,10 @@ class Workload:
 
 
 def reward_posteriors(tasks: Sequence[Sequence[RolloutShape]]) -> tuple[tuple[float, float], ...]:
-    """Beta posterior ``(a, b)`` of each task's success rate; () for non-binary rewards or fewer than 2 tasks.
-
-    Prior Beta(kappa m, kappa (1 - m)) by the method of moments: m is the mean reward, kappa = m (1 - m) / var_p - 1
-    with var_p = (var(k / n) - m (1 - m) / n) / (1 - 1 / n), the spread of the tasks' rates beyond binomial noise
-    (var_p <= 0: kappa 1e6, the pooled rate). A task with k of n successes: a = k + kappa m, b = n - k + kappa (1 - m).
-    """
+    """Beta posterior ``(a, b)`` of each task's success rate (() for non-binary rewards or fewer than 2 tasks): prior
+    Beta(kappa m, kappa (1 - m)) by the method of moments (m the mean reward, kappa = m (1 - m) / var_p - 1 with
+    var_p = (var(k / n) - m (1 - m) / n) / (1 - 1 / n), the spread of the tasks' rates beyond binomial noise; 1e6 when
+    var_p <= 0); a task with k of n successes: a = k + kappa m, b = n - k + kappa (1 - m)."""
     rewards = [[s.reward for s in t] for t in tasks]
     if len(tasks) < 2 or any(r not in (0.0, 1.0) for rs in rewards for r in rs):
         return ()
