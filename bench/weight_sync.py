@@ -38,10 +38,9 @@ SHAPES: dict[str, tuple[dict[str, Any], int]] = {
 """Model shapes measured (``build_tiny_model`` arguments) and the versions published for each (medians over them)."""
 
 
-async def _serve_versions(model_dir: Path, store_dir: Path, redis_url: str, run: str) -> None:
-    """The generator side, the watcher of ``posttrain.generator.watcher`` around an ``hf`` engine: read ``LATEST`` and
-    the version's stamp, reload when it changed (then push ``detected_at served_at version`` to ``SERVED_KEY``),
-    stop on the stop key, else ``WeightAnnouncements.wait(WEIGHT_WAIT_S)``."""
+async def _serve_versions(model_dir: str, store_dir: str, redis_url: str, run: str) -> None:
+    """The generator side, ``posttrain.generator.watcher``'s loop around an ``hf`` engine: reload when ``LATEST``'s stamp
+    changed (then push ``detected_at served_at version`` to ``SERVED_KEY``), stop on the stop key, else wait."""
     from posttrain.generator.watcher import WEIGHT_WAIT_S
     from posttrain.inference.hf import HFEngine
     from posttrain.weight_sync.announce import WeightAnnouncements
@@ -51,7 +50,6 @@ async def _serve_versions(model_dir: Path, store_dir: Path, redis_url: str, run:
     store, engine = FilesystemWeightStore(store_dir), HFEngine(model_dir)
     announcements = WeightAnnouncements(redis_url, keys)
     await announcements.subscribe()
-
     served = (-1, 0)  # (version, mtime of its directory): the store starts empty
     client.rpush(f"{keys.base}:{SERVED_KEY}", b"ready")
     try:
@@ -199,8 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry (module docstring); ``serve-generator MODEL_DIR STORE REDIS_URL RUN`` is the generator process."""
     args_list = sys.argv[1:] if argv is None else list(argv)
     if args_list[:1] == ["serve-generator"]:
-        model_dir, store, redis_url, run = args_list[1:]
-        asyncio.run(_serve_versions(Path(model_dir), Path(store), redis_url, run))
+        asyncio.run(_serve_versions(*args_list[1:]))
         return 0
     p = common.parser(__doc__, common.RESULTS_DIR / "weight_sync.json")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))

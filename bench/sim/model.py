@@ -194,10 +194,8 @@ class EventLoop:
     """A time-ordered queue of callbacks (ties run in scheduling order)."""
 
     def __init__(self) -> None:
-        self.now = 0.0
+        self.now, self.events, self._seq = 0.0, 0, itertools.count()
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
-        self.events = 0
 
     def at(self, t: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` at time ``t`` (not before now)."""
@@ -229,7 +227,7 @@ class Engine:
     def __init__(self, loop: EventLoop, model: EngineModel, scale: Callable[[], float] = lambda: 1.0) -> None:
         self.loop, self.model, self._scale = loop, model, scale
         self.gen_s, self.row_seconds, self.batches, self.batch_rows = 0.0, 0.0, 0, 0
-        self._queue: deque[Request] = deque()  # static batching: queued requests, the open batch's start, a reload due
+        self._queue: deque[Request] = deque()  # static batching: the queue, the running batch's start, a reload due
         self._gen_since: float | None = None
         self._running = self._start_pending = False
         self._reload_pending = self._stall_end = self._stall_start = 0.0
@@ -361,16 +359,14 @@ class Cluster:
         self.engines = [Engine(self.loop, config.engine, lambda: config.engine_scale_learner_busy if self.learner_busy
                                else config.engine_scale_idle) for _ in range(config.generators)]
         self._gen_phases: list[float] = []
-        self.version = self.iteration = 0
-        self.started = 0  # rollouts started and not refunded (admission)
+        self.version = self.iteration = self.started = 0  # started: rollouts started and not refunded (admission)
         self.ready: deque[tuple[list[RolloutShape], int]] = deque()  # complete units and their start version
         self.learner_busy, self.learner_busy_s = False, 0.0
         self.waiting: deque[int] = deque()  # generator of each slot waiting for admission, FIFO
         self.updates: list[tuple[float, float, float]] = []  # (time, rollouts, trained action tokens)
-        self.stale_dropped = self.stale_aborted = self.finished_rollouts = 0
+        self.stale_dropped = self.stale_aborted = self.finished_rollouts = self._replayed = 0
         self._units: dict[Unit, None] = {}  # asynchronous units in flight, in start order
         self._instances = itertools.count()  # task instances drawn (tool-latency seeds)
-        self._replayed = 0
 
     def _tool_latency(self, instance: int, call: int) -> float:
         c = self.cfg

@@ -104,32 +104,30 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join([
         common.machine_line(result["machine"]), "",
         f"Command: `{result['command']}` (inputs: `{result['measured_from']}`, measured at {result['measured_when']})", "",
-        f"**Check against the small runs** (mean of {v['repeats']} seeds per run; how each run's twin is built: "
-        f"below the section). Worst relative error: **{100 * worst:.0f}%** "
-        f"({w.get('setting')}, {w.get('method')}, {w.get('quantity')}; target: within 15%, "
-        f"{'met' if worst <= 0.15 else 'not met'}).", "",
+        f"**Check against the small runs** (mean of {v['repeats']} seeds per run; how each run's twin is built: below "
+        f"the section). Worst relative error: **{100 * worst:.0f}%** ({w.get('setting')}, {w.get('method')}, "
+        f"{w.get('quantity')}; target: within 15%, {'met' if worst <= 0.15 else 'not met'}).", "",
         *[f"* `{b['setting']}` (measured at {b['measured_when']}): engine speed from `engine_modes`: "
           + ", ".join(f"x{x:.2f} {mode}" for mode, x in b["feeding_factors"].items())
           + f" (one for all: x{b['engine_factor']:.2f}); worst error {100 * b['max_abs_relative_error']:.0f}%."
           for b in v["by_setting"]], "",
         common.markdown_table(["setting", "method", "quantity", "measured", "measured SE", "simulated", "error",
-                        "engine probe", "replayed episodes", "speed from"], vrows, align="lllrrrrrrl"), "",
-        f"**Projection** to a GPU cluster (assumed, not measured: continuous batching, decode step "
-        f"{e['step_s'] * 1e3:.0f} ms + {e['step_s_per_row'] * 1e3:.2f} ms per row, up to {e['max_batch']} rows, "
-        f"prefill {e['prefill_s_per_token'] * 1e6:.0f} us/token; GRPO learner {a['grpo_learner_s_per_token'] * 1e6:.0f} "
-        f"us per trained token per GPU, SAO learner x{a['sao_learner_cost_ratio']:.2f} (critic; the ratio measured on "
-        f"one batch); {a['learner_gpus_per_generator']} learner GPU per generator; {a['rollouts_per_generator_per_step']} "
-        f"rollouts per generator per step; publish {a['publish_s']} s, reload {a['reload_s']} s; turn lengths of the "
-        f"trace x{a['token_scale']}; {tool}; G = {a['group_size']}, tau = {a['max_staleness']}, {a['steps']} versions "
-        "per run).", "",
+                               "engine probe", "replayed episodes", "speed from"], vrows, align="lllrrrrrrl"), "",
+        f"**Projection** to a GPU cluster (assumed, not measured: continuous batching, decode step {e['step_s'] * 1e3:.0f} "
+        f"ms + {e['step_s_per_row'] * 1e3:.2f} ms per row, up to {e['max_batch']} rows, prefill "
+        f"{e['prefill_s_per_token'] * 1e6:.0f} us/token; GRPO learner {a['grpo_learner_s_per_token'] * 1e6:.0f} us per "
+        f"trained token per GPU, SAO learner x{a['sao_learner_cost_ratio']:.2f} (critic; the ratio measured on one batch); "
+        f"{a['learner_gpus_per_generator']} learner GPU per generator; {a['rollouts_per_generator_per_step']} rollouts per "
+        f"generator per step; publish {a['publish_s']} s, reload {a['reload_s']} s; turn lengths of the trace "
+        f"x{a['token_scale']}; {tool}; G = {a['group_size']}, tau = {a['max_staleness']}, {a['steps']} versions per run).", "",
         common.markdown_table(["N", "learner GPUs", "B", "busy SAO", "busy GRPO", "occupancy SAO", "occupancy GRPO",
-                        "speedup SAO/GRPO"], prow), "",
+                               "speedup SAO/GRPO"], prow), "",
         f"![utilisation and speedup against N]({result['plot']})", "",
-        f"Learner GPUs per generator at N = {result['learner_sensitivity'][0]['generators']} (same assumptions otherwise):",
-        "", common.markdown_table(["learner GPUs per generator", "learner GPUs", "busy SAO", "busy GRPO", "speedup SAO/GRPO"],
-                           [[f"{r['learner_ratio']:g}", r["learner_gpus"], f"{r['sao']['busy_fraction']:.2f}",
-                             f"{r['grpo_sync']['busy_fraction']:.2f}", f"{r['speedup_sao_over_grpo_sync']:.2f}"]
-                            for r in result["learner_sensitivity"]]),
+        f"Learner GPUs per generator at N = {result['learner_sensitivity'][0]['generators']} (same assumptions otherwise):", "",
+        common.markdown_table(["learner GPUs per generator", "learner GPUs", "busy SAO", "busy GRPO", "speedup SAO/GRPO"],
+                              [[f"{r['learner_ratio']:g}", r["learner_gpus"], f"{r['sao']['busy_fraction']:.2f}",
+                                f"{r['grpo_sync']['busy_fraction']:.2f}", f"{r['speedup_sao_over_grpo_sync']:.2f}"]
+                               for r in result["learner_sensitivity"]]),
     ])
 
 
