@@ -144,10 +144,8 @@ def run_method(config: Any, method: str, base: Any, sft: Path, snap_dir: Path, e
             snapshot(version, now)
 
     print(f"[{method}] {steps} policy versions of {batch} rollouts", flush=True)
-    if grpo and not config.grpo.async_:
-        summary = run_grpo_sync(config, start_model_dir=sft, sink=sink, progress=False)
-    else:
-        summary = train_sao(ctx, sft, sink)
+    summary = (run_grpo_sync(config, start_model_dir=sft, sink=sink, progress=False) if grpo and not config.grpo.async_
+               else train_sao(ctx, sft, sink))
     run.wall_s, run.when = time.monotonic() - t0, common.utc_now()
     run.load_avg.append(os.getloadavg()[0])
     run.counters = dict(summary.counters)
@@ -290,14 +288,13 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
             "**Compute-bound setting**: tool calls are instantaneous; generation and training share the same 2 CPU cores.")
     out = [head, "", common.machine_line(max((f["machine"] for f in files), key=lambda m: m["when"])), "",
            f"Setting: `synthetic_longtail`, required calls per task log-normal (median {s['calls_median']}, sigma "
-           f"{s['calls_sigma']}, clipped to 1..{s['max_calls']}; train tasks: mean {calls['mean']:.1f}, p90 {calls['p90']:.0f}, "
-           f"max {calls['max']:.0f}); {s['batch_rollouts']} rollouts per policy version, {s['steps']} versions per method, "
-           f"lr {s['lr']}, engine `{s['engine']}`, {s['generators']} generator process(es) with up to "
-           f"{s['episodes_in_flight']} episodes in flight, staleness bound tau = {s['max_staleness']} (SAO and "
-           f"asynchronous GRPO; synchronous GRPO: one engine in the learner's process running each batch's "
-           f"{s['batch_rollouts']} episodes at once), learner micro-batches of {s['micro_batch_size']} rollouts in length "
-           f"order (every method), tiny Qwen2-shaped model after {s['sft_steps']} SFT steps; "
-           + ("generators let an episode that became too stale to train run to its end for the learner to drop."
+           f"{s['calls_sigma']}, clipped to 1..{s['max_calls']}; train tasks: mean {calls['mean']:.1f}, p90 {calls['p90']:.0f},"
+           f" max {calls['max']:.0f}); {s['batch_rollouts']} rollouts per policy version, {s['steps']} versions per method, lr "
+           f"{s['lr']}, engine `{s['engine']}`, {s['generators']} generator process(es) with up to {s['episodes_in_flight']} "
+           f"episodes in flight, staleness bound tau = {s['max_staleness']} (SAO and asynchronous GRPO; synchronous GRPO: one "
+           f"engine in the learner's process running each batch's {s['batch_rollouts']} episodes at once), learner "
+           f"micro-batches of {s['micro_batch_size']} rollouts in length order (every method), tiny Qwen2-shaped model after "
+           f"{s['sft_steps']} SFT steps; " + ("generators let an episode that became too stale to train run to its end for the learner to drop."
               if s["keep_stale_episodes"] else "generators cancel an episode in flight once the learner is more than tau "
               "versions past its oldest version (the learner would drop it)."), "",
            common.markdown_table(["method", "busy fraction", "trained action tokens/s", "rollouts/s", "learner s/step", "wall s",

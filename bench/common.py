@@ -177,12 +177,8 @@ def update_docs_section(name: str, markdown: str, docs: Path | None = None) -> P
     block = f"{begin}\n{markdown.strip()}\n{end}"
     if (begin in text) != (end in text):
         raise ValueError(f"{docs}: section {name!r} has only one of its markers {begin!r} / {end!r}")
-    if begin in text:
-        head, rest = text.split(begin, 1)
-        text = head + block + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    docs.parent.mkdir(parents=True, exist_ok=True)
+    head, found, rest = text.partition(begin)
+    text = head + block + rest.split(end, 1)[1] if found else text.rstrip("\n") + "\n\n" + block + "\n"
     docs.write_text(text, encoding="utf-8")
     return docs
 

@@ -38,7 +38,7 @@ def median_ms(fn: Callable[..., Any], *args: Any, repeats: int = 10) -> float:
     return statistics.median(common.seconds(fn, *args) for _ in range(repeats)) * 1e3
 
 
-def run_ours(client: redis.Redis, rollout: Rollout, n: int, batch: int, arrays: bool = False) -> float:
+def run_ours(client: redis.Redis, rollout: Rollout, n: int, arrays: bool = False) -> float:
     """Seconds to put ``n`` rollouts and get + ack them all through ``RedisStreamQueue(arrays=arrays)``; RuntimeError
     when the stream runs dry early (an entry that fails to decode is dead-lettered, never returned)."""
     keys = StreamKeys("bench", uuid.uuid4().hex[:12])
@@ -48,7 +48,7 @@ def run_ours(client: redis.Redis, rollout: Rollout, n: int, batch: int, arrays: 
         q.put(rollout)
     got = 0
     while got < n:
-        entries = q.get_batch(min(batch, n - got), timeout_s=5.0)
+        entries = q.get_batch(min(READ_BATCH, n - got), timeout_s=5.0)
         if not entries:
             raise RuntimeError(f"ours: stream ran dry after {got} of {n} entries")
         q.ack([e.entry_id for e in entries])
@@ -58,7 +58,7 @@ def run_ours(client: redis.Redis, rollout: Rollout, n: int, batch: int, arrays: 
     return elapsed
 
 
-def run_raw(client: redis.Redis, payload: bytes, n: int, batch: int) -> float:
+def run_raw(client: redis.Redis, payload: bytes, n: int) -> float:
     """Seconds to XADD ``payload`` ``n`` times and XREAD them back (no decode, no group); RuntimeError if it runs dry."""
     key = f"bench:raw:{uuid.uuid4().hex[:12]}"
     t0 = time.perf_counter()
@@ -66,7 +66,7 @@ def run_raw(client: redis.Redis, payload: bytes, n: int, batch: int) -> float:
         client.xadd(key, {"payload": payload})
     got, last = 0, "0-0"
     while got < n:
-        reply = client.xread({key: last}, count=batch)
+        reply = client.xread({key: last}, count=READ_BATCH)
         if not reply:
             raise RuntimeError(f"raw: stream ran dry after {got} of {n} entries")
         last = reply[0][1][-1][0]
@@ -87,13 +87,11 @@ def measure_size(client: redis.Redis, tokens: int, repeats: int, rng: random.Ran
                       turn_policy_versions=[3])
     payload, arr = encode_rollout(rollout), rollout.to_arrays()
     n = max(20, int(MB_PER_CASE * 1e6 / len(payload)))
-    runs = {"raw": partial(run_raw, client, payload, n, READ_BATCH),
-            "arrays": partial(run_ours, client, arr, n, READ_BATCH, arrays=True),
-            "lists": partial(run_ours, client, rollout, n, READ_BATCH)}
+    runs = {"raw": partial(run_raw, client, payload, n), "arrays": partial(run_ours, client, arr, n, arrays=True),
+            "lists": partial(run_ours, client, rollout, n)}
     times: dict[str, list[float]] = {name: [] for name in runs}
-    order = list(runs)
     for rep in range(repeats):
-        for name in order[rep % 3:] + order[: rep % 3]:  # rotate: no path always runs first
+        for name in [*runs][rep % 3:] + [*runs][: rep % 3]:  # rotate: no path always runs first
             times[name].append(runs[name]())
     med = {k: statistics.median(v) for k, v in times.items()}
     enc_l, dec_l = median_ms(encode_rollout, rollout), median_ms(decode_rollout, payload)

@@ -5,7 +5,7 @@ group size (SAO: as many rollouts, one per prompt) at the same learning rate: ``
 (``loss_type="dapo"``, group-std scaling, clip 0.2 / 0.28, no KL) on the ``grpo_sync`` config of
 ``bench/configs/vs_trl/`` (``key=value`` overrides apply to both configs). Measured: action tokens generated and
 trained per second between the first and the last step, wall time, and seconds to the probe reward target (warm
-start + ``TARGET_GAIN``; snapshots every ``--eval-every`` steps, evaluated on training prompts: ``probe_context``).
+start + ``TARGET_GAIN``; snapshots every ``--eval-every`` steps, evaluated on training prompts).
 
 Run: ``make bench-deps`` once (TRL pinned in ``bench/requirements-trl.txt``), then ``.venv/bin/python -m
 bench.vs_trl`` (2 minutes on 2 cores, plus 2 of warm start the first time) or
@@ -87,18 +87,6 @@ def run_trl(config: Any, base: Any, sft: Path, snap_dir: Path, eval_every: int) 
     return run, trl.__version__
 
 
-def probe_context(base: Any) -> Any:
-    """A ``RunContext`` whose evaluation tasks are the first ``eval.num_tasks`` training tasks (the probe set: the
-    tiny model does not learn to add unseen numbers in this budget, so learning speed is measured on these)."""
-    path = base.run_dir.parent.parent / "tasks" / "train_probe.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"task_id": t.task_id, "prompt": t.prompt, "reference": t.reference,
-                                        "metadata": t.metadata}) + "\n"
-                            for t in base.tasks("train")[: base.config.eval.num_tasks]), encoding="utf-8")
-    data = base.config.data.model_copy(update={"eval_path": str(path)})
-    return RunContext(base.config.model_copy(update={"data": data}))
-
-
 def render(result: dict[str, Any]) -> str:
     """The docs section: machine, command, settings and the table."""
     rows = [[name, f"{r['action_tokens_per_s']:.0f}", f"{r['trained_action_tokens_per_s']:.0f}", f"{r['rollouts_per_s']:.1f}",
@@ -145,18 +133,25 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run = avs.run_method(configs[method].model_copy(update={"run_name": method}), method, base, sft, snap, args.eval_every)
         runs.append(run)
-    start, rewards = avs.evaluate_snapshots(probe_context(base), sft, runs)
+    # the probe set: the first eval.num_tasks training tasks (the tiny model does not learn to add unseen numbers in
+    # this budget, so learning speed is measured on training prompts)
+    probe = base.run_dir.parent.parent / "tasks" / "train_probe.jsonl"
+    probe.parent.mkdir(parents=True, exist_ok=True)
+    probe.write_text("".join(json.dumps({"task_id": t.task_id, "prompt": t.prompt, "reference": t.reference,
+                                         "metadata": t.metadata}) + "\n"
+                             for t in base.tasks("train")[: base.config.eval.num_tasks]), encoding="utf-8")
+    data = base.config.data.model_copy(update={"eval_path": str(probe)})
+    start, rewards = avs.evaluate_snapshots(RunContext(base.config.model_copy(update={"data": data})), sft, runs)
     target = round(start + TARGET_GAIN, 3)
     methods = {r.method: avs.summarise(r, rewards[r.method], target) for r in runs}
     g, data = grpo.grpo, grpo.data
-    result = {"command": common.command_line("bench.vs_trl", argv), "machine": common.machine_info(), "trl_version": trl_version,
-              "trl_pin": TRL_PIN, "settings": {
+    result = {"command": common.command_line("bench.vs_trl", argv), "machine": common.machine_info(),
+              "trl_version": trl_version, "trl_pin": TRL_PIN, "settings": {
                   "operand_high": data.env_args.get("high"), "train_tasks": data.num_train_tasks, "steps": g.steps,
                   "prompts": g.prompts_per_step, "group_size": g.group_size, "max_new_tokens": grpo.generator.max_new_tokens,
                   "lr": g.optim.lr, "sft_steps": grpo.warm_start.steps, "eval_tasks": grpo.eval.num_tasks,
                   "eval_samples": grpo.eval.samples_per_task, "eval_every": args.eval_every, "seed": grpo.seed,
-                  "overrides": args.overrides},
-              "start_reward": start, "target": target, "methods": methods}
+                  "overrides": args.overrides}, "start_reward": start, "target": target, "methods": methods}
     common.publish_result(args.out, result, "vs_trl", lambda: render(result), docs=not args.no_docs)
     return 0
 
