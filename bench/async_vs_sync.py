@@ -146,9 +146,8 @@ def run_method(config: Any, method: str, base: Any, sft: Path, snap_dir: Path, e
     print(f"[{method}] {steps} policy versions of {batch} rollouts", flush=True)
     summary = (run_grpo_sync(config, start_model_dir=sft, sink=sink, progress=False) if grpo and not config.grpo.async_
                else train_sao(ctx, sft, sink))
-    run.wall_s, run.when = time.monotonic() - t0, common.utc_now()
+    run.wall_s, run.when, run.counters = time.monotonic() - t0, common.utc_now(), dict(summary.counters)
     run.load_avg.append(os.getloadavg()[0])
-    run.counters = dict(summary.counters)
     run.engine_probe.append(engine_probe(sft, config.generator.max_new_tokens))
     run.episodes, run.episode_wait_mismatches = run_episodes(ctx, method)
     updated = [s for s in run.steps if s.updated]
@@ -170,10 +169,10 @@ def evaluate_snapshots(base: Any, sft: Path, runs: list[MethodRun]) -> tuple[flo
 
 
 def run_episodes(ctx: Any, method: str) -> tuple[list[list[Any]], int]:
-    """A run's ledger as ``[unit, prompt_tokens, action_tokens, observation_tokens, reward, tool_waits_s]`` per
-    episode (per turn; the task's tool latency after each turn but the last), in replay order (SAO by start; GRPO
-    groups together, asynchronous ones by their first start), and how many waits miss the reported ``tool_wait_s``.
-    FileNotFoundError without a ledger; ValueError for a malformed line or a rollout of a task the run lacks."""
+    """A run's ledger as ``[unit, prompt_tokens, action_tokens, observation_tokens, reward, tool_waits_s]`` per episode
+    (the task's tool latency after each turn but the last) in replay order (SAO by start; GRPO groups together, the
+    asynchronous ones by their first start), and how many waits miss the reported ``tool_wait_s``; FileNotFoundError
+    without a ledger, ValueError for a malformed line or a rollout of a task the run lacks."""
     rollouts = [r for line in read_ledger(ctx.run_dir / LEDGER_NAME) for r in line["rollouts"] + line.get("dropped", [])]
     if (kind := method_kind(method)) == "sao":
         units = [[r] for r in sorted(rollouts, key=lambda r: r["started_at"])]
@@ -236,9 +235,8 @@ def read_setting(name: str, results: Path = RESULTS) -> tuple[list[dict[str, Any
     ``sweep``; by tau, then slots, letting stale episodes finish first); ValueError for a file that is not JSON."""
     main = [common.read_json(p) for p in sorted((results / name).glob("*.json"), key=lambda p: (
         METHODS.index(p.stem) if p.stem in METHODS else len(METHODS), p.stem))]
-    sweep = [{**common.read_json(p), "sweep": True} for p in (results / name).glob("sweep/*.json")]
-    sweep.sort(key=lambda r: (r["settings"]["max_staleness"], r["settings"]["episodes_in_flight"],
-                              not r["settings"]["keep_stale_episodes"]))
+    sweep = sorted(({**common.read_json(p), "sweep": True} for p in (results / name).glob("sweep/*.json")), key=lambda r: (
+        r["settings"]["max_staleness"], r["settings"]["episodes_in_flight"], not r["settings"]["keep_stale_episodes"]))
     return main, sweep
 
 

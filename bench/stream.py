@@ -69,8 +69,7 @@ def run_raw(client: redis.Redis, payload: bytes, n: int) -> float:
         reply = client.xread({key: last}, count=READ_BATCH)
         if not reply:
             raise RuntimeError(f"raw: stream ran dry after {got} of {n} entries")
-        last = reply[0][1][-1][0]
-        got += len(reply[0][1])
+        last, got = reply[0][1][-1][0], got + len(reply[0][1])
     elapsed = time.perf_counter() - t0
     client.delete(key)
     return elapsed

@@ -42,7 +42,7 @@ def run_trl(config: Any, base: Any, sft: Path, snap_dir: Path, eval_every: int) 
     from posttrain.models.hf import load_tokenizer
 
     g = config.grpo
-    run, batch = avs.MethodRun("trl_grpo"), g.batch_rollouts
+    run, batch = avs.MethodRun("trl_grpo", load_avg=[os.getloadavg()[0]]), g.batch_rollouts
     shutil.rmtree(snap_dir, ignore_errors=True)  # save_pretrained makes the snapshot folders
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t.prompt}], "reference": t.reference}
                                  for t in base.tasks("train")])
@@ -60,7 +60,6 @@ def run_trl(config: Any, base: Any, sft: Path, snap_dir: Path, eval_every: int) 
         max_completion_length=config.generator.max_new_tokens, temperature=1.0, top_p=1.0, beta=0.0, epsilon=0.2,
         epsilon_high=0.28, loss_type="dapo", scale_rewards="group", num_iterations=1, logging_steps=1,
         save_strategy="no", report_to=[], bf16=False, disable_tqdm=True, dataloader_num_workers=0)
-    run.load_avg.append(os.getloadavg()[0])
     t0 = time.monotonic()
 
     class Recorder(TrainerCallback):

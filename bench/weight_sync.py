@@ -89,8 +89,7 @@ def measure_shape(name: str, shape: dict[str, Any], repeats: int, vllm: bool, tm
     model = load_policy(model_dir)
     store, raw_path, log_path = FilesystemWeightStore(tmp / name / "store"), tmp / name / "raw.safetensors", tmp / name / "gen.log"
     run = uuid.uuid4().hex[:12]
-    keys = StreamKeys("bench", run)
-    client = redis.Redis.from_url(redis_url, socket_timeout=400.0)  # above the longest BLPOP
+    keys, client = StreamKeys("bench", run), redis.Redis.from_url(redis_url, socket_timeout=400.0)  # above any BLPOP
     versions, served_key = RedisPolicyVersionStore(client, keys), f"{keys.base}:{SERVED_KEY}"
 
     def next_served(timeout_s: float = 300.0) -> bytes:

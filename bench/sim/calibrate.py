@@ -48,9 +48,8 @@ def probe_core_seconds(probes: Sequence[dict[str, Any]] | None, cores: int) -> f
 
 
 def batch_cost_features(rows: int, width: int, steps: int, sampled: int) -> list[float]:
-    """What each ``BATCH_COST_TERMS`` coefficient multiplies in one static batch (``Engine._maybe_start``):
-    ``rows`` left-padded to ``width``, ``steps`` decode steps over ``width + steps // 2`` tokens of context,
-    ``sampled`` tokens sampled by all rows."""
+    """What each ``BATCH_COST_TERMS`` coefficient multiplies in one static batch (``Engine._maybe_start``): ``rows``
+    padded to ``width``, ``steps`` decode steps over ``width + steps // 2`` tokens of context, ``sampled`` tokens."""
     ctx = width + steps // 2
     return [rows * width, steps, steps * rows, steps * rows * ctx, steps * (rows * ctx) ** 2, sampled]
 
@@ -148,9 +147,8 @@ def measured_config(inputs: dict[str, Any], result: dict[str, Any], run: dict[st
 
 
 def phase_identifies_engine_speed(phases: Sequence[float], engine_free_s: float, at_current_s: float) -> bool:
-    """Whether measured synchronous generation phases (seconds) say anything about the engine's speed: the engine's
-    share ``at_current_s - engine_free_s`` (simulated with the current and with a free engine) must exceed twice the
-    standard error of the measured mean phase."""
+    """Whether measured synchronous generation phases (seconds) say anything about the engine's speed: its share
+    ``at_current_s - engine_free_s`` (simulated) must exceed twice the standard error of the measured mean phase."""
     se = statistics.stdev(phases) / math.sqrt(len(phases)) if len(phases) > 1 else 0.0
     return at_current_s - engine_free_s > 2 * se
 
@@ -163,11 +161,10 @@ def simulated_mean(config: ClusterConfig, workload: Workload, repeats: int, quan
 
 def calibrate_engine_speed(base: ClusterConfig, run: dict[str, Any], workload: Workload,
                            repeats: int) -> tuple[ClusterConfig, str]:
-    """Scale the twin's engine to the speed the run measured itself, and say where the speed came from:
-    ``generator_batch_s`` (synchronous GRPO's generation seconds per step): bisect the factor's log in [1/20, 20]
-    until the simulated mean phase is the measured one, unless the phase is mostly tool waits; ``generator_busy_s``
-    (generators' engine seconds and rollouts in ``counters``): 4 rounds of ``factor *= measured / simulated``
-    engine seconds per rollout (a slower engine also batches more rows); else ``load average``: ``base``."""
+    """Scale the twin's engine to the speed the run measured itself, and say where it came from: ``generator_batch_s``
+    (synchronous GRPO's generation seconds per step): bisect the factor's log in [1/20, 20] until the simulated mean
+    phase is the measured one, unless the phase is mostly tool waits; ``generator_busy_s`` (engine seconds and rollouts
+    in ``counters``): 4 rounds of ``factor *= measured / simulated`` engine seconds per rollout; else ``base``."""
     phases, counters = run.get("generator_batch_s") or [], run.get("counters", {})
     busy_s, produced = counters.get("generator_busy_s"), counters.get("generator_rollouts")
     if base.method == "grpo_sync" and phases:
@@ -196,8 +193,7 @@ def calibrate_engine_speed(base: ClusterConfig, run: dict[str, Any], workload: W
 def engine_probe_ratio(inputs: dict[str, Any], run: dict[str, Any]) -> float | None:
     """The run's probe seconds over those around ``engine_modes``, each scaled to a whole core (None without both)."""
     cores = int(inputs["machine"]["cpu_count"])
-    at_run = probe_core_seconds(run.get("engine_probe"), cores)
-    at_modes = probe_core_seconds(inputs["engine_modes"].get("engine_probe"), cores)
+    at_run, at_modes = (probe_core_seconds(p, cores) for p in (run.get("engine_probe"), inputs["engine_modes"].get("engine_probe")))
     return at_run / at_modes if at_run and at_modes else None
 
 
@@ -253,14 +249,12 @@ def measured_relative_se_over(runs: Sequence[dict[str, Any]], quantity: str) -> 
 
 def method_rows(inputs: dict[str, Any], result: dict[str, Any], costs: dict[str, float], speeds: dict[str, float],
                 workload: Workload, repeats: int) -> list[dict[str, Any]]:
-    """The three rows (busy fraction, trained action tokens/s, rollouts/s) of one results file's runs, each twin's engine
-    at the speed ``speeds`` holds for the feeding its method's generator produces; a capacity-sweep point's rows are
-    labelled ``sao tau=<tau> slots=<slots>[ keep]``."""
+    """The busy fraction, trained action tokens/s and rollouts/s rows of one results file's runs, each twin's engine at
+    ``speeds`` of its method's feeding; a capacity-sweep point's rows are labelled ``sao tau=<tau> slots=<slots>[ keep]``."""
     s, kind = result["settings"], model.method_kind(result["method"])
     label = (f"sao tau={s['max_staleness']} slots={s['episodes_in_flight']}" + (" keep" if s["keep_stale_episodes"] else "")
              if result.get("sweep") else result["method"])
-    feeding = FEEDING_OF[kind]
-    runs = [r for r in result["runs"] if r.get("learner_step_s_mean") is not None]
+    feeding, runs = FEEDING_OF[kind], [r for r in result["runs"] if r.get("learner_step_s_mean") is not None]
     sims, ratios, replayed, speed_from = [], [], 0, ""
     for i, run in enumerate(runs):
         replay = run_replay(run, f"{label}.runs[{i}]") if kind == "grpo_sync" else ()
@@ -272,7 +266,7 @@ def method_rows(inputs: dict[str, Any], result: dict[str, Any], costs: dict[str,
         sims += [model.simulate(replace(base, seed=base.seed + k), run_workload) for k in range(repeats)]
     speed_from += f" (mean of {len(runs)} runs)" if len(runs) > 1 else ""
     known = [r for r in ratios if r is not None]
-    batch_rows = [(r.get("counters") or {}).get("generator_mean_batch_rows") for r in runs]
+    batch_rows = [float(x) for r in runs if (x := (r.get("counters") or {}).get("generator_mean_batch_rows")) is not None]
     rows = []
     for quantity in ("busy_fraction", "trained_action_tokens_per_s", "rollouts_per_s"):
         pred = statistics.fmean(getattr(r, quantity) for r in sims)
@@ -282,8 +276,7 @@ def method_rows(inputs: dict[str, Any], result: dict[str, Any], costs: dict[str,
                      "runs": len(runs), "measured_relative_se": measured_relative_se_over(runs, quantity),
                      "engine_probe_ratio": statistics.fmean(known) if known else None, "replayed_episodes": replayed,
                      "predicted_mean_batch_rows": statistics.fmean(r.mean_batch_rows for r in sims),
-                     "measured_mean_batch_rows": statistics.fmean(float(x) for x in batch_rows if x is not None)
-                     if any(x is not None for x in batch_rows) else None})
+                     "measured_mean_batch_rows": statistics.fmean(batch_rows) if batch_rows else None})
     return rows
 
 
@@ -291,8 +284,7 @@ def validate_setting(inputs: dict[str, Any], results: Sequence[dict[str, Any]], 
                      repeats: int) -> dict[str, Any]:
     """Rows of every results file of one setting, then one calibration row per ``engine_modes`` feeding (the engine
     alone at one speed for every feeding; left out of the worst error), and the fitted speed factors."""
-    workload = Workload.from_trace(inputs["trace"])
-    factor = fit_engine_speed(inputs, costs)
+    workload, factor = Workload.from_trace(inputs["trace"]), fit_engine_speed(inputs, costs)
     speeds = {mode: fit_engine_speed(inputs, costs, (mode,)) for mode in ENGINE_MODES}
     rows = [row for result in results for row in method_rows(inputs, result, costs, speeds, workload, repeats)]
     for mode in ENGINE_MODES:

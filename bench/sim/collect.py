@@ -82,8 +82,7 @@ def engine_probe(sft: Path, new_tokens: int) -> dict[str, Any]:
     smaller vocabulary, no stop token, ``new_tokens`` decode steps) at one torch thread, the ``background_cores`` other
     processes kept busy meanwhile (``other_cpu``) and the time (``bench.sim`` compares a run's probes with these)."""
     rng, top = random.Random(0), min(300, json.loads((sft / "config.json").read_text())["vocab_size"])
-    rows_max, width_max = max(r for r, _ in PROBE_BATCHES), max(w for _, w in PROBE_BATCHES)
-    with one_thread_engine(sft, rows_max, width_max + new_tokens + 1) as engine:
+    with one_thread_engine(sft, max(r for r, _ in PROBE_BATCHES), max(w for _, w in PROBE_BATCHES) + new_tokens + 1) as engine:
 
         async def timed(rows: int, width: int, new: int) -> float:
             reqs = [GenerationRequest(prompt_token_ids=[rng.randrange(3, top) for _ in range(width)], max_new_tokens=new,
@@ -106,9 +105,8 @@ def _limits(gen: Any) -> EpisodeLimits:
 
 
 def collect_trace(base: Any, sft: Path, tasks: int, samples: int, seed: int) -> tuple[list[dict[str, Any]], list[Any]]:
-    """``samples`` episodes of the warm start on each of the first ``tasks`` training tasks: one dict per task
-    (``task_id``, ``required_calls``, ``rollouts``: prompt, action and observation tokens per turn, reward, finish
-    reason) and the ``Rollout`` records."""
+    """``samples`` episodes of the warm start on each of the first ``tasks`` training tasks: per task ``task_id``,
+    ``required_calls`` and ``rollouts`` (turn lengths, reward, finish reason); and the ``Rollout`` records."""
     gen, chosen = base.config.generator, base.tasks("train")[:tasks]
     tokenizer, env, limits = load_tokenizer(sft), base.environment(), _limits(gen)
     engine = make_engine("hf", sft, seed=seed, max_model_len=gen.max_episode_tokens + gen.max_new_tokens,
@@ -135,15 +133,13 @@ def collect_trace(base: Any, sft: Path, tasks: int, samples: int, seed: int) -> 
 
 
 def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed: int, group_size: int = 8) -> dict[str, Any]:
-    """Rollouts per second of one ``hf`` engine (1 thread, alone) fed three ways, episodes started for ``seconds``
-    then drained: ``lockstep`` (``slots`` at once, the next ``slots`` when all are done: synchronous GRPO),
-    ``continuous`` (``slots`` slots, each starting an episode when its last ends: SAO), ``groups`` (``slots //
-    group_size`` slots of ``group_size`` episodes of one task: asynchronous GRPO). Per mode: ``rollouts``,
-    ``seconds``, ``rollouts_per_s``, ``mean_batch``, ``batches`` (``[rows, width, prompt_tokens, new_tokens,
-    seconds, generated_tokens]``) and ``episodes`` (``[prompt, actions, observations]`` in start order)."""
-    gen, tasks = base.config.generator, base.tasks("train")
+    """Rollouts per second of one ``hf`` engine (1 thread, alone) fed three ways, episodes started for ``seconds`` then
+    drained: ``lockstep`` (``slots`` at once, the next ``slots`` when all are done: synchronous GRPO), ``continuous``
+    (``slots`` slots, each starting an episode when its last ends: SAO), ``groups`` (``slots // group_size`` slots of
+    ``group_size`` episodes of one task: asynchronous GRPO). Per mode: ``rollouts``, ``seconds``, ``rollouts_per_s``,
+    ``mean_batch``, ``batches`` (``[rows, width, prompt_tokens, new_tokens, seconds, generated_tokens]``), ``episodes``."""
+    gen, tasks, rng = base.config.generator, base.tasks("train"), random.Random(seed)
     tokenizer, env, limits = load_tokenizer(sft), base.environment(), _limits(gen)
-    rng = random.Random(seed)
     shapes: list[list[Any]] = []
     timings: list[Any] = []
     out: dict[str, Any] = {"load_avg_start": os.getloadavg()[0], "feed_s": seconds, "group_size": group_size,
@@ -187,13 +183,11 @@ def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed:
 
 
 def measure_learner_cost(sao: Any, grpo: Any, sft: Path, rollouts: Sequence[Any], seed: int, repeats: int = 3) -> dict[str, float]:
-    """Median seconds of one SAO learner iteration (critic, GAE, DIS policy update, after the warm-up) and one GRPO
-    iteration (every group trained) on the same ``sao.batch_size`` of ``rollouts``, their ratio, and the batch's
-    real and padded tokens (length-ordered micro-batches), micro-batch size and rows."""
+    """Median seconds of an SAO learner iteration (after the critic's warm-up) and a GRPO one (every group trained) on
+    the same ``sao.batch_size`` of ``rollouts``, their ratio, the batch's real and padded tokens, micro-batch and rows."""
     rng = random.Random(seed)
     picks = [rollouts[rng.randrange(len(rollouts))] for _ in range(sao.batch_size)]
-    pad = load_tokenizer(sft).pad_token_id
-    batch = collate_rollouts(picks, pad if pad is not None else 0)
+    batch = collate_rollouts(picks, load_tokenizer(sft).pad_token_id or 0)  # no pad token: 0
     model = load_policy(sft)
     policy = Trainable(model, *build_optimizer(model, sao.optim, 100))
     critic_model = CriticModel.from_policy_path(sft)
@@ -236,8 +230,7 @@ def main(argv: list[str] | None = None) -> int:
               "trace": trace, "learner_cost": measure_learner_cost(sao.sao, grpo, sft, rollouts, sao.seed),
               "engine_modes": measure_engine_modes(base, sft, args.feed_s, sao.generator.episodes_in_flight, sao.seed),
               "weight_sync": {"publish_s": tiny["publish_s"], "reload_s": tiny["reload_hf_s"],
-                              "from": "bench/results/weight_sync.json, shape tiny"},
-              "machine": common.machine_info()}
+                              "from": "bench/results/weight_sync.json, shape tiny"}, "machine": common.machine_info()}
     common.publish_result(args.out or common.RESULTS_DIR / "sim" / f"{result['setting']}.json", result, "async_vs_sync",
                           avs.render, docs=not args.no_docs)
     return 0

@@ -133,10 +133,9 @@ class ClusterConfig:
     """One simulated run: ``generators`` engines with ``episodes_in_flight`` slots each (a group takes G), B =
     ``batch_rollouts`` per learner iteration, tau = ``max_staleness``, until ``steps`` versions are published. Engine
     times are multiplied by ``engine_scale_idle`` or, while the learner trains, ``engine_scale_learner_busy`` (CPU
-    sharing). A tool call waits ``min(tool_latency_max_s, tool_latency_median_s * exp(tool_latency_sigma * z))``,
-    z ~ N(0, 1) per (task instance, call). ``abort_stale``: at each publication, cancel the asynchronous units whose
-    first turn returned and whose start version is more than tau behind (their slots and tickets given back);
-    False: they finish and the learner drops them."""
+    sharing). A tool call waits ``min(tool_latency_max_s, tool_latency_median_s * exp(tool_latency_sigma * z))``, z ~
+    N(0, 1) per (task instance, call). ``abort_stale``: at each publication, cancel the asynchronous units whose first
+    turn returned and whose start version is more than tau behind (else they finish and the learner drops them)."""
 
     method: Method = "sao"
     generators: int = 1
@@ -570,9 +569,8 @@ def simulate(config: ClusterConfig, workload: Workload) -> SimResult:
 
 def simulate_feeding(engine: EngineModel, scale: float, episodes: Sequence[RolloutShape], mode: str, slots: int,
                      feed_s: float, group_size: int = 8) -> float:
-    """Rollouts per second of one engine fed as ``bench.sim.collect.measure_engine_modes`` feeds it (no learner):
-    slots start units of ``episodes`` (in order, cycling) while the clock is below ``feed_s``, a slot's next unit
-    when its last is done; the rate counts the drain."""
+    """Rollouts per second of one engine fed as ``bench.sim.collect.measure_engine_modes`` feeds it: slots start units of
+    ``episodes`` (in order, cycling) until ``feed_s``, each when its last is done; the rate counts the drain."""
     unit_slots, size = {"lockstep": (1, slots), "continuous": (slots, 1)}.get(mode, (max(1, slots // group_size), group_size))
     cluster = Cluster(ClusterConfig(method="grpo_async"), Workload(((episodes[0],),)))
     cluster.engines = [Engine(cluster.loop, engine, lambda: scale)]
