@@ -80,7 +80,7 @@ def display_path(path: Path) -> str:
 def parser(doc: str, out: Path | None) -> argparse.ArgumentParser:
     """A benchmark's argument parser: ``doc``'s first line, ``--out`` (default ``out``) and ``--no-docs``."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
-    p.add_argument("--out", type=Path, default=out, help="results file (default: %(default)s, else per setting)")
+    p.add_argument("--out", type=Path, default=out, help=f"results file (default: {display_path(out) if out else 'per setting'})")
     p.add_argument("--no-docs", action="store_true", help="write the results file only")
     return p
 
