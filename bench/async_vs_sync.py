@@ -1,33 +1,21 @@
 """SAO against synchronous GRPO (G = 4, 8) and asynchronous GRPO + DIS on a long-tailed multi-turn workload.
 
-One command runs one method in one setting (``--repeats`` runs, seeds ``seed``, ``seed + 1``, ...) and writes
-one results file, ``bench/results/async_vs_sync/<setting>/<method>.json`` (or ``--out``); the ``async_vs_sync``
-section of docs/benchmarks.md is rendered from every file there. A method is ``bench/configs/async_vs_sync/
-<method>.yaml`` on ``base.yaml``, then dotted ``key=value`` overrides, run from a shared SFT warm start:
-``sao`` and ``grpo_async_g8`` (``grpo.async``) through ``posttrain.runners.sao.train_sao`` (generator
-processes, the learner), ``grpo_sync_g4`` / ``_g8`` through ``posttrain.runners.grpo_sync.run_grpo_sync``
-(one engine in the learner's process: generate a batch, wait for its slowest episode, train, reload).
+One command trains one method (``bench/configs/async_vs_sync/<method>.yaml`` on ``base.yaml``, then dotted
+``key=value`` overrides) ``--repeats`` times (seeds ``seed``, ``seed + 1``, ...) from a shared SFT warm start and
+writes ``bench/results/async_vs_sync/<setting>/<method>.json``, from which the docs section renders (``sweep/``:
+SAO's capacity sweep). The setting is ``tool_latency`` (the default, where the targets are judged: each tool call
+waits a log-normal wall time seeded per task) unless ``data.env_args.tool_latency_median_s=0`` (``compute_bound``).
+Per run: ``busy_fraction``, ``trained_action_tokens_per_s`` (GRPO: kept groups only) and ``rollouts_per_s`` between
+the first and the last policy update, ``time_to_target_s`` (the first run's snapshots every ``--eval-every``
+versions against the warm start's held-out reward + ``TARGET_GAIN``) and an ``engine_probe`` before and after.
 
-The setting is ``tool_latency`` when ``data.env_args.tool_latency_median_s > 0`` (the default, on which the
-targets are judged: each tool call waits a log-normal wall time seeded per task, as a sandbox would), else
-``compute_bound`` (generation and training share the CPU cores). Files under ``sweep/`` are SAO's capacity sweep.
-
-Per run: ``busy_fraction`` (the engine's generating share of a generator's wall time), and between the first
-and the last policy update ``trained_action_tokens_per_s`` (GRPO: kept groups only) and ``rollouts_per_s``;
-``time_to_target_s`` (the first snapshot, every ``--eval-every`` versions of the first run, whose held-out
-reward reaches the warm start's + ``--target-gain``); an ``engine_probe`` before and after; synchronous runs
-keep their ledger's episodes for ``bench.sim`` to replay (``run_episodes``).
-
-Run from the repository root (31 minutes for the four methods on 2 cores, plus 8 minutes of warm start once):
-  ``.venv/bin/python -m bench.async_vs_sync sao --repeats 3``; compute-bound: ``... sao --repeats 3
-  data.env_args.tool_latency_median_s=0 generator.episodes_in_flight=64 sao.max_staleness=4
-  generator.abort_stale_episodes=false``; smoke: ``... sao sao.steps=2 sao.checkpoint_every=2 warm_start.steps=5
-  data.num_train_tasks=64 output_dir=/tmp/avs --eval-every 2 --out /tmp/avs.json --no-docs``.
+Run (31 minutes for the four methods on 2 cores, plus 8 of warm start once): ``.venv/bin/python -m
+bench.async_vs_sync sao --repeats 3``; compute-bound: ``... sao --repeats 3 data.env_args.tool_latency_median_s=0
+generator.episodes_in_flight=64 sao.max_staleness=4 generator.abort_stale_episodes=false``; smoke: ``... sao
+sao.steps=2 sao.checkpoint_every=2 warm_start.steps=5 data.num_train_tasks=64 output_dir=/tmp/avs --eval-every 2
+--out /tmp/avs.json --no-docs``.
 """
 
-from __future__ import annotations
-
-import argparse
 import json
 import os
 import shutil
@@ -36,21 +24,26 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench import common
+from bench.sim.model import method_kind
+from posttrain.envs.synthetic.longtail import summarise_calls
+from posttrain.eval.heldout import evaluate_policy
+from posttrain.learner.ledger import LEDGER_NAME, read_ledger
+from posttrain.runtime import RunContext
 
 RESULTS = common.RESULTS_DIR / "async_vs_sync"
 """``<setting>/<method>.json`` and ``<setting>/sweep/<point>.json``."""
 METHODS = ("sao", "grpo_sync_g4", "grpo_sync_g8", "grpo_async_g8")
 """The methods, in the order the tables show them."""
 SETTINGS = ("tool_latency", "compute_bound")
-
-
-def load_method(method: str, overrides: Sequence[str] = ()) -> Any:
-    """The ``RunConfig`` of ``method`` (``bench.common.load_method`` on ``bench/configs/async_vs_sync``)."""
-    return common.load_method("async_vs_sync", method, overrides)
+TARGET_GAIN = 0.05
+"""The held-out target: the warm start's reward + this."""
+load_method = partial(common.load_method, "async_vs_sync")
+"""``load_method(method, overrides=(), parser=None)``: ``bench.common.load_method`` on ``bench/configs/async_vs_sync``."""
 
 
 def setting_of(config: Any) -> str:
@@ -78,16 +71,13 @@ def settings_of(config: Any, eval_every: int, repeats: int) -> dict[str, Any]:
 def shared_warm_start(config: Any) -> tuple[Any, Path]:
     """The base ``RunContext`` (run ``base``, no tool latency) and its SFT warm start, built once per ``output_dir``."""
     from posttrain.runners.common import prepare, warm_start
-    from posttrain.runtime import RunContext
 
     data = config.data.model_copy(update={"env_args": {k: v for k, v in config.data.env_args.items()
                                                        if not k.startswith("tool_latency")}})
     base = RunContext(config.model_copy(update={"run_name": "base", "data": data}))
     prepare(base)
     sft = warm_start(base)
-    for f in base.tokenizer_dir.iterdir():  # snapshots and evaluation load the tokenizer beside the weights
-        if not (sft / f.name).exists():
-            shutil.copy2(f, sft / f.name)
+    common.copy_missing(base.tokenizer_dir, sft)  # snapshots and evaluation load the tokenizer beside the weights
     return base, sft
 
 
@@ -127,7 +117,6 @@ def run_method(config: Any, method: str, base: Any, sft: Path, snap_dir: Path, e
     from bench.sim.collect import engine_probe
     from posttrain.runners.grpo_sync import run_grpo_sync
     from posttrain.runners.sao import train_sao
-    from posttrain.runtime import RunContext
     from posttrain.weight_sync.store import FilesystemWeightStore
 
     ctx = RunContext(config)
@@ -155,13 +144,10 @@ def run_method(config: Any, method: str, base: Any, sft: Path, snap_dir: Path, e
             snapshot(version, now)
 
     print(f"[{method}] {steps} policy versions of {batch} rollouts", flush=True)
-    if grpo and not config.grpo.async_:
-        summary = run_grpo_sync(config, start_model_dir=sft, sink=sink, progress=False)
-    else:
-        summary = train_sao(ctx, sft, sink)
-    run.wall_s, run.when = time.monotonic() - t0, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    summary = (run_grpo_sync(config, start_model_dir=sft, sink=sink, progress=False) if grpo and not config.grpo.async_
+               else train_sao(ctx, sft, sink))
+    run.wall_s, run.when, run.counters = time.monotonic() - t0, common.utc_now(), dict(summary.counters)
     run.load_avg.append(os.getloadavg()[0])
-    run.counters = dict(summary.counters)
     run.engine_probe.append(engine_probe(sft, config.generator.max_new_tokens))
     run.episodes, run.episode_wait_mismatches = run_episodes(ctx, method)
     updated = [s for s in run.steps if s.updated]
@@ -170,50 +156,25 @@ def run_method(config: Any, method: str, base: Any, sft: Path, snap_dir: Path, e
     return run
 
 
-def steady_window(steps: Sequence[StepRecord]) -> dict[str, float]:
-    """Throughput between the first and the last policy update: the iterations after the first update over the
-    seconds between the two (zeros with fewer than two updates)."""
-    updates = [i for i, s in enumerate(steps) if s.updated]
-    if len(updates) < 2:
-        return {"steady_window_s": 0.0, "trained_action_tokens_per_s": 0.0, "action_tokens_per_s": 0.0, "rollouts_per_s": 0.0}
-    inside, window = steps[updates[0] + 1 : updates[-1] + 1], steps[updates[-1]].t - steps[updates[0]].t
-    return {"steady_window_s": window, "trained_action_tokens_per_s": sum(s.trained_action_tokens for s in inside) / window,
-            "action_tokens_per_s": sum(s.action_tokens for s in inside) / window,
-            "rollouts_per_s": sum(s.rollouts for s in inside) / window}
-
-
 def evaluate_snapshots(base: Any, sft: Path, runs: list[MethodRun]) -> tuple[float, dict[str, dict[int, float]]]:
     """Held-out reward of the warm start and of every snapshot (``evaluate_policy``: the same tasks and seeds)."""
-    from posttrain.eval.heldout import evaluate_policy
-
     start = evaluate_policy(base, sft, engine_kind="hf")["reward_mean"]
-    out: dict[str, dict[int, float]] = {}
+    out: dict[str, dict[int, float]] = {run.method: {} for run in runs}
     for run in runs:
-        out[run.method] = {}
         for version, (_, path) in sorted(run.snapshots.items()):
-            for f in base.tokenizer_dir.iterdir():
-                if not (path / f.name).exists():
-                    shutil.copy2(f, path / f.name)
+            common.copy_missing(base.tokenizer_dir, path)
             out[run.method][version] = evaluate_policy(base, path, engine_kind="hf")["reward_mean"]
             print(f"  eval reward {run.method} v{version}: {out[run.method][version]:.3f}", flush=True)
     return start, out
 
 
 def run_episodes(ctx: Any, method: str) -> tuple[list[list[Any]], int]:
-    """A run's ledger as ``[unit, prompt_tokens, action_tokens, observation_tokens, reward, tool_waits_s]`` per
-    episode (per turn; the task's tool latency after each turn but the last), in replay order (SAO by start; GRPO
-    groups together, asynchronous ones by their first start), and how many waits miss the reported ``tool_wait_s``.
-
-    Raises:
-        FileNotFoundError: the run wrote no ledger.
-        ValueError: a malformed ledger line, or a rollout of a task the run does not have.
-    """
-    from bench.sim.model import method_kind
-    from posttrain.learner.ledger import LEDGER_NAME, read_ledger
-
+    """A run's ledger as ``[unit, prompt_tokens, action_tokens, observation_tokens, reward, tool_waits_s]`` per episode
+    (the task's tool latency after each turn but the last) in replay order (SAO by start; GRPO groups together, the
+    asynchronous ones by their first start), and how many waits miss the reported ``tool_wait_s``; FileNotFoundError
+    without a ledger, ValueError for a malformed line or a rollout of a task the run lacks."""
     rollouts = [r for line in read_ledger(ctx.run_dir / LEDGER_NAME) for r in line["rollouts"] + line.get("dropped", [])]
-    kind = method_kind(method)
-    if kind == "sao":
+    if (kind := method_kind(method)) == "sao":
         units = [[r] for r in sorted(rollouts, key=lambda r: r["started_at"])]
     else:
         groups: dict[str, list[dict[str, Any]]] = {}
@@ -239,13 +200,16 @@ def run_episodes(ctx: Any, method: str) -> tuple[list[list[Any]], int]:
 
 
 def summarise(run: MethodRun, rewards: dict[int, float], target: float) -> dict[str, Any]:
-    """One run's numbers in the results file."""
-    from bench.sim.model import method_kind
-
-    window, updated = steady_window(run.steps), [s for s in run.steps if s.updated]
+    """One run's numbers in the results file; its throughputs are the iterations after the first policy update over
+    the seconds from it to the last update (zeros with fewer than two updates)."""
+    ups = [i for i, s in enumerate(run.steps) if s.updated]
+    updated, inside = [run.steps[i] for i in ups], run.steps[ups[0] + 1 : ups[-1] + 1] if len(ups) > 1 else []
+    window = run.steps[ups[-1]].t - run.steps[ups[0]].t if inside else 0.0
     reached = [run.snapshots[v][0] for v in sorted(rewards) if rewards[v] >= target]
     return {
-        "busy_fraction": run.counters.get("generator_busy_fraction"), **window, "wall_s": run.wall_s,
+        "busy_fraction": run.counters.get("generator_busy_fraction"), "steady_window_s": window,
+        **{f"{k}_per_s": sum(getattr(s, k) for s in inside) / window if inside else 0.0
+           for k in ("trained_action_tokens", "action_tokens", "rollouts")}, "wall_s": run.wall_s,
         "policy_versions": max((s.policy_version for s in run.steps), default=0), "iterations": len(run.steps),
         "learner_step_s_mean": statistics.fmean(s.step_s for s in updated) if updated else None,
         "learner_step_s": [s.step_s for s in run.steps],
@@ -261,7 +225,6 @@ def summarise(run: MethodRun, rewards: dict[int, float], target: float) -> dict[
     }
 
 
-# ----------------------------------------------------------------------------------------- rendering
 def setting_order(names: Iterable[str]) -> list[str]:
     """Setting names in display order: tool latency, compute-bound, then any other, sorted."""
     return sorted(names, key=lambda n: (SETTINGS.index(n) if n in SETTINGS else len(SETTINGS), n))
@@ -270,12 +233,10 @@ def setting_order(names: Iterable[str]) -> list[str]:
 def read_setting(name: str, results: Path = RESULTS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """A setting's method files (in ``METHODS`` order, then by name) and its capacity-sweep files (marked
     ``sweep``; by tau, then slots, letting stale episodes finish first); ValueError for a file that is not JSON."""
-    read = common.read_json
-    main = [read(p) for p in sorted((results / name).glob("*.json"),
-                                    key=lambda p: (METHODS.index(p.stem) if p.stem in METHODS else len(METHODS), p.stem))]
-    sweep = [{**read(p), "sweep": True} for p in (results / name).glob("sweep/*.json")]
-    sweep.sort(key=lambda r: (r["settings"]["max_staleness"], r["settings"]["episodes_in_flight"],
-                              not r["settings"]["keep_stale_episodes"]))
+    main = [common.read_json(p) for p in sorted((results / name).glob("*.json"), key=lambda p: (
+        METHODS.index(p.stem) if p.stem in METHODS else len(METHODS), p.stem))]
+    sweep = sorted(({**common.read_json(p), "sweep": True} for p in (results / name).glob("sweep/*.json")), key=lambda r: (
+        r["settings"]["max_staleness"], r["settings"]["episodes_in_flight"], not r["settings"]["keep_stale_episodes"]))
     return main, sweep
 
 
@@ -303,8 +264,7 @@ def ratios(files: Sequence[dict[str, Any]]) -> dict[str, float]:
 def targets(results: Path = RESULTS) -> dict[str, float | None]:
     """SAO's busy fraction and its throughput over the faster synchronous GRPO, tool-latency setting (means)."""
     files, _ = read_setting("tool_latency", results)
-    sao = next((f for f in files if f["method"] == "sao"), None)
-    by = ratios(files)
+    sao, by = next((f for f in files if f["method"] == "sao"), None), ratios(files)
     return {"busy": mean_of(sao, "busy_fraction") if sao else None, "ratio": min(by.values()) if by else None}
 
 
@@ -312,31 +272,27 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
     """One setting's part of the docs section."""
     files, sweep = read_setting(name, results)
     inputs_path = results.parent / "sim" / f"{name}.json"
-    inputs = json.loads(inputs_path.read_text(encoding="utf-8")) if inputs_path.exists() else {}
-    first, s = files[0], files[0]["settings"]
+    inputs = common.read_json(inputs_path) if inputs_path.exists() else {}
+    first, s, by = files[0], files[0]["settings"], ratios(files)
     calls = first["task_calls"]["train"]
     rows = [[f["method"], cell(f, "busy_fraction", 2), cell(f, "trained_action_tokens_per_s", 1),
              cell(f, "rollouts_per_s", 2), cell(f, "learner_step_s_mean", 2), f"{f['runs'][0]['wall_s']:.0f}",
              "not reached" if f["runs"][0]["time_to_target_s"] is None else f"{f['runs'][0]['time_to_target_s']:.0f}",
-             " / ".join(f"{v:.2f}" for v in f["runs"][0]["heldout_reward"].values()) or "-"] for f in files]
+             common.joined(f["runs"][0]["heldout_reward"].values())] for f in files]
     repeated = [f"{f['method']}: {len(f['runs'])}" for f in files if len(f["runs"]) > 1]
-    by = ratios(files)
-    if name == "tool_latency":
-        head = (f"**Tool-latency setting** (targets judged here): each tool call waits a log-normal wall time, median "
-                f"{s['tool_latency_median_s']} s, sigma {s['tool_latency_sigma']}, capped at {s['tool_latency_max_s']} s, "
-                "seeded per task (sandbox / test execution: wall time, no accelerator time).")
-    else:
-        head = "**Compute-bound setting**: tool calls are instantaneous; generation and training share the same 2 CPU cores."
+    head = (f"**Tool-latency setting** (targets judged here): each tool call waits a log-normal wall time, median "
+            f"{s['tool_latency_median_s']} s, sigma {s['tool_latency_sigma']}, capped at {s['tool_latency_max_s']} s, "
+            "seeded per task (sandbox / test execution: wall time, no accelerator time)." if name == "tool_latency" else
+            "**Compute-bound setting**: tool calls are instantaneous; generation and training share the same 2 CPU cores.")
     out = [head, "", common.machine_line(max((f["machine"] for f in files), key=lambda m: m["when"])), "",
            f"Setting: `synthetic_longtail`, required calls per task log-normal (median {s['calls_median']}, sigma "
-           f"{s['calls_sigma']}, clipped to 1..{s['max_calls']}; train tasks: mean {calls['mean']:.1f}, p90 {calls['p90']:.0f}, "
-           f"max {calls['max']:.0f}); {s['batch_rollouts']} rollouts per policy version, {s['steps']} versions per method, "
-           f"lr {s['lr']}, engine `{s['engine']}`, {s['generators']} generator process(es) with up to "
-           f"{s['episodes_in_flight']} episodes in flight, staleness bound tau = {s['max_staleness']} (SAO and "
-           f"asynchronous GRPO; synchronous GRPO: one engine in the learner's process running each batch's "
-           f"{s['batch_rollouts']} episodes at once), learner micro-batches of {s['micro_batch_size']} rollouts in length "
-           f"order (every method), tiny Qwen2-shaped model after {s['sft_steps']} SFT steps; "
-           + ("generators let an episode that became too stale to train run to its end for the learner to drop."
+           f"{s['calls_sigma']}, clipped to 1..{s['max_calls']}; train tasks: mean {calls['mean']:.1f}, p90 {calls['p90']:.0f},"
+           f" max {calls['max']:.0f}); {s['batch_rollouts']} rollouts per policy version, {s['steps']} versions per method, lr "
+           f"{s['lr']}, engine `{s['engine']}`, {s['generators']} generator process(es) with up to {s['episodes_in_flight']} "
+           f"episodes in flight, staleness bound tau = {s['max_staleness']} (SAO and asynchronous GRPO; synchronous GRPO: one "
+           f"engine in the learner's process running each batch's {s['batch_rollouts']} episodes at once), learner "
+           f"micro-batches of {s['micro_batch_size']} rollouts in length order (every method), tiny Qwen2-shaped model after "
+           f"{s['sft_steps']} SFT steps; " + ("generators let an episode that became too stale to train run to its end for the learner to drop."
               if s["keep_stale_episodes"] else "generators cancel an episode in flight once the learner is more than tau "
               "versions past its oldest version (the learner would drop it)."), "",
            common.markdown_table(["method", "busy fraction", "trained action tokens/s", "rollouts/s", "learner s/step", "wall s",
@@ -378,7 +334,7 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
                           cell(f, "busy_fraction", 2), cell(f, "rollouts_per_s", 2), cell(f, "trained_action_tokens_per_s", 1),
                           f"{share:.2f}", f"{statistics.fmean(float(r.get('stale_aborted') or 0.0) for r in rs):.0f}",
                           f"{statistics.fmean(float(r['counters'].get('generator_max_in_flight') or 0.0) for r in rs):.0f}",
-                          " / ".join(f"{v:.2f}" for v in rs[0]["heldout_reward"].values()) or "-"])
+                          common.joined(rs[0]["heldout_reward"].values())])
         out += ["", f"**SAO against its admission capacity** ({runs} run{'s' if runs > 1 else ''} per point, one "
                 "command per point; what it shows: below the section).", "",
                 common.machine_line(max((f["machine"] for f in sweep), key=lambda m: m["when"])), "",
@@ -397,24 +353,16 @@ def render(results: Path = RESULTS) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry (module docstring)."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.parser(__doc__, None)
     p.add_argument("method", help=f"a file of bench/configs/async_vs_sync/: {', '.join(METHODS)}")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. sao.max_staleness=4")
     p.add_argument("--repeats", type=int, default=1, help="runs (seeds seed, seed + 1, ...); the first is evaluated")
     p.add_argument("--eval-every", type=int, default=4, help="snapshot every this many versions (first run)")
-    p.add_argument("--target-gain", type=float, default=0.05, help="held-out target: warm start's reward + this")
-    p.add_argument("--out", type=Path, default=None, help="results file (default: bench/results/async_vs_sync/<setting>/<method>.json)")
-    p.add_argument("--no-docs", action="store_true", help="write the results file only")
     args = p.parse_intermixed_args(argv)
     if args.repeats < 1 or args.eval_every < 1:
         p.error(f"--repeats and --eval-every: must be >= 1, got {args.repeats} and {args.eval_every}")
-    try:
-        config = load_method(args.method, args.overrides)
-    except ValueError as exc:
-        p.error(str(exc).splitlines()[0])
+    config = load_method(args.method, args.overrides, p)
     import torch
-
-    from posttrain.envs.synthetic.longtail import summarise_calls
 
     torch.set_num_threads(1)  # learner and in-process engine; generator processes use 1 too
     base, sft = shared_warm_start(config)
@@ -422,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [run_method(config.model_copy(update={"seed": config.seed + i, "run_name": f"{args.method}_r{i}"}), args.method,
                        base, sft, snaps / f"r{i}", args.eval_every if i == 0 else 10**9) for i in range(args.repeats)]
     start, rewards = evaluate_snapshots(base, sft, runs[:1])
-    target = round(start + args.target_gain, 3)
+    target = round(start + TARGET_GAIN, 3)
     setting = setting_of(config)
     result = {"setting": setting, "method": args.method, "command": common.command_line("bench.async_vs_sync", argv),
               "machine": common.machine_info(), "settings": settings_of(config, args.eval_every, args.repeats),
@@ -431,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
               "runs": [{**summarise(r, rewards[r.method] if i == 0 else {}, target), "seed": config.seed + i}
                        for i, r in enumerate(runs)]}
     common.publish_result(args.out or RESULTS / setting / f"{args.method}.json", result, "async_vs_sync", render,
-                   docs=not args.no_docs)
+                          docs=not args.no_docs)
     print(json.dumps({q: cell(result, q, 3) for q in ("busy_fraction", "trained_action_tokens_per_s", "rollouts_per_s")}))
     return 0
 

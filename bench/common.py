@@ -1,24 +1,26 @@
 """Helpers shared by the benchmarks: machine description, results JSON, method configs, docs/benchmarks.md.
 
-A benchmark writes its results under ``bench/results/`` and rewrites its own section of the page, the
-text between ``<!-- bench:<name>:begin -->`` and ``<!-- bench:<name>:end -->``, leaving hand-written
-text alone; ``targets_section`` renders the targets with the measured value beside each.
+A benchmark writes its results under ``bench/results/`` and rewrites its own section of the page, the text between
+``<!-- bench:<name>:begin -->`` and ``<!-- bench:<name>:end -->``; ``targets_section`` renders the targets table.
 
-Run: ``.venv/bin/python -m bench.common render`` (every section and the targets, from bench/results/),
-``... targets`` (the targets alone) or ``... machine`` (this machine's description as JSON).
+Run: ``.venv/bin/python -m bench.common render`` (every section and the targets, from bench/results/) or
+``... targets`` (the targets alone).
 """
-
-from __future__ import annotations
 
 import argparse
 import json
 import os
 import platform
+import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+import yaml
+
+from posttrain.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 """Repository root (benchmarks run from here: ``python -m bench.<name>``)."""
@@ -26,28 +28,33 @@ RESULTS_DIR = REPO / "bench" / "results"
 """Where results files go."""
 DOCS = REPO / "docs" / "benchmarks.md"
 """The benchmark report."""
-PLOTS_DIR = REPO / "docs" / "benchmarks"
-"""PNG plots referenced from the report."""
+
+
+def utc_now() -> str:
+    """The time now, UTC, ISO 8601 to the second (``2026-12-01T10:00:00Z``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def seconds(fn: Callable[..., Any], *args: Any) -> float:
+    """Wall seconds (``time.perf_counter``) that ``fn(*args)`` took."""
+    t = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t
 
 
 def machine_info() -> dict[str, Any]:
     """The machine a benchmark ran on: platform, processor, cores, memory (GiB), Python, torch, GPU (or None),
     the 1/5/15 minute load averages (other people's work included) and the time (UTC, ISO 8601)."""
+    import torch
+
     memory = None
     if Path("/proc/meminfo").exists():
         line = next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal:"))
         memory = round(int(line.split()[1]) / 2**20, 1)
     info: dict[str, Any] = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                             "cpu_count": os.cpu_count(), "memory_gib": memory, "python": platform.python_version(),
-                            "load_avg": [round(x, 2) for x in os.getloadavg()],
-                            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:
-        info["torch"], info["gpu"] = None, None
+                            "load_avg": [round(x, 2) for x in os.getloadavg()], "when": utc_now()}
+    info["torch"], info["gpu"] = torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return info
 
 
@@ -70,36 +77,50 @@ def display_path(path: Path) -> str:
     return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(path)
 
 
-def load_method(bench: str, method: str, overrides: Sequence[str] = ()) -> Any:
-    """A ``RunConfig``: ``bench/configs/<bench>/base.yaml``, then ``<method>.yaml`` (as overrides), then ``overrides``.
+def parser(doc: str, out: Path | None) -> argparse.ArgumentParser:
+    """A benchmark's argument parser: ``doc``'s first line, ``--out`` (default ``out``) and ``--no-docs``."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--out", type=Path, default=out, help=f"results file (default: {display_path(out) if out else 'per setting'})")
+    p.add_argument("--no-docs", action="store_true", help="write the results file only")
+    return p
 
-    Raises:
-        posttrain.config.ConfigError: an unknown method or a bad value (one line naming it).
-    """
-    import yaml
 
-    from posttrain.config import ConfigError, load_config
-
-    folder = REPO / "bench" / "configs" / bench
-    path = folder / f"{method}.yaml"
-    if method == "base" or not path.is_file():
-        known = sorted(p.stem for p in folder.glob("*.yaml") if p.stem != "base")
-        raise ConfigError(f"method {method!r}: no {display_path(path)}; known: {', '.join(known)}")
-
+def load_method(bench: str, method: str, overrides: Sequence[str] = (),
+                parser: argparse.ArgumentParser | None = None) -> Any:
+    """A ``RunConfig``: ``bench/configs/<bench>/base.yaml``, then ``<method>.yaml`` (as overrides), then ``overrides``;
+    ``ConfigError`` naming an unknown method or a bad value in one line, or with ``parser`` its ``error`` (exit 2)."""
     def flat(d: dict[str, Any], prefix: str = "") -> list[str]:
         return [x for k, v in d.items() for x in (flat(v, f"{prefix}{k}.") if isinstance(v, dict)
                                                    else [f"{prefix}{k}={json.dumps(v)}"])]
 
-    return load_config(folder / "base.yaml", [*flat(yaml.safe_load(path.read_text(encoding="utf-8"))), *overrides])
+    folder = REPO / "bench" / "configs" / bench
+    path = folder / f"{method}.yaml"
+    try:
+        if method == "base" or not path.is_file():
+            known = sorted(p.stem for p in folder.glob("*.yaml") if p.stem != "base")
+            raise ConfigError(f"method {method!r}: no {display_path(path)}; known: {', '.join(known)}")
+        return load_config(folder / "base.yaml", [*flat(yaml.safe_load(path.read_text(encoding="utf-8"))), *overrides])
+    except ValueError as exc:
+        if parser is None:
+            raise
+        parser.error(str(exc).splitlines()[0])
+
+
+def copy_missing(src: Path, dst: Path) -> None:
+    """Copy each file of folder ``src`` that ``dst`` lacks (a tokenizer beside weights that lack it)."""
+    for f in src.iterdir():
+        if not (dst / f.name).exists():
+            shutil.copy2(f, dst / f.name)
+
+
+def joined(values: Iterable[float]) -> str:
+    """``0.17 / 0.19 / 0.22`` (two decimals), or ``-`` when there are none (rewards at the snapshots)."""
+    return " / ".join(f"{v:.2f}" for v in values) or "-"
 
 
 def readable_json(value: Any, indent: int = 0) -> str:
     """``value`` as JSON with objects one key per line and lists holding no object compact: on one line when
-    their items are scalars, else one line per item (``json.loads`` reads it back unchanged).
-
-    Raises:
-        TypeError: ``value`` holds something JSON cannot encode.
-    """
+    their items are scalars, else one line per item (``json.loads`` reads it back); TypeError for what JSON cannot hold."""
     pad, inner = " " * indent, " " * (indent + 2)
 
     def holds_object(v: Any) -> bool:
@@ -109,33 +130,21 @@ def readable_json(value: Any, indent: int = 0) -> str:
         items = [f"{inner}{json.dumps(k if isinstance(k, str) else json.dumps(k))}: {readable_json(v, indent + 2)}"
                  for k, v in value.items()]
         return "{\n" + ",\n".join(items) + f"\n{pad}}}"
-    if isinstance(value, list | tuple) and value:
-        if not any(holds_object(v) for v in value):
-            if not any(isinstance(v, list | tuple) for v in value):
-                return json.dumps(value)
-            return "[\n" + ",\n".join(inner + json.dumps(v) for v in value) + f"\n{pad}]"
-        return "[\n" + ",\n".join(inner + readable_json(v, indent + 2) for v in value) + f"\n{pad}]"
+    if isinstance(value, list | tuple) and any(isinstance(v, dict | list | tuple) for v in value):
+        flat = not any(holds_object(v) for v in value)
+        return "[\n" + ",\n".join(inner + (json.dumps(v) if flat else readable_json(v, indent + 2)) for v in value) + f"\n{pad}]"
     return json.dumps(value)
 
 
 def write_result(path: Path, data: dict[str, Any]) -> Path:
-    """Write ``data`` to ``path`` as ``readable_json`` (creating its folder); return the path.
-
-    Raises:
-        TypeError: ``data`` holds something JSON cannot encode.
-    """
+    """Write ``data`` to ``path`` as ``readable_json`` (creating its folder); return the path. TypeError as there."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(readable_json(data) + "\n", encoding="utf-8")
     return path
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """A results file, parsed.
-
-    Raises:
-        OSError: it cannot be read.
-        ValueError: it is not JSON (the message names the file).
-    """
+    """A results file, parsed; OSError when it cannot be read, ValueError naming it when it is not JSON."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
@@ -149,15 +158,9 @@ def read_result(name: str, results_dir: Path = RESULTS_DIR) -> dict[str, Any] | 
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
-    """A Markdown table; ``align`` holds ``l`` or ``r`` per column (default: first left, the rest right).
-
-    Raises:
-        ValueError: a row or ``align`` whose length differs from ``headers``.
-    """
+    """A Markdown table, ``align`` ``l`` or ``r`` per column (default ``lrr...``); ValueError for a row of another width."""
     n = len(headers)
     align = align or ("l" + "r" * (n - 1))
-    if len(align) != n:
-        raise ValueError(f"align: expected {n} characters, got {align!r}")
     lines = ["| " + " | ".join(str(h) for h in headers) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
     for i, row in enumerate(rows):
         if len(row) != n:
@@ -167,22 +170,15 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align:
 
 
 def update_docs_section(name: str, markdown: str, docs: Path | None = None) -> Path:
-    """Replace the section ``name`` of ``docs`` (between its markers) with ``markdown``; append it when absent.
-
-    Raises:
-        ValueError: ``docs`` has only one of the section's two markers.
-    """
+    """Replace the section ``name`` of ``docs`` (between its markers) with ``markdown``, or append it when absent;
+    ValueError when ``docs`` has only one of the section's two markers."""
     begin, end, docs = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->", docs or DOCS
     text = docs.read_text(encoding="utf-8") if docs.exists() else "# Benchmarks\n"
     block = f"{begin}\n{markdown.strip()}\n{end}"
     if (begin in text) != (end in text):
         raise ValueError(f"{docs}: section {name!r} has only one of its markers {begin!r} / {end!r}")
-    if begin in text:
-        head, rest = text.split(begin, 1)
-        text = head + block + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    docs.parent.mkdir(parents=True, exist_ok=True)
+    head, found, rest = text.partition(begin)
+    text = head + block + rest.split(end, 1)[1] if found else text.rstrip("\n") + "\n\n" + block + "\n"
     docs.write_text(text, encoding="utf-8")
     return docs
 
@@ -193,18 +189,17 @@ def targets_rows(results_dir: Path = RESULTS_DIR) -> list[dict[str, Any]]:
 
     avs = targets(results_dir / "async_vs_sync")
     stream, ws, sim = (read_result(n, results_dir) or {} for n in ("stream", "weight_sync", "simulate"))
+    queue = min((r["ratio_ours_over_raw"] for r in stream.get("rows", [])), default=None)
     rows = [("SAO generator busy fraction >= 0.9 (long-tailed setting)", avs["busy"], 0.9, True,
              "async_vs_sync/tool_latency/sao.json: mean runs[].busy_fraction"),
             ("SAO trained-token throughput >= 1.5x synchronous GRPO (same setting)", avs["ratio"], 1.5, True,
              "async_vs_sync/tool_latency/: sao over the faster grpo_sync_g<G>, trained action tokens/s"),
-            ("Queue throughput >= 0.5x the raw XADD/XREAD loop (worst size)",
-             min((r["ratio_ours_over_raw"] for r in stream.get("rows", [])), default=None), 0.5, True,
+            ("Queue throughput >= 0.5x the raw XADD/XREAD loop (worst size)", queue, 0.5, True,
              "stream.json: min rows[].ratio_ours_over_raw"),
             ("Weight-sync latency <= 2x the raw safetensors write + read (worst model)", ws.get("worst_ratio_over_raw"),
              2.0, False, "weight_sync.json: worst_ratio_over_raw"),
-            ("Simulator within 15% of the measured small runs (worst quantity)",
-             sim.get("validation", {}).get("max_abs_relative_error"), 0.15, False,
-             "simulate.json: validation.max_abs_relative_error")]
+            ("Simulator within 15% of the measured small runs (worst quantity)", sim.get("validation", {}).get(
+                "max_abs_relative_error"), 0.15, False, "simulate.json: validation.max_abs_relative_error")]
     return [{"target": t, "measured": m, "met": None if m is None else (m >= bound if at_least else m <= bound),
              "source": src} for t, m, bound, at_least, src in rows]
 
@@ -217,11 +212,6 @@ def targets_section(results_dir: Path = RESULTS_DIR) -> str:
             "re-renders it).\n\n" + markdown_table(["target", "measured", "met?", "from"], rows, align="lrll"))
 
 
-def refresh_targets(docs: Path | None = None) -> Path:
-    """Rewrite the ``targets`` section of ``docs`` (default docs/benchmarks.md) from ``RESULTS_DIR``."""
-    return update_docs_section("targets", targets_section(RESULTS_DIR), docs)
-
-
 def publish_result(path: Path, data: dict[str, Any], section: str, render: Callable[[], str], *, docs: bool) -> Path:
     """A benchmark's last step: write ``data`` to ``path``; unless ``docs`` is False, rewrite its docs ``section``
     with ``render()`` (called after the write) and the targets, and print the section."""
@@ -229,7 +219,7 @@ def publish_result(path: Path, data: dict[str, Any], section: str, render: Calla
     if docs:
         text = render()
         update_docs_section(section, text)
-        refresh_targets()
+        update_docs_section("targets", targets_section(RESULTS_DIR))
         print(text)
     print(f"\nWrote {display_path(path)}")
     return path
@@ -237,13 +227,9 @@ def publish_result(path: Path, data: dict[str, Any], section: str, render: Calla
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("cmd", choices=["targets", "render", "machine"])
-    args = parser.parse_args(argv)
-    if args.cmd == "machine":
-        print(json.dumps(machine_info(), indent=2))
-        return 0
-    if args.cmd == "render":
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("cmd", choices=["targets", "render"])
+    if p.parse_args(argv).cmd == "render":
         from bench import async_vs_sync, stream, vs_trl, weight_sync
         from bench.sim import project
 
@@ -251,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, module in (("vs_trl", vs_trl), ("stream", stream), ("weight_sync", weight_sync), ("simulate", project)):
             if (result := read_result(name)) is not None:
                 update_docs_section(name, module.render(result))
-    print(refresh_targets())
+    print(update_docs_section("targets", targets_section(RESULTS_DIR)))
     return 0
 
 

@@ -1,24 +1,17 @@
 """TRL's GRPOTrainer (pinned: trl 1.16.0) against our synchronous GRPO and SAO: same task, model and budget, CPU.
 
-Task ``synthetic_arith`` (``Compute 7 + 12.`` -> ``#### 19``), which TRL runs without an agent loop. Every
-method starts from the same SFT warm start and trains the same steps of prompts x group size (SAO: as many
-rollouts, one per prompt) at the same learning rate; ``bench/configs/vs_trl/`` holds our two configs
-(``key=value`` overrides apply to both; ``trl_grpo`` reads the ``grpo_sync`` one): ``trl_grpo`` is
-``trl.GRPOTrainer`` (``loss_type="dapo"``, group-std scaling, clip 0.2 / 0.28, no KL), ``grpo_sync``
-``posttrain.runners.grpo_sync.run_grpo_sync`` (the same loss family), ``sao`` ``posttrain.runners.sao.train_sao``.
-Measured: action tokens generated and trained per second between the first and the last step, wall time,
-and seconds to the probe reward target (warm start + ``--target-gain``) from snapshots every
-``--eval-every`` steps evaluated on training prompts (``probe_context``). Writes ``bench/results/vs_trl.json``
-and its docs section.
+On ``synthetic_arith`` (no agent loop), every method trains from one SFT warm start for the same steps of prompts x
+group size (SAO: as many rollouts, one per prompt) at the same learning rate: ``trl_grpo`` is ``trl.GRPOTrainer``
+(``loss_type="dapo"``, group-std scaling, clip 0.2 / 0.28, no KL) on the ``grpo_sync`` config of
+``bench/configs/vs_trl/`` (``key=value`` overrides apply to both configs). Measured: action tokens generated and
+trained per second between the first and the last step, wall time, and seconds to the probe reward target (warm
+start + ``TARGET_GAIN``; snapshots every ``--eval-every`` steps, evaluated on training prompts).
 
 Run: ``make bench-deps`` once (TRL pinned in ``bench/requirements-trl.txt``), then ``.venv/bin/python -m
 bench.vs_trl`` (2 minutes on 2 cores, plus 2 of warm start the first time) or
 ``.venv/bin/python -m bench.vs_trl grpo.steps=4 --methods trl_grpo grpo_sync`` for a quick look.
 """
 
-from __future__ import annotations
-
-import argparse
 import json
 import os
 import shutil
@@ -29,33 +22,28 @@ from typing import Any
 
 from bench import async_vs_sync as avs
 from bench import common
+from posttrain.envs.synthetic.arith import parse_integer_answer
+from posttrain.runtime import RunContext
 
 TRL_PIN = "trl==1.16.0"
 """The TRL version this benchmark was written and run against (``bench/requirements-trl.txt``, ``make bench-deps``)."""
 METHODS = ("trl_grpo", "grpo_sync", "sao")
+TARGET_GAIN = 0.1
+"""The probe target: the warm start's probe reward + this."""
 
 
 def run_trl(config: Any, base: Any, sft: Path, snap_dir: Path, eval_every: int) -> tuple[avs.MethodRun, str]:
     """Train ``trl.GRPOTrainer`` from ``sft`` with the ``grpo_sync`` ``config``, recording steps and snapshots as
-    ``bench.async_vs_sync.run_method`` does.
-
-    Returns:
-        The ``MethodRun`` and the TRL version.
-
-    Raises:
-        ImportError: TRL is not installed (``make bench-deps``).
-    """
+    ``bench.async_vs_sync.run_method`` does; the run and TRL's version. ImportError without TRL (``make bench-deps``)."""
     import trl
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from posttrain.envs.synthetic.arith import parse_integer_answer
     from posttrain.models.hf import load_tokenizer
 
     g = config.grpo
-    run, batch = avs.MethodRun("trl_grpo"), g.batch_rollouts
-    shutil.rmtree(snap_dir, ignore_errors=True)
-    snap_dir.mkdir(parents=True)
+    run, batch = avs.MethodRun("trl_grpo", load_avg=[os.getloadavg()[0]]), g.batch_rollouts
+    shutil.rmtree(snap_dir, ignore_errors=True)  # save_pretrained makes the snapshot folders
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t.prompt}], "reference": t.reference}
                                  for t in base.tasks("train")])
 
@@ -72,7 +60,6 @@ def run_trl(config: Any, base: Any, sft: Path, snap_dir: Path, eval_every: int) 
         max_completion_length=config.generator.max_new_tokens, temperature=1.0, top_p=1.0, beta=0.0, epsilon=0.2,
         epsilon_high=0.28, loss_type="dapo", scale_rewards="group", num_iterations=1, logging_steps=1,
         save_strategy="no", report_to=[], bf16=False, disable_tqdm=True, dataloader_num_workers=0)
-    run.load_avg.append(os.getloadavg()[0])
     t0 = time.monotonic()
 
     class Recorder(TrainerCallback):
@@ -99,28 +86,11 @@ def run_trl(config: Any, base: Any, sft: Path, snap_dir: Path, eval_every: int) 
     return run, trl.__version__
 
 
-def probe_context(base: Any) -> Any:
-    """A ``RunContext`` whose evaluation tasks are the first ``eval.num_tasks`` training tasks (the probe set).
-
-    The tiny model does not learn to add unseen numbers within this budget (operands below 20: held-out
-    reward 2-8% for every method), so learning speed is measured on training prompts.
-    """
-    from posttrain.runtime import RunContext
-
-    path = base.run_dir.parent.parent / "tasks" / "train_probe.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"task_id": t.task_id, "prompt": t.prompt, "reference": t.reference,
-                                        "metadata": t.metadata}) + "\n"
-                            for t in base.tasks("train")[: base.config.eval.num_tasks]), encoding="utf-8")
-    data = base.config.data.model_copy(update={"eval_path": str(path)})
-    return RunContext(base.config.model_copy(update={"data": data}))
-
-
 def render(result: dict[str, Any]) -> str:
     """The docs section: machine, command, settings and the table."""
     rows = [[name, f"{r['action_tokens_per_s']:.0f}", f"{r['trained_action_tokens_per_s']:.0f}", f"{r['rollouts_per_s']:.1f}",
              f"{r['wall_s']:.0f}", "not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f}",
-             " / ".join(f"{v:.2f}" for v in r["heldout_reward"].values()) or "-"] for name, r in result["methods"].items()]
+             common.joined(r["heldout_reward"].values())] for name, r in result["methods"].items()]
     s = result["settings"]
     return "\n".join([
         common.machine_line(result["machine"]), "",
@@ -141,18 +111,12 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry (module docstring)."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.parser(__doc__, common.RESULTS_DIR / "vs_trl.json")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides of both configs, e.g. grpo.steps=4")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--eval-every", type=int, default=20, help="snapshot every this many steps")
-    p.add_argument("--target-gain", type=float, default=0.1, help="probe target: warm start's reward + this")
-    p.add_argument("--out", type=Path, default=common.RESULTS_DIR / "vs_trl.json")
-    p.add_argument("--no-docs", action="store_true")
     args = p.parse_intermixed_args(argv)
-    try:
-        configs = {m: common.load_method("vs_trl", m, args.overrides) for m in ("grpo_sync", "sao")}
-    except ValueError as exc:
-        p.error(str(exc).splitlines()[0])
+    configs = {m: common.load_method("vs_trl", m, args.overrides, p) for m in ("grpo_sync", "sao")}
     if args.eval_every < 1:
         p.error(f"--eval-every: must be >= 1 steps, got {args.eval_every}")
     import torch
@@ -168,18 +132,25 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run = avs.run_method(configs[method].model_copy(update={"run_name": method}), method, base, sft, snap, args.eval_every)
         runs.append(run)
-    start, rewards = avs.evaluate_snapshots(probe_context(base), sft, runs)
-    target = round(start + args.target_gain, 3)
+    # the probe set: the first eval.num_tasks training tasks (the tiny model does not learn to add unseen numbers in
+    # this budget, so learning speed is measured on training prompts)
+    probe = base.run_dir.parent.parent / "tasks" / "train_probe.jsonl"
+    probe.parent.mkdir(parents=True, exist_ok=True)
+    probe.write_text("".join(json.dumps({"task_id": t.task_id, "prompt": t.prompt, "reference": t.reference,
+                                         "metadata": t.metadata}) + "\n"
+                             for t in base.tasks("train")[: base.config.eval.num_tasks]), encoding="utf-8")
+    data = base.config.data.model_copy(update={"eval_path": str(probe)})
+    start, rewards = avs.evaluate_snapshots(RunContext(base.config.model_copy(update={"data": data})), sft, runs)
+    target = round(start + TARGET_GAIN, 3)
     methods = {r.method: avs.summarise(r, rewards[r.method], target) for r in runs}
     g, data = grpo.grpo, grpo.data
-    result = {"command": common.command_line("bench.vs_trl", argv), "machine": common.machine_info(), "trl_version": trl_version,
-              "trl_pin": TRL_PIN, "settings": {
+    result = {"command": common.command_line("bench.vs_trl", argv), "machine": common.machine_info(),
+              "trl_version": trl_version, "trl_pin": TRL_PIN, "settings": {
                   "operand_high": data.env_args.get("high"), "train_tasks": data.num_train_tasks, "steps": g.steps,
                   "prompts": g.prompts_per_step, "group_size": g.group_size, "max_new_tokens": grpo.generator.max_new_tokens,
                   "lr": g.optim.lr, "sft_steps": grpo.warm_start.steps, "eval_tasks": grpo.eval.num_tasks,
                   "eval_samples": grpo.eval.samples_per_task, "eval_every": args.eval_every, "seed": grpo.seed,
-                  "overrides": args.overrides},
-              "start_reward": start, "target": target, "methods": methods}
+                  "overrides": args.overrides}, "start_reward": start, "target": target, "methods": methods}
     common.publish_result(args.out, result, "vs_trl", lambda: render(result), docs=not args.no_docs)
     return 0
 

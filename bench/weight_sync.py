@@ -1,21 +1,15 @@
 """Weight-sync latency: a learner's publish until a generator serves the new version, against raw safetensors I/O.
 
-Per model shape (random float32 weights: ``tiny`` and a Qwen2-0.5B shape) and version, alternately:
-**ours** is the learner's publish (``FilesystemWeightStore.publish``, the version key,
-``announce_weights`` over Redis pub/sub) until, in a separate generator process running the watcher of
-``posttrain.generator.watcher``, ``update_weights`` of the ``hf`` engine returns (``--vllm`` also times
-vLLM's reload in-process); **raw** is ``safetensors`` ``save_file`` + fsync, then ``load_file`` with
-every tensor copied. Reported (medians, seconds): publish, detection, reload, end to end and ours/raw;
-``worst_ratio_over_raw`` is the target's (at most 2x). Writes ``bench/results/weight_sync.json`` and
-its docs section.
+Per model shape (random float32 weights: ``tiny`` and a Qwen2-0.5B shape) and version, alternately: **ours**, the
+learner's publish (weight store, version key, ``announce_weights`` over Redis pub/sub) until ``update_weights`` of
+the ``hf`` engine returns in a separate generator process watching as ``posttrain.generator.watcher`` does
+(``--vllm`` also times vLLM's reload in-process); **raw**, ``save_file`` + fsync, then ``load_file`` with every
+tensor copied. Reported (medians, seconds): publish, detection, reload, end to end and ours/raw.
 
 Run: ``.venv/bin/python -m bench.weight_sync`` (about 3 minutes on 2 cores, mostly the 0.5B shape's 2 GB
 writes), ``.venv/bin/python -m bench.weight_sync --shapes tiny --vllm`` (adds vLLM's reload).
 """
 
-from __future__ import annotations
-
-import argparse
 import asyncio
 import os
 import statistics
@@ -27,28 +21,28 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, command_line, machine_info, machine_line, markdown_table, publish_result
+import redis
+
+from bench import common
+from posttrain.rollout.keys import StreamKeys
+from posttrain.services.embedded_redis import EmbeddedRedis
 
 SERVED_KEY = "served"
 """Redis list (under the bench run's keys) where the generator process reports each version it serves."""
-SHAPES: dict[str, dict[str, Any]] = {
-    "tiny": {"vocab_size": 1024, "hidden_size": 128, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
-             "intermediate_size": 256, "tie_word_embeddings": False},
-    "qwen2-0.5b": {"vocab_size": 151936, "hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_heads": 2,
-                   "intermediate_size": 4864, "tie_word_embeddings": True},
+SHAPES: dict[str, tuple[dict[str, Any], int]] = {
+    "tiny": ({"vocab_size": 1024, "hidden_size": 128, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
+              "intermediate_size": 256, "tie_word_embeddings": False}, 16),
+    "qwen2-0.5b": ({"vocab_size": 151936, "hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_heads": 2,
+                    "intermediate_size": 4864, "tie_word_embeddings": True}, 4),
 }
-"""Model shapes measured (``build_tiny_model`` arguments)."""
+"""Model shapes measured (``build_tiny_model`` arguments) and the versions published for each (medians over them)."""
 
 
-async def _serve_versions(model_dir: Path, store_dir: Path, redis_url: str, run: str) -> None:
-    """The generator side, the watcher of ``posttrain.generator.watcher`` around an ``hf`` engine: read ``LATEST`` and
-    the version's stamp, reload when it changed (then push ``detected_at served_at version`` to ``SERVED_KEY``),
-    stop on the stop key, else ``WeightAnnouncements.wait(WEIGHT_WAIT_S)``."""
-    import redis
-
+async def _serve_versions(model_dir: str, store_dir: str, redis_url: str, run: str) -> None:
+    """The generator side, ``posttrain.generator.watcher``'s loop around an ``hf`` engine: reload when ``LATEST``'s stamp
+    changed (then push ``detected_at served_at version`` to ``SERVED_KEY``), stop on the stop key, else wait."""
     from posttrain.generator.watcher import WEIGHT_WAIT_S
     from posttrain.inference.hf import HFEngine
-    from posttrain.rollout.keys import StreamKeys
     from posttrain.weight_sync.announce import WeightAnnouncements
     from posttrain.weight_sync.store import FilesystemWeightStore
 
@@ -56,18 +50,14 @@ async def _serve_versions(model_dir: Path, store_dir: Path, redis_url: str, run:
     store, engine = FilesystemWeightStore(store_dir), HFEngine(model_dir)
     announcements = WeightAnnouncements(redis_url, keys)
     await announcements.subscribe()
-
-    def stamp(version: int) -> tuple[int, int]:
-        return version, store.path_for(version).stat().st_mtime_ns
-
-    served = stamp(latest) if (latest := store.latest_version()) is not None else (-1, 0)
+    served = (-1, 0)  # (version, mtime of its directory): the store starts empty
     client.rpush(f"{keys.base}:{SERVED_KEY}", b"ready")
     try:
         while True:
             latest, detected_at = store.latest_version(), time.time()
             if latest is not None:
                 try:
-                    current = stamp(latest)
+                    current = (latest, store.path_for(latest).stat().st_mtime_ns)
                 except FileNotFoundError:  # pruned or being replaced: look again at the next wake-up
                     current = served
                 if current != served:
@@ -84,18 +74,13 @@ async def _serve_versions(model_dir: Path, store_dir: Path, redis_url: str, run:
 
 
 def measure_shape(name: str, shape: dict[str, Any], repeats: int, vllm: bool, tmp: Path, redis_url: str) -> dict[str, Any]:
-    """Medians (seconds) of raw write and read and of publish, detection and reload for one shape.
-
-    Raises:
-        RuntimeError: ``vllm`` without vLLM, or no report from the generator process within 300 s (its log's tail).
-    """
-    import redis
+    """Medians (seconds) of raw write and read and of publish, detection and reload for one shape; RuntimeError (with
+    its log's tail) when the generator process reports nothing for 300 s, ImportError for ``vllm`` without vLLM."""
     import torch
     from safetensors.torch import load_file, save_file
 
     from posttrain.generator.watcher import WEIGHT_WAIT_S
     from posttrain.models.hf import build_tiny_model, load_policy
-    from posttrain.rollout.keys import StreamKeys
     from posttrain.rollout.redis_streams import RedisPolicyVersionStore
     from posttrain.weight_sync.announce import announce_weights
     from posttrain.weight_sync.store import FilesystemWeightStore, prepare_state_dict
@@ -104,8 +89,7 @@ def measure_shape(name: str, shape: dict[str, Any], repeats: int, vllm: bool, tm
     model = load_policy(model_dir)
     store, raw_path, log_path = FilesystemWeightStore(tmp / name / "store"), tmp / name / "raw.safetensors", tmp / name / "gen.log"
     run = uuid.uuid4().hex[:12]
-    keys = StreamKeys("bench", run)
-    client = redis.Redis.from_url(redis_url, socket_timeout=400.0)  # above the longest BLPOP
+    keys, client = StreamKeys("bench", run), redis.Redis.from_url(redis_url, socket_timeout=400.0)  # above any BLPOP
     versions, served_key = RedisPolicyVersionStore(client, keys), f"{keys.base}:{SERVED_KEY}"
 
     def next_served(timeout_s: float = 300.0) -> bytes:
@@ -115,48 +99,45 @@ def measure_shape(name: str, shape: dict[str, Any], repeats: int, vllm: bool, tm
         return reply[1]
 
     s: dict[str, list[float]] = {k: [] for k in ("raw_write_s", "raw_read_s", "publish_s", "detect_s", "reload_hf_s", "ours_s")}
+
+    def raw(_: int) -> None:
+        tensors = prepare_state_dict(model.state_dict(), shape["tie_word_embeddings"])
+        t = time.perf_counter()
+        save_file(tensors, str(raw_path))
+        with open(raw_path, "rb") as fh:
+            os.fsync(fh.fileno())
+        s["raw_write_s"].append(time.perf_counter() - t)
+        # load_file only maps the file: copying each tensor reads it
+        s["raw_read_s"].append(common.seconds(lambda: {k: v.clone() for k, v in load_file(str(raw_path)).items()}))
+        raw_path.unlink()
+
+    def ours(version: int) -> None:
+        t0 = time.time()
+        store.publish(model.state_dict(), version, model_dir)
+        published = time.time()
+        versions.set(version)
+        announce_weights(client, keys, version)
+        detected_at, served_at, served_version = next_served().split()
+        if int(served_version) != version:
+            raise RuntimeError(f"generator served version {served_version.decode()}, expected {version}")
+        # publish + detect + reload = end to end; detect: version key, announcement, wake-up, read of LATEST
+        s["publish_s"].append(published - t0)
+        s["detect_s"].append(float(detected_at) - published)
+        s["reload_hf_s"].append(float(served_at) - float(detected_at))
+        s["ours_s"].append(float(served_at) - t0)
+        store.prune(keep=1)
+
     with log_path.open("wb") as log:
-        gen = subprocess.Popen([sys.executable, "-m", "bench.weight_sync", "serve-generator", "--model-dir", str(model_dir),
-                                "--store", str(store.root), "--redis-url", redis_url, "--run", run],
-                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        gen = subprocess.Popen([sys.executable, "-m", "bench.weight_sync", "serve-generator", str(model_dir), str(store.root),
+                                redis_url, run], stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
-        if next_served() != b"ready":
-            raise RuntimeError("generator process: expected 'ready' first")
+        next_served()  # "ready": the generator process serves the model it was built with
         for version in range(1, repeats + 1):
             with torch.no_grad():
                 for p in model.parameters():
                     p.mul_(1.0001)
-
-            def raw() -> None:
-                tensors = prepare_state_dict(model.state_dict(), shape["tie_word_embeddings"])
-                t = time.perf_counter()
-                save_file(tensors, str(raw_path))
-                with open(raw_path, "rb") as fh:
-                    os.fsync(fh.fileno())
-                s["raw_write_s"].append(time.perf_counter() - t)
-                t = time.perf_counter()
-                {k: v.clone() for k, v in load_file(str(raw_path)).items()}  # load_file only maps; copying reads
-                s["raw_read_s"].append(time.perf_counter() - t)
-                raw_path.unlink()
-
-            def ours(version: int = version) -> None:
-                t0 = time.time()
-                store.publish(model.state_dict(), version, model_dir)
-                published = time.time()
-                versions.set(version)
-                announce_weights(client, keys, version)
-                detected_at, served_at, served_version = next_served().split()
-                if int(served_version) != version:
-                    raise RuntimeError(f"generator served version {served_version.decode()}, expected {version}")
-                # publish + detect + reload = end to end; detect: version key, announcement, wake-up, read of LATEST
-                s["publish_s"].append(published - t0)
-                s["detect_s"].append(float(detected_at) - published)
-                s["reload_hf_s"].append(float(served_at) - float(detected_at))
-                s["ours_s"].append(float(served_at) - t0)
-                store.prune(keep=1)
-
             for step in ((raw, ours) if version % 2 else (ours, raw)):  # the disk's write-back favours the second
-                step()
+                step(version)
     finally:
         client.set(f"{keys.base}:stop", b"1")
         announce_weights(client, keys, 0)  # wake the watcher now so it sees the stop key
@@ -176,10 +157,6 @@ def measure_shape(name: str, shape: dict[str, Any], repeats: int, vllm: bool, tm
         "ratio_without_detection": statistics.median(t - d for t, d in zip(s["ours_s"], s["detect_s"], strict=True)) / raw_s,
         "ratio_over_raw": med["ours_s"] / raw_s, "samples": s}
     if vllm:
-        from posttrain.inference.factory import vllm_available
-
-        if not vllm_available():
-            raise RuntimeError("--vllm: vllm does not import here")
         from posttrain.inference.vllm import VLLMEngine
 
         t = time.perf_counter()
@@ -188,9 +165,7 @@ def measure_shape(name: str, shape: dict[str, Any], repeats: int, vllm: bool, tm
         try:
             for version in range(repeats + 1, 2 * repeats + 1):
                 path = store.publish(model.state_dict(), version, model_dir)
-                t = time.perf_counter()
-                asyncio.run(v_engine.update_weights(path, version))
-                times.append(time.perf_counter() - t)
+                times.append(common.seconds(asyncio.run, v_engine.update_weights(path, version)))
         finally:
             v_engine.close()
         row["reload_vllm_s"] = statistics.median(times)
@@ -200,18 +175,16 @@ def measure_shape(name: str, shape: dict[str, Any], repeats: int, vllm: bool, tm
 
 def render(result: dict[str, Any]) -> str:
     """The docs section: machine, command and the table."""
+    vllm = " (vLLM reload {reload_vllm_s:.3f} s, ratio {ratio_over_raw_vllm:.2f})"
     rows = [[r["shape"], f"{r['parameters'] / 1e6:.1f} M", f"{r['weights_bytes'] / 2**20:.0f} MiB",
-             f"{r['raw_write_s']:.3f} + {r['raw_read_s']:.3f}", f"{r['publish_s']:.3f}",
-             f"{r['detect_s']:.3f} ({r['detect_max_s']:.3f})",
-             f"{r['reload_hf_s']:.3f}" + (f" (vLLM reload {r['reload_vllm_s']:.3f} s, ratio {r['ratio_over_raw_vllm']:.2f})"
-                                          if "reload_vllm_s" in r else ""),
-             f"{r['ours_s']:.3f}", f"{r['ratio_without_detection']:.2f}", f"**{r['ratio_over_raw']:.2f}**"]
-            for r in result["rows"]]
+             f"{r['raw_write_s']:.3f} + {r['raw_read_s']:.3f}", f"{r['publish_s']:.3f}", f"{r['detect_s']:.3f} ({r['detect_max_s']:.3f})",
+             f"{r['reload_hf_s']:.3f}" + (vllm.format(**r) if "reload_vllm_s" in r else ""), f"{r['ours_s']:.3f}",
+             f"{r['ratio_without_detection']:.2f}", f"**{r['ratio_over_raw']:.2f}**"] for r in result["rows"]]
     return "\n".join([
-        machine_line(result["machine"]), "",
+        common.machine_line(result["machine"]), "",
         f"Command: `{result['command']}` (medians over versions: "
         + ", ".join(f"{r['shape']} {r['repeats']}" for r in result["rows"]) + "; seconds).", "",
-        markdown_table(["shape", "parameters", "file", "raw write + read", "publish", "detect (max)", "hf reload",
+        common.markdown_table(["shape", "parameters", "file", "raw write + read", "publish", "detect (max)", "hf reload",
                         "ours end to end", "ours/raw without detect", "ours/raw"], rows), "",
         f"Worst ratio over shapes, end to end (publish in the learner process until the generator process serves "
         f"the version; announcement over Redis pub/sub, fallback wait {result['weight_wait_s']} s): "
@@ -220,41 +193,21 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry (module docstring); ``serve-generator`` is the generator process."""
+    """Command-line entry (module docstring); ``serve-generator MODEL_DIR STORE REDIS_URL RUN`` is the generator process."""
     args_list = sys.argv[1:] if argv is None else list(argv)
     if args_list[:1] == ["serve-generator"]:
-        g = argparse.ArgumentParser(description="generator side of bench.weight_sync (started by the benchmark)")
-        for flag in ("--model-dir", "--store", "--redis-url", "--run"):
-            g.add_argument(flag, required=True)
-        ga = g.parse_args(args_list[1:])
-        asyncio.run(_serve_versions(Path(ga.model_dir), Path(ga.store), ga.redis_url, ga.run))
+        asyncio.run(_serve_versions(*args_list[1:]))
         return 0
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.parser(__doc__, common.RESULTS_DIR / "weight_sync.json")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    p.add_argument("--repeats", type=int, default=None, help="versions per shape (default: 16 for tiny, 4 otherwise)")
     p.add_argument("--vllm", action="store_true", help="also time the vLLM engine's reload")
-    p.add_argument("--tmp-dir", type=Path, default=None, help="where the weight files go (default: system temp)")
-    p.add_argument("--redis-url", default=None, help="existing server; default: start an embedded one")
-    p.add_argument("--out", type=Path, default=RESULTS_DIR / "weight_sync.json")
-    p.add_argument("--no-docs", action="store_true")
     args = p.parse_args(args_list)
-    if args.repeats is not None and args.repeats < 1:
-        p.error(f"--repeats: must be >= 1 versions, got {args.repeats}")
-    from posttrain.generator.watcher import WEIGHT_WAIT_S
-    from posttrain.services.embedded_redis import EmbeddedRedis
-
-    embedded = None if args.redis_url else EmbeddedRedis().start()
-    try:
-        with tempfile.TemporaryDirectory(dir=args.tmp_dir) as tmp:
-            rows = [measure_shape(name, SHAPES[name], args.repeats or (16 if name == "tiny" else 4), args.vllm, Path(tmp),
-                                  args.redis_url or embedded.url) for name in args.shapes]  # type: ignore[union-attr]
-    finally:
-        if embedded is not None:
-            embedded.stop()
-    result = {"command": command_line("bench.weight_sync", argv), "machine": machine_info(),
-              "notification": "redis pub/sub (posttrain.weight_sync.announce)", "weight_wait_s": WEIGHT_WAIT_S,
+    with EmbeddedRedis() as server, tempfile.TemporaryDirectory() as tmp:
+        rows = [measure_shape(name, *SHAPES[name], args.vllm, Path(tmp), server.url) for name in args.shapes]
+    result = {"command": common.command_line("bench.weight_sync", argv), "machine": common.machine_info(),
+              "notification": "redis pub/sub (posttrain.weight_sync.announce)", "weight_wait_s": rows[0]["weight_wait_s"],
               "rows": rows, "worst_ratio_over_raw": max(r["ratio_over_raw"] for r in rows)}
-    publish_result(args.out, result, "weight_sync", lambda: render(result), docs=not args.no_docs)
+    common.publish_result(args.out, result, "weight_sync", lambda: render(result), docs=not args.no_docs)
     return 0
 
 

@@ -1,2 +1,2 @@
-"""The cluster simulator: ``model`` (the event loop), ``calibrate`` (fit and check against measured runs),
-``project`` (the command: check, then project to N GPUs), ``collect`` (the measurements it needs)."""
+"""The cluster simulator: ``model`` (the event loop), ``calibrate`` (fit and check against measured runs), ``project``
+(the command: check, then project to N GPUs), ``collect`` (the measurements it needs)."""

@@ -1,15 +1,12 @@
 """The simulator's calibration on the measured small runs, and its check against them (``validate_all``).
 
 A setting's inputs are ``bench/results/sim/<setting>.json`` (``bench.sim.collect``) and its results files under
-``bench/results/async_vs_sync/<setting>/``. A run's twin (``run_twin``) has engine costs fitted on every
-setting's ``engine_modes`` batches at a whole core's speed, times the speed factor of the feeding its method's
-generator produces (``FEEDING_OF``), times its engine probe over the probe around ``engine_modes``, times the
-CPU share its load implied (``measured_config``), or the speed the run measured itself
-(``calibrate_engine_speed``); the run's learner step, the setting's publish, reload and tool latency; a
-synchronous run replays its recorded episodes (asynchronous records lack the longest, still running at the end).
+``bench/results/async_vs_sync/<setting>/``. A run's twin (``run_twin``) has engine costs fitted on every setting's
+``engine_modes`` batches at a whole core's speed, times the speed of the feeding its method's generator produces
+(``FEEDING_OF``), its engine probe over the one around ``engine_modes`` and the CPU share its load implied, or the
+speed the run measured itself (``calibrate_engine_speed``); the run's learner step, the setting's publish, reload and
+tool latency; a synchronous run replays its recorded episodes (asynchronous records lack those still running).
 """
-
-from __future__ import annotations
 
 import itertools
 import math
@@ -19,6 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from scipy.optimize import nnls
+
+from bench.async_vs_sync import read_setting, setting_order
+from bench.common import read_json
 from bench.sim import model
 from bench.sim.model import ClusterConfig, EngineModel, LearnerModel, RolloutShape, Workload
 
@@ -34,23 +36,20 @@ BATCH_COST_TERMS = ("prefill_s_per_token", "step_s", "step_s_per_row", "step_s_p
 
 
 def cpu_share(cores: int, background_load: float, busy: int) -> float:
-    """Cores one busy single-threaded process gets beside ``busy - 1`` of ours and ``background_load`` others:
-    ``min(1, cores / (background_load + busy))``."""
+    """Cores a busy thread gets beside ``busy - 1`` of ours and ``background_load`` others (at most 1)."""
     return min(1.0, cores / max(background_load + busy, 1e-9))
 
 
 def probe_core_seconds(probes: Sequence[dict[str, Any]] | None, cores: int) -> float | None:
-    """Mean seconds of ``engine_probe`` measurements, each scaled to a whole core by the ``background_cores``
-    that ran beside it (None without probes)."""
+    """Mean ``engine_probe`` seconds, each scaled to a whole core by its ``background_cores`` (None without probes)."""
     values = [float(p["seconds"]) * cpu_share(cores, float(p.get("background_cores") or 0.0), 1)
               for p in probes or [] if p.get("seconds")]
     return statistics.fmean(values) if values else None
 
 
 def batch_cost_features(rows: int, width: int, steps: int, sampled: int) -> list[float]:
-    """What each ``BATCH_COST_TERMS`` coefficient multiplies in one static batch (``Engine._maybe_start``):
-    ``rows`` left-padded to ``width``, ``steps`` decode steps over ``width + steps // 2`` tokens of context,
-    ``sampled`` tokens sampled by all rows."""
+    """What each ``BATCH_COST_TERMS`` coefficient multiplies in one static batch (``Engine._maybe_start``): ``rows``
+    padded to ``width``, ``steps`` decode steps over ``width + steps // 2`` tokens of context, ``sampled`` tokens."""
     ctx = width + steps // 2
     return [rows * width, steps, steps * rows, steps * rows * ctx, steps * (rows * ctx) ** 2, sampled]
 
@@ -59,9 +58,6 @@ def fit_batch_costs(batches: Sequence[Sequence[float]]) -> dict[str, float]:
     """Non-negative least squares, in relative error, of the seconds of ``[rows, width, prompt_tokens, new_tokens,
     seconds, sampled_tokens]`` batches on ``batch_cost_features`` (``sample_s_per_token`` 0 unless every batch
     counts its sampled tokens); ValueError for fewer batches than terms or non-positive seconds."""
-    import numpy as np
-    from scipy.optimize import nnls
-
     if len(batches) < len(BATCH_COST_TERMS):
         raise ValueError(f"batches: need at least {len(BATCH_COST_TERMS)} to fit the engine's costs, got {len(batches)}")
     y = np.array([float(b[4]) for b in batches])
@@ -78,9 +74,8 @@ def fit_batch_costs(batches: Sequence[Sequence[float]]) -> dict[str, float]:
 
 def engine_modes_share(inputs: dict[str, Any]) -> float:
     """CPU share the engine had during ``engine_modes`` (mean of its start and end load, our one busy thread)."""
-    em = inputs["engine_modes"]
+    em, busy = inputs["engine_modes"], GENERATOR_BUSY_THREADS
     load = statistics.fmean([float(em["load_avg_start"]), float(em["load_avg_end"])])
-    busy = GENERATOR_BUSY_THREADS
     return cpu_share(int(inputs["machine"]["cpu_count"]), max(0.0, load - busy), busy)
 
 
@@ -112,19 +107,17 @@ def run_replay(run: dict[str, Any], where: str) -> tuple[tuple[RolloutShape, ...
     """A run's recorded units in start order from its ``[unit, prompt, actions, observations, reward, tool_waits_s]``
     episodes (consecutive equal units form a group; () without); ValueError naming ``where`` and a malformed entry."""
     units: list[list[RolloutShape]] = []
-    last = None
     for i, entry in enumerate(run.get("episodes") or []):
         if not isinstance(entry, list) or len(entry) != 6:
             raise ValueError(f"{where}.episodes[{i}]: expected [unit, prompt_tokens, action_tokens, "
                              f"observation_tokens, reward, tool_waits_s], got {entry!r}")
         unit, prompt, actions, observations, reward, waits = entry
+        if i == 0 or unit != run["episodes"][i - 1][0]:
+            units.append([])
         if not actions or len(observations) != len(actions) or len(waits) != len(actions) - 1:
             raise ValueError(f"{where}.episodes[{i}]: needs >= 1 turn, one observation count per turn and one tool "
                              f"wait per turn but the last, got {len(actions)} turns, {len(observations)} "
                              f"observations and {len(waits)} waits")
-        if unit != last:
-            units.append([])
-            last = unit
         units[-1].append(RolloutShape(int(prompt), tuple(int(a) for a in actions), tuple(int(o) for o in observations),
                                       float(reward), tuple(float(w) for w in waits)))
     return tuple(tuple(u) for u in units)
@@ -132,63 +125,53 @@ def run_replay(run: dict[str, Any], where: str) -> tuple[tuple[RolloutShape, ...
 
 def measured_config(inputs: dict[str, Any], result: dict[str, Any], run: dict[str, Any], costs: dict[str, float],
                     engine_factor: float = 1.0) -> ClusterConfig:
-    """The simulated twin of one measured ``run`` of ``result`` (a method's results file) at ``engine_factor``.
-
-    CPU sharing: during the run the 1-minute load was L (mean of start and end), of which ours were the
-    generator's ``GENERATOR_BUSY_THREADS`` plus, for the asynchronous methods, the learner's one. Engine
-    times are divided by ``cpu_share(cores, L - ours, busy)``, with busy = ours while the learner trains
-    and the generator's alone otherwise (synchronous GRPO never overlaps the two).
-    """
-    s, method = result["settings"], result["method"]
-    kind = model.method_kind(method)
-    cores = int(result["machine"]["cpu_count"])
-    generator = GENERATOR_BUSY_THREADS
+    """The simulated twin of one measured ``run`` of ``result`` (a method's results file) at ``engine_factor``. CPU
+    sharing: during the run the 1-minute load was L (mean of start and end), of which ours were the generator's
+    ``GENERATOR_BUSY_THREADS`` plus, for the asynchronous methods, the learner's one. Engine times are divided by
+    ``cpu_share(cores, L - ours, busy)``, busy = ours while the learner trains, else the generator's alone."""
+    s, method, generator = result["settings"], result["method"], GENERATOR_BUSY_THREADS
+    kind, cores, slots = model.method_kind(method), int(result["machine"]["cpu_count"]), s["episodes_in_flight"]
     ours = generator if kind == "grpo_sync" else generator + 1
     background = max(0.0, statistics.fmean(run["load_avg_start_end"]) - ours)
-    slots = s["episodes_in_flight"]
     return ClusterConfig(
         engine_scale_idle=engine_factor / cpu_share(cores, background, generator),
         engine_scale_learner_busy=engine_factor / cpu_share(cores, background, ours),
         method=kind, generators=s["generators"] if kind != "grpo_sync" else 1, episodes_in_flight=slots,
         batch_rollouts=s["batch_rollouts"], group_size=1 if kind == "sao" else int(method.rpartition("_g")[2]),
-        max_staleness=s["max_staleness"], abort_stale=not s["keep_stale_episodes"],
-        steps=max(2, int(run["policy_versions"])),
-        publish_s=inputs["weight_sync"]["publish_s"], reload_s=inputs["weight_sync"]["reload_s"],
-        engine=EngineModel(batching="static", max_batch=max(slots, s["batch_rollouts"]) if kind == "grpo_sync" else slots,
-                           **costs),
+        max_staleness=s["max_staleness"], abort_stale=not s["keep_stale_episodes"], steps=max(2, int(run["policy_versions"])),
+        publish_s=inputs["weight_sync"]["publish_s"], reload_s=inputs["weight_sync"]["reload_s"], seed=s["seed"],
+        engine=EngineModel(batching="static", max_batch=max(slots, s["batch_rollouts"]) if kind == "grpo_sync" else slots, **costs),
         learner=LearnerModel(gpus=1, step_s_fixed=float(run["learner_step_s_mean"]), s_per_token=0.0,
                              warmup_iterations=s["critic_warmup"] if kind == "sao" else 0),
-        seed=s["seed"], tool_latency_median_s=float(s["tool_latency_median_s"]),
-        tool_latency_sigma=float(s["tool_latency_sigma"]), tool_latency_max_s=float(s["tool_latency_max_s"]))
+        **{k: float(s[k]) for k in ("tool_latency_median_s", "tool_latency_sigma", "tool_latency_max_s")})
 
 
 def phase_identifies_engine_speed(phases: Sequence[float], engine_free_s: float, at_current_s: float) -> bool:
-    """Whether measured synchronous generation phases (seconds) say anything about the engine's speed: the engine's
-    share ``at_current_s - engine_free_s`` (simulated with the current and with a free engine) must exceed twice the
-    standard error of the measured mean phase."""
+    """Whether measured synchronous generation phases (seconds) say anything about the engine's speed: its share
+    ``at_current_s - engine_free_s`` (simulated) must exceed twice the standard error of the measured mean phase."""
     se = statistics.stdev(phases) / math.sqrt(len(phases)) if len(phases) > 1 else 0.0
     return at_current_s - engine_free_s > 2 * se
 
 
+def simulated_mean(config: ClusterConfig, workload: Workload, repeats: int, quantity: str) -> float:
+    """Mean of a ``SimResult`` quantity over ``repeats`` simulations, seeds ``config.seed`` + 0, 1, ... (Nones left out)."""
+    values = [getattr(model.simulate(replace(config, seed=config.seed + k), workload), quantity) for k in range(repeats)]
+    return statistics.fmean(x for x in values if x is not None)
+
+
 def calibrate_engine_speed(base: ClusterConfig, run: dict[str, Any], workload: Workload,
                            repeats: int) -> tuple[ClusterConfig, str]:
-    """Scale the twin's engine to the speed the run measured itself, and say where the speed came from.
-
-    ``generator_batch_s`` (synchronous GRPO's generation seconds per step): bisect the factor's log in [1/20, 20]
-    until the simulated mean phase is the measured one, unless the phase is mostly tool waits. ``generator_busy_s``
-    (generators' engine seconds and rollouts in ``counters``): 4 rounds of ``factor *= measured / simulated``
-    engine seconds per rollout (a slower engine also batches more rows). Else ``load average``: ``base``.
-    """
-    phases = run.get("generator_batch_s") or []
-    counters = run.get("counters", {})
+    """Scale the twin's engine to the speed the run measured itself, and say where it came from: ``generator_batch_s``
+    (synchronous GRPO's generation seconds per step): bisect the factor's log in [1/20, 20] until the simulated mean
+    phase is the measured one, unless the phase is mostly tool waits; ``generator_busy_s`` (engine seconds and rollouts
+    in ``counters``): 4 rounds of ``factor *= measured / simulated`` engine seconds per rollout; else ``base``."""
+    phases, counters = run.get("generator_batch_s") or [], run.get("counters", {})
     busy_s, produced = counters.get("generator_busy_s"), counters.get("generator_rollouts")
     if base.method == "grpo_sync" and phases:
         target = statistics.fmean(phases)
 
         def phase(f: float) -> float:
-            sims = [model.simulate(replace(base.scaled(f), seed=base.seed + k), workload).generation_phase_s
-                    for k in range(repeats)]
-            return statistics.fmean(x for x in sims if x is not None)
+            return simulated_mean(base.scaled(f), workload, repeats, "generation_phase_s")
 
         if not phase_identifies_engine_speed(phases, phase(1e-6), phase(1.0)):
             return base, "load average (generator_batch_s is tool waits)"
@@ -200,9 +183,7 @@ def calibrate_engine_speed(base: ClusterConfig, run: dict[str, Any], workload: W
     if busy_s and produced:
         target, factor = float(busy_s) / float(produced), 1.0
         for _ in range(4):
-            simulated = statistics.fmean(model.simulate(replace(base.scaled(factor), seed=base.seed + k),
-                                                  workload).generating_s_per_rollout for k in range(repeats))
-            if simulated <= 0:
+            if (simulated := simulated_mean(base.scaled(factor), workload, repeats, "generating_s_per_rollout")) <= 0:
                 break
             factor *= target / simulated
         return base.scaled(factor), "generator_busy_s"
@@ -212,8 +193,7 @@ def calibrate_engine_speed(base: ClusterConfig, run: dict[str, Any], workload: W
 def engine_probe_ratio(inputs: dict[str, Any], run: dict[str, Any]) -> float | None:
     """The run's probe seconds over those around ``engine_modes``, each scaled to a whole core (None without both)."""
     cores = int(inputs["machine"]["cpu_count"])
-    at_run = probe_core_seconds(run.get("engine_probe"), cores)
-    at_modes = probe_core_seconds(inputs["engine_modes"].get("engine_probe"), cores)
+    at_run, at_modes = (probe_core_seconds(p, cores) for p in (run.get("engine_probe"), inputs["engine_modes"].get("engine_probe")))
     return at_run / at_modes if at_run and at_modes else None
 
 
@@ -229,24 +209,23 @@ def run_twin(inputs: dict[str, Any], result: dict[str, Any], run: dict[str, Any]
     return base, speed_from
 
 
-def engine_alone(inputs: dict[str, Any], costs: dict[str, float]) -> tuple[EngineModel, float]:
-    """The ``hf`` engine of ``engine_modes`` and its time scale at that measurement's CPU share."""
-    slots = int(inputs["settings"]["episodes_in_flight"])
-    return EngineModel(batching="static", max_batch=slots, **costs), 1.0 / engine_modes_share(inputs)
+def feeding_rate(inputs: dict[str, Any], costs: dict[str, float], factor: float, mode: str) -> float:
+    """Simulated rollouts/s of the ``hf`` engine of ``engine_modes`` at its CPU share times ``factor``, fed as the
+    feeding ``mode`` was (``simulate_feeding`` replaying its recorded episodes, with its window)."""
+    em, slots = inputs["engine_modes"], int(inputs["settings"]["episodes_in_flight"])
+    engine, scale = EngineModel(batching="static", max_batch=slots, **costs), 1.0 / engine_modes_share(inputs)
+    return model.simulate_feeding(engine, scale * factor, feeding_episodes(em, mode), mode, slots, float(em["feed_s"]),
+                                  int(em["group_size"]))
 
 
 def fit_engine_speed(inputs: dict[str, Any], costs: dict[str, float], modes: Sequence[str] = ENGINE_MODES,
                      rounds: int = 4) -> float:
     """Speed factor on ``costs`` that fits the engine fed by real episodes in ``modes``: ``rounds`` times, move its
-    log by the mean log ratio of simulated to measured rollouts/s (``simulate_feeding`` replaying the episodes
-    each feeding recorded, with its window)."""
-    em = inputs["engine_modes"]
-    engine, scale = engine_alone(inputs, costs)
+    log by the mean log ratio of ``feeding_rate`` to the measured rollouts/s."""
     factor = 1.0
     for _ in range(rounds):
-        logs = [math.log(model.simulate_feeding(engine, scale * factor, feeding_episodes(em, m), m, engine.max_batch, float(em["feed_s"]),
-                              int(em["group_size"])) / float(em[m]["rollouts_per_s"])) for m in modes]
-        factor *= math.exp(statistics.fmean(logs))
+        factor *= math.exp(statistics.fmean([math.log(feeding_rate(inputs, costs, factor, m)
+                                                      / float(inputs["engine_modes"][m]["rollouts_per_s"])) for m in modes]))
     return factor
 
 
@@ -268,44 +247,36 @@ def measured_relative_se_over(runs: Sequence[dict[str, Any]], quantity: str) -> 
     return statistics.stdev(xs) / math.sqrt(len(xs)) / statistics.fmean(xs) / math.sqrt(max(len(values), 1))
 
 
-def label(result: dict[str, Any]) -> str:
-    """A results file's row label: its method, or ``sao tau=<tau> slots=<slots>[ keep]`` for a capacity-sweep point."""
-    if not result.get("sweep"):
-        return result["method"]
-    s = result["settings"]
-    return f"sao tau={s['max_staleness']} slots={s['episodes_in_flight']}" + (" keep" if s["keep_stale_episodes"] else "")
-
-
-def method_rows(inputs: dict[str, Any], result: dict[str, Any], costs: dict[str, float], factor: float,
-                speeds: dict[str, float], workload: Workload, repeats: int) -> list[dict[str, Any]]:
-    """The three rows (busy fraction, trained action tokens/s, rollouts/s) of one results file's runs."""
-    kind = model.method_kind(result["method"])
-    feeding = FEEDING_OF[kind]
-    runs = [r for r in result["runs"] if r.get("learner_step_s_mean") is not None]
+def method_rows(inputs: dict[str, Any], result: dict[str, Any], costs: dict[str, float], speeds: dict[str, float],
+                workload: Workload, repeats: int) -> list[dict[str, Any]]:
+    """The busy fraction, trained action tokens/s and rollouts/s rows of one results file's runs, each twin's engine at
+    ``speeds`` of its method's feeding; a capacity-sweep point's rows are labelled ``sao tau=<tau> slots=<slots>[ keep]``."""
+    s, kind = result["settings"], model.method_kind(result["method"])
+    label = (f"sao tau={s['max_staleness']} slots={s['episodes_in_flight']}" + (" keep" if s["keep_stale_episodes"] else "")
+             if result.get("sweep") else result["method"])
+    feeding, runs = FEEDING_OF[kind], [r for r in result["runs"] if r.get("learner_step_s_mean") is not None]
     sims, ratios, replayed, speed_from = [], [], 0, ""
     for i, run in enumerate(runs):
-        replay = run_replay(run, f"{label(result)}.runs[{i}]") if kind == "grpo_sync" else ()
+        replay = run_replay(run, f"{label}.runs[{i}]") if kind == "grpo_sync" else ()
         replayed += sum(len(u) for u in replay)
         run_workload = replace(workload, replay=replay)
-        base, from_ = run_twin(inputs, result, run, costs, speeds.get(feeding, factor), run_workload, repeats,
-                               f"engine_modes {feeding}" if feeding in speeds else "engine_modes")
+        base, from_ = run_twin(inputs, result, run, costs, speeds[feeding], run_workload, repeats, f"engine_modes {feeding}")
         speed_from = speed_from or from_
         ratios.append(engine_probe_ratio(inputs, run))
         sims += [model.simulate(replace(base, seed=base.seed + k), run_workload) for k in range(repeats)]
     speed_from += f" (mean of {len(runs)} runs)" if len(runs) > 1 else ""
     known = [r for r in ratios if r is not None]
-    batch_rows = [(r.get("counters") or {}).get("generator_mean_batch_rows") for r in runs]
+    batch_rows = [float(x) for r in runs if (x := (r.get("counters") or {}).get("generator_mean_batch_rows")) is not None]
     rows = []
     for quantity in ("busy_fraction", "trained_action_tokens_per_s", "rollouts_per_s"):
         pred = statistics.fmean(getattr(r, quantity) for r in sims)
         meas = statistics.fmean(float(r[quantity]) for r in runs)
-        rows.append({"method": label(result), "quantity": quantity, "measured": meas, "predicted": pred,
+        rows.append({"method": label, "quantity": quantity, "measured": meas, "predicted": pred,
                      "relative_error": (pred - meas) / meas if meas else math.inf, "speed_from": speed_from,
                      "runs": len(runs), "measured_relative_se": measured_relative_se_over(runs, quantity),
                      "engine_probe_ratio": statistics.fmean(known) if known else None, "replayed_episodes": replayed,
                      "predicted_mean_batch_rows": statistics.fmean(r.mean_batch_rows for r in sims),
-                     "measured_mean_batch_rows": statistics.fmean(float(x) for x in batch_rows if x is not None)
-                     if any(x is not None for x in batch_rows) else None})
+                     "measured_mean_batch_rows": statistics.fmean(batch_rows) if batch_rows else None})
     return rows
 
 
@@ -313,16 +284,11 @@ def validate_setting(inputs: dict[str, Any], results: Sequence[dict[str, Any]], 
                      repeats: int) -> dict[str, Any]:
     """Rows of every results file of one setting, then one calibration row per ``engine_modes`` feeding (the engine
     alone at one speed for every feeding; left out of the worst error), and the fitted speed factors."""
-    workload = Workload.from_trace(inputs["trace"])
-    factor = fit_engine_speed(inputs, costs)
+    workload, factor = Workload.from_trace(inputs["trace"]), fit_engine_speed(inputs, costs)
     speeds = {mode: fit_engine_speed(inputs, costs, (mode,)) for mode in ENGINE_MODES}
-    rows = [row for result in results for row in method_rows(inputs, result, costs, factor, speeds, workload, repeats)]
-    em = inputs["engine_modes"]
-    engine, scale = engine_alone(inputs, costs)
+    rows = [row for result in results for row in method_rows(inputs, result, costs, speeds, workload, repeats)]
     for mode in ENGINE_MODES:
-        pred = model.simulate_feeding(engine, scale * factor, feeding_episodes(em, mode), mode, engine.max_batch, float(em["feed_s"]),
-                    int(em["group_size"]))
-        meas = float(em[mode]["rollouts_per_s"])
+        pred, meas = feeding_rate(inputs, costs, factor, mode), float(inputs["engine_modes"][mode]["rollouts_per_s"])
         rows.append({"method": f"engine_{mode}", "quantity": "rollouts_per_s", "measured": meas, "predicted": pred,
                      "relative_error": (pred - meas) / meas, "calibration": True,
                      "speed_from": "engine_modes (one speed for every feeding)"})
@@ -351,9 +317,6 @@ def validate_all(settings: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]
 def load_settings(results_dir: Path) -> dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]:
     """``{setting: (simulator inputs, its results files)}`` for every setting with inputs, tool latency first;
     FileNotFoundError without any, ValueError naming a file that is not JSON."""
-    from bench.async_vs_sync import read_setting, setting_order
-    from bench.common import read_json
-
     names = setting_order(p.stem for p in (results_dir / "sim").glob("*.json"))
     if not names:
         raise FileNotFoundError(f"{results_dir / 'sim'}: no simulator inputs; run .venv/bin/python -m bench.sim.collect")

@@ -1,19 +1,15 @@
 """What the simulator needs from one ``bench.async_vs_sync`` setting, measured on its warm start.
 
-``trace`` (episode lengths and rewards of the warm start, instantaneous tools: the workload ``bench.sim``
-draws from), ``engine_modes`` (one ``hf`` engine fed by real episodes three ways, every batch and episode
-recorded, with ``engine_probe`` s around it: the engine's costs and speed), ``learner_cost`` (an SAO against a
-GRPO iteration on one batch) and ``weight_sync`` (publish and reload seconds: the ``tiny`` row of
-``bench/results/weight_sync.json``). Writes ``bench/results/sim/<setting>.json`` (the ``sao`` config's setting
-with the given overrides) and re-renders the ``async_vs_sync`` section.
+``trace`` (the warm start's episode lengths and rewards, instantaneous tools: the workload ``bench.sim`` draws from),
+``engine_modes`` (one ``hf`` engine fed by real episodes three ways, every batch and episode recorded, with
+``engine_probe`` s around it), ``learner_cost`` (an SAO against a GRPO iteration on one batch) and ``weight_sync``
+(the ``tiny`` row of ``bench/results/weight_sync.json``). Writes ``bench/results/sim/<setting>.json`` (the ``sao``
+config's setting with the given overrides) and re-renders the ``async_vs_sync`` section.
 
 Run after ``bench.weight_sync`` (6 minutes, plus the warm start the first time): ``.venv/bin/python -m
 bench.sim.collect``; compute-bound: ``... data.env_args.tool_latency_median_s=0 generator.episodes_in_flight=64``.
 """
 
-from __future__ import annotations
-
-import argparse
 import asyncio
 import json
 import os
@@ -26,7 +22,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, command_line, machine_info, publish_result, read_result
+import torch
+
+from bench import common
+from posttrain.envs.synthetic.longtail import codes_of
+from posttrain.episodes.runner import EpisodeLimits, run_episode
+from posttrain.inference.base import GenerationRequest
+from posttrain.inference.factory import make_engine
+from posttrain.inference.hf import HFEngine
+from posttrain.learner.batching import collate_rollouts
+from posttrain.learner.critic import CriticModel
+from posttrain.learner.grpo_step import grpo_train_step
+from posttrain.learner.ledger import turn_lengths
+from posttrain.learner.optim import build_optimizer
+from posttrain.learner.sao_step import sao_train_step
+from posttrain.learner.types import Trainable
+from posttrain.models.hf import load_policy, load_tokenizer
 
 PROBE_BATCHES = ((64, 384), (8, 128))
 """``(rows, width)`` of the static batches ``engine_probe`` times, each 5 times (the median is kept)."""
@@ -53,68 +64,49 @@ def other_cpu() -> Iterator[list[float]]:
         out.append(max(0.0, (busy_cpu_seconds() - busy - time.process_time() + own) / (time.monotonic() - wall)))
 
 
-def _one_thread_engine(model_dir: Path, max_batch: int, max_model_len: int) -> Any:
-    import torch
-
-    from posttrain.inference.hf import HFEngine
-
-    torch.set_num_threads(1)  # as in a generator process
-    return HFEngine(model_dir, max_batch=max_batch, max_model_len=max_model_len)
+@contextmanager
+def one_thread_engine(model_dir: Path, max_batch: int, max_model_len: int) -> Iterator[HFEngine]:
+    """An ``hf`` engine at one torch thread, as in a generator process; closed, and the thread count restored, after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    engine = HFEngine(model_dir, max_batch=max_batch, max_model_len=max_model_len)
+    try:
+        yield engine
+    finally:
+        engine.close()
+        torch.set_num_threads(threads)
 
 
 def engine_probe(sft: Path, new_tokens: int) -> dict[str, Any]:
-    """The ``hf`` engine's speed now: the summed median seconds of ``PROBE_BATCHES`` (ids drawn from [3, 300), or
-    from the model's vocabulary when smaller; no stop token; ``new_tokens`` decode steps) at one torch thread, the
-    ``background_cores`` other processes kept busy meanwhile (``other_cpu``) and the time; ``bench.sim`` scales a
-    run's engine by its probes over those around ``engine_modes``."""
-    import torch
-
-    from posttrain.inference.base import GenerationRequest
-
-    threads = torch.get_num_threads()
-    engine = _one_thread_engine(sft, max(r for r, _ in PROBE_BATCHES), max(w for _, w in PROBE_BATCHES) + new_tokens + 1)
+    """The ``hf`` engine's speed now: the summed median seconds of ``PROBE_BATCHES`` (ids in [3, 300) or the model's
+    smaller vocabulary, no stop token, ``new_tokens`` decode steps) at one torch thread, the ``background_cores`` other
+    processes kept busy meanwhile (``other_cpu``) and the time (``bench.sim`` compares a run's probes with these)."""
     rng, top = random.Random(0), min(300, json.loads((sft / "config.json").read_text())["vocab_size"])
+    with one_thread_engine(sft, max(r for r, _ in PROBE_BATCHES), max(w for _, w in PROBE_BATCHES) + new_tokens + 1) as engine:
 
-    def timed(rows: int, width: int, new: int) -> float:
-        reqs = [GenerationRequest(prompt_token_ids=[rng.randrange(3, top) for _ in range(width)], max_new_tokens=new,
-                                  temperature=1.0, stop_token_ids=[], seed=rng.randrange(2**31)) for _ in range(rows)]
-
-        async def run() -> float:
+        async def timed(rows: int, width: int, new: int) -> float:
+            reqs = [GenerationRequest(prompt_token_ids=[rng.randrange(3, top) for _ in range(width)], max_new_tokens=new,
+                                      temperature=1.0, stop_token_ids=[], seed=rng.randrange(2**31)) for _ in range(rows)]
             t = time.perf_counter()
             await asyncio.gather(*(engine.generate(r) for r in reqs))
             return time.perf_counter() - t
 
-        return asyncio.run(run())
-
-    try:
-        timed(1, 8, 1)  # warm-up, not timed
+        asyncio.run(timed(1, 8, 1))  # warm-up, not timed
         with other_cpu() as other:
-            batches = [[rows, width, round(statistics.median(timed(rows, width, new_tokens) for _ in range(5)), 6)]
+            batches = [[rows, width, round(statistics.median(asyncio.run(timed(rows, width, new_tokens)) for _ in range(5)), 6)]
                        for rows, width in PROBE_BATCHES]
-    finally:
-        engine.close()
-        torch.set_num_threads(threads)
     return {"seconds": sum(b[2] for b in batches), "background_cores": other[0] if other else None, "batches": batches,
-            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "when": common.utc_now()}
 
 
-def _limits(gen: Any) -> Any:
-    from posttrain.episodes.runner import EpisodeLimits
-
+def _limits(gen: Any) -> EpisodeLimits:
     return EpisodeLimits(max_turns=gen.max_turns, max_new_tokens=gen.max_new_tokens,
                          max_episode_tokens=gen.max_episode_tokens, timeout_s=gen.episode_timeout_s)
 
 
 def collect_trace(base: Any, sft: Path, tasks: int, samples: int, seed: int) -> tuple[list[dict[str, Any]], list[Any]]:
-    """``samples`` episodes of the warm start on each of the first ``tasks`` training tasks: one dict per task
-    (``task_id``, ``required_calls``, ``rollouts``: prompt, action and observation tokens per turn, reward, finish
-    reason) and the ``Rollout`` records."""
-    from posttrain.envs.synthetic.longtail import codes_of
-    from posttrain.episodes.runner import run_episode
-    from posttrain.inference.factory import make_engine
-    from posttrain.learner.ledger import turn_lengths
-    from posttrain.models.hf import load_tokenizer
-
+    """``samples`` episodes of the warm start on each of the first ``tasks`` training tasks: per task ``task_id``,
+    ``required_calls`` and ``rollouts`` (turn lengths, reward, finish reason); and the ``Rollout`` records."""
     gen, chosen = base.config.generator, base.tasks("train")[:tasks]
     tokenizer, env, limits = load_tokenizer(sft), base.environment(), _limits(gen)
     engine = make_engine("hf", sft, seed=seed, max_model_len=gen.max_episode_tokens + gen.max_new_tokens,
@@ -134,117 +126,80 @@ def collect_trace(base: Any, sft: Path, tasks: int, samples: int, seed: int) -> 
     finally:
         engine.close()
 
-    def shape(r: Any) -> dict[str, Any]:
-        prompt, actions, observations = turn_lengths(r.action_mask)
-        return {"prompt_tokens": prompt, "action_tokens": actions, "observation_tokens": observations,
-                "reward": r.reward, "finish_reason": r.finish_reason}
-
-    return [{"task_id": t.task_id, "required_calls": len(codes_of(t)),
-             "rollouts": [shape(r) for r in rollouts[i * samples:(i + 1) * samples]]} for i, t in enumerate(chosen)], rollouts
+    return [{"task_id": t.task_id, "required_calls": len(codes_of(t)), "rollouts": [
+        {**dict(zip(("prompt_tokens", "action_tokens", "observation_tokens"), turn_lengths(r.action_mask), strict=True)),
+         "reward": r.reward, "finish_reason": r.finish_reason} for r in rollouts[i * samples:(i + 1) * samples]]}
+        for i, t in enumerate(chosen)], rollouts
 
 
 def measure_engine_modes(base: Any, sft: Path, seconds: float, slots: int, seed: int, group_size: int = 8) -> dict[str, Any]:
-    """Rollouts per second of one ``hf`` engine (1 thread, alone) fed three ways, episodes started for ``seconds``
-    then drained: ``lockstep`` (``slots`` at once, the next ``slots`` when all are done: synchronous GRPO),
-    ``continuous`` (``slots`` slots, each starting an episode when its last ends: SAO), ``groups`` (``slots //
-    group_size`` slots of ``group_size`` episodes of one task: asynchronous GRPO). Per mode: ``rollouts``,
-    ``seconds``, ``rollouts_per_s``, ``mean_batch``, ``batches`` (``[rows, width, prompt_tokens, new_tokens,
-    seconds, generated_tokens]``) and ``episodes`` (``[prompt, actions, observations]`` in start order); with
-    ``feed_s``, ``group_size``, the load average at the start and end and an ``engine_probe`` before and after.
-    """
-    import torch
-
-    from posttrain.episodes.runner import run_episode
-    from posttrain.learner.ledger import turn_lengths
-    from posttrain.models.hf import load_tokenizer
-
-    gen, tasks = base.config.generator, base.tasks("train")
+    """Rollouts per second of one ``hf`` engine (1 thread, alone) fed three ways, episodes started for ``seconds`` then
+    drained: ``lockstep`` (``slots`` at once, the next ``slots`` when all are done: synchronous GRPO), ``continuous``
+    (``slots`` slots, each starting an episode when its last ends: SAO), ``groups`` (``slots // group_size`` slots of
+    ``group_size`` episodes of one task: asynchronous GRPO). Per mode: ``rollouts``, ``seconds``, ``rollouts_per_s``,
+    ``mean_batch``, ``batches`` (``[rows, width, prompt_tokens, new_tokens, seconds, generated_tokens]``), ``episodes``."""
+    gen, tasks, rng = base.config.generator, base.tasks("train"), random.Random(seed)
     tokenizer, env, limits = load_tokenizer(sft), base.environment(), _limits(gen)
-    threads = torch.get_num_threads()
-    engine = _one_thread_engine(sft, slots, gen.max_episode_tokens + gen.max_new_tokens)
-    rng = random.Random(seed)
     shapes: list[list[Any]] = []
+    timings: list[Any] = []
+    out: dict[str, Any] = {"load_avg_start": os.getloadavg()[0], "feed_s": seconds, "group_size": group_size,
+                           "engine_probe": [engine_probe(sft, gen.max_new_tokens)]}
+    with one_thread_engine(sft, slots, gen.max_episode_tokens + gen.max_new_tokens) as engine:
+        engine.batch_observer = timings.append
 
-    async def episode(task: Any, episode_seed: int) -> None:
-        index = len(shapes)  # reserved at the start, so a group's members are consecutive
-        shapes.append([])
-        r = await run_episode(engine, tokenizer, env, task, limits, seed=episode_seed)
-        shapes[index] = list(turn_lengths(r.action_mask))
-
-    async def feed(stop: float, unit_slots: int, size: int, one_task: bool) -> int:
-        done = [0]
+        async def episode(task: Any, episode_seed: int) -> None:
+            index = len(shapes)  # reserved at the start, so a group's members are consecutive
+            shapes.append([])
+            r = await run_episode(engine, tokenizer, env, task, limits, seed=episode_seed)
+            shapes[index] = list(turn_lengths(r.action_mask))
 
         def draw() -> tuple[Any, int]:
             return tasks[rng.randrange(len(tasks))], rng.randrange(2**31)
 
-        async def slot() -> None:
-            while time.monotonic() < stop:
-                task, first = draw() if one_task else (None, 0)
-                await asyncio.gather(*(episode(task, first + 1000 * k) if one_task else episode(*draw())
-                                       for k in range(size)))
-                done[0] += size
+        async def feed(stop: float, unit_slots: int, size: int, one_task: bool) -> None:
+            async def slot() -> None:
+                while time.monotonic() < stop:
+                    task, first = draw() if one_task else (None, 0)
+                    await asyncio.gather(*(episode(task, first + 1000 * k) if one_task else episode(*draw())
+                                           for k in range(size)))
 
-        await asyncio.gather(*(slot() for _ in range(unit_slots)))
-        return done[0]
+            await asyncio.gather(*(slot() for _ in range(unit_slots)))
 
-    modes = {"lockstep": (1, slots, False), "continuous": (slots, 1, False),
-             "groups": (max(1, slots // group_size), group_size, True)}
-    out: dict[str, Any] = {"load_avg_start": os.getloadavg()[0], "feed_s": seconds, "group_size": group_size,
-                           "engine_probe": [engine_probe(sft, gen.max_new_tokens)]}
-    timings: list[Any] = []
-    engine.batch_observer = timings.append
-    try:
+        modes = {"lockstep": (1, slots, False), "continuous": (slots, 1, False),
+                 "groups": (max(1, slots // group_size), group_size, True)}
         for name, (unit_slots, size, one_task) in modes.items():
             timings.clear()
             shapes.clear()
             t = time.monotonic()
-            n = asyncio.run(feed(t + seconds, unit_slots, size, one_task))
-            elapsed = time.monotonic() - t
+            asyncio.run(feed(t + seconds, unit_slots, size, one_task))
+            elapsed, n = time.monotonic() - t, len(shapes)  # every episode started is drained
             out[name] = {"rollouts": n, "seconds": elapsed, "rollouts_per_s": n / elapsed,
                          "mean_batch": statistics.fmean(b.rows for b in timings) if timings else 0.0,
                          "batches": [[b.rows, b.width, b.prompt_tokens, b.new_tokens, round(b.seconds, 6),
                                       b.generated_tokens] for b in timings], "episodes": list(shapes)}
-    finally:
-        engine.close()
-        torch.set_num_threads(threads)
     out["load_avg_end"] = os.getloadavg()[0]
     out["engine_probe"].append(engine_probe(sft, gen.max_new_tokens))
     return out
 
 
 def measure_learner_cost(sao: Any, grpo: Any, sft: Path, rollouts: Sequence[Any], seed: int, repeats: int = 3) -> dict[str, float]:
-    """Median seconds of one SAO learner iteration (critic, GAE, DIS policy update, after the warm-up) and one GRPO
-    iteration (every group trained) on the same ``sao.batch_size`` of ``rollouts``, their ratio, and the batch's
-    real and padded tokens (length-ordered micro-batches), micro-batch size and rows."""
-    from posttrain.learner.batching import collate_rollouts
-    from posttrain.learner.critic import CriticModel
-    from posttrain.learner.grpo_step import grpo_train_step
-    from posttrain.learner.optim import build_optimizer
-    from posttrain.learner.sao_step import sao_train_step
-    from posttrain.learner.types import Trainable
-    from posttrain.models.hf import load_policy, load_tokenizer
-
+    """Median seconds of an SAO learner iteration (after the critic's warm-up) and a GRPO one (every group trained) on
+    the same ``sao.batch_size`` of ``rollouts``, their ratio, the batch's real and padded tokens, micro-batch and rows."""
     rng = random.Random(seed)
     picks = [rollouts[rng.randrange(len(rollouts))] for _ in range(sao.batch_size)]
-    pad = load_tokenizer(sft).pad_token_id
-    batch = collate_rollouts(picks, pad if pad is not None else 0)
-
-    def timed(step: Any) -> float:
-        t = time.perf_counter()
-        step()
-        return time.perf_counter() - t
-
+    batch = collate_rollouts(picks, load_tokenizer(sft).pad_token_id or 0)  # no pad token: 0
     model = load_policy(sft)
     policy = Trainable(model, *build_optimizer(model, sao.optim, 100))
     critic_model = CriticModel.from_policy_path(sft)
     critic = Trainable(critic_model, *build_optimizer(critic_model, sao.optim.model_copy(update={"lr": sao.critic.lr}), 100))
     outs: list[Any] = []
-    sao_s = [timed(lambda r=r: outs.append(sao_train_step(policy=policy, critic=critic, batch=batch, config=sao,
-                                                          iteration=sao.critic.warmup_steps + r))) for r in range(repeats)]
+    sao_s = [common.seconds(lambda r=r: outs.append(sao_train_step(policy=policy, critic=critic, batch=batch, config=sao,
+                                                                   iteration=sao.critic.warmup_steps + r)))
+             for r in range(repeats)]
     model = load_policy(sft)
     policy = Trainable(model, *build_optimizer(model, grpo.optim, 100))
     groups = [f"g{i // grpo.group_size}" for i in range(len(picks))]
-    grpo_s = [timed(lambda: grpo_train_step(policy=policy, batch=batch, group_ids=groups, config=grpo))
+    grpo_s = [common.seconds(lambda: grpo_train_step(policy=policy, batch=batch, group_ids=groups, config=grpo))
               for _ in range(repeats)]
     return {"sao_step_s": statistics.median(sao_s), "grpo_step_s": statistics.median(grpo_s),
             "ratio_sao_over_grpo": statistics.median(sao_s) / statistics.median(grpo_s),
@@ -256,34 +211,28 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry (module docstring)."""
     from bench import async_vs_sync as avs
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.parser(__doc__, None)
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides of the setting (as async_vs_sync)")
     p.add_argument("--trace-tasks", type=int, default=128, help="training tasks in the trace")
     p.add_argument("--trace-samples", type=int, default=8, help="episodes per trace task")
     p.add_argument("--feed-s", type=float, default=60.0, help="seconds each engine feeding starts episodes")
-    p.add_argument("--out", type=Path, default=None, help="default: bench/results/sim/<setting>.json")
-    p.add_argument("--no-docs", action="store_true")
     args = p.parse_intermixed_args(argv)
-    try:
-        sao = avs.load_method("sao", args.overrides)
-        grpo = avs.load_method("grpo_sync_g8", args.overrides).grpo.model_copy(update={"drop_uniform_groups": False})
-    except ValueError as exc:
-        p.error(str(exc).splitlines()[0])
-    tiny = next((r for r in (read_result("weight_sync") or {}).get("rows", []) if r["shape"] == "tiny"), None)
+    sao = avs.load_method("sao", args.overrides, p)
+    grpo = avs.load_method("grpo_sync_g8", args.overrides, p).grpo.model_copy(update={"drop_uniform_groups": False})
+    tiny = next((r for r in (common.read_result("weight_sync") or {}).get("rows", []) if r["shape"] == "tiny"), None)
     if args.feed_s <= 0 or tiny is None:
         p.error("--feed-s must be > 0" if args.feed_s <= 0 else "bench/results/weight_sync.json has no tiny row: "
                 "run .venv/bin/python -m bench.weight_sync first")
     base, sft = avs.shared_warm_start(sao)
     trace, rollouts = collect_trace(base, sft, args.trace_tasks, args.trace_samples, sao.seed)
-    result = {"setting": avs.setting_of(sao), "command": command_line("bench.sim.collect", argv),
+    result = {"setting": avs.setting_of(sao), "command": common.command_line("bench.sim.collect", argv),
               "settings": {**avs.settings_of(sao, 0, 1), "trace_tasks": args.trace_tasks, "trace_samples": args.trace_samples},
               "trace": trace, "learner_cost": measure_learner_cost(sao.sao, grpo, sft, rollouts, sao.seed),
               "engine_modes": measure_engine_modes(base, sft, args.feed_s, sao.generator.episodes_in_flight, sao.seed),
               "weight_sync": {"publish_s": tiny["publish_s"], "reload_s": tiny["reload_hf_s"],
-                              "from": "bench/results/weight_sync.json, shape tiny"},
-              "machine": machine_info()}
-    publish_result(args.out or RESULTS_DIR / "sim" / f"{result['setting']}.json", result, "async_vs_sync", avs.render,
-                   docs=not args.no_docs)
+                              "from": "bench/results/weight_sync.json, shape tiny"}, "machine": common.machine_info()}
+    common.publish_result(args.out or common.RESULTS_DIR / "sim" / f"{result['setting']}.json", result, "async_vs_sync",
+                          avs.render, docs=not args.no_docs)
     return 0
 
 

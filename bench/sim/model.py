@@ -1,15 +1,11 @@
 """The simulator's model: a discrete-event RL post-training cluster with N generators and a learner (seconds, tokens).
 
-Episodes come from a measured trace (``Workload``): a GRPO group's members are distinct traced rollouts
-of one task, its rewards drawn from the task's success-rate posterior; a measured run's own episodes
-can be replayed first. After every turn but the last an episode waits ``env_step_s`` plus the tool
-latency of its task instance. Engines batch statically (the ``hf`` engine: a batch runs until its
-longest request ends) or continuously (vLLM: requests join and leave at every step). The learner
-trains a batch, publishes (``publish_s``) and every engine reloads (``reload_s``). Methods: ``sao``
-(admission ``(v + tau + 1) * B``, stale rollouts dropped or cancelled in flight, critic warm-up
-iterations refunded), ``grpo_async`` (the same on groups; uniform groups train nothing) and
-``grpo_sync`` (generate B/G groups, wait for the last, train, publish, reload). ``simulate`` measures
-what ``bench.async_vs_sync`` measures: busy fraction, trained action tokens and rollouts per second.
+Episodes come from a measured trace (``Workload``) and wait their task instance's tool latency after every turn but
+the last, on engines that batch statically (``hf``) or continuously (vLLM). The learner trains a batch, publishes
+(``publish_s``) and every engine reloads (``reload_s``). Methods: ``sao`` (admission ``(v + tau + 1) * B``, stale
+rollouts dropped or cancelled in flight, critic warm-up iterations refunded), ``grpo_async`` (the same on groups;
+uniform groups train nothing) and ``grpo_sync`` (generate B/G groups, wait for the last, train, publish, reload).
+``simulate`` measures what ``bench.async_vs_sync`` does: busy fraction, trained action tokens and rollouts per second.
 """
 
 from __future__ import annotations
@@ -64,37 +60,26 @@ class Workload:
     @classmethod
     def from_trace(cls, trace: Sequence[dict[str, Any]], token_scale: float = 1.0) -> Workload:
         """From ``[{"rollouts": [{prompt_tokens, action_tokens, observation_tokens, reward}]}]``, every length times
-        ``token_scale`` (rounded; at least 1 action token per turn).
+        ``token_scale`` (rounded; at least 1 action token per turn); ValueError for an empty task or turnless rollout."""
+        def shape(where: str, r: dict[str, Any]) -> RolloutShape:
+            if not r["action_tokens"]:
+                raise ValueError(f"{where}.action_tokens: empty (a rollout has at least one turn)")
+            return RolloutShape(max(1, round(r["prompt_tokens"] * token_scale)),
+                                tuple(max(1, round(a * token_scale)) for a in r["action_tokens"]),
+                                tuple(round(o * token_scale) for o in r["observation_tokens"]), float(r["reward"]))
 
-        Raises:
-            ValueError: an empty trace, a task without rollouts, or a rollout without turns.
-        """
-        if not trace:
-            raise ValueError("trace: empty")
-        tasks = []
-        for i, entry in enumerate(trace):
-            shapes = []
-            for j, r in enumerate(entry.get("rollouts", [])):
-                if not r["action_tokens"]:
-                    raise ValueError(f"trace[{i}].rollouts[{j}].action_tokens: empty (a rollout has at least one turn)")
-                shapes.append(RolloutShape(max(1, round(r["prompt_tokens"] * token_scale)),
-                                           tuple(max(1, round(a * token_scale)) for a in r["action_tokens"]),
-                                           tuple(round(o * token_scale) for o in r["observation_tokens"]),
-                                           float(r["reward"])))
-            if not shapes:
-                raise ValueError(f"trace[{i}].rollouts: empty")
-            tasks.append(tuple(shapes))
+        tasks = [tuple(shape(f"trace[{i}].rollouts[{j}]", r) for j, r in enumerate(e.get("rollouts", [])))
+                 for i, e in enumerate(trace)]
+        if not tasks or not all(tasks):
+            raise ValueError("trace: empty, or a task without rollouts")
         return cls(tuple(tasks), reward_posteriors(tasks))
 
 
 def reward_posteriors(tasks: Sequence[Sequence[RolloutShape]]) -> tuple[tuple[float, float], ...]:
-    """Beta posterior ``(a, b)`` of each task's success rate; () for non-binary rewards or fewer than 2 tasks.
-
-    Prior Beta(kappa m, kappa (1 - m)) by the method of moments: m is the mean reward, kappa =
-    m (1 - m) / var_p - 1 with var_p = (var(k / n) - m (1 - m) / n) / (1 - 1 / n), the spread of
-    the tasks' rates beyond binomial noise (var_p <= 0: kappa 1e6, the pooled rate). Task with k
-    of n successes: a = k + kappa m, b = n - k + kappa (1 - m).
-    """
+    """Beta posterior ``(a, b)`` of each task's success rate (() for non-binary rewards or fewer than 2 tasks): prior
+    Beta(kappa m, kappa (1 - m)) by the method of moments (m the mean reward, kappa = m (1 - m) / var_p - 1 with
+    var_p = (var(k / n) - m (1 - m) / n) / (1 - 1 / n), the spread of the tasks' rates beyond binomial noise; 1e6 when
+    var_p <= 0); a task with k of n successes: a = k + kappa m, b = n - k + kappa (1 - m)."""
     rewards = [[s.reward for s in t] for t in tasks]
     if len(tasks) < 2 or any(r not in (0.0, 1.0) for rs in rewards for r in rs):
         return ()
@@ -109,11 +94,9 @@ def reward_posteriors(tasks: Sequence[Sequence[RolloutShape]]) -> tuple[tuple[fl
 
 @dataclass(frozen=True)
 class EngineModel:
-    """One generator's engine, ``static`` (hf) or ``continuous`` (vLLM), up to ``max_batch`` sequences (seconds).
-
-    A decode step takes ``step_time(rows, width)``; a static batch also pays ``prefill_s_per_token`` per padded
-    prompt token and ``sample_s_per_token`` per sampled token (a continuous engine pays prefill per request).
-    """
+    """One generator's engine, ``static`` (hf) or ``continuous`` (vLLM), up to ``max_batch`` sequences (seconds): a
+    decode step takes ``step_time(rows, width)``; a static batch also pays ``prefill_s_per_token`` per padded prompt
+    token and ``sample_s_per_token`` per sampled token (a continuous engine pays prefill per request)."""
 
     batching: Literal["static", "continuous"] = "static"
     max_batch: int = 32
@@ -132,10 +115,8 @@ class EngineModel:
 
 @dataclass(frozen=True)
 class LearnerModel:
-    """The learner: ``gpus`` data-parallel devices, ``step_s_fixed + s_per_token * tokens / gpus`` per iteration.
-
-    ``warmup_iterations`` leading iterations publish no version (SAO's critic warm-up).
-    """
+    """The learner: ``gpus`` data-parallel devices, ``step_s_fixed + s_per_token * tokens / gpus`` seconds per
+    iteration; the first ``warmup_iterations`` publish no version (SAO's critic warm-up)."""
 
     gpus: int = 1
     step_s_fixed: float = 0.0
@@ -150,14 +131,11 @@ class LearnerModel:
 @dataclass(frozen=True)
 class ClusterConfig:
     """One simulated run: ``generators`` engines with ``episodes_in_flight`` slots each (a group takes G), B =
-    ``batch_rollouts`` per learner iteration, tau = ``max_staleness``, until ``steps`` versions are published.
-
-    Engine times are multiplied by ``engine_scale_idle`` or, while the learner trains, ``engine_scale_learner_busy``
-    (CPU sharing). A tool call waits ``min(tool_latency_max_s, tool_latency_median_s * exp(tool_latency_sigma * z))``,
-    z ~ N(0, 1) per (task instance, call). ``abort_stale``: at each publication, cancel the asynchronous units whose
-    first turn returned and whose start version is more than tau behind (their queued requests are skipped, their
-    slots and tickets given back); False: they finish and the learner drops them.
-    """
+    ``batch_rollouts`` per learner iteration, tau = ``max_staleness``, until ``steps`` versions are published. Engine
+    times are multiplied by ``engine_scale_idle`` or, while the learner trains, ``engine_scale_learner_busy`` (CPU
+    sharing). A tool call waits ``min(tool_latency_max_s, tool_latency_median_s * exp(tool_latency_sigma * z))``, z ~
+    N(0, 1) per (task instance, call). ``abort_stale``: at each publication, cancel the asynchronous units whose first
+    turn returned and whose start version is more than tau behind (else they finish and the learner drops them)."""
 
     method: Method = "sao"
     generators: int = 1
@@ -168,7 +146,6 @@ class ClusterConfig:
     steps: int = 10
     publish_s: float = 0.0
     reload_s: float = 0.0
-    env_step_s: float = 0.0
     engine: EngineModel = field(default_factory=EngineModel)
     learner: LearnerModel = field(default_factory=LearnerModel)
     seed: int = 0
@@ -180,10 +157,7 @@ class ClusterConfig:
     abort_stale: bool = True
 
     def __post_init__(self) -> None:
-        """Raises ValueError for a count below 1, a batch that is not whole groups, or SAO with groups."""
-        for name in ("generators", "episodes_in_flight", "batch_rollouts", "group_size", "steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        """Raises ValueError for a batch that is not whole groups, or SAO with groups."""
         if self.batch_rollouts % self.group_size:
             raise ValueError(f"batch_rollouts ({self.batch_rollouts}) must be a multiple of group_size ({self.group_size})")
         if self.method == "sao" and self.group_size != 1:
@@ -219,10 +193,8 @@ class EventLoop:
     """A time-ordered queue of callbacks (ties run in scheduling order)."""
 
     def __init__(self) -> None:
-        self.now = 0.0
+        self.now, self.events, self._seq = 0.0, 0, itertools.count()
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
-        self.events = 0
 
     def at(self, t: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` at time ``t`` (not before now)."""
@@ -254,14 +226,13 @@ class Engine:
     def __init__(self, loop: EventLoop, model: EngineModel, scale: Callable[[], float] = lambda: 1.0) -> None:
         self.loop, self.model, self._scale = loop, model, scale
         self.gen_s, self.row_seconds, self.batches, self.batch_rows = 0.0, 0.0, 0, 0
+        self._queue: deque[Request] = deque()  # static batching: the queue, the running batch's start, a reload due
         self._gen_since: float | None = None
-        self._queue: deque[Request] = deque()  # static batching
         self._running = self._start_pending = False
-        self._reload_pending = self._stall_end = 0.0
-        self._phi = self._last = self._stall_start = 0.0  # continuous batching: decode steps done so far
-        self._active: list[tuple[float, int, Request]] = []
-        self._ids = itertools.count()
-        self._token = 0
+        self._reload_pending = self._stall_end = self._stall_start = 0.0
+        self._phi = self._last = 0.0  # continuous batching: decode steps done so far, when last advanced
+        self._active: list[tuple[float, int, Request]] = []  # (phi at which it ends, id, request)
+        self._ids, self._token = itertools.count(), 0
 
     def generating_until_now(self) -> float:
         """Generating seconds so far, including an open period."""
@@ -298,10 +269,9 @@ class Engine:
             self.loop.at(self._stall_end, self._maybe_start)
 
     def _maybe_start(self) -> None:
-        self._start_pending = False
+        self._start_pending, now = False, self.loop.now
         if self._running or not self._queue:
             return
-        now = self.loop.now
         if self._reload_pending > 0:
             self._stall_end = max(self._stall_end, now) + self._reload_pending
             self._reload_pending = 0.0
@@ -315,15 +285,11 @@ class Engine:
                 batch.append(r)
         if not batch:
             return
-        self._running = True
-        rows, width, steps = len(batch), max(r.prompt for r in batch), max(r.new for r in batch)
-        self.batches += 1
-        self.batch_rows += rows
-        decode = steps * self.model.step_time(rows, width + steps // 2)
-        sampling = self.model.sample_s_per_token * sum(r.new for r in batch)
-        duration = (self.model.prefill_s_per_token * rows * width + decode + sampling) * self._scale()
+        rows, width, steps, m = len(batch), max(r.prompt for r in batch), max(r.new for r in batch), self.model
+        duration = (m.prefill_s_per_token * rows * width + steps * m.step_time(rows, width + steps // 2)
+                    + m.sample_s_per_token * sum(r.new for r in batch)) * self._scale()
+        self._running, self._gen_since, self.batches, self.batch_rows = True, now, self.batches + 1, self.batch_rows + rows
         self.row_seconds += rows * duration
-        self._gen_since = now
 
         def finish() -> None:
             self._running = False
@@ -375,13 +341,11 @@ class Engine:
 
 @dataclass(eq=False)
 class Unit:
-    """An asynchronous unit in flight (an SAO episode or a GRPO group) on generator ``gen``, started at ``version``;
-    ``versioned`` once its first turn returned, ``aborted`` once cancelled as stale."""
+    """A unit in flight (an SAO episode or a GRPO group) on generator ``gen``, started at ``version``; ``versioned``
+    once its first turn returned, ``aborted`` once cancelled as stale (asynchronous methods only)."""
 
-    uid: int
     gen: int
     version: int
-    size: int
     versioned: bool = False
     aborted: bool = False
 
@@ -390,26 +354,18 @@ class Cluster:
     """Generators, learner and the controller of one method; ``run()`` simulates it."""
 
     def __init__(self, config: ClusterConfig, workload: Workload) -> None:
-        self.cfg, self.workload = config, workload
-        self.rng = random.Random(config.seed)
-        self.loop = EventLoop()
-        self.engines = [Engine(self.loop, config.engine, self._engine_scale) for _ in range(config.generators)]
+        self.cfg, self.workload, self.rng, self.loop = config, workload, random.Random(config.seed), EventLoop()
+        self.engines = [Engine(self.loop, config.engine, lambda: config.engine_scale_learner_busy if self.learner_busy
+                               else config.engine_scale_idle) for _ in range(config.generators)]
         self._gen_phases: list[float] = []
-        self.version = self.iteration = 0
-        self.started = 0  # rollouts started and not refunded (admission)
+        self.version = self.iteration = self.started = 0  # started: rollouts started and not refunded (admission)
         self.ready: deque[tuple[list[RolloutShape], int]] = deque()  # complete units and their start version
-        self.learner_busy = False
-        self.learner_busy_s = 0.0
+        self.learner_busy, self.learner_busy_s = False, 0.0
         self.waiting: deque[int] = deque()  # generator of each slot waiting for admission, FIFO
         self.updates: list[tuple[float, float, float]] = []  # (time, rollouts, trained action tokens)
-        self.stale_dropped = self.stale_aborted = self.finished_rollouts = 0
-        self._units: dict[int, Unit] = {}
-        self._unit_ids = itertools.count()
+        self.stale_dropped = self.stale_aborted = self.finished_rollouts = self._replayed = 0
+        self._units: dict[Unit, None] = {}  # asynchronous units in flight, in start order
         self._instances = itertools.count()  # task instances drawn (tool-latency seeds)
-        self._replayed = 0
-
-    def _engine_scale(self) -> float:
-        return self.cfg.engine_scale_learner_busy if self.learner_busy else self.cfg.engine_scale_idle
 
     def _tool_latency(self, instance: int, call: int) -> float:
         c = self.cfg
@@ -418,30 +374,26 @@ class Cluster:
         z = random.Random((c.seed * 1_000_003 + instance) * 101 + call).gauss(0.0, 1.0)
         return min(c.tool_latency_max_s, c.tool_latency_median_s * math.exp(c.tool_latency_sigma * z))
 
-    def _episode(self, gen: int, shape: RolloutShape, on_done: Callable[[], None], instance: int = 0,
-                 unit: Unit | None = None) -> None:
-        engine = self.engines[gen]
-        state = {"turn": 0, "context": shape.prompt_tokens}
-        live = (lambda: not unit.aborted) if unit is not None else (lambda: True)
+    def _episode(self, shape: RolloutShape, on_done: Callable[[], None], instance: int, unit: Unit) -> None:
+        engine, turn, context = self.engines[unit.gen], 0, shape.prompt_tokens
+
+        def live() -> bool:
+            return not unit.aborted
 
         def submit() -> None:
             if live():
-                engine.submit(Request(state["context"], shape.action_tokens[state["turn"]], after_turn, live))
+                engine.submit(Request(context, shape.action_tokens[turn], after_turn, live))
 
         def after_turn() -> None:
+            nonlocal turn, context
             if not live():
                 return
-            if unit is not None:
-                unit.versioned = True
-            turn = state["turn"]
-            state["context"] += shape.action_tokens[turn] + (shape.observation_tokens[turn] if turn < len(shape.observation_tokens) else 0)
-            state["turn"] = turn + 1
-            if state["turn"] >= len(shape.action_tokens):
+            unit.versioned = True
+            context += shape.action_tokens[turn] + (shape.observation_tokens[turn] if turn < len(shape.observation_tokens) else 0)
+            turn += 1
+            if turn >= len(shape.action_tokens):
                 on_done()
-                return
-            wait = self.cfg.env_step_s + (shape.tool_waits_s[turn] if shape.tool_waits_s
-                                          else self._tool_latency(instance, turn))
-            if wait > 0:
+            elif (wait := shape.tool_waits_s[turn - 1] if shape.tool_waits_s else self._tool_latency(instance, turn - 1)) > 0:
                 self.loop.at(self.loop.now + wait, submit)
             else:
                 submit()
@@ -453,6 +405,7 @@ class Cluster:
         """Start one unit's episodes on ``gen`` (``shapes``, else ``_draw_group``); ``on_done(shapes, version)``."""
         shapes = self._draw_group() if shapes is None else shapes
         version, instance, left = self.version, next(self._instances), [len(shapes)]
+        unit = unit or Unit(gen, version)
 
         def one_done() -> None:
             self.finished_rollouts += 1
@@ -461,11 +414,10 @@ class Cluster:
                 on_done(shapes, version)
 
         for s in shapes:
-            self._episode(gen, s, one_done, instance, unit)
+            self._episode(s, one_done, instance, unit)
 
     def _draw_group(self) -> list[RolloutShape]:
-        """The next replayed unit, else G distinct traced rollouts of a drawn task (with replacement when it has
-        fewer), rewards drawn from its posterior."""
+        """The next replayed unit, else G distinct rollouts of a drawn task (if it has G), rewards from its posterior."""
         if self._replayed < len(self.workload.replay):
             self._replayed += 1
             return list(self.workload.replay[self._replayed - 1])
@@ -485,11 +437,11 @@ class Cluster:
             self.waiting.append(gen)
             return
         self.started += self.cfg.group_size
-        unit = Unit(next(self._unit_ids), gen, self.version, self.cfg.group_size)
-        self._units[unit.uid] = unit
+        unit = Unit(gen, self.version)
+        self._units[unit] = None
 
         def done(shapes: list[RolloutShape], version: int) -> None:
-            del self._units[unit.uid]
+            del self._units[unit]
             self.ready.append((shapes, version))
             self._slot(gen)
             self._maybe_train()
@@ -497,39 +449,33 @@ class Cluster:
         self._group(gen, done, unit=unit)
 
     def _abort_stale(self) -> None:
-        doomed = [u for u in self._units.values() if u.versioned and self.version - u.version > self.cfg.max_staleness]
+        doomed = [u for u in self._units if u.versioned and self.version - u.version > self.cfg.max_staleness]
         for u in doomed:
             u.aborted = True
-            del self._units[u.uid]
-            self.started -= u.size
-            self.stale_aborted += u.size
+            del self._units[u]
+            self.started -= self.cfg.group_size
+            self.stale_aborted += self.cfg.group_size
         for u in doomed:
             self._slot(u.gen)
 
     def _kept(self, units: list[tuple[list[RolloutShape], int]]) -> tuple[float, int]:
         """Trained action tokens and rollouts of a batch: all (SAO), or groups with unequal rewards (GRPO)."""
-        tokens, rollouts = 0.0, 0
-        for shapes, _ in units:
-            if self.cfg.method != "sao" and len({s.reward for s in shapes}) == 1:
-                continue
-            tokens += sum(sum(s.action_tokens) for s in shapes)
-            rollouts += len(shapes)
-        return tokens, rollouts
+        kept = [shapes for shapes, _ in units if self.cfg.method == "sao" or len({s.reward for s in shapes}) > 1]
+        return float(sum(sum(s.action_tokens) for shapes in kept for s in shapes)), sum(len(shapes) for shapes in kept)
 
     def _maybe_train(self) -> None:
         if self.learner_busy or len(self.updates) >= self.cfg.steps:
             return
-        need = self.cfg.batch_rollouts // self.cfg.group_size
+        need, refunded = self.cfg.batch_rollouts // self.cfg.group_size, False
         fresh: list[tuple[list[RolloutShape], int]] = []
-        refunded = False
         while self.ready and len(fresh) < need:
             unit = self.ready.popleft()
-            if self.version - unit[1] > self.cfg.max_staleness:
-                self.stale_dropped += len(unit[0])
-                self.started -= len(unit[0])
-                refunded = True
+            if self.version - unit[1] <= self.cfg.max_staleness:
+                fresh.append(unit)
                 continue
-            fresh.append(unit)
+            self.stale_dropped += len(unit[0])
+            self.started -= len(unit[0])
+            refunded = True
         if refunded:
             self._wake()
         if len(fresh) < need:
@@ -571,9 +517,8 @@ class Cluster:
     def _sync_iteration(self) -> None:
         if len(self.updates) >= self.cfg.steps:
             return
-        groups = self.cfg.batch_rollouts // self.cfg.group_size
+        groups, started = self.cfg.batch_rollouts // self.cfg.group_size, self.loop.now
         units: list[tuple[list[RolloutShape], int]] = []
-        started = self.loop.now
 
         def group_done(shapes: list[RolloutShape], version: int) -> None:
             units.append((shapes, version))
@@ -593,27 +538,25 @@ class Cluster:
                 for _ in range(max(1, self.cfg.episodes_in_flight // self.cfg.group_size)):
                     self._slot(gen)
         self.loop.run(lambda: len(self.updates) >= self.cfg.steps, max_events)
-        wall = self.loop.now
-        generating = [e.generating_until_now() for e in self.engines]
+        wall, generating = self.loop.now, [e.generating_until_now() for e in self.engines]
         window, tokens, rollouts = steady_window(self.updates)
-        batches = sum(e.batches for e in self.engines)
+
+        def per(x: float, y: float) -> float:
+            return x / y if y > 0 else 0.0
+
         return SimResult(
-            busy_fraction=min(1.0, statistics.fmean(generating) / wall) if wall > 0 else 0.0,
+            busy_fraction=min(1.0, per(statistics.fmean(generating), wall)),
             generation_phase_s=statistics.fmean(self._gen_phases) if self._gen_phases else None,
-            slot_occupancy=min(1.0, statistics.fmean(e.row_seconds for e in self.engines)
-                               / (wall * self.cfg.engine.max_batch)) if wall > 0 else 0.0,
-            learner_busy_fraction=min(1.0, self.learner_busy_s / wall) if wall > 0 else 0.0,
-            trained_action_tokens_per_s=tokens / window if window > 0 else 0.0,
-            rollouts_per_s=rollouts / window if window > 0 else 0.0,
-            window_s=window, wall_s=wall, updates=len(self.updates), stale_dropped=self.stale_dropped,
-            stale_aborted=self.stale_aborted, events=self.loop.events,
+            slot_occupancy=min(1.0, per(statistics.fmean(e.row_seconds for e in self.engines), wall * self.cfg.engine.max_batch)),
+            learner_busy_fraction=min(1.0, per(self.learner_busy_s, wall)), trained_action_tokens_per_s=per(tokens, window),
+            rollouts_per_s=per(rollouts, window), window_s=window, wall_s=wall, updates=len(self.updates),
+            stale_dropped=self.stale_dropped, stale_aborted=self.stale_aborted, events=self.loop.events,
             generating_s_per_rollout=sum(generating) / max(self.finished_rollouts, 1),
-            mean_batch_rows=sum(e.batch_rows for e in self.engines) / batches if batches else 0.0)
+            mean_batch_rows=per(sum(e.batch_rows for e in self.engines), sum(e.batches for e in self.engines)))
 
 
 def steady_window(updates: Sequence[tuple[float, float, float]]) -> tuple[float, float, float]:
-    """``(seconds, trained tokens, rollouts)`` from the first update to the last, the first's own left out
-    (produced during start-up); zeros with fewer than two updates."""
+    """``(seconds, trained tokens, rollouts)`` from the first update to the last, the first's own left out (start-up)."""
     if len(updates) < 2:
         return 0.0, 0.0, 0.0
     return updates[-1][0] - updates[0][0], sum(u[2] for u in updates[1:]), sum(u[1] for u in updates[1:])
@@ -626,32 +569,30 @@ def simulate(config: ClusterConfig, workload: Workload) -> SimResult:
 
 def simulate_feeding(engine: EngineModel, scale: float, episodes: Sequence[RolloutShape], mode: str, slots: int,
                      feed_s: float, group_size: int = 8) -> float:
-    """Rollouts per second of one engine fed as ``bench.sim.collect.measure_engine_modes`` feeds it (no learner).
-
-    Slots start units of ``episodes`` (in order, cycling) while the clock is below ``feed_s``, a slot's next unit
-    when its last is done; the rate counts the drain. ``lockstep``: 1 slot of ``slots`` episodes; ``continuous``:
-    ``slots`` slots of 1; ``groups``: ``slots // group_size`` slots of ``group_size``.
-    """
+    """Rollouts per second of one engine fed as ``bench.sim.collect.measure_engine_modes`` feeds it: slots start units of
+    ``episodes`` (in order, cycling) until ``feed_s``, each when its last is done; the rate counts the drain."""
     unit_slots, size = {"lockstep": (1, slots), "continuous": (slots, 1)}.get(mode, (max(1, slots // group_size), group_size))
     cluster = Cluster(ClusterConfig(method="grpo_async"), Workload(((episodes[0],),)))
     cluster.engines = [Engine(cluster.loop, engine, lambda: scale)]
-    state = {"done": 0, "running": 0, "next": 0}
+    done = running = started = 0
 
     def unit_slot() -> None:
+        nonlocal running, started
         if cluster.loop.now >= feed_s:
             return
-        state["running"] += 1
-        shapes = [episodes[(state["next"] + k) % len(episodes)] for k in range(size)]
-        state["next"] += size
+        running += 1
+        shapes = [episodes[(started + k) % len(episodes)] for k in range(size)]
+        started += size
 
         def finished(shapes: list[RolloutShape], version: int) -> None:
-            state["running"] -= 1
-            state["done"] += len(shapes)
+            nonlocal done, running
+            running -= 1
+            done += len(shapes)
             unit_slot()
 
         cluster._group(0, finished, shapes)
 
     for _ in range(unit_slots):
         unit_slot()
-    cluster.loop.run(lambda: state["running"] == 0, 5_000_000)
-    return state["done"] / cluster.loop.now if cluster.loop.now > 0 else 0.0
+    cluster.loop.run(lambda: running == 0, 5_000_000)
+    return done / cluster.loop.now if cluster.loop.now > 0 else 0.0

@@ -1,19 +1,14 @@
 """The simulator's command: check the model against the measured small runs, then project to a GPU cluster.
 
-(a) ``bench.sim.calibrate.validate_all`` re-simulates every measured run of ``bench.async_vs_sync`` with
-what the run and ``bench.sim.collect`` measured and reports each quantity's relative error; (b) ``project``
-runs SAO and synchronous GRPO for N = 8 ... 1024 generators under the assumptions of
-``bench/configs/sim/gpu.yaml`` (dotted ``key=value`` overrides; every assumption is printed beside the
-result) and ``plot`` draws both against N. Writes ``bench/results/simulate.json``,
-``docs/benchmarks/simulate.png`` and the ``simulate`` section of docs/benchmarks.md.
+``validate_all`` re-simulates every measured run of ``bench.async_vs_sync`` with what the run and ``bench.sim.collect``
+measured and reports each quantity's relative error; ``project`` runs SAO and synchronous GRPO for N = 8 ... 1024
+generators under the assumptions of ``bench/configs/sim/gpu.yaml`` (dotted ``key=value`` overrides; every assumption
+is printed beside the result). Writes ``bench/results/simulate.json`` and ``docs/benchmarks/simulate.png``.
 
 Run: ``.venv/bin/python -m bench.sim`` (7 minutes on one core, 3 of them for N = 1024) or
 ``.venv/bin/python -m bench.sim --ns 8 --repeats 1 --out /tmp/simulate.json --no-docs`` for a quick look.
 """
 
-from __future__ import annotations
-
-import argparse
 import sys
 import time
 from collections.abc import Sequence
@@ -21,22 +16,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from bench import common
 from bench.sim.calibrate import load_settings, validate_all
 from bench.sim.model import ClusterConfig, EngineModel, LearnerModel, Workload, simulate
+from posttrain.config.load import parse_overrides
 
 
 def gpu_assumptions(inputs: dict[str, Any], overrides: Sequence[str] = ()) -> dict[str, Any]:
     """``bench/configs/sim/gpu.yaml`` with ``overrides``, SAO's learner cost over GRPO's as ``inputs`` measured it,
-    and the tool latency of ``inputs``' setting.
-
-    Raises:
-        ValueError: an override of a key the file does not have.
-    """
-    import yaml
-
-    from posttrain.config.load import parse_overrides
-
+    and the tool latency of ``inputs``' setting; ValueError for an override of a key the file does not have."""
     a = yaml.safe_load((common.REPO / "bench" / "configs" / "sim" / "gpu.yaml").read_text(encoding="utf-8"))
     for key, value in parse_overrides(list(overrides)).items():
         if key not in a or isinstance(value, dict) != isinstance(a[key], dict) or not set(value or {}) <= set(a[key]):
@@ -49,22 +39,21 @@ def gpu_assumptions(inputs: dict[str, Any], overrides: Sequence[str] = ()) -> di
 
 
 def project(ns: Sequence[int], a: dict[str, Any], workload: Workload, learner_ratio: float | None = None) -> list[dict[str, Any]]:
-    """SAO and synchronous GRPO for each N under the assumptions ``a``, one row per N (``learner_ratio``: learner
-    GPUs per generator instead of the assumptions')."""
+    """SAO and synchronous GRPO per N under the assumptions ``a`` (``learner_ratio``: learner GPUs per generator)."""
     rows = []
     for n in ns:
         gpus = max(1, round(n * (a["learner_gpus_per_generator"] if learner_ratio is None else learner_ratio)))
         batch = n * a["rollouts_per_generator_per_step"]
         batch -= batch % a["group_size"]
-        common = dict(generators=n, episodes_in_flight=a["episodes_in_flight"], batch_rollouts=batch,
+        shared = dict(generators=n, episodes_in_flight=a["episodes_in_flight"], batch_rollouts=batch,
                       max_staleness=a["max_staleness"], steps=a["steps"], publish_s=a["publish_s"], reload_s=a["reload_s"],
                       engine=EngineModel(**a["engine"]), seed=0, tool_latency_median_s=a["tool_latency_median_s"],
                       tool_latency_sigma=a["tool_latency_sigma"], tool_latency_max_s=a["tool_latency_max_s"])
         t0 = time.monotonic()
         sao = simulate(ClusterConfig(method="sao", group_size=1, learner=LearnerModel(
-            gpus=gpus, s_per_token=a["grpo_learner_s_per_token"] * a["sao_learner_cost_ratio"]), **common), workload)
+            gpus=gpus, s_per_token=a["grpo_learner_s_per_token"] * a["sao_learner_cost_ratio"]), **shared), workload)
         grpo = simulate(ClusterConfig(method="grpo_sync", group_size=a["group_size"], learner=LearnerModel(
-            gpus=gpus, s_per_token=a["grpo_learner_s_per_token"]), **common), workload)
+            gpus=gpus, s_per_token=a["grpo_learner_s_per_token"]), **shared), workload)
         speedup = sao.trained_action_tokens_per_s / grpo.trained_action_tokens_per_s if grpo.trained_action_tokens_per_s else None
         rows.append({"generators": n, "learner_gpus": gpus, "batch_rollouts": batch, "sao": asdict(sao),
                      "grpo_sync": asdict(grpo), "speedup_sao_over_grpo_sync": speedup, "sim_seconds": time.monotonic() - t0})
@@ -75,13 +64,10 @@ def project(ns: Sequence[int], a: dict[str, Any], workload: Workload, learner_ra
 
 def plot(rows: list[dict[str, Any]], out_png: Path) -> Path:
     """Busy fraction and slot occupancy (left) and the SAO/GRPO speedup (right) against N."""
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, nothing to close
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ns = [r["generators"] for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ns, fig = [r["generators"] for r in rows], Figure(figsize=(10, 3.8))
+    left, right = fig.subplots(1, 2)
     for method, marker in (("sao", "o"), ("grpo_sync", "s")):
         left.plot(ns, [r[method]["busy_fraction"] for r in rows], marker=marker, ls="-", label=f"{method} busy fraction")
         left.plot(ns, [r[method]["slot_occupancy"] for r in rows], marker=marker, ls="--", alpha=0.6,
@@ -98,7 +84,6 @@ def plot(rows: list[dict[str, Any]], out_png: Path) -> Path:
     fig.tight_layout()
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=110)
-    plt.close(fig)
     return out_png
 
 
@@ -119,44 +104,40 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join([
         common.machine_line(result["machine"]), "",
         f"Command: `{result['command']}` (inputs: `{result['measured_from']}`, measured at {result['measured_when']})", "",
-        f"**Check against the small runs** (mean of {v['repeats']} seeds per run; how each run's twin is built: "
-        f"below the section). Worst relative error: **{100 * worst:.0f}%** "
-        f"({w.get('setting')}, {w.get('method')}, {w.get('quantity')}; target: within 15%, "
-        f"{'met' if worst <= 0.15 else 'not met'}).", "",
+        f"**Check against the small runs** (mean of {v['repeats']} seeds per run; how each run's twin is built: below "
+        f"the section). Worst relative error: **{100 * worst:.0f}%** ({w.get('setting')}, {w.get('method')}, "
+        f"{w.get('quantity')}; target: within 15%, {'met' if worst <= 0.15 else 'not met'}).", "",
         *[f"* `{b['setting']}` (measured at {b['measured_when']}): engine speed from `engine_modes`: "
           + ", ".join(f"x{x:.2f} {mode}" for mode, x in b["feeding_factors"].items())
           + f" (one for all: x{b['engine_factor']:.2f}); worst error {100 * b['max_abs_relative_error']:.0f}%."
           for b in v["by_setting"]], "",
         common.markdown_table(["setting", "method", "quantity", "measured", "measured SE", "simulated", "error",
-                        "engine probe", "replayed episodes", "speed from"], vrows, align="lllrrrrrrl"), "",
-        f"**Projection** to a GPU cluster (assumed, not measured: continuous batching, decode step "
-        f"{e['step_s'] * 1e3:.0f} ms + {e['step_s_per_row'] * 1e3:.2f} ms per row, up to {e['max_batch']} rows, "
-        f"prefill {e['prefill_s_per_token'] * 1e6:.0f} us/token; GRPO learner {a['grpo_learner_s_per_token'] * 1e6:.0f} "
-        f"us per trained token per GPU, SAO learner x{a['sao_learner_cost_ratio']:.2f} (critic; the ratio measured on "
-        f"one batch); {a['learner_gpus_per_generator']} learner GPU per generator; {a['rollouts_per_generator_per_step']} "
-        f"rollouts per generator per step; publish {a['publish_s']} s, reload {a['reload_s']} s; turn lengths of the "
-        f"trace x{a['token_scale']}; {tool}; G = {a['group_size']}, tau = {a['max_staleness']}, {a['steps']} versions "
-        "per run).", "",
+                               "engine probe", "replayed episodes", "speed from"], vrows, align="lllrrrrrrl"), "",
+        f"**Projection** to a GPU cluster (assumed, not measured: continuous batching, decode step {e['step_s'] * 1e3:.0f} "
+        f"ms + {e['step_s_per_row'] * 1e3:.2f} ms per row, up to {e['max_batch']} rows, prefill "
+        f"{e['prefill_s_per_token'] * 1e6:.0f} us/token; GRPO learner {a['grpo_learner_s_per_token'] * 1e6:.0f} us per "
+        f"trained token per GPU, SAO learner x{a['sao_learner_cost_ratio']:.2f} (critic; the ratio measured on one batch); "
+        f"{a['learner_gpus_per_generator']} learner GPU per generator; {a['rollouts_per_generator_per_step']} rollouts per "
+        f"generator per step; publish {a['publish_s']} s, reload {a['reload_s']} s; turn lengths of the trace "
+        f"x{a['token_scale']}; {tool}; G = {a['group_size']}, tau = {a['max_staleness']}, {a['steps']} versions per run).", "",
         common.markdown_table(["N", "learner GPUs", "B", "busy SAO", "busy GRPO", "occupancy SAO", "occupancy GRPO",
-                        "speedup SAO/GRPO"], prow), "",
+                               "speedup SAO/GRPO"], prow), "",
         f"![utilisation and speedup against N]({result['plot']})", "",
-        f"Learner GPUs per generator at N = {result['learner_sensitivity'][0]['generators']} (same assumptions otherwise):",
-        "", common.markdown_table(["learner GPUs per generator", "learner GPUs", "busy SAO", "busy GRPO", "speedup SAO/GRPO"],
-                           [[f"{r['learner_ratio']:g}", r["learner_gpus"], f"{r['sao']['busy_fraction']:.2f}",
-                             f"{r['grpo_sync']['busy_fraction']:.2f}", f"{r['speedup_sao_over_grpo_sync']:.2f}"]
-                            for r in result["learner_sensitivity"]]),
+        f"Learner GPUs per generator at N = {result['learner_sensitivity'][0]['generators']} (same assumptions otherwise):", "",
+        common.markdown_table(["learner GPUs per generator", "learner GPUs", "busy SAO", "busy GRPO", "speedup SAO/GRPO"],
+                              [[f"{r['learner_ratio']:g}", r["learner_gpus"], f"{r['sao']['busy_fraction']:.2f}",
+                                f"{r['grpo_sync']['busy_fraction']:.2f}", f"{r['speedup_sao_over_grpo_sync']:.2f}"]
+                               for r in result["learner_sensitivity"]]),
     ])
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry (module docstring)."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.parser(__doc__, common.RESULTS_DIR / "simulate.json")  # --no-docs: the plot goes beside --out
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="assumptions, e.g. engine.step_s=0.03")
     p.add_argument("--ns", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256, 512, 1024], help="generator counts")
     p.add_argument("--repeats", type=int, default=5, help="seeds per measured run in the check")
     p.add_argument("--results-dir", type=Path, default=common.RESULTS_DIR, help="where async_vs_sync/ and sim/ are read")
-    p.add_argument("--out", type=Path, default=common.RESULTS_DIR / "simulate.json")
-    p.add_argument("--no-docs", action="store_true", help="write the results file (and the plot beside it) only")
     args = p.parse_intermixed_args(argv)
     if args.repeats < 1 or min(args.ns) < 1:
         p.error(f"--repeats and --ns: must be >= 1, got {args.repeats} and {args.ns}")
@@ -177,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = project(args.ns, assumptions, workload)
     sensitivity = [{"learner_ratio": r, **project([assumptions["sensitivity_n"]], assumptions, workload, r)[0]}
                    for r in assumptions["sensitivity_ratios"]]
-    plot(rows, args.out.with_suffix(".png") if args.no_docs else common.PLOTS_DIR / "simulate.png")
+    plot(rows, args.out.with_suffix(".png") if args.no_docs else common.DOCS.with_suffix("") / "simulate.png")
     result = {"command": common.command_line("bench.sim", argv), "machine": common.machine_info(),
               "measured_from": f"{common.display_path(args.results_dir)}/async_vs_sync/, sim/",
               "measured_when": first["machine"]["when"], "validation": validation, "assumptions": assumptions,
