@@ -15,6 +15,7 @@ from posttrain.config.sections import (
     DataConfig,
     EvalConfig,
     GeneratorConfig,
+    LearnerConfig,
     ModelConfig,
     QueueConfig,
     SAOConfig,
@@ -54,6 +55,8 @@ class RunConfig(_Strict):
     """SFT warm start before RL (steps=0 disables it)."""
     sao: SAOConfig = Field(default_factory=SAOConfig)
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    """Learner device, precision and activation checkpointing (every technique)."""
     queue: QueueConfig = Field(default_factory=QueueConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)

@@ -186,6 +186,23 @@ class GeneratorConfig(_Strict):
     """vLLM CPU KV-cache size (GiB)."""
 
 
+class LearnerConfig(_Strict):
+    """Where and how the learner computes: device, precision, activation checkpointing.
+
+    The number of learner processes is not set here: ``torchrun --nproc_per_node N`` (or the
+    JobSet's learner pods) decides it, and with more than one the policy, critic and reference
+    model are sharded per transformer block with FSDP2 (``posttrain.parallel``).
+    """
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: CUDA where torch sees a GPU, else the CPU. cuda where there is none is an error."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """auto: bf16 autocast on CUDA, fp32 on the CPU. bf16 keeps fp32 master weights and optimizer
+    state and computes log-probabilities in fp32."""
+    activation_checkpointing: bool = False
+    """Recompute each transformer block's activations in backward (less memory, ~30% more compute)."""
+
+
 class QueueConfig(_Strict):
     """Rollout stream on Redis Streams."""
 
