@@ -4,7 +4,7 @@ Every ``import`` and ``from ... import`` under ``src/posttrain`` counts, includi
 functions and ``if TYPE_CHECKING:`` blocks: a lazy import is still an arrow between two rooms.
 
     layer 0  config, records
-    layer 1  losses, advantages, data, envs, tracking, models, chat, storage, services
+    layer 1  losses, advantages, data, envs, tracking, models, chat, storage, services, parallel
     layer 2  inference, rollout, weight_sync, runtime
     layer 3  episodes
     layer 4  learner | generator | eval        (roles: siblings that never import each other)
@@ -21,7 +21,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "posttrain"
 LAYERS: dict[str, int] = {
     "config": 0, "records": 0,
     "losses": 1, "advantages": 1, "data": 1, "envs": 1, "tracking": 1, "models": 1, "chat": 1,
-    "storage": 1, "services": 1,
+    "storage": 1, "services": 1, "parallel": 1,
     "inference": 2, "rollout": 2, "weight_sync": 2, "runtime": 2,
     "episodes": 3,
     "learner": 4, "generator": 4, "eval": 4,

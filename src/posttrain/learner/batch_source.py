@@ -19,9 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+import msgspec
+
 from posttrain.config.roles import AsyncRLSettings
 from posttrain.learner.groups import GroupAssembler, collect_groups
-from posttrain.records import Rollout
+from posttrain.parallel.world import World
+from posttrain.records import Rollout, decode_rollout, encode_rollout
 from posttrain.rollout.admission import AdmissionController, StalenessStats, is_stale
 from posttrain.rollout.queue import QueueEntry, RolloutQueue
 
@@ -70,10 +73,20 @@ class DropRecorder:
         return out
 
 
+class DropLog(Protocol):
+    """What the loop reads of the drops: their running total and the ones for the next ledger line."""
+
+    total: float
+
+    def take_for_ledger(self) -> list[tuple[Rollout, str]]:
+        """The drops since the last call, as ``(rollout, reason)``."""
+        ...
+
+
 class BatchSource(Protocol):
     """Assembles the learner's next batch from the stream (module docstring)."""
 
-    drops: DropRecorder
+    drops: DropLog
 
     def next_batch(self, learner_version: int) -> list[QueueEntry] | None:
         """The next batch's entries, or None while not enough have arrived."""
@@ -172,3 +185,61 @@ def make_batch_source(
                            max_staleness=settings.max_staleness, claim_idle_ms=claim_idle_ms, block_s=block_s)
     return SingleRolloutSource(queue, drops, batch_rollouts=settings.batch_rollouts,
                                max_staleness=settings.max_staleness, claim_idle_ms=claim_idle_ms, block_s=block_s)
+
+
+class _NoDrops:
+    """The drop log of a rank that does not read the stream (rank 0 drops, counts and logs)."""
+
+    total = 0.0
+
+    def take_for_ledger(self) -> list[tuple[Rollout, str]]:
+        """Nothing: drops are rank 0's."""
+        return []
+
+
+def _encode_batch(entries: list[QueueEntry] | None) -> bytes:
+    """Msgpack of ``[[entry_id, rollout bytes], ...]``, or of nil for "no batch yet"."""
+    if entries is None:
+        return msgspec.msgpack.encode(None)
+    return msgspec.msgpack.encode([[e.entry_id, encode_rollout(e.rollout)] for e in entries])
+
+
+def _decode_batch(payload: bytes) -> list[QueueEntry] | None:
+    """The inverse of ``_encode_batch`` (rollouts decoded with per-token numpy arrays)."""
+    items = msgspec.msgpack.decode(payload)
+    if items is None:
+        return None
+    return [QueueEntry(entry_id, decode_rollout(raw, arrays=True)) for entry_id, raw in items]
+
+
+class RankBatchSource:
+    """One stream reader for all the learner's ranks: rank 0 reads and broadcasts, the others receive.
+
+    Rank 0 keeps every duty a reader has (staleness drops, acknowledgement, admission refunds,
+    the ledger), so the rule "acknowledge after the checkpoint that covers the entry" stays in one
+    process and the stream has one consumer however many ranks train. Every rank gets the whole
+    batch (encoded rollouts over the control group, no pickle) and trains its share of the rows
+    (``learner.rank_rows``). The payload is token ids, logprobs and masks: small beside a forward pass.
+
+    Args:
+        world: The learner's ranks.
+        inner: Rank 0's real source (``make_batch_source``); None on other ranks.
+
+    Raises:
+        ValueError: rank 0 without a source.
+    """
+
+    def __init__(self, world: World, inner: BatchSource | None) -> None:
+        if world.is_main and inner is None:
+            raise ValueError("RankBatchSource: rank 0 needs the stream's batch source")
+        self._world, self._inner = world, inner
+        self.drops: DropLog = inner.drops if inner is not None else _NoDrops()
+
+    def next_batch(self, learner_version: int) -> list[QueueEntry] | None:
+        """Rank 0's ``next_batch``, the same entries on every rank (None on all while none is ready)."""
+        if not self._world.distributed:
+            assert self._inner is not None
+            return self._inner.next_batch(learner_version)
+        entries = self._inner.next_batch(learner_version) if self._inner is not None else None
+        payload = self._world.broadcast_bytes(_encode_batch(entries) if self._world.is_main else None)
+        return entries if self._world.is_main else _decode_batch(payload)

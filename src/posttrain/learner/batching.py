@@ -39,6 +39,11 @@ class RolloutBatch:
         """Action tokens in the batch (tokens)."""
         return int(self.action_mask.sum().item())
 
+    def to(self, device: torch.device) -> RolloutBatch:
+        """The same batch on ``device`` (no copy when it is already there)."""
+        return RolloutBatch(*(getattr(self, f).to(device) for f in (
+            "token_ids", "attention_mask", "action_mask", "behaviour_logprobs", "rewards", "policy_versions")))
+
     def rows(self, index: slice | torch.Tensor) -> RolloutBatch:
         """The rows in ``index`` (a slice, or an int64 index tensor that may reorder), trimmed to their longest real sequence."""
         attn = self.attention_mask[index]

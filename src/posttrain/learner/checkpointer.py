@@ -12,11 +12,12 @@ none is trained twice.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from posttrain.advantages import RunningMeanBaseline
 from posttrain.learner.checkpoint import LearnerState, save_checkpoint
 from posttrain.learner.remote_checkpoint import mirror_checkpoint
+from posttrain.learner.types import Trainable
+from posttrain.parallel.world import World
 from posttrain.rollout.queue import RolloutQueue
 from posttrain.runtime import RunContext
 
@@ -28,20 +29,20 @@ class Checkpointer:
         ctx: The run (checkpoint directory, resolved config).
         state: The learner's counters and stream position (shared with the loop).
         counters: Cumulative counters saved into ``state`` (shared with the loop).
-        modules: ``policy`` (HF model), ``tokenizer``, ``critic`` (module or None).
-        optimizers: Name -> optimizer or scheduler (``state_dict()``).
+        parts: ``policy`` (and ``critic``): model, optimizer, scheduler (``learner.checkpoint``).
         baseline: The running-mean baseline whose window is saved, or None.
-        queue: The stream consumer that acknowledges covered entries.
+        queue: The stream consumer that acknowledges covered entries (rank 0's; None on other ranks).
         every: Policy versions between checkpoints (>= 1).
         last_version: The run's final policy version (always checkpointed).
         mirror_uri: ``s3://`` prefix the checkpoint is copied to before acknowledging, or None.
+        world: The learner's ranks: every rank writes its shards; rank 0 mirrors and acknowledges.
     """
 
-    def __init__(self, ctx: RunContext, *, state: LearnerState, counters: dict[str, float], modules: dict[str, Any],
-                 optimizers: dict[str, Any], baseline: RunningMeanBaseline | None, queue: RolloutQueue,
-                 every: int, last_version: int, mirror_uri: str | None) -> None:
-        self.ctx, self.state, self.counters, self.modules = ctx, state, counters, modules
-        self.optimizers, self.baseline, self.queue = optimizers, baseline, queue
+    def __init__(self, ctx: RunContext, *, state: LearnerState, counters: dict[str, float],
+                 parts: dict[str, Trainable], baseline: RunningMeanBaseline | None, queue: RolloutQueue | None,
+                 every: int, last_version: int, mirror_uri: str | None, world: World) -> None:
+        self.ctx, self.state, self.counters, self.parts = ctx, state, counters, parts
+        self.baseline, self.queue, self.world = baseline, queue, world
         self.every, self.last_version, self.mirror_uri = every, last_version, mirror_uri
 
     def maybe_save(self, policy_updated: bool) -> Path | None:
@@ -65,13 +66,12 @@ class Checkpointer:
         if self.baseline is not None:
             self.state.baseline_rewards = self.baseline.rewards()
         self.state.counters = dict(self.counters)
-        saved = save_checkpoint(
-            self.ctx.checkpoints_dir, state=self.state, policy=self.modules["policy"],
-            tokenizer=self.modules["tokenizer"], critic=self.modules.get("critic"), optimizers=self.optimizers,
-            resolved_config_yaml=self.ctx.resolved_config_yaml(),
-        )
-        if self.mirror_uri:
-            mirror_checkpoint(saved, self.mirror_uri)
-        self.queue.ack(self.state.consumed_entry_ids)
+        saved = save_checkpoint(self.ctx.checkpoints_dir, state=self.state, parts=self.parts,
+                                resolved_config_yaml=self.ctx.resolved_config_yaml(), world=self.world)
+        if self.world.is_main:
+            if self.mirror_uri:
+                mirror_checkpoint(saved, self.mirror_uri)
+            if self.queue is not None:
+                self.queue.ack(self.state.consumed_entry_ids)
         self.state.consumed_entry_ids = []
         return saved

@@ -13,19 +13,25 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from posttrain.parallel.placement import full_state_dict
+from posttrain.parallel.world import World
 from posttrain.runtime import RunContext
 from posttrain.weight_sync.factory import upload_final_model
 
 log = logging.getLogger("posttrain.learner")
 
 
-def save_final_model(ctx: RunContext, model: Any, tokenizer: Any) -> Path:
+def save_final_model(ctx: RunContext, model: Any, tokenizer: Any, world: World | None = None) -> Path:
     """Write ``ctx.final_model_dir`` (module docstring) and upload it to ``final_model_uri`` when set.
+
+    With several ranks every rank must call this: the weights are gathered from the FSDP2 shards
+    and rank 0 writes them (HF safetensors) with the model's config.
 
     Args:
         ctx: The run (paths, resolved config).
-        model: A transformers ``PreTrainedModel`` (``save_pretrained``).
+        model: A transformers ``PreTrainedModel`` (``save_pretrained``), sharded or not.
         tokenizer: Its tokenizer.
+        world: The learner's ranks (one process when None).
 
     Returns:
         The final model directory.
@@ -34,8 +40,12 @@ def save_final_model(ctx: RunContext, model: Any, tokenizer: Any) -> Path:
         OSError: the directory could not be written.
         posttrain.storage.StorageError: the upload failed.
     """
+    world = world or World()
     out = ctx.final_model_dir
-    model.save_pretrained(str(out), safe_serialization=True)
+    weights = full_state_dict(model, world)
+    if not world.is_main:
+        return out
+    model.save_pretrained(str(out), state_dict=weights, safe_serialization=True)
     tokenizer.save_pretrained(str(out))
     (out / "resolved_config.yaml").write_text(ctx.resolved_config_yaml(), encoding="utf-8")
     uploaded = upload_final_model(ctx.config, out)

@@ -33,18 +33,17 @@ from torch import nn
 
 from posttrain.advantages import group_relative_advantages
 from posttrain.config.techniques import GRPOTechniqueConfig
-from posttrain.learner.accumulate import GradientAccumulator
 from posttrain.learner.batching import (
     RolloutBatch,
     length_order,
-    micro_batches,
-    padded_tokens,
-    select_rows,
 )
 from posttrain.learner.optim import clip_and_step
+from posttrain.learner.rank_rows import rank_micro_batches, reduce_means
 from posttrain.learner.types import Trainable, TrainStepResult
 from posttrain.losses import PolicyLossInputs, grpo_loss
 from posttrain.losses.logprobs import token_logprobs
+from posttrain.parallel.placement import loss_scale
+from posttrain.parallel.world import World
 
 
 def rollout_logprobs(model: nn.Module, batch: RolloutBatch, temperature: float = 1.0) -> torch.Tensor:
@@ -77,6 +76,7 @@ def grpo_train_step(
     config: GRPOTechniqueConfig,
     reference: nn.Module | None = None,
     temperature: float = 1.0,
+    world: World | None = None,
 ) -> TrainStepResult:
     """Train on one batch of groups: group-relative advantages, then ``config.mini_batches`` optimizer steps.
 
@@ -94,6 +94,8 @@ def grpo_train_step(
         config: ``grpo`` section.
         reference: Frozen reference policy; required when ``config.loss.kl_coef > 0``.
         temperature: Sampling temperature of the behaviour policy; learner logprobs use it too.
+        world: The learner's ranks (one when None): each trains every N-th row of a mini-batch's
+            length order; losses are scaled so N ranks make one rank's update.
 
     Returns:
         ``TrainStepResult``: ``policy_updated`` False when every group was dropped as uniform; metrics
@@ -109,6 +111,7 @@ def grpo_train_step(
         ValueError: ``len(group_ids)`` differs from B, or ``kl_coef > 0`` without ``reference``.
         FloatingPointError: a non-finite gradient norm (see ``clip_and_step``).
     """
+    world = world or World()
     rows = batch.token_ids.shape[0]
     if len(group_ids) != rows:
         raise ValueError(f"group_ids: expected {rows} ids like batch rows, got {len(group_ids)}")
@@ -139,59 +142,56 @@ def grpo_train_step(
     if not kept_rows:
         return TrainStepResult(policy_updated=False, metrics=metrics)
 
-    # Kept rows shortest first, so consecutive micro-batches pad little (``length_order``).
-    kept_rows = length_order(batch, kept_rows)
-    sub = select_rows(batch, kept_rows)
-    sub_adv = advantages[torch.tensor(kept_rows, dtype=torch.long), : sub.token_ids.shape[1]]
+    # Each mini-batch's rows shortest first, dealt over the ranks (``learner.rank_rows``).
     mbs = config.micro_batch_size
     chunks = _split(kept, min(config.mini_batches, len(kept)))
-    old_all: torch.Tensor | None = None
+    chunk_rows = [length_order(batch, [i for g in chunk for i in members[g]]) for chunk in chunks]
+    shares = [rank_micro_batches(batch, rows, mbs, world) for rows in chunk_rows]
+    olds: list[torch.Tensor | None] = [None] * len(shares)
     if not config.async_ and len(chunks) > 1:
         # PPO's pi_old: the learner's log-probabilities before the first update of this batch.
-        old_all = torch.zeros_like(sub.behaviour_logprobs)
         policy.model.eval()
         with torch.no_grad():
-            for i, mb in enumerate(micro_batches(sub, mbs)):
-                old_all[i * mbs : i * mbs + mb.token_ids.shape[0], : mb.token_ids.shape[1]] = rollout_logprobs(
-                    policy.model, mb, temperature
-                )
-    position = {row: k for k, row in enumerate(kept_rows)}
+            for k, share in enumerate(shares):
+                old_k = torch.zeros_like(share.local.behaviour_logprobs)
+                for p in share.pieces:
+                    old_k[p.lo : p.hi, : p.width] = rollout_logprobs(policy.model, p.batch, temperature)
+                olds[k] = old_k
     parts: list[dict[str, float]] = []
-    padded = 0
     policy.model.train()
-    for chunk in chunks:
-        local = sorted(position[i] for g in chunk for i in members[g])
-        mini = select_rows(sub, local)
-        local_t = torch.tensor(local, dtype=torch.long)
-        width = mini.token_ids.shape[1]
-        mini_adv = sub_adv[local_t, :width]
-        mini_old = old_all[local_t, :width] if old_all is not None else None
-        acc = GradientAccumulator(mini.num_action_tokens)
-        mini_parts = micro_batches(mini, mbs)
-        padded += padded_tokens(mini_parts)
-        for j, mb in enumerate(mini_parts):
-            lo, hi, w = j * mbs, j * mbs + mb.token_ids.shape[0], mb.token_ids.shape[1]
-            logprobs = rollout_logprobs(policy.model, mb, temperature)
+    for rows, share, old_k in zip(chunk_rows, shares, olds, strict=True):
+        count = int(batch.action_mask[rows].sum())
+        scale = loss_scale(world, count)
+        local_adv = advantages[share.index if share.rows else torch.zeros(1, dtype=torch.long),
+                               : share.local.token_ids.shape[1]].to(world.device)
+        loss_sum, mb_metrics, mb_weights = 0.0, [], []
+        for p in share.pieces:
+            logprobs = rollout_logprobs(policy.model, p.batch, temperature)
             if config.async_:
                 old = None
-            elif mini_old is not None:
-                old = mini_old[lo:hi, :w]
+            elif old_k is not None:
+                old = old_k[p.lo : p.hi, : p.width]
             else:
                 old = logprobs.detach()
             ref = None
             if reference is not None:
                 with torch.no_grad():
-                    ref = rollout_logprobs(reference, mb, temperature)
+                    ref = rollout_logprobs(reference, p.batch, temperature)
             inputs = PolicyLossInputs(
                 logprobs=logprobs,
-                behaviour_logprobs=mb.behaviour_logprobs,
-                advantages=mini_adv[lo:hi, :w],
-                action_mask=mb.action_mask,
+                behaviour_logprobs=p.batch.behaviour_logprobs,
+                advantages=local_adv[p.lo : p.hi, : p.width],
+                action_mask=p.batch.action_mask,
                 ref_logprobs=ref,
                 old_logprobs=old,
             )
-            acc.backward(grpo_loss(inputs, config.loss))
-        step_metrics = acc.metrics("loss/policy")
+            out = grpo_loss(inputs, config.loss)
+            (out.loss_sum * (scale * p.weight)).backward()
+            loss_sum += float(out.loss_sum.detach()) * p.weight
+            mb_metrics.append(out.metrics)
+            mb_weights.append(out.num_tokens * p.weight)
+        step_metrics = reduce_means(world, mb_metrics, mb_weights)
+        step_metrics["loss/policy"] = world.sum([loss_sum])[0] / max(count, 1)
         step_metrics["policy/grad_norm"] = clip_and_step(
             policy.model, policy.optimizer, policy.scheduler, config.optim.grad_clip
         )
@@ -199,7 +199,7 @@ def grpo_train_step(
         parts.append(step_metrics)
     metrics.update(_mean_of(parts))
     metrics["grpo/optimizer_steps"] = float(len(chunks))
-    metrics["batch/padded_tokens"] = float(padded)
-    metrics["batch/real_tokens"] = float(sub.attention_mask.sum())
+    metrics["batch/padded_tokens"] = world.sum([float(sum(share.padded_tokens() for share in shares))])[0]
+    metrics["batch/real_tokens"] = float(batch.attention_mask[kept_rows].sum())
     return TrainStepResult(policy_updated=True, metrics=metrics, rows_trained=len(kept_rows),
                            action_tokens_trained=metrics["grpo/action_tokens_kept"])

@@ -28,29 +28,35 @@ from tqdm import tqdm
 from posttrain.config import RunConfig
 from posttrain.learner.setup import LearnerTransport, build_learner
 from posttrain.learner.types import LearnerSummary
+from posttrain.parallel.world import World
 from posttrain.tracking import MetricsSink
 
 
 def run_learner(
     config: RunConfig,
-    transport: LearnerTransport,
+    transport: LearnerTransport | None,
     *,
     start_model_dir: Path,
     sink: MetricsSink | None = None,
     progress: bool = True,
     max_iterations: int | None = None,
+    world: World | None = None,
 ) -> LearnerSummary:
     """Train until the run's last policy version is published (module docstring).
 
     Args:
         config: Run config (``technique: sao``, or ``grpo`` with ``grpo.async: true``).
         transport: Queue, admission, version key, weight store, announcements, telemetry
-            (``setup.redis_transport`` for a real run).
+            (``setup.redis_transport`` for a real run); rank 0's only, None on other ranks.
         start_model_dir: Policy to start from when there is no checkpoint (the SFT warm start).
         sink: Receives ``(metrics, policy_version)`` after each iteration (MLflow, JSONL).
         progress: Show a progress bar.
         max_iterations: Stop after this many iterations in this process (a learner that dies
             mid-run, in tests); None runs to completion.
+        world: The learner's ranks (``posttrain.parallel.world.init_world``; one process when
+            None). Under ``torchrun`` every rank runs this loop: rank 0 reads the stream and
+            broadcasts each batch, every rank trains its share of the rows, rank 0 publishes,
+            logs and acknowledges; checkpoints are written by all.
 
     Returns:
         ``LearnerSummary``: final version, iterations, final model directory, counters.
@@ -59,9 +65,9 @@ def run_learner(
         posttrain.rollout.queue.QueueConnectionError: Redis unreachable after bounded retries.
         FloatingPointError: a non-finite gradient norm.
     """
-    learner = build_learner(config, transport, start_model_dir=start_model_dir)
+    learner = build_learner(config, transport, start_model_dir=start_model_dir, world=world)
     bar = tqdm(total=learner.settings.steps, initial=learner.state.policy_version, desc=learner.settings.technique,
-               disable=not progress, leave=False)
+               disable=not progress or not learner.world.is_main, leave=False)
     while not learner.finished(max_iterations):
         entries = learner.source.next_batch(learner.state.policy_version)
         if entries is None:
@@ -72,7 +78,7 @@ def run_learner(
         if result.policy_updated:
             learner.publish_next_version()
             bar.update(1)
-        if sink is not None:
+        if sink is not None and learner.world.is_main:
             sink(learner.metrics(entries, result), learner.state.policy_version)
         learner.checkpointer.maybe_save(result.policy_updated)
     bar.close()

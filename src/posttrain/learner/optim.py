@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from posttrain.config import OptimConfig
+from posttrain.parallel.placement import replicated_float
 
 
 def build_optimizer(
@@ -47,11 +48,14 @@ def clip_and_step(
 ) -> float:
     """Clip the global gradient norm, step, zero the gradients; return the pre-clip norm.
 
+    Under FSDP2 the norm is computed over every rank's shards (a replicated ``DTensor``), so all
+    ranks clip, step or skip alike.
+
     Raises:
         FloatingPointError: if the gradient norm is not finite (the step is skipped, gradients zeroed).
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    norm = replicated_float(torch.nn.utils.clip_grad_norm_(params, max_norm))
     if not math.isfinite(norm):
         optimizer.zero_grad(set_to_none=True)
         raise FloatingPointError(f"gradient norm is {norm}; optimizer step skipped")

@@ -3,6 +3,7 @@
 The order is the contract generators rely on: a version number is visible (the key, and the
 announcement on ``StreamKeys.weights``) only after its weights are complete in the store, and
 setting the key is what refills the generators' admission capacity (``posttrain.rollout.admission``).
+With several learner ranks, only rank 0 publishes, the complete weights gathered from every shard.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from torch import nn
+import torch
 
 from posttrain.rollout.queue import PolicyVersionStore
 from posttrain.weight_sync.store import WeightStore
@@ -33,14 +34,21 @@ class WeightPublisher:
         self.store, self.versions, self.announce = store, versions, announce
         self.config_dir, self.overwrite = config_dir, overwrite
 
-    def publish(self, model: nn.Module, policy_version: int, *, write_weights: bool = True) -> None:
+    def publish(self, weights: dict[str, torch.Tensor], policy_version: int, *, write_weights: bool = True) -> None:
         """Make ``policy_version`` current: write its weights (unless already there), set the key, announce.
+
+        Args:
+            weights: The complete policy state dict (name -> tensor, CPU), gathered from the shards
+                by ``posttrain.parallel.placement.full_state_dict`` on rank 0; ignored without
+                ``write_weights``.
+            policy_version: The version to publish.
+            write_weights: False when the store already holds this version's weights.
 
         Raises:
             ValueError: ``policy_version`` out of order in the store, or negative.
             OSError / posttrain.storage.StorageError: the store could not be written.
         """
         if write_weights:
-            self.store.publish(model.state_dict(), policy_version, self.config_dir, overwrite=self.overwrite)
+            self.store.publish(weights, policy_version, self.config_dir, overwrite=self.overwrite)
         self.versions.set(policy_version)
         self.announce(policy_version)

@@ -3,8 +3,9 @@
 Every learner starts the same way (SFT, CPT, DPO, synchronous GRPO in ``posttrain.runners``; the
 asynchronous learner in ``learner.setup``): find the newest complete checkpoint (``LATEST`` in
 ``<run>/checkpoints``; optionally fetched from an ``s3://`` mirror when the local disk is empty),
-load the policy from it or from the start model, build AdamW and its schedule, and restore the
-optimizer, scheduler and critic states with the counters and the stream position.
+load the policy from the start model, place it (device, precision, FSDP2 with several ranks:
+``posttrain.parallel``), build AdamW and its schedule, and restore policy, optimizer, scheduler
+and critic states from the checkpoint with the counters and the stream position.
 """
 
 from __future__ import annotations
@@ -12,16 +13,18 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from torch import nn
 
 from posttrain.config.common import OptimConfig
-from posttrain.learner.checkpoint import LearnerState, latest_checkpoint, load_checkpoint_state
+from posttrain.config.sections import LearnerConfig
+from posttrain.learner.checkpoint import LearnerState, latest_checkpoint, load_checkpoint
 from posttrain.learner.optim import build_optimizer
 from posttrain.learner.remote_checkpoint import fetch_checkpoint
 from posttrain.learner.types import Trainable
 from posttrain.models.hf import load_policy
+from posttrain.parallel.placement import prepare_model
+from posttrain.parallel.world import World
 
 log = logging.getLogger("posttrain.learner")
 
@@ -31,15 +34,15 @@ class ResumedPolicy:
     """The policy ready to train, and where it came from.
 
     Attributes:
-        policy: The model with its AdamW and LR schedule (states restored on resume).
-        optimizers: Name -> optimizer or scheduler, as checkpoints store them (``policy_opt``,
-            ``policy_sched``, and ``critic_opt`` / ``critic_sched`` with a critic).
+        policy: The model (placed and, with several ranks, sharded) with its AdamW and LR schedule,
+            states restored on resume.
+        parts: What checkpoints hold: ``policy``, and ``critic`` with a critic.
         state: Iteration, policy version, counters, stream position (fresh without a checkpoint).
         checkpoint: The checkpoint resumed from, or None.
     """
 
     policy: Trainable
-    optimizers: dict[str, Any]
+    parts: dict[str, Trainable]
     state: LearnerState
     checkpoint: Path | None
 
@@ -52,32 +55,45 @@ def resume_policy(
     *,
     critic: Trainable | None = None,
     mirror_uri: str | None = None,
+    world: World | None = None,
+    learner: LearnerConfig | None = None,
 ) -> ResumedPolicy:
-    """Load the policy from the newest checkpoint or ``start_model_dir`` and restore its training state.
+    """Load the policy from ``start_model_dir``, place it, and restore the newest checkpoint's state.
+
+    The architecture and the first weights always come from ``start_model_dir``; a checkpoint then
+    overwrites weights, optimizer, scheduler (and the critic's) from its sharded files, whatever
+    the number of ranks that wrote it (``learner.checkpoint``).
 
     Args:
         checkpoints_dir: ``<run>/checkpoints``.
-        start_model_dir: The policy to start from when there is no checkpoint.
+        start_model_dir: The policy the run started from (the SFT warm start, the base model).
         optim: The policy's optimizer section.
         optimizer_steps: Optimizer steps the LR schedule spans.
-        critic: A critic whose weights and optimizer states are restored too, or None.
+        critic: A critic, already placed by ``prepare_model`` with its optimizer, whose states are
+            restored too; or None.
         mirror_uri: ``s3://`` prefix holding mirrored checkpoints, fetched when the disk has none.
+        world: The learner's ranks (one process when None).
+        learner: The ``learner`` section (device, precision, activation checkpointing); defaults
+            when None.
 
     Raises:
-        FileNotFoundError: neither a checkpoint nor a model at ``start_model_dir``.
+        FileNotFoundError: no model at ``start_model_dir``.
+        posttrain.learner.checkpoint.CheckpointError: the checkpoint does not fit this model.
         posttrain.storage.StorageError: fetching the mirrored checkpoint failed.
     """
+    world = world or World()
     ckpt = latest_checkpoint(checkpoints_dir)
     if ckpt is None and mirror_uri:
-        ckpt = fetch_checkpoint(mirror_uri, checkpoints_dir)
-    model: nn.Module = load_policy(ckpt / "policy" if ckpt else start_model_dir)
+        ckpt = fetch_checkpoint(mirror_uri, checkpoints_dir) if world.is_main else None
+        world.barrier()
+        ckpt = latest_checkpoint(checkpoints_dir)
+    model: nn.Module = prepare_model(load_policy(start_model_dir), world, learner or LearnerConfig())
     optimizer, scheduler = build_optimizer(model, optim, optimizer_steps)
-    optimizers: dict[str, Any] = {"policy_opt": optimizer, "policy_sched": scheduler}
-    if critic is not None:
-        optimizers.update(critic_opt=critic.optimizer, critic_sched=critic.scheduler)
+    policy = Trainable(model, optimizer, scheduler)
+    parts = {"policy": policy} | ({"critic": critic} if critic is not None else {})
     state = LearnerState()
     if ckpt is not None:
-        state = load_checkpoint_state(ckpt, critic=critic.model if critic else None, optimizers=optimizers)
+        state = load_checkpoint(ckpt, parts=parts, world=world)
         log.info("resumed from %s at policy version %d (iteration %d)", ckpt.name, state.policy_version,
                  state.iteration)
-    return ResumedPolicy(Trainable(model, optimizer, scheduler), optimizers, state, ckpt)
+    return ResumedPolicy(policy, parts, state, ckpt)

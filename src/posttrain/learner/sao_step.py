@@ -20,12 +20,15 @@ from posttrain.advantages import (
     skip_observation_gae,
 )
 from posttrain.config import SAOConfig
-from posttrain.learner.batching import RolloutBatch, length_order, micro_batches, padded_tokens, select_rows
+from posttrain.learner.batching import RolloutBatch, length_order, select_rows
 from posttrain.learner.optim import clip_and_step
+from posttrain.learner.rank_rows import rank_micro_batches, reduce_means, reduce_moments
 from posttrain.learner.types import Trainable, TrainStepResult
 from posttrain.losses import PolicyLossInputs, sao_loss
 from posttrain.losses.logprobs import token_logprobs
 from posttrain.losses.value import value_loss
+from posttrain.parallel.placement import loss_scale
+from posttrain.parallel.world import World
 
 
 def critic_values(critic: nn.Module, batch: RolloutBatch) -> torch.Tensor:
@@ -44,12 +47,6 @@ def policy_logprobs(policy: nn.Module, batch: RolloutBatch) -> torch.Tensor:
     return token_logprobs(logits, batch.token_ids)
 
 
-def _mean_metrics(parts: list[dict[str, float]], weights: list[int]) -> dict[str, float]:
-    total = max(sum(weights), 1)
-    keys = {k for p in parts for k in p}
-    return {k: sum(p.get(k, 0.0) * w for p, w in zip(parts, weights, strict=True)) / total for k in keys}
-
-
 def sao_train_step(
     *,
     policy: Trainable,
@@ -58,84 +55,95 @@ def sao_train_step(
     config: SAOConfig,
     iteration: int,
     baseline: RunningMeanBaseline | None = None,
+    world: World | None = None,
 ) -> TrainStepResult:
     """Run one learner iteration on a batch of rollouts.
 
     Args:
         policy: The policy, its AdamW and scheduler.
         critic: The critic (``config.advantage == "gae"``), else None.
-        batch: Padded rollouts; ``batch.rewards [B] float32``, masks ``[B, T] bool``.
+        batch: Padded rollouts (CPU, the whole batch on every rank); ``batch.rewards [B] float32``,
+            masks ``[B, T] bool``.
         config: SAO settings (DIS band, γ, α, K, warm-up, micro-batch size). Rows are split into
             micro-batches in order of length (``length_order``), which changes no gradient.
         iteration: 0-based learner iteration; iterations < ``config.critic.warmup_steps`` train
             only the critic.
         baseline: Running-mean baseline state for ``advantage == "running_mean"``.
+        world: The learner's ranks (one when None). Each rank trains every N-th row of the length
+            order (``learner.rank_rows``); losses are scaled so N ranks make one rank's update.
 
     Returns:
-        ``TrainStepResult`` with ``policy_updated`` and the step's metrics, among them
-        ``batch/padded_tokens`` (tokens one forward pass over the micro-batches computes) and
-        ``batch/real_tokens``.
+        ``TrainStepResult`` with ``policy_updated`` and the step's metrics (over all ranks), among
+        them ``batch/padded_tokens`` (tokens the forward passes over the micro-batches compute)
+        and ``batch/real_tokens``.
 
     Raises:
         ValueError: if the configured advantage needs a critic/baseline that was not given.
         FloatingPointError: if a gradient norm is not finite (the step is skipped).
     """
+    world = world or World()
     metrics: dict[str, float] = {}
     n_tokens = batch.num_action_tokens
-    # Rows shortest first: each micro-batch pads to the longest of similar rows (``length_order``).
-    batch = select_rows(batch, length_order(batch))
-    mbs = micro_batches(batch, config.micro_batch_size)
-    metrics["batch/padded_tokens"] = float(padded_tokens(mbs))
-    metrics["batch/real_tokens"] = float(batch.attention_mask.sum())
-    # Rows [lo, hi) and width (columns) of each micro-batch inside the batch tensors.
-    spans = [(i * config.micro_batch_size, i * config.micro_batch_size + mb.token_ids.shape[0], mb.token_ids.shape[1])
-             for i, mb in enumerate(mbs)]
+    scale = loss_scale(world, n_tokens)
+    # Rows shortest first, dealt over the ranks: each micro-batch pads to the longest of similar rows.
+    order = length_order(batch)
+    mine = rank_micro_batches(batch, order, config.micro_batch_size, world)
+    local, pieces = mine.local, mine.pieces
+    padded, real = world.sum([float(mine.padded_tokens()), float(local.attention_mask.sum()) if mine.rows else 0.0])
+    metrics["batch/padded_tokens"], metrics["batch/real_tokens"] = padded, real
     action_lengths = batch.action_mask.sum(dim=1)
 
-    # 1. Advantages (and critic targets).
+    # 1. Advantages (and critic targets) of this rank's rows.
     if config.advantage == "gae":
         if critic is None:
             raise ValueError("sao.advantage=gae needs a critic")
         critic.model.eval()
         with torch.no_grad():
-            old_values = torch.zeros_like(batch.behaviour_logprobs)
-            for mb, (lo, hi, width) in zip(mbs, spans, strict=True):
-                old_values[lo:hi, :width] = critic_values(critic.model, mb)
-            lam_policy = length_adaptive_lambda(action_lengths, config.lam_alpha)
+            old_values = torch.zeros_like(local.behaviour_logprobs)
+            for p in pieces:
+                old_values[p.lo : p.hi, : p.width] = critic_values(critic.model, p.batch)
+            lam_policy = length_adaptive_lambda(local.action_mask.sum(dim=1), config.lam_alpha)
             advantages, _ = skip_observation_gae(
-                values=old_values, rewards=batch.rewards, action_mask=batch.action_mask,
+                values=old_values, rewards=local.rewards, action_mask=local.action_mask,
                 gamma=config.gamma, lam=lam_policy,
             )
             _, returns = skip_observation_gae(
-                values=old_values, rewards=batch.rewards, action_mask=batch.action_mask,
+                values=old_values, rewards=local.rewards, action_mask=local.action_mask,
                 gamma=config.gamma, lam=config.gae_lambda_critic,
             )
         # 2. K critic updates on the same batch ("faster value update").
         critic.model.train()
         for _ in range(config.critic.updates_per_step):
             parts, weights = [], []
-            for mb, (lo, hi, width) in zip(mbs, spans, strict=True):
+            for p in pieces:
                 out = value_loss(
-                    critic_values(critic.model, mb), old_values[lo:hi, :width], returns[lo:hi, :width],
-                    mb.action_mask, config.critic.value_clip,
+                    critic_values(critic.model, p.batch), old_values[p.lo : p.hi, : p.width],
+                    returns[p.lo : p.hi, : p.width], p.batch.action_mask, config.critic.value_clip,
                 )
-                (out.loss_sum / max(n_tokens, 1)).backward()
+                (out.loss_sum * (scale * p.weight)).backward()
                 parts.append({**out.metrics, "loss/value": float(out.loss_sum.detach()) / max(out.num_tokens, 1)})
-                weights.append(out.num_tokens)
-            metrics.update(_mean_metrics(parts, weights))
+                weights.append(out.num_tokens * p.weight)
+            metrics.update(reduce_means(world, parts, weights))
             metrics["critic/grad_norm"] = clip_and_step(
                 critic.model, critic.optimizer, critic.scheduler, config.critic.grad_clip
             )
-    elif config.advantage == "batch_norm":
-        advantages = batch_normalized_advantages(batch.rewards, batch.action_mask)
     else:
-        if baseline is None:
+        # In length order, as the running-mean window has always seen the batch's rewards.
+        ordered = select_rows(batch, order)
+        if config.advantage == "batch_norm":
+            by_order = batch_normalized_advantages(ordered.rewards, ordered.action_mask)
+        elif baseline is None:
             raise ValueError("sao.advantage=running_mean needs a RunningMeanBaseline")
-        advantages = baseline.advantages(batch.rewards, batch.action_mask)
+        else:
+            by_order = baseline.advantages(ordered.rewards, ordered.action_mask)
+        whole = torch.zeros_like(batch.behaviour_logprobs)
+        whole[torch.tensor(order, dtype=torch.long), : by_order.shape[1]] = by_order
+        advantages = whole[mine.index if mine.rows else torch.zeros(1, dtype=torch.long), : local.token_ids.shape[1]]
+        advantages = advantages.to(world.device)
 
-    act = batch.action_mask
-    metrics["advantage/mean"] = float(advantages[act].mean()) if n_tokens else 0.0
-    metrics["advantage/std"] = float(advantages[act].std()) if n_tokens > 1 else 0.0
+    act = local.action_mask
+    own = advantages[act] if mine.rows else advantages.new_zeros(0)
+    metrics["advantage/mean"], metrics["advantage/std"] = reduce_moments(world, own)
     metrics["reward/mean"] = float(batch.rewards.mean())
     metrics["response/action_tokens_mean"] = float(action_lengths.float().mean())
 
@@ -146,18 +154,18 @@ def sao_train_step(
                                action_tokens_trained=float(batch.num_action_tokens))
     policy.model.train()
     parts, weights = [], []
-    for mb, (lo, hi, width) in zip(mbs, spans, strict=True):
+    for p in pieces:
         inputs = PolicyLossInputs(
-            logprobs=policy_logprobs(policy.model, mb),
-            behaviour_logprobs=mb.behaviour_logprobs,
-            advantages=advantages[lo:hi, :width],
-            action_mask=mb.action_mask,
+            logprobs=policy_logprobs(policy.model, p.batch),
+            behaviour_logprobs=p.batch.behaviour_logprobs,
+            advantages=advantages[p.lo : p.hi, : p.width],
+            action_mask=p.batch.action_mask,
         )
         out = sao_loss(inputs, config.loss)
-        (out.loss_sum / max(n_tokens, 1)).backward()
+        (out.loss_sum * (scale * p.weight)).backward()
         parts.append({**out.metrics, "loss/policy": float(out.loss_sum.detach()) / max(out.num_tokens, 1)})
-        weights.append(out.num_tokens)
-    metrics.update(_mean_metrics(parts, weights))
+        weights.append(out.num_tokens * p.weight)
+    metrics.update(reduce_means(world, parts, weights))
     metrics["policy/grad_norm"] = clip_and_step(
         policy.model, policy.optimizer, policy.scheduler, config.optim.grad_clip
     )

@@ -25,9 +25,9 @@ import torch
 from torch import nn
 
 from posttrain.advantages import RunningMeanBaseline
-from posttrain.config import RunConfig
+from posttrain.config import ConfigError, RunConfig
 from posttrain.config.roles import AsyncRLSettings, async_rl_settings
-from posttrain.learner.batch_source import BatchSource, DropRecorder, make_batch_source
+from posttrain.learner.batch_source import BatchSource, DropRecorder, RankBatchSource, make_batch_source
 from posttrain.learner.checkpoint import LearnerState
 from posttrain.learner.checkpointer import Checkpointer
 from posttrain.learner.critic import CriticModel
@@ -40,6 +40,8 @@ from posttrain.learner.resume import resume_policy
 from posttrain.learner.steps import GRPOStep, SAOStep, TrainStep
 from posttrain.learner.types import LearnerSummary, Trainable, TrainStepResult
 from posttrain.models.hf import load_policy, load_tokenizer
+from posttrain.parallel.placement import full_state_dict, prepare_model
+from posttrain.parallel.world import World
 from posttrain.rollout.admission import AdmissionController, RedisAdmissionController, StalenessStats
 from posttrain.rollout.queue import PolicyVersionStore, QueueEntry, RolloutQueue
 from posttrain.rollout.redis_streams import RedisPolicyVersionStore, RedisStreamQueue
@@ -108,23 +110,25 @@ class Learner:
         tokenizer: The policy's tokenizer.
         source: Where batches come from (drops handled inside).
         step: The train step (SAO or asynchronous GRPO).
-        publisher: Weight store, version key, announcement.
+        publisher: Weight store, version key, announcement (rank 0's; None elsewhere).
         checkpointer: Checkpoint then acknowledge.
         staleness: Staleness statistics of consumed and dropped rollouts.
+        world: The learner's ranks; only rank 0 touches the transport (it is None elsewhere).
     """
 
     ctx: RunContext
     settings: AsyncRLSettings
-    transport: LearnerTransport
+    transport: LearnerTransport | None
     state: LearnerState
     counters: dict[str, float]
     policy: Trainable
     tokenizer: Any
     source: BatchSource
     step: TrainStep
-    publisher: WeightPublisher
+    publisher: WeightPublisher | None
     checkpointer: Checkpointer
     staleness: StalenessStats
+    world: World = field(default_factory=World)
     iterations_here: int = 0
     last_step_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
@@ -140,7 +144,7 @@ class Learner:
         for e in entries:
             self.staleness.observe(e.rollout.policy_version, self.state.policy_version)
         t0 = time.monotonic()
-        result = self.step(entries, self.state.iteration)
+        result = self.step(entries, self.state.iteration, self.world)
         self.last_step_s = time.monotonic() - t0
         return result
 
@@ -150,7 +154,7 @@ class Learner:
         Admission counts capacity in policy versions, ``(v + tau + 1) * B`` rollouts; a row that
         made no version would otherwise hold a place for the whole run.
         """
-        if result.rows_trained < len(entries):
+        if self.transport is not None and result.rows_trained < len(entries):
             self.transport.admission.refund(len(entries) - result.rows_trained)
 
     def record(self, entries: Sequence[QueueEntry], result: TrainStepResult) -> None:
@@ -159,21 +163,30 @@ class Learner:
         self.iterations_here += 1
         self.state.consumed_entry_ids.extend(e.entry_id for e in entries)
         version = self.state.policy_version + int(result.policy_updated)
-        append_ledger(self.ctx.run_dir / LEDGER_NAME, ledger_line(
-            self.state.iteration, version, [e.rollout for e in entries], [e.entry_id for e in entries],
-            self.source.drops.take_for_ledger()))
+        if self.world.is_main:
+            append_ledger(self.ctx.run_dir / LEDGER_NAME, ledger_line(
+                self.state.iteration, version, [e.rollout for e in entries], [e.entry_id for e in entries],
+                self.source.drops.take_for_ledger()))
         self.counters["rollouts_trained"] += len(entries)
         self.counters["action_tokens_trained"] = self.counters.get("action_tokens_trained", 0.0) + (
             result.action_tokens_trained)
         self.counters["stale_dropped"] = self.source.drops.total
 
     def publish_next_version(self) -> None:
-        """Bump the policy version and publish it (weights, version key, announcement)."""
+        """Bump the policy version and publish it (weights gathered from every rank, version key, announcement)."""
         self.state.policy_version += 1
-        self.publisher.publish(self.policy.model, self.state.policy_version)
+        self.publish(self.state.policy_version)
+
+    def publish(self, version: int, *, write_weights: bool = True) -> None:
+        """Publish ``version``: every rank gives its shards, rank 0 writes the store, sets the key, announces."""
+        weights = full_state_dict(self.policy.model, self.world) if write_weights else {}
+        if self.publisher is not None:
+            self.publisher.publish(weights, version, write_weights=write_weights)
 
     def metrics(self, entries: Sequence[QueueEntry], result: TrainStepResult) -> dict[str, float]:
-        """The iteration's metrics (``posttrain.learner.metrics``)."""
+        """The iteration's metrics (``posttrain.learner.metrics``); rank 0's only (``{}`` elsewhere)."""
+        if self.transport is None:
+            return {}
         return learner_metrics(
             result, entries, iteration=self.state.iteration, counters=self.counters, staleness=self.staleness,
             queue=self.transport.queue, generator_stats=self.transport.generator_stats(),
@@ -183,65 +196,72 @@ class Learner:
     def finish(self) -> LearnerSummary:
         """Save the final model once the last version is published; return the run's summary."""
         self.counters["stale_dropped"] = self.source.drops.total
-        self.counters["dead_letters"] = float(self.transport.queue.dead_letter_count())
+        if self.transport is not None:
+            self.counters["dead_letters"] = float(self.transport.queue.dead_letter_count())
         if self.state.policy_version >= self.settings.steps:
-            save_final_model(self.ctx, self.policy.model, self.tokenizer)
+            save_final_model(self.ctx, self.policy.model, self.tokenizer, self.world)
         return LearnerSummary(self.state.policy_version, self.state.iteration, self.ctx.final_model_dir,
                               self.counters)
 
 
-def _critic(config: RunConfig, start_model_dir: Path) -> Trainable | None:
-    """SAO's critic, initialised from the start policy (``sao.advantage == "gae"``), else None."""
+def _critic(config: RunConfig, start_model_dir: Path, world: World) -> Trainable | None:
+    """SAO's critic, initialised from the start policy and placed like it (``sao.advantage == "gae"``), else None."""
     sao = config.sao
     if config.technique != "sao" or sao.advantage != "gae":
         return None
-    model = CriticModel.from_policy_path(start_model_dir)
+    model = prepare_model(CriticModel.from_policy_path(start_model_dir), world, config.learner)
     optimizer, scheduler = build_optimizer(
         model, sao.optim.model_copy(update={"lr": sao.critic.lr}), sao.steps + sao.critic.warmup_steps)
     return Trainable(model, optimizer, scheduler)
 
 
 def _train_step(config: RunConfig, policy: Trainable, critic: Trainable | None, baseline: RunningMeanBaseline | None,
-                start_model_dir: Path, pad_id: int) -> TrainStep:
-    """SAO's step, or asynchronous GRPO's with its frozen reference when the KL term is on."""
+                start_model_dir: Path, pad_id: int, world: World) -> TrainStep:
+    """SAO's step, or asynchronous GRPO's with its frozen reference (placed like the policy) when the KL term is on."""
     if config.technique == "grpo":
         grpo = config.grpo
-        reference: nn.Module | None = load_policy(start_model_dir).eval() if grpo.loss.kl_coef > 0 else None
+        reference: nn.Module | None = None
+        if grpo.loss.kl_coef > 0:
+            reference = prepare_model(load_policy(start_model_dir), world, config.learner, trainable=False)
         return GRPOStep(policy, grpo, reference, config.generator.temperature, pad_id)
     return SAOStep(policy, critic, config.sao, baseline, pad_id)
 
 
-def build_learner(config: RunConfig, transport: LearnerTransport, *, start_model_dir: Path) -> Learner:
+def build_learner(config: RunConfig, transport: LearnerTransport | None, *, start_model_dir: Path,
+                  world: World | None = None) -> Learner:
     """Load or resume the learner of ``config`` and publish the version it starts from (module docstring).
 
     Args:
         config: The run config (``technique: sao``, or ``grpo`` with ``grpo.async``).
-        transport: Queue, admission, version key, weight store, announcements, telemetry.
+        transport: Queue, admission, version key, weight store, announcements, telemetry; rank 0's
+            only (None on the other ranks, which never touch the stream or the store).
         start_model_dir: Policy to start from when there is no checkpoint (the SFT warm start).
+        world: The learner's ranks (one process when None).
 
     Raises:
-        posttrain.config.ConfigError: the technique does not use the asynchronous runtime.
+        posttrain.config.ConfigError: the technique does not use the asynchronous runtime, or a
+            batch has fewer rollouts than there are ranks.
+        ValueError: rank 0 without a transport.
         FileNotFoundError: no tokenizer in the run directory, or no model at ``start_model_dir``.
+        posttrain.learner.checkpoint.CheckpointError: the checkpoint does not fit this model.
     """
+    world = world or World()
+    if world.is_main and transport is None:
+        raise ValueError("build_learner: rank 0 needs the transport")
     ctx = RunContext(config)
     settings = async_rl_settings(config)
+    if settings.batch_rollouts < world.size:
+        field_name = "grpo.prompts_per_step x grpo.group_size" if settings.technique == "grpo" else "sao.batch_size"
+        raise ConfigError(f"{field_name}: a batch of {settings.batch_rollouts} rollouts cannot feed {world.size} "
+                          f"learner ranks; use at least {world.size} (or fewer ranks)")
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(ctx.tokenizer_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    critic = _critic(config, start_model_dir)
+    critic = _critic(config, start_model_dir, world)
     resumed_policy = resume_policy(ctx.checkpoints_dir, start_model_dir, settings.optim,
-                                   settings.policy_optimizer_steps, critic=critic, mirror_uri=config.checkpoints_uri)
-    policy, optimizers, state = resumed_policy.policy, resumed_policy.optimizers, resumed_policy.state
-    model = policy.model
-    latest = transport.store.latest_version()
-    resumed = resumed_policy.checkpoint is not None or (latest is not None and latest > 0)
-    if state.consumed_entry_ids:  # the checkpoint covers them: acknowledge, never train on them again
-        transport.queue.ack(sorted(set(state.consumed_entry_ids)))
-    state.consumed_entry_ids = []
-    publisher = WeightPublisher(transport.store, transport.versions, transport.announce, start_model_dir,
-                                overwrite=resumed)
-    publisher.publish(model, state.policy_version, write_weights=resumed or latest is None)
-
+                                   settings.policy_optimizer_steps, critic=critic, mirror_uri=config.checkpoints_uri,
+                                   world=world, learner=config.learner)
+    policy, state = resumed_policy.policy, resumed_policy.state
     sao = config.sao
     baseline = None
     if config.technique == "sao" and sao.advantage == "running_mean":
@@ -250,15 +270,28 @@ def build_learner(config: RunConfig, transport: LearnerTransport, *, start_model
             baseline.load_state_dict({"window": sao.running_mean_window, "rewards": state.baseline_rewards})
     staleness = StalenessStats(settings.max_staleness)
     counters = {"rollouts_trained": 0.0, "stale_dropped": 0.0, **state.counters}
-    drops = DropRecorder(transport.queue, transport.admission, staleness, counters["stale_dropped"])
-    source = make_batch_source(settings, transport.queue, drops, claim_idle_ms=config.queue.claim_idle_ms,
-                               block_s=config.queue.block_ms / 1000)
+    publisher, inner, flags = None, None, b""
+    if transport is not None and world.is_main:
+        latest = transport.store.latest_version()
+        resumed = resumed_policy.checkpoint is not None or (latest is not None and latest > 0)
+        if state.consumed_entry_ids:  # the checkpoint covers them: acknowledge, never train on them again
+            transport.queue.ack(sorted(set(state.consumed_entry_ids)))
+        publisher = WeightPublisher(transport.store, transport.versions, transport.announce, start_model_dir,
+                                    overwrite=resumed)
+        drops = DropRecorder(transport.queue, transport.admission, staleness, counters["stale_dropped"])
+        inner = make_batch_source(settings, transport.queue, drops, claim_idle_ms=config.queue.claim_idle_ms,
+                                  block_s=config.queue.block_ms / 1000)
+        flags = b"1" if resumed or latest is None else b"0"
+    write_weights = world.broadcast_bytes(flags if world.is_main else None) == b"1"
+    state.consumed_entry_ids = []
     checkpointer = Checkpointer(
-        ctx, state=state, counters=counters,
-        modules={"policy": model, "tokenizer": tokenizer, "critic": critic.model if critic else None},
-        optimizers=optimizers, baseline=baseline, queue=transport.queue, every=settings.checkpoint_every,
-        last_version=settings.steps, mirror_uri=config.checkpoints_uri,
+        ctx, state=state, counters=counters, parts=resumed_policy.parts, baseline=baseline,
+        queue=transport.queue if transport is not None and world.is_main else None,
+        every=settings.checkpoint_every, last_version=settings.steps, mirror_uri=config.checkpoints_uri, world=world,
     )
-    return Learner(ctx, settings, transport, state, counters, policy, tokenizer, source,
-                   _train_step(config, policy, critic, baseline, start_model_dir, pad_id), publisher, checkpointer,
-                   staleness)
+    learner = Learner(ctx, settings, transport if world.is_main else None, state, counters, policy, tokenizer,
+                      RankBatchSource(world, inner),
+                      _train_step(config, policy, critic, baseline, start_model_dir, pad_id, world), publisher,
+                      checkpointer, staleness, world)
+    learner.publish(state.policy_version, write_weights=write_weights)
+    return learner

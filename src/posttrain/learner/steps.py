@@ -21,14 +21,18 @@ from posttrain.learner.batching import collate_rollouts
 from posttrain.learner.grpo_step import grpo_train_step
 from posttrain.learner.sao_step import sao_train_step
 from posttrain.learner.types import Trainable, TrainStepResult
+from posttrain.parallel.world import World
 from posttrain.rollout.queue import QueueEntry
 
 
 class TrainStep(Protocol):
     """One learner iteration on a batch of stream entries."""
 
-    def __call__(self, entries: list[QueueEntry], iteration: int) -> TrainStepResult:
-        """Train on ``entries`` (iteration counts learner iterations done before this one)."""
+    def __call__(self, entries: list[QueueEntry], iteration: int, world: World) -> TrainStepResult:
+        """Train on ``entries`` (iteration counts learner iterations done before this one).
+
+        Every rank passes the same entries; each trains its share of the rows (``learner.rank_rows``).
+        """
         ...
 
 
@@ -47,11 +51,11 @@ class SAOStep:
                  baseline: RunningMeanBaseline | None, pad_token_id: int) -> None:
         self.policy, self.critic, self.config, self.baseline, self.pad = policy, critic, config, baseline, pad_token_id
 
-    def __call__(self, entries: list[QueueEntry], iteration: int) -> TrainStepResult:
+    def __call__(self, entries: list[QueueEntry], iteration: int, world: World) -> TrainStepResult:
         """``sao_train_step`` on the collated batch; a critic-only warm-up iteration makes no version."""
         batch = collate_rollouts([e.rollout for e in entries], self.pad)
         return sao_train_step(policy=self.policy, critic=self.critic, batch=batch, config=self.config,
-                              iteration=iteration, baseline=self.baseline)
+                              iteration=iteration, baseline=self.baseline, world=world)
 
 
 class GRPOStep:
@@ -70,8 +74,9 @@ class GRPOStep:
         self.policy, self.config, self.reference, self.temperature, self.pad = (
             policy, config, reference, temperature, pad_token_id)
 
-    def __call__(self, entries: list[QueueEntry], iteration: int) -> TrainStepResult:
+    def __call__(self, entries: list[QueueEntry], iteration: int, world: World) -> TrainStepResult:
         """``grpo_train_step`` on the collated groups; groups whose rewards are all equal train nothing."""
         batch = collate_rollouts([e.rollout for e in entries], self.pad)
         return grpo_train_step(policy=self.policy, batch=batch, group_ids=[str(e.rollout.group_id) for e in entries],
-                               config=self.config, reference=self.reference, temperature=self.temperature)
+                               config=self.config, reference=self.reference, temperature=self.temperature,
+                               world=world)

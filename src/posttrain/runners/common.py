@@ -296,8 +296,7 @@ def step_callback(
         run.sink(metrics, step)
         if step % every == 0 or step >= total:
             save_checkpoint(run.ctx.checkpoints_dir, state=LearnerState(iteration=step, policy_version=step),
-                            policy=resumed.policy.model, tokenizer=tokenizer, critic=None,
-                            optimizers=resumed.optimizers, resolved_config_yaml=run.ctx.resolved_config_yaml())
+                            parts=resumed.parts, resolved_config_yaml=run.ctx.resolved_config_yaml())
 
     return on_step, values
 

@@ -63,7 +63,7 @@ class SyncGRPO:
         self.tokenizer = load_tokenizer(self.ctx.tokenizer_dir)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         resumed = resume_policy(self.ctx.checkpoints_dir, start_model_dir, grpo.optim, grpo.steps * grpo.mini_batches)
-        self.policy, self.optimizers, self.state = resumed.policy, resumed.optimizers, resumed.state
+        self.policy, self.parts, self.state = resumed.policy, resumed.parts, resumed.state
         self.reference = load_policy(start_model_dir).eval() if grpo.loss.kl_coef > 0 else None
         self.counters = {"rollouts_trained": 0.0, "rollouts_kept": 0.0, "action_tokens_trained": 0.0,
                          "skipped_batches": 0.0, **self.state.counters}
@@ -123,8 +123,8 @@ class SyncGRPO:
     def save_checkpoint(self) -> None:
         """A learner checkpoint of the policy, its optimizer and the counters."""
         self.state.counters = dict(self.counters)
-        save_checkpoint(self.ctx.checkpoints_dir, state=self.state, policy=self.policy.model, tokenizer=self.tokenizer,
-                        critic=None, optimizers=self.optimizers, resolved_config_yaml=self.ctx.resolved_config_yaml())
+        save_checkpoint(self.ctx.checkpoints_dir, state=self.state, parts=self.parts,
+                        resolved_config_yaml=self.ctx.resolved_config_yaml())
 
     async def _loop(self, sink: MetricsSink | None, progress: bool) -> None:
         grpo = self.config.grpo

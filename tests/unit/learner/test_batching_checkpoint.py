@@ -1,14 +1,17 @@
 import json
 
+import pytest
 import torch
 
 from posttrain.learner.batching import collate_rollouts, micro_batches
 from posttrain.learner.checkpoint import (
+    CheckpointError,
     LearnerState,
     latest_checkpoint,
-    load_checkpoint_state,
+    load_checkpoint,
     save_checkpoint,
 )
+from posttrain.learner.types import Trainable
 from posttrain.records import Rollout
 
 
@@ -41,47 +44,47 @@ def test_micro_batches_cover_rows_in_order_and_trim_width():
     assert sum(p.num_action_tokens for p in parts) == batch.num_action_tokens
 
 
-class _Tiny(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(2, 2)
-
-    def save_pretrained(self, path, safe_serialization=True):
-        from pathlib import Path
-
-        Path(path).mkdir(parents=True, exist_ok=True)
-        torch.save(self.state_dict(), Path(path) / "w.pt")
-
-
-class _Tok:
-    def save_pretrained(self, path):
-        from pathlib import Path
-
-        (Path(path) / "tokenizer.json").write_text("{}")
-
-
-def test_checkpoint_round_trip_restores_counters_critic_and_optimizer(tmp_path):
-    critic = torch.nn.Linear(3, 1)
-    opt = torch.optim.AdamW(critic.parameters(), lr=0.1)
-    critic(torch.ones(1, 3)).sum().backward()
+def _part(seed: int) -> Trainable:
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (step + 1))
+    model(torch.ones(1, 3)).sum().backward()
     opt.step()
+    sched.step()
+    return Trainable(model, opt, sched)
+
+
+def test_checkpoint_round_trip_restores_counters_weights_optimizer_and_schedule(tmp_path):
+    saved = _part(0)
     state = LearnerState(iteration=7, policy_version=5, consumed_entry_ids=["1-0", "2-0"], counters={"x": 3.0})
-    path = save_checkpoint(tmp_path, state=state, policy=_Tiny(), tokenizer=_Tok(), critic=critic,
-                           optimizers={"critic_opt": opt}, resolved_config_yaml="a: 1\n")
+    path = save_checkpoint(tmp_path, state=state, parts={"critic": saved}, resolved_config_yaml="a: 1\n")
     assert latest_checkpoint(tmp_path) == path
-    assert json.loads((path / "state.json").read_text())["policy_version"] == 5
-    critic2 = torch.nn.Linear(3, 1)
-    opt2 = torch.optim.AdamW(critic2.parameters(), lr=0.1)
-    restored = load_checkpoint_state(path, critic=critic2, optimizers={"critic_opt": opt2})
+    assert json.loads((path / "state.json").read_text())["state"]["policy_version"] == 5
+    fresh = _part(1)
+    assert not torch.equal(fresh.model.weight, saved.model.weight)
+    restored = load_checkpoint(path, parts={"critic": fresh})
     assert restored.iteration == 7 and restored.consumed_entry_ids == ["1-0", "2-0"]
-    assert torch.equal(critic2.weight, critic.weight)
-    assert opt2.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
+    assert torch.equal(fresh.model.weight, saved.model.weight)
+    assert torch.equal(fresh.optimizer.state_dict()["state"][0]["exp_avg"], saved.optimizer.state_dict()["state"][0]["exp_avg"])
+    assert fresh.scheduler.state_dict()["last_epoch"] == saved.scheduler.state_dict()["last_epoch"]
+
+
+def test_checkpoint_of_another_shape_or_missing_shard_is_refused_by_name(tmp_path):
+    path = save_checkpoint(tmp_path, state=LearnerState(iteration=1), parts={"policy": _part(0)},
+                           resolved_config_yaml="")
+    wide = torch.nn.Linear(4, 1)
+    with pytest.raises(CheckpointError, match=r"policy.weight has shape \[1, 3\] there and \[1, 4\]"):
+        load_checkpoint(path, parts={"policy": Trainable(wide, None, None)})  # type: ignore[arg-type]
+    (path / "dcp" / "__0_0.distcp").unlink()
+    with pytest.raises(CheckpointError, match="lacks __0_0.distcp"):
+        load_checkpoint(path, parts={"policy": _part(2)})
 
 
 def test_only_complete_checkpoints_are_latest_and_old_ones_pruned(tmp_path):
     for it in range(5):
-        save_checkpoint(tmp_path, state=LearnerState(iteration=it), policy=_Tiny(), tokenizer=_Tok(), critic=None,
-                        optimizers={}, resolved_config_yaml="", keep=1)
+        save_checkpoint(tmp_path, state=LearnerState(iteration=it), parts={"policy": _part(0)},
+                        resolved_config_yaml="", keep=1)
     assert latest_checkpoint(tmp_path).name == "iter-000004"
     assert sorted(p.name for p in tmp_path.glob("iter-*")) == ["iter-000003", "iter-000004"]
     (tmp_path / "LATEST").write_text("iter-999999")
