@@ -28,6 +28,7 @@ from kfp.dsl import PipelineTask
 
 from posttrain.cluster.jobset import QUEUE_LABEL, S3_CREDENTIALS_SECRET, TENANT_CONFIG_MAP
 from posttrain.cluster.tenant import LOCAL_QUEUE
+from posttrain.config.resources import is_quantity
 
 GPU_RESOURCE = "nvidia.com/gpu"
 WORKSPACE_PATH = "/workspace"
@@ -48,11 +49,10 @@ S3_CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 """Keys of the tenant Secret ``s3-credentials``, exposed under the same names."""
 
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$")
 
 
 def _quantity(field: str, value: str) -> str:
-    if not isinstance(value, str) or not _QUANTITY.match(value):
+    if not is_quantity(value):
         raise ValueError(f"{field}: {value!r} is not a Kubernetes quantity such as '8', '500m' or '64Gi'")
     return value
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from kfp.dsl import Dataset, Markdown, Metrics, Model
 
+from components.conftest import TINY_SAO, write_config
 from components.images import GENERATOR_IMAGE, TRAINER_IMAGE
 from components.train_sao.component import train_sao
 from fakes.fake_kube_api import FakeKubeAPI
@@ -87,6 +88,24 @@ def test_cluster_mode_creates_one_queued_jobset_and_points_the_model_at_its_chec
     assert model.metadata["jobset"] == name and model.metadata["namespace"] == "team-a"
     assert metrics.metadata == {"jobset_restarts": 0.0, "generators": 1.0}
     assert "JobSet team-a/" in (tmp_path / "report.md").read_text()
+
+
+def test_learner_pods_and_resources_come_from_the_prepared_config(tmp_path, cluster, mlflow_uri):
+    """learner.nodes=2 x 2 GPUs, generators of 12 cores: the JobSet the step creates carries them."""
+    from posttrain.kfp.prepare import prepare_dataset
+
+    config = write_config(tmp_path / "sized.yaml", overrides=TINY_SAO + [
+        "learner.nodes=2", "learner.resources.gpus=2", "generator.resources.cpu=12"])
+    prepare_dataset(str(config), "sao", "", "", 0, "run-0001", tmp_path / "prepared")
+    finish_jobsets_as(cluster, "Completed")
+    run(tmp_path, tmp_path / "prepared")
+    (js,) = cluster.list(*JOBSETS, namespace="team-a")
+    learner, generator = js["spec"]["replicatedJobs"][1:]
+    assert (learner["template"]["spec"]["parallelism"], learner["template"]["spec"]["completions"]) == (2, 2)
+    command = learner["template"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:3] == ["torchrun", "--nnodes=2", "--nproc_per_node=2"]
+    assert learner["template"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert generator["template"]["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "12"
 
 
 def test_a_retried_step_attaches_to_its_jobset_instead_of_starting_another(tmp_path, prepared_sao, cluster):

@@ -1,4 +1,5 @@
-"""The SAO JobSet builder: schema-valid, gang-admitted by Kueue, deterministic name, secrets by reference.
+"""The SAO JobSet builder: schema-valid, gang-admitted by Kueue, deterministic name, secrets by reference,
+learner pods under torchrun, pod counts and resources from the run config.
 
 Run: .venv/bin/python -m pytest -q tests/cluster/test_jobset.py
 """
@@ -8,16 +9,22 @@ from __future__ import annotations
 import copy
 import json
 import re
+import subprocess
+import sys
 
 import pytest
+from pydantic import ValidationError
 
 from posttrain.cluster.jobset import (
     MAX_NAME_LEN,
+    RENDEZVOUS_PORT,
+    RENDEZVOUS_TIMEOUT_S,
     PodResources,
     SAOImages,
     build_sao_jobset,
     jobset_name,
     quantity_bytes,
+    sao_jobset_for_config,
 )
 from posttrain.cluster.validate import (
     jobset_child_jobs,
@@ -25,6 +32,7 @@ from posttrain.cluster.validate import (
     validate_custom_resource,
     validate_object,
 )
+from posttrain.config import load_config
 
 RUN_ID = "3f1c2a9e-1234-4bcd-9def-0123456789ab"
 IMAGES = SAOImages(
@@ -110,7 +118,9 @@ def test_every_pod_template_carries_name_and_component_labels():
 def test_commands_run_the_roles_with_the_config_uri():
     js = build()
     uri = "s3://posttrain/tenants/team-a/configs/sao.yaml"
-    assert container(js, "learner")["command"] == ["posttrain", "learner", "--config", uri]
+    learner = container(js, "learner")["command"]
+    assert learner[0] == "torchrun"
+    assert learner[-5:] == ["-m", "posttrain.cli", "learner", "--config", uri]
     assert container(js, "generator")["command"] == ["posttrain", "generator", "--config", uri]
     assert container(js, "learner")["image"] == IMAGES.learner
     assert container(js, "generator")["image"] == IMAGES.generator
@@ -202,7 +212,138 @@ def test_bad_inputs_raise_errors_naming_the_field(overrides, field):
 
 
 def test_bad_resource_quantity_names_the_field():
-    with pytest.raises(ValueError, match=r"PodResources\.memory"):
+    with pytest.raises(ValidationError, match=r"memory\n.*not a Kubernetes quantity"):
         PodResources(cpu="8", memory="64 GB")
-    with pytest.raises(ValueError, match=r"PodResources\.gpus"):
+    with pytest.raises(ValidationError, match=r"gpus\n.*greater than or equal to 0"):
         PodResources(cpu="8", memory="64Gi", gpus=-1)
+    with pytest.raises(ValidationError, match=r"shm \(2Gi\) must not exceed memory \(1Gi\)"):
+        PodResources(cpu="8", memory="1Gi", shm="2Gi")
+
+
+# --- learner pods under torchrun, sizes from the run config -------------------------------------
+
+def config_2x4():
+    """2 learner pods x 4 GPUs; 3 generators x 2 GPUs; everything else the config's defaults."""
+    return load_config(None, [
+        "learner.nodes=2", "learner.resources.gpus=4", "learner.resources.cpu=48", "learner.resources.memory=384Gi",
+        "generator.num_processes=3", "generator.resources.gpus=2", "generator.resources.memory=96Gi",
+    ])
+
+
+def build_from(cfg, **options):
+    return sao_jobset_for_config(cfg, RUN_ID, "team-a", IMAGES, "posttrain",
+                                 "s3://posttrain/tenants/team-a/configs/sao.yaml", "redis-credentials", **options)
+
+
+def test_learner_pods_run_torchrun_with_nodes_and_gpus_from_the_config():
+    js = build_from(config_2x4())
+    name = js["metadata"]["name"]
+    assert container(js, "learner")["command"] == [
+        "torchrun", "--nnodes=2", "--nproc_per_node=4", "--node_rank=$(POSTTRAIN_NODE_RANK)",
+        f"--master_addr={name}-learner-0-0.{name}", f"--master_port={RENDEZVOUS_PORT}",
+        f"--rdzv_conf=timeout={RENDEZVOUS_TIMEOUT_S}",
+        "-m", "posttrain.cli", "learner", "--config", "s3://posttrain/tenants/team-a/configs/sao.yaml",
+    ]
+    # one Indexed Job of 2 pods: Kueue sees one PodSet of count 2, a failed pod fails the Job
+    learner = rjobs(js)["learner"]
+    assert learner["replicas"] == 1
+    job = learner["template"]["spec"]
+    assert (job["parallelism"], job["completions"], job["completionMode"]) == (2, 2, "Indexed")
+
+
+def test_node_rank_is_the_pods_completion_index_expanded_by_the_kubelet():
+    """The kubelet expands $(VAR) in a command only from variables the container defines."""
+    env = {e["name"]: e for e in container(build_from(config_2x4()), "learner")["env"]}
+    assert env["POSTTRAIN_NODE_RANK"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+
+
+def test_master_addr_is_the_dns_name_jobset_gives_learner_pod_0():
+    """JobSet names child Job i of replicatedJob r '<jobset>-<r>-<i>'; an Indexed Job's pod k gets the
+    hostname '<job>-<k>'; with enableDNSHostnames and no subdomain the headless Service is '<jobset>'."""
+    js = build_from(config_2x4())
+    name = js["metadata"]["name"]
+    assert js["spec"]["network"]["enableDNSHostnames"] is True
+    assert js["spec"]["network"]["publishNotReadyAddresses"] is True  # resolvable before Ready
+    assert "subdomain" not in js["spec"]["network"]
+    learner_job = next(j for j in jobset_child_jobs(js) if j["metadata"]["name"].endswith("-learner-0"))
+    command = container(js, "learner")["command"]
+    assert f"--master_addr={learner_job['metadata']['name']}-0.{name}" in command
+    assert {"name": "rendezvous", "containerPort": RENDEZVOUS_PORT} in container(js, "learner")["ports"]
+
+
+def test_torchrun_accepts_the_learner_command(monkeypatch):
+    """torchrun's own parser reads the command as static rendezvous on pod 0 for 2 nodes x 4 processes."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    from torch.distributed.run import config_from_args, parse_args
+
+    js = build_from(config_2x4())
+    name = js["metadata"]["name"]
+    command = [a.replace("$(POSTTRAIN_NODE_RANK)", "1") for a in container(js, "learner")["command"]]
+    launch, _, args = config_from_args(parse_args(command[1:]))
+    assert (launch.min_nodes, launch.max_nodes, launch.nproc_per_node) == (2, 2, 4)
+    assert launch.rdzv_backend == "static"
+    assert launch.rdzv_endpoint == f"{name}-learner-0-0.{name}:{RENDEZVOUS_PORT}"
+    assert launch.rdzv_configs == {"rank": 1, "timeout": str(RENDEZVOUS_TIMEOUT_S)}
+    assert args == ["-u", "-m", "posttrain.cli", "learner", "--config", "s3://posttrain/tenants/team-a/configs/sao.yaml"]
+
+
+def test_the_module_torchrun_starts_parses_the_learner_arguments():
+    out = subprocess.run([sys.executable, "-m", "posttrain.cli", "learner", "--help"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "--config" in out.stdout and "--start-model" in out.stdout
+
+
+def test_pod_resources_come_from_the_config():
+    js = build_from(config_2x4())
+    assert container(js, "learner")["resources"] == {
+        "requests": {"cpu": "48", "memory": "384Gi", "nvidia.com/gpu": 4},
+        "limits": {"memory": "384Gi", "nvidia.com/gpu": 4},
+    }
+    assert container(js, "generator")["resources"] == {
+        "requests": {"cpu": "8", "memory": "96Gi", "nvidia.com/gpu": 2},
+        "limits": {"memory": "96Gi", "nvidia.com/gpu": 2},
+    }
+    assert rjobs(js)["generator"]["replicas"] == 3
+    learner_volumes = rjobs(js)["learner"]["template"]["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}} in learner_volumes  # default shm
+
+
+def test_the_2x4_jobset_passes_the_jobset_crd_and_its_jobs_kubernetes_validate_strict():
+    js = build_from(config_2x4(), priority_class="posttrain-scheduled")
+    assert validate_custom_resource(js) == []
+    assert validate_object(js) == []
+    for job in jobset_child_jobs(js):
+        assert validate_builtin(job) == []
+
+
+def test_default_sizes_are_the_configs_defaults():
+    """One learner pod of 8 GPUs (32 cores, 256Gi, 32Gi shm); generators of 1 GPU (8 cores, 64Gi, 16Gi shm)."""
+    js = build()
+    assert container(js, "learner")["command"][1:3] == ["--nnodes=1", "--nproc_per_node=8"]
+    assert container(js, "learner")["resources"]["requests"] == {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": 8}
+    assert container(js, "generator")["resources"]["requests"] == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": 1}
+    assert build_from(load_config(None))["spec"] == build(num_generators=2)["spec"]
+
+
+def test_a_cpu_learner_pod_runs_one_process_and_asks_for_no_gpu():
+    cfg = load_config(None, ["learner.nodes=3", "learner.resources={cpu: 4, memory: 16Gi, gpus: 0, shm: null}"])
+    js = build_from(cfg)
+    assert container(js, "learner")["command"][1:3] == ["--nnodes=3", "--nproc_per_node=1"]
+    assert container(js, "learner")["resources"] == {"requests": {"cpu": "4", "memory": "16Gi"},
+                                                     "limits": {"memory": "16Gi"}}
+    spec = rjobs(js)["learner"]["template"]["spec"]["template"]["spec"]
+    assert "tolerations" not in spec and "volumes" not in spec
+    for job in jobset_child_jobs(js):
+        assert validate_builtin(job) == []
+
+
+def test_sizes_the_config_owns_are_not_taken_as_arguments():
+    with pytest.raises(ValueError, match=r"learner_nodes.*run config"):
+        build_from(config_2x4(), learner_nodes=4)
+
+
+def test_too_many_learner_nodes_names_the_field():
+    with pytest.raises(ValueError, match=r"learner_nodes: must be an integer in \[1, 64\], got 65"):
+        build(learner_nodes=65)

@@ -3,7 +3,8 @@
 Modules (import the one you need; nothing here connects to a cluster on import). The pipeline step
 that launches the JobSet is ``posttrain.kfp.train_cluster``.
 
-* ``jobset``: ``build_sao_jobset`` builds the learner + generators + Redis JobSet (gang-admitted by Kueue).
+* ``jobset``: ``build_sao_jobset`` builds the learner + generators + Redis JobSet (gang-admitted by Kueue;
+  learner pods under ``torchrun``); ``sao_jobset_for_config`` takes pod counts and resources from a run config.
 * ``launcher``: ``launch_or_attach`` / ``wait_for_jobset`` submit it through the ``kubernetes`` client,
   re-attach after a retried step, follow it and explain a failure (needs the ``kfp`` extra, which
   brings ``kubernetes``).

@@ -9,24 +9,36 @@ learner never holds GPUs while its generators wait for quota, or the reverse.
 * ``redis`` (1 pod, first): Valkey with ``--requirepass`` read from a Secret, AOF on an emptyDir
   (survives container restarts, not pod deletion), ``noeviction`` so stream entries are never
   dropped for memory.
-* ``learner`` (1 Job of ``learner_nodes`` pods): ``posttrain learner --config <uri>``; its Job has
-  ``backoffLimit: 0`` and ``restartPolicy: Never`` so a crash fails the Job, the JobSet restarts the
+* ``learner`` (1 Indexed Job of ``learner.nodes`` pods, ``learner.resources`` each): every pod runs
+  ``torchrun --nnodes=<nodes> --nproc_per_node=<resources.gpus, or 1 without GPUs>
+  --node_rank=<its completion index> --master_addr=<learner pod 0> --master_port=29500 -m
+  posttrain.cli learner --config <uri>`` (``learner_command``). Pod 0 is reached by the stable name
+  ``<jobset>-learner-0-0.<jobset>`` that JobSet gives it through its headless Service
+  (``network.enableDNSHostnames``; ``publishNotReadyAddresses`` so the name resolves before the pod
+  is Ready); torchrun's static rendezvous retries until that name resolves and every node has
+  joined, for at most ``RENDEZVOUS_TIMEOUT_S``. The Job has ``backoffLimit: 0`` and
+  ``restartPolicy: Never`` so a crash of any learner pod fails the Job, the JobSet restarts the
   group (bounded by ``failurePolicy.maxRestarts``) and the failed pod keeps its termination message
   (``FallbackToLogsOnError``: the log tail when the process wrote none) for the launcher to report.
-* ``generator`` (N Jobs of 1 pod): ``posttrain generator --config <uri>``; a failed generator Job
-  is restarted alone (failure rule ``RestartJob``), still counted against ``maxRestarts``.
+* ``generator`` (N Jobs of 1 pod, ``generator.resources`` each): ``posttrain generator --config
+  <uri>``; a failed generator Job is restarted alone (failure rule ``RestartJob``), still counted
+  against ``maxRestarts``.
 
 ``successPolicy {operator: All, targetReplicatedJobs: [learner]}`` ends the run when the learner
 completes; the JobSet controller then deletes the still-running generator and Redis Jobs.
 ``learner`` and ``generator`` start once ``redis`` is Ready (``dependsOn``).
 
+Pod counts and resources come from the run config (``learner.nodes``, ``learner.resources``,
+``generator.num_processes``, ``generator.resources``): ``sao_jobset_for_config`` reads them;
+``build_sao_jobset`` takes them as arguments (defaults: the config's defaults).
+
 The name is a pure function of the pipeline run id (``jobset_name``), so a retried KFP step builds
 the same name and re-attaches instead of starting a second group.
 
 Nothing here talks to a cluster; ``posttrain.cluster.launcher`` submits the dict.
-Example: ``python -c "import json; from posttrain.cluster.jobset import *; print(json.dumps(
-build_sao_jobset('run-1', 'team-a', SAOImages('l:1', 'g:1'), 2, 'posttrain', 's3://b/c.yaml',
-'redis-credentials'), indent=1))"``
+Example: ``python -c "import json; from posttrain.cluster.jobset import *; from posttrain.config import
+load_config; print(json.dumps(sao_jobset_for_config(load_config(None, ['learner.nodes=2']), 'run-1',
+'team-a', SAOImages('l:1', 'g:1'), 'posttrain', 's3://b/c.yaml', 'redis-credentials'), indent=1))"``
 """
 
 from __future__ import annotations
@@ -35,6 +47,10 @@ import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from posttrain.config import GeneratorConfig, LearnerConfig, RunConfig
+from posttrain.config.resources import PodResources, quantity_bytes
+from posttrain.config.sections import MAX_LEARNER_NODES
 
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -54,41 +70,16 @@ MAX_NAME_LEN = 40
 """JobSet name budget (chars). The JobSet webhook requires every generated pod name
 ``<jobset>-<replicatedJob>-<jobIndex>-<podIndex>-<5 random>`` to be a DNS-1035 label (<= 63);
 with ``generator`` (9) and up to 1024 replicas that leaves 40."""
+RENDEZVOUS_PORT = 29500
+"""TCP port of torchrun's rendezvous store on learner pod 0 (``--master_port``)."""
+RENDEZVOUS_TIMEOUT_S = 1800
+"""Seconds torchrun's static rendezvous waits for learner pod 0's name to resolve and for every
+learner pod to join (``--rdzv_conf=timeout``): long enough for pods on different nodes to pull a
+CUDA image; after it the learner fails and the JobSet restarts the group."""
+NODE_RANK_ENV = "POSTTRAIN_NODE_RANK"
+"""Environment variable of a learner pod holding its Job completion index (torchrun's ``--node_rank``)."""
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$")
-_QUANTITY_FACTOR = {
-    None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-}
-
-
-@dataclass(frozen=True)
-class PodResources:
-    """What one pod of a replicatedJob asks for; requests equal limits for memory and GPUs.
-
-    Attributes:
-        cpu: CPU request, Kubernetes quantity (cores, e.g. ``"8"`` or ``"500m"``); no CPU limit.
-        memory: Memory request and limit, quantity in bytes (e.g. ``"64Gi"``).
-        gpus: ``nvidia.com/gpu`` request and limit (devices); > 0 also adds the GPU toleration.
-        shm: Size of the memory-backed ``/dev/shm`` (bytes quantity), or None for none. vLLM and
-            torch data loaders need more than the container runtime's 64 MiB default.
-    """
-
-    cpu: str
-    memory: str
-    gpus: int = 0
-    shm: str | None = None
-
-    def __post_init__(self) -> None:
-        for field in ("cpu", "memory") + (("shm",) if self.shm is not None else ()):
-            value = getattr(self, field)
-            if not isinstance(value, str) or not _QUANTITY.match(value):
-                raise ValueError(f"PodResources.{field}: {value!r} is not a Kubernetes quantity such as '8', '500m', '64Gi'")
-        if not isinstance(self.gpus, int) or not 0 <= self.gpus <= 64:
-            raise ValueError(f"PodResources.gpus: must be an integer in [0, 64], got {self.gpus!r}")
-
-
 @dataclass(frozen=True)
 class SAOImages:
     """Container images of the three roles (pin them by digest in production).
@@ -104,21 +95,8 @@ class SAOImages:
     redis: str = VALKEY_IMAGE
 
 
-DEFAULT_LEARNER_RESOURCES = PodResources(cpu="32", memory="256Gi", gpus=8, shm="32Gi")
-DEFAULT_GENERATOR_RESOURCES = PodResources(cpu="8", memory="64Gi", gpus=1, shm="16Gi")
-DEFAULT_REDIS_RESOURCES = PodResources(cpu="2", memory="8Gi")
-
-
-def quantity_bytes(quantity: str) -> int:
-    """Convert a Kubernetes quantity to a number: ``"8Gi"`` -> 8589934592, ``"500m"`` -> 0 (rounded down).
-
-    Raises:
-        ValueError: not a plain decimal quantity with an optional suffix.
-    """
-    match = _QUANTITY.match(quantity)
-    if not match:
-        raise ValueError(f"{quantity!r} is not a Kubernetes quantity such as '8Gi'")
-    return int(float(match.group(1)) * _QUANTITY_FACTOR[match.group(3)])
+REDIS_RESOURCES = PodResources(cpu="2", memory="8Gi")
+"""The per-run Redis pod (not in the run config: it holds only the rollout stream)."""
 
 
 def jobset_name(run_id: str) -> str:
@@ -155,6 +133,45 @@ def _check_generated_names(name: str, replicated_jobs: list[dict[str, Any]]) -> 
                 f"replicatedJobs[{rjob['name']}]: generated pod name {longest!r} is longer than 63 characters; "
                 "use fewer replicas or a shorter JobSet name"
             )
+
+
+def learner_host(name: str) -> str:
+    """DNS name of learner pod 0 of JobSet ``name``: ``<name>-learner-0-0.<name>``.
+
+    JobSet names each pod of an Indexed Job ``<jobset>-<replicatedJob>-<jobIndex>-<podIndex>`` and, with
+    ``network.enableDNSHostnames``, puts it under a headless Service named after the JobSet (the
+    default ``network.subdomain``); the short name resolves inside the JobSet's namespace.
+    """
+    return f"{name}-learner-0-0.{name}"
+
+
+def learner_command(name: str, config_uri: str, nodes: int, gpus_per_node: int) -> list[str]:
+    """The command of every learner pod: ``torchrun`` starting one ``posttrain learner`` per GPU.
+
+    ``--node_rank`` is ``$(POSTTRAIN_NODE_RANK)``, which the kubelet expands from the pod's
+    environment (its Job completion index). The static rendezvous runs on learner pod 0
+    (``learner_host``) at ``RENDEZVOUS_PORT``; torchrun sets ``RANK``, ``LOCAL_RANK``,
+    ``WORLD_SIZE`` (= ``nodes * nproc_per_node``), ``MASTER_ADDR`` and ``MASTER_PORT`` for each process.
+
+    Args:
+        name: JobSet name.
+        config_uri: Run config path or ``s3://`` URI (``--config``).
+        nodes: Learner pods (``--nnodes``), >= 1.
+        gpus_per_node: GPUs per learner pod; ``--nproc_per_node`` is this, or 1 for a CPU pod (0).
+
+    Returns:
+        The container's ``command`` list.
+    """
+    return [
+        "torchrun",
+        f"--nnodes={nodes}",
+        f"--nproc_per_node={max(gpus_per_node, 1)}",
+        f"--node_rank=$({NODE_RANK_ENV})",
+        f"--master_addr={learner_host(name)}",
+        f"--master_port={RENDEZVOUS_PORT}",
+        f"--rdzv_conf=timeout={RENDEZVOUS_TIMEOUT_S}",
+        "-m", "posttrain.cli", "learner", "--config", config_uri,
+    ]
 
 
 def _labels(component: str, name: str) -> dict[str, str]:
@@ -240,10 +257,10 @@ def build_sao_jobset(
     config_uri: str,
     redis_password_secret: str,
     *,
-    learner_resources: PodResources = DEFAULT_LEARNER_RESOURCES,
-    generator_resources: PodResources = DEFAULT_GENERATOR_RESOURCES,
-    redis_resources: PodResources = DEFAULT_REDIS_RESOURCES,
-    learner_nodes: int = 1,
+    learner_nodes: int | None = None,
+    learner_resources: PodResources | None = None,
+    generator_resources: PodResources | None = None,
+    redis_resources: PodResources = REDIS_RESOURCES,
     priority_class: str | None = None,
     max_restarts: int = 2,
     tenant_config_map: str | None = TENANT_CONFIG_MAP,
@@ -262,10 +279,12 @@ def build_sao_jobset(
         config_uri: Run config (YAML) path or ``s3://`` URI passed as ``--config`` to both roles.
         redis_password_secret: Secret in ``tenant`` whose key ``password`` is the Redis password; it
             must be URL-safe (``[A-Za-z0-9._~-]``, e.g. hex) because it is spliced into ``REDIS_URL``.
-        learner_resources: Per learner pod.
-        generator_resources: Per generator pod.
+        learner_nodes: Learner pods (``parallelism = completions``, 1..64), each running ``torchrun``
+            with node rank = its completion index; None: the run config's default (``learner.nodes``).
+        learner_resources: Per learner pod; ``gpus`` is torchrun's ``--nproc_per_node``. None: the
+            run config's default (``learner.resources``).
+        generator_resources: Per generator pod. None: the run config's default (``generator.resources``).
         redis_resources: Redis pod; Valkey's ``maxmemory`` is set to 80 % of its memory.
-        learner_nodes: Learner pods (``parallelism = completions``); rank = ``JOB_COMPLETION_INDEX``.
         priority_class: Kueue WorkloadPriorityClass name (label), or None.
         max_restarts: ``failurePolicy.maxRestarts``: group restarts plus single-generator restarts.
         tenant_config_map: ConfigMap mounted as environment (``envFrom``) into learner and generators
@@ -280,13 +299,16 @@ def build_sao_jobset(
         ValueError: a field is out of range or not a valid Kubernetes name (the message names it).
     """
     name = jobset_name(run_id)
+    learner_nodes = LearnerConfig().nodes if learner_nodes is None else learner_nodes
+    learner_resources = learner_resources or LearnerConfig().resources
+    generator_resources = generator_resources or GeneratorConfig().resources
     for field, value in (("tenant", tenant), ("queue_name", queue_name), ("redis_password_secret", redis_password_secret)):
         if not isinstance(value, str) or len(value) > 63 or not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", value):
             raise ValueError(f"{field}: {value!r} is not a DNS-1123 label (lowercase a-z0-9 '-', <= 63)")
     if not 1 <= num_generators <= 1024:
         raise ValueError(f"num_generators: must be in [1, 1024] (JobSet RestartJob limit), got {num_generators}")
-    if not 1 <= learner_nodes <= 64:
-        raise ValueError(f"learner_nodes: must be in [1, 64], got {learner_nodes}")
+    if not isinstance(learner_nodes, int) or not 1 <= learner_nodes <= MAX_LEARNER_NODES:
+        raise ValueError(f"learner_nodes: must be an integer in [1, {MAX_LEARNER_NODES}], got {learner_nodes!r}")
     if not 0 <= max_restarts <= 100:
         raise ValueError(f"max_restarts: must be in [0, 100], got {max_restarts}")
     if not config_uri:
@@ -334,9 +356,14 @@ def build_sao_jobset(
         learner_resources,
         [
             {"name": "POSTTRAIN_LEARNER_NODES", "value": str(learner_nodes)},
-            {"name": "POSTTRAIN_LEARNER_COORDINATOR", "value": f"{name}-learner-0-0.{name}"},
+            {"name": "POSTTRAIN_LEARNER_COORDINATOR", "value": learner_host(name)},
+            # The Job controller writes each pod's completion index into this annotation.
+            {"name": NODE_RANK_ENV, "valueFrom": {"fieldRef": {
+                "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
         ],
     )
+    learner["command"] = learner_command(name, config_uri, learner_nodes, learner_resources.gpus)
+    learner["ports"] = [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT}]
     generator = role_container(
         "generator",
         images.generator,
@@ -411,3 +438,44 @@ def build_sao_jobset(
             "replicatedJobs": replicated_jobs,
         },
     }
+
+
+def sao_jobset_for_config(
+    cfg: RunConfig,
+    run_id: str,
+    tenant: str,
+    images: SAOImages,
+    queue_name: str,
+    config_uri: str,
+    redis_password_secret: str,
+    **options: Any,
+) -> dict[str, Any]:
+    """``build_sao_jobset`` with pod counts and resources from a run config.
+
+    ``generator.num_processes`` generator pods of ``generator.resources``; ``learner.nodes`` learner
+    pods of ``learner.resources``, each running ``torchrun`` with ``learner.resources.gpus`` processes.
+
+    Args:
+        cfg: The run config (the one staged at ``config_uri``).
+        run_id: Pipeline run id (see ``build_sao_jobset``).
+        tenant: Tenant namespace.
+        images: Images of the three roles.
+        queue_name: Kueue LocalQueue in ``tenant``.
+        config_uri: Run config path or ``s3://`` URI passed as ``--config`` to both roles.
+        redis_password_secret: Secret holding the Redis password.
+        **options: Further keyword arguments of ``build_sao_jobset`` (``priority_class``, ``max_restarts``...).
+
+    Returns:
+        The JobSet object.
+
+    Raises:
+        ValueError: as ``build_sao_jobset``; also when ``options`` sets a size the config owns.
+    """
+    owned = {"num_generators", "learner_nodes", "learner_resources", "generator_resources"} & options.keys()
+    if owned:
+        raise ValueError(f"{sorted(owned)}: set by the run config (learner.*, generator.*), not as arguments")
+    return build_sao_jobset(
+        run_id, tenant, images, cfg.generator.num_processes, queue_name, config_uri, redis_password_secret,
+        learner_nodes=cfg.learner.nodes, learner_resources=cfg.learner.resources,
+        generator_resources=cfg.generator.resources, **options,
+    )

@@ -41,6 +41,7 @@ from posttrain.cluster.jobset import (
     S3_CREDENTIALS_SECRET,
     TENANT_CONFIG_MAP,
 )
+from posttrain.config.resources import is_quantity
 
 KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
 PLATFORM_NAMESPACE = "posttrain-system"
@@ -63,7 +64,6 @@ PLATFORM_PORTS = {"redis": REDIS_PORT, "s3": 8333, "mlflow": 5000}
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$")
 
 
 def _labels(name: str, component: str) -> dict[str, str]:
@@ -167,7 +167,7 @@ def network_policies(namespace: str | None, platform_namespace: str = PLATFORM_N
 
 def _check_quantity(field: str, value: str | int) -> str:
     text = str(value)
-    if not _QUANTITY.match(text):
+    if not is_quantity(text):
         raise ValueError(f"{field}: {value!r} is not a Kubernetes quantity such as '64', '500m' or '512Gi'")
     return text
 

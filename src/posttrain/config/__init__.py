@@ -5,6 +5,7 @@ This package imports no torch, so ``posttrain validate-config`` is instant.
 
 from posttrain.config.common import DPOLossConfig, GRPOLossConfig, OptimConfig, SAOLossConfig
 from posttrain.config.load import ConfigError, load_config, parse_overrides
+from posttrain.config.resources import PodResources
 from posttrain.config.run import RunConfig
 from posttrain.config.sections import (
     CriticConfig,
@@ -35,6 +36,7 @@ __all__ = [
     "LearnerConfig",
     "ModelConfig",
     "OptimConfig",
+    "PodResources",
     "QueueConfig",
     "RunConfig",
     "SAOConfig",

@@ -56,7 +56,8 @@ class RunConfig(_Strict):
     sao: SAOConfig = Field(default_factory=SAOConfig)
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
-    """Learner device, precision and activation checkpointing (every technique)."""
+    """Learner device, precision and activation checkpointing (every technique); its pods and their
+    resources in the SAO JobSet (cluster mode)."""
     queue: QueueConfig = Field(default_factory=QueueConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)

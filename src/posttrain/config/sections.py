@@ -1,4 +1,4 @@
-"""The run config's sections for model, data, warm start, SAO, generator, queue, tracking and eval."""
+"""The run config's sections for model, data, warm start, SAO, generator, learner, queue, tracking and eval."""
 
 from __future__ import annotations
 
@@ -9,6 +9,14 @@ from pydantic_core import PydanticCustomError
 
 from posttrain.config.common import OptimConfig, SAOLossConfig, _Strict
 from posttrain.config.environments import ENVIRONMENT_ARGUMENTS, unknown_env_args
+from posttrain.config.resources import PodResources, fill_resources
+
+MAX_LEARNER_NODES = 64
+"""Upper bound of ``learner.nodes`` (learner pods of one SAO JobSet)."""
+LEARNER_RESOURCES = PodResources(cpu="32", memory="256Gi", gpus=8, shm="32Gi")
+"""Default of ``learner.resources``: one 8-GPU node."""
+GENERATOR_RESOURCES = PodResources(cpu="8", memory="64Gi", gpus=1, shm="16Gi")
+"""Default of ``generator.resources``: one GPU."""
 
 
 class TinyModelConfig(_Strict):
@@ -184,14 +192,24 @@ class GeneratorConfig(_Strict):
     """Nucleus mass; SAO training requires 1.0."""
     vllm_kv_cache_gib: int = Field(1, ge=1, le=1024)
     """vLLM CPU KV-cache size (GiB)."""
+    resources: PodResources = GENERATOR_RESOURCES
+    """What each generator pod of the SAO JobSet asks for (cluster mode; one pod per process,
+    ``num_processes`` pods); fields left out keep this default. ``posttrain run`` on one machine
+    ignores it."""
+
+    @field_validator("resources", mode="before")
+    @classmethod
+    def _fill_resources(cls, value: Any) -> Any:
+        return fill_resources(GENERATOR_RESOURCES, value)
 
 
 class LearnerConfig(_Strict):
-    """Where and how the learner computes: device, precision, activation checkpointing.
+    """Where and how the learner computes: device, precision, activation checkpointing; its pods on a cluster.
 
-    The number of learner processes is not set here: ``torchrun --nproc_per_node N`` (or the
-    JobSet's learner pods) decides it, and with more than one the policy, critic and reference
-    model are sharded per transformer block with FSDP2 (``posttrain.parallel``).
+    On one machine the number of learner processes is ``torchrun --nproc_per_node N``'s. In the
+    SAO JobSet (cluster mode) it is ``nodes`` pods × ``resources.gpus`` processes, each pod running
+    ``torchrun`` (``posttrain.cluster.jobset``). With more than one process the policy, critic and
+    reference model are sharded per transformer block with FSDP2 (``posttrain.parallel``).
     """
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -201,6 +219,17 @@ class LearnerConfig(_Strict):
     state and computes log-probabilities in fp32."""
     activation_checkpointing: bool = False
     """Recompute each transformer block's activations in backward (less memory, ~30% more compute)."""
+    nodes: int = Field(1, ge=1, le=MAX_LEARNER_NODES)
+    """Learner pods of the SAO JobSet (cluster mode); pod i is torchrun's ``--node_rank`` i. ``posttrain
+    run`` on one machine ignores it."""
+    resources: PodResources = LEARNER_RESOURCES
+    """What each learner pod asks for (cluster mode); fields left out keep this default. ``gpus`` is
+    also torchrun's ``--nproc_per_node`` (1 when 0: one CPU process per pod)."""
+
+    @field_validator("resources", mode="before")
+    @classmethod
+    def _fill_resources(cls, value: Any) -> Any:
+        return fill_resources(LEARNER_RESOURCES, value)
 
 
 class QueueConfig(_Strict):

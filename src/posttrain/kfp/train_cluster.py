@@ -2,7 +2,7 @@
 
 ``train_sao_cluster`` uploads the prepared dataset and a config pointing below the run's prefix,
 creates the SAO JobSet (learner, generators, Redis; gang-admitted by Kueue through the ``queue``
-label) or re-attaches to it after a retried step, and follows it to ``Completed``. The Model
+label; pod counts and resources from the config's ``learner`` and ``generator`` sections) or re-attaches to it after a retried step, and follows it to ``Completed``. The Model
 artifact it writes holds no weights: ``posttrain_model.json`` and the artifact's metadata name the
 checkpoint the learner uploads (``checkpoint_uri``). ``posttrain.kfp.train.train_sao`` calls it for
 ``mode="cluster"``.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from posttrain.cluster.jobset import SAOImages, build_sao_jobset, jobset_name
+from posttrain.cluster.jobset import SAOImages, jobset_name, sao_jobset_for_config
 from posttrain.cluster.tenant import REDIS_CREDENTIALS_SECRET
 from posttrain.kfp.artifacts import (
     CONFIG_FILE,
@@ -87,10 +87,14 @@ def train_sao_cluster(
     staged = with_fields(cfg, fields)
     config_uri = f"{base}/{CONFIG_FILE}"
     store.write_bytes(config_uri, yaml.safe_dump(staged.model_dump(mode="json", by_alias=True), sort_keys=False).encode())
-    body = build_sao_jobset(run_id, namespace, SAOImages(learner=learner_image, generator=generator_image),
-                            cfg.generator.num_processes, queue, config_uri, REDIS_CREDENTIALS_SECRET)
+    # Pod counts and resources come from the config: learner.nodes x learner.resources (torchrun
+    # with one process per GPU), generator.num_processes x generator.resources.
+    body = sao_jobset_for_config(staged, run_id, namespace, SAOImages(learner=learner_image, generator=generator_image),
+                                 queue, config_uri, REDIS_CREDENTIALS_SECRET)
     launch_or_attach(api, core, namespace, body)
-    print(f"JobSet {namespace}/{name}: queue {queue}, {cfg.generator.num_processes} generators, config {config_uri}",
+    lr = cfg.learner.resources
+    print(f"JobSet {namespace}/{name}: queue {queue}, {cfg.learner.nodes} learner pod(s) x {lr.gpus} GPU(s), "
+          f"{cfg.generator.num_processes} generators x {cfg.generator.resources.gpus} GPU(s), config {config_uri}",
           flush=True)
     status = wait_for_jobset(api, core, namespace, name, poll_s=poll_s, timeout_s=timeout_s,
                              on_status=lambda s: print(s.summary(), flush=True))

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.cli import main
-from posttrain.config import ConfigError, RunConfig, load_config, parse_overrides
+from posttrain.config import ConfigError, PodResources, RunConfig, load_config, parse_overrides
 
 CONFIGS = sorted(Path(__file__).resolve().parents[3].joinpath("configs").glob("*.yaml"))
 
@@ -142,3 +142,43 @@ def test_run_with_a_missing_training_file_prints_one_line_and_exits_2(tmp_path, 
     assert code == 2
     assert err == [f"posttrain: config error: sft.data_path: {missing} is not a file"]
     assert not (tmp_path / "runs").exists()
+
+
+def test_learner_and_generator_resources_default_to_one_8_gpu_learner_pod_and_1_gpu_generators():
+    cfg = load_config(None)
+    assert cfg.learner.nodes == 1
+    assert cfg.learner.resources == PodResources(cpu="32", memory="256Gi", gpus=8, shm="32Gi")
+    assert cfg.generator.resources == PodResources(cpu="8", memory="64Gi", gpus=1, shm="16Gi")
+
+
+def test_resources_given_in_part_keep_the_sections_defaults_and_numbers_read_as_quantities(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("learner:\n  nodes: 4\n  resources: {gpus: 4, cpu: 48}\ngenerator:\n  resources: {memory: 32Gi}\n")
+    cfg = load_config(p)
+    assert cfg.learner.nodes == 4
+    assert cfg.learner.resources == PodResources(cpu="48", memory="256Gi", gpus=4, shm="32Gi")
+    assert cfg.generator.resources == PodResources(cpu="8", memory="32Gi", gpus=1, shm="16Gi")
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "expected"),
+    [
+        ("learner:\n  resources: {gpus: -1}\n",
+         "learner.resources.gpus: Input should be greater than or equal to 0, got -1"),
+        ("learner:\n  resources: {memory: 64 GB}\n",
+         "learner.resources.memory: not a Kubernetes quantity such as '8', '500m' or '64Gi', got '64 GB'"),
+        ("generator:\n  resources: {cpu: 0}\n", "generator.resources.cpu: must be greater than 0, got 0"),
+        ("generator:\n  resources: {gpu: 1}\n", "generator.resources.gpu: unknown field"),
+        ("learner:\n  nodes: 65\n", "learner.nodes: Input should be less than or equal to 64, got 65"),
+        ("learner:\n  resources: {memory: 16Gi}\n",
+         "learner.resources: shm (32Gi) must not exceed memory (16Gi): /dev/shm counts against the memory limit"),
+    ],
+)
+def test_a_bad_resource_value_is_one_line_naming_the_field(tmp_path, capsys, yaml_text, expected):
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml_text)
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    assert str(err.value) == f"{p}: {expected}"
+    assert main(["validate-config", str(p)]) == 2
+    assert capsys.readouterr().err.strip() == f"posttrain: config error: {p}: {expected}"
