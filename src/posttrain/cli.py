@@ -2,7 +2,8 @@
 
     posttrain run CONFIG [key=value ...]          the whole flow of a run (prepare, warm start, train, eval, register)
     posttrain generator CONFIG [key=value ...]    one generator process (needs REDIS_URL)
-    posttrain learner CONFIG [key=value ...]      one learner process (needs REDIS_URL; resumes from checkpoints)
+    posttrain learner CONFIG [key=value ...]      the learner (needs REDIS_URL; resumes from checkpoints;
+                                                  under torchrun --nproc_per_node N, N sharded ranks)
     posttrain validate-config CONFIG [key=value ...]
     posttrain eval --benchmark NAME --model DIR ...
     posttrain models list|show|promote ...
@@ -18,6 +19,7 @@ import contextlib
 import logging
 import os
 import sys
+from typing import Any
 
 from posttrain.config import ConfigError, RunConfig, load_config
 from posttrain.data.tasks import DatasetError
@@ -77,31 +79,59 @@ def _cmd_generator(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_learner(args: argparse.Namespace) -> int:
+def _learner_inputs(cfg: Any, start_model: str | None, world: Any) -> tuple[Any, Any, Any]:
+    """Localized config, run context and start model, prepared once per node before any rank reads them.
+
+    Rank 0 prepares first (downloads, tokenizer, warm start, mirror); then the first rank of each
+    other node (a node with its own disk finds the mirrored start model, or warm-starts alike from
+    the same seed); then the remaining ranks, which find everything in place.
+    """
     from pathlib import Path
 
     from posttrain.cluster.role_inputs import learner_start_model, localize_inputs
-    from posttrain.learner.loop import run_learner
-    from posttrain.learner.setup import redis_transport
-    from posttrain.runners.common import metrics_sink
     from posttrain.runtime import RunContext
 
-    cfg = localize_inputs(_config(args))  # cluster pods: s3:// task files and model downloaded
-    ctx = RunContext(cfg)
-    start = Path(args.start_model) if args.start_model else learner_start_model(ctx)
-    # Cluster pods get MLFLOW_TRACKING_URI from the tenant ConfigMap: metrics go to MLflow, into
-    # the same run after a restart. Without a tracking URI they go to <run dir>/metrics.jsonl only.
-    tracker = None
-    if cfg.tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"):
-        from posttrain.tracking import Tracker
+    def prepare() -> tuple[Any, Any, Any]:
+        localized = localize_inputs(cfg)  # cluster pods: s3:// task files and model downloaded
+        ctx = RunContext(localized)
+        return localized, ctx, Path(start_model) if start_model else learner_start_model(ctx)
 
-        tracker = Tracker.for_learner(cfg)
-    with tracker if tracker is not None else contextlib.nullcontext():
-        summary = run_learner(
-            cfg, redis_transport(cfg, _redis_url_from_env()), start_model_dir=start, sink=metrics_sink(ctx, tracker),
-            max_iterations=args.max_iterations,
-        )
-    print(f"learner: policy version {summary.policy_version}, {summary.counters['rollouts_trained']:.0f} rollouts trained")
+    out = prepare() if world.is_main else None
+    world.barrier()
+    if out is None and world.local_rank == 0:
+        out = prepare()
+    world.barrier()
+    return out if out is not None else prepare()
+
+
+def _cmd_learner(args: argparse.Namespace) -> int:
+    from posttrain.learner.loop import run_learner
+    from posttrain.learner.setup import redis_transport
+    from posttrain.parallel.world import init_world, shutdown_world
+    from posttrain.runners.common import metrics_sink
+
+    cfg = _config(args)
+    world = init_world(cfg.learner)  # torchrun: one process per rank, FSDP2 over them
+    try:
+        cfg, ctx, start = _learner_inputs(cfg, args.start_model, world)
+        # Cluster pods get MLFLOW_TRACKING_URI from the tenant ConfigMap: metrics go to MLflow, into
+        # the same run after a restart. Without a tracking URI they go to <run dir>/metrics.jsonl only.
+        tracker = None
+        if world.is_main and (cfg.tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")):
+            from posttrain.tracking import Tracker
+
+            tracker = Tracker.for_learner(cfg)
+        transport = redis_transport(cfg, _redis_url_from_env()) if world.is_main else None
+        with tracker if tracker is not None else contextlib.nullcontext():
+            summary = run_learner(
+                cfg, transport, start_model_dir=start, sink=metrics_sink(ctx, tracker) if world.is_main else None,
+                max_iterations=args.max_iterations, world=world,
+            )
+    finally:
+        shutdown_world()
+    if world.is_main:
+        print(f"learner: policy version {summary.policy_version}, {summary.counters['rollouts_trained']:.0f} "
+              f"rollouts trained on {world.size} rank(s)")
     return 0
 
 
@@ -153,6 +183,14 @@ DELEGATED = {
 where a verb is given (``posttrain tenant render ...``) it is required."""
 
 
+def _learner_errors() -> tuple[type[Exception], ...]:
+    """Errors of the learner's placement and resume that deserve one line (imported only when one is raised)."""
+    from posttrain.learner.checkpoint import CheckpointError
+    from posttrain.parallel.world import DeviceError
+
+    return (DeviceError, CheckpointError)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``posttrain`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -192,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (DatasetError, RecordError) as exc:
         # A bad dataset row names file:line:field; a bad record names the field.
+        print(f"posttrain: {exc}", file=sys.stderr)
+        return 2
+    except _learner_errors() as exc:
+        # learner.device: cuda where there is none; a checkpoint of another model shape or missing shards.
         print(f"posttrain: {exc}", file=sys.stderr)
         return 2
 

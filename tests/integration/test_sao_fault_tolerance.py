@@ -98,7 +98,7 @@ def test_sigkill_of_one_generator_does_not_stop_the_run_or_lose_acknowledged_rol
         assert client.xpending(ctx.keys.rollouts, "learner")["pending"] == 0
         stats = {k.decode(): json.loads(v) for k, v in client.hgetall(ctx.keys.generator_stats).items()}
         assert stats["g1"]["rollouts"] > 0
-        state = json.loads((ctx.checkpoints_dir / (ctx.checkpoints_dir / "LATEST").read_text() / "state.json").read_text())
+        state = json.loads((ctx.checkpoints_dir / (ctx.checkpoints_dir / "LATEST").read_text() / "state.json").read_text())["state"]
         assert state["policy_version"] == 6
 
 
@@ -119,7 +119,7 @@ def test_sigkilled_learner_resumes_from_its_checkpoint_without_losing_or_retrain
             assert resumed.wait(timeout=420) == 0, (ctx.run_dir / "resumed.log").read_bytes()[-3000:]
         finally:
             _stop(ctx, client, gens)
-        ckpt_state = json.loads((ctx.checkpoints_dir / (ctx.checkpoints_dir / "LATEST").read_text() / "state.json").read_text())
+        ckpt_state = json.loads((ctx.checkpoints_dir / (ctx.checkpoints_dir / "LATEST").read_text() / "state.json").read_text())["state"]
         assert ckpt_state["policy_version"] == 8
         iterations = _surviving_iterations(ctx)
         assert sorted(iterations) == list(range(1, ckpt_state["iteration"] + 1))
