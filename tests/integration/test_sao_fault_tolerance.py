@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from posttrain.config import load_config
+from posttrain.models.hf import load_policy
 from posttrain.runners.common import prepare, warm_start
 from posttrain.runtime import RunContext
 from posttrain.services.embedded_redis import EmbeddedRedis
@@ -133,3 +134,44 @@ def test_sigkilled_learner_resumes_from_its_checkpoint_without_losing_or_retrain
         lost_work = [e for it, ids in first_life.items() if it >= restart_from for e in ids]
         assert set(lost_work) <= set(trained)
         assert client.xpending(ctx.keys.rollouts, "learner")["pending"] == 0
+
+
+def _spawn_ranks(ctx: RunContext, ranks: int, url: str, *extra: str, log_name: str) -> subprocess.Popen:
+    """``posttrain learner`` on ``ranks`` FSDP2 ranks (torchrun, gloo), or as one plain process."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    log = (ctx.run_dir / f"{log_name}.log").open("ab")
+    return subprocess.Popen(
+        [*(launcher if ranks > 1 else [sys.executable]), "-m", "posttrain.cli", "learner",
+         str(ctx.run_dir / "resolved_config.yaml"), *extra],
+        env={**os.environ, "REDIS_URL": url, "OMP_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT,
+    )
+
+
+def test_learner_stopped_after_a_checkpoint_resumes_on_a_different_number_of_ranks(tmp_path):
+    """2 ranks -> 1 rank -> 2 ranks over one stream: the distributed checkpoint reshards each time,
+    and the surviving ledger holds every iteration once with no entry trained twice."""
+    ctx = _ctx(tmp_path, "reshard", 6, "sao.checkpoint_every=2", "generator.num_processes=1")
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        gens = [_spawn(ctx, "generator", server.url, "--generator-id", "g0", log_name="g0")]
+        try:
+            for ranks, extra, name in ((2, ["--max-iterations", "3"], "two"), (1, ["--max-iterations", "2"], "one"),
+                                       (2, [], "two-again")):
+                learner = _spawn_ranks(ctx, ranks, server.url, "--start-model", str(ctx.sft_model_dir), *extra,
+                                       log_name=name)
+                assert learner.wait(timeout=600) == 0, (ctx.run_dir / f"{name}.log").read_bytes()[-4000:]
+        finally:
+            _stop(ctx, client, gens)
+        logs = {name: (ctx.run_dir / f"{name}.log").read_text(errors="replace") for name in ("one", "two-again")}
+        assert "rollouts trained on 1 rank(s)" in logs["one"] and "on 2 rank(s)" in logs["two-again"]
+        assert all("resumed from iter-" in log for log in logs.values())
+        ckpt = ctx.checkpoints_dir / (ctx.checkpoints_dir / "LATEST").read_text()
+        meta = json.loads((ckpt / "state.json").read_text())
+        assert meta["state"]["policy_version"] == 6 and meta["layout"]["ranks"] == 2
+        iterations = _surviving_iterations(ctx)
+        assert sorted(iterations) == list(range(1, meta["state"]["iteration"] + 1))
+        trained = [e for ids in iterations.values() for e in ids]
+        assert len(trained) == len(set(trained)) == 4 * len(iterations)
+        assert client.xpending(ctx.keys.rollouts, "learner")["pending"] == 0
+        final = load_policy(ctx.final_model_dir)
+        assert sum(p.numel() for p in final.parameters()) > 0
