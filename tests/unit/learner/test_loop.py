@@ -187,3 +187,16 @@ def test_techniques_off_the_asynchronous_runtime_are_refused_with_the_field(tmp_
                               MemoryAdmissionController(versions, batch_size=4, max_staleness=2), versions)
     with pytest.raises(ConfigError, match="technique"):
         run_learner(config, transport, start_model_dir=tiny_model.path, progress=False)
+
+
+def test_a_batch_smaller_than_the_ranks_is_refused_with_the_field_before_anything_is_written(tmp_path, tiny_model):
+    from posttrain.config.load import ConfigError
+    from posttrain.parallel.world import World
+
+    config = _prepared(tmp_path, "sao", tiny_model)
+    versions = MemoryPolicyVersionStore()
+    transport, generator = _transport(tmp_path, config, tiny_model, MemoryStream(),
+                                      MemoryAdmissionController(versions, batch_size=4, max_staleness=2), versions)
+    with pytest.raises(ConfigError, match=r"sao.batch_size: a batch of 4 rollouts cannot feed 8 learner ranks"):
+        run_learner(config, transport, start_model_dir=tiny_model.path, progress=False, world=World(size=8))
+    assert transport.store.latest_version() is None and generator.announced == []
