@@ -219,6 +219,10 @@ class LearnerConfig(_Strict):
     state and computes log-probabilities in fp32."""
     activation_checkpointing: bool = False
     """Recompute each transformer block's activations in backward (less memory, ~30% more compute)."""
+    local_ranks: int = Field(1, ge=1, le=64)
+    """Learner processes ``posttrain run`` starts on this machine for SAO and asynchronous GRPO: 1 runs
+    the learner in the run's own process; N > 1 starts ``torchrun --standalone --nproc_per_node N
+    -m posttrain.cli learner`` beside the generators (FSDP2 over N ranks). Cluster mode ignores it."""
     nodes: int = Field(1, ge=1, le=MAX_LEARNER_NODES)
     """Learner pods of the SAO JobSet (cluster mode); pod i is torchrun's ``--node_rank`` i. ``posttrain
     run`` on one machine ignores it."""

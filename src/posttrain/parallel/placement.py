@@ -11,9 +11,11 @@ the optimizer must see the sharded ones):
    rank keeps 1/N of every parameter, gradient and AdamW state; a block's parameters are
    all-gathered for its forward and backward only);
 4. with bf16, run ``forward`` under ``torch.autocast(bfloat16)``. Parameters, gradients and
-   optimizer state stay fp32 (the master copy); under FSDP2 the all-gather also moves bf16
-   (``MixedPrecisionPolicy``) while gradients are reduced in fp32. Log-probabilities are
-   computed in fp32 from the logits (``posttrain.losses.logprobs.token_logprobs``).
+   optimizer state stay fp32 (the master copy; FSDP2 gathers and reduces them in fp32). The
+   output head (the LM head, the critic's value head) runs outside autocast on fp32 hidden
+   states, so logits and values, and the log-probabilities computed from them
+   (``posttrain.losses.logprobs.token_logprobs``), are fp32: the DIS ratio and the logprob-parity
+   check compare against them.
 
 Gradients under FSDP2 are averaged over ranks; a step therefore scales each rank's summed loss
 by ``world.size / global_count`` (``loss_scale``), so N ranks make the update one rank makes on
@@ -80,21 +82,46 @@ def prepare_model(model: nn.Module, world: World, config: LearnerConfig, *, trai
             raise ValueError(f"learner.activation_checkpointing: {type(model).__name__} does not support it")
         target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if world.distributed:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import fully_shard
 
-        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if precision == "bf16" else MixedPrecisionPolicy())
         for block in transformer_blocks(model):
-            fully_shard(block, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
+            fully_shard(block)
+        fully_shard(model)
     if precision == "bf16":
         autocast = torch.autocast(device_type=world.device.type, dtype=torch.bfloat16)
         model.forward = functools.wraps(model.forward)(autocast(model.forward))  # type: ignore[method-assign]
+        for head in output_heads(model):
+            _run_in_fp32(head, world.device.type)
     if not trainable:
         model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
     return model
+
+
+def output_heads(model: nn.Module) -> list[nn.Module]:
+    """The layers whose outputs feed the losses: the LM head (``get_output_embeddings``) and a ``value_head``."""
+    heads: list[nn.Module] = []
+    get = getattr(model, "get_output_embeddings", None)
+    lm_head = get() if callable(get) else None
+    if isinstance(lm_head, nn.Module):
+        heads.append(lm_head)
+    value_head = getattr(model, "value_head", None)
+    if isinstance(value_head, nn.Module):
+        heads.append(value_head)
+    return heads
+
+
+def _run_in_fp32(module: nn.Module, device_type: str) -> None:
+    """Make ``module.forward`` compute in fp32 on fp32 inputs even inside an autocast region."""
+    inner = module.forward
+
+    @functools.wraps(inner)
+    def forward(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        with torch.autocast(device_type=device_type, enabled=False):
+            return inner(x.float(), *args, **kwargs)
+
+    module.forward = forward  # type: ignore[method-assign]
 
 
 def loss_scale(world: World, global_count: int) -> float:

@@ -14,6 +14,7 @@ Steps (each idempotent, so a re-run continues where it stopped):
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -26,6 +27,7 @@ import redis
 
 from posttrain.config import RunConfig
 from posttrain.eval.heldout import evaluate_policy
+from posttrain.learner.checkpoint import latest_checkpoint
 from posttrain.learner.loop import run_learner
 from posttrain.learner.setup import redis_transport
 from posttrain.learner.types import LearnerSummary
@@ -72,8 +74,40 @@ def stop_generators(ctx: RunContext, client: Any, procs: list[subprocess.Popen[b
                 p.wait()
 
 
+def run_learner_ranks(ctx: RunContext, redis_url: str, config_path: Path, start_model: Path) -> LearnerSummary:
+    """The learner as ``learner.local_ranks`` FSDP2 ranks: ``torchrun --standalone`` of ``posttrain learner``.
+
+    Its output goes to ``<run>/learner.log``; its metrics to ``<run>/metrics.jsonl`` (and MLflow when
+    a tracking URI is set), as an in-process learner's do. The summary is read back from its last
+    checkpoint (written at the final version) and the dead-letter stream.
+
+    Raises:
+        RuntimeError: the learner exited with a non-zero status (the log's tail is in the message).
+    """
+    ranks = ctx.config.learner.local_ranks
+    log_path = ctx.run_dir / "learner.log"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+           "-m", "posttrain.cli", "learner", str(config_path), "--start-model", str(start_model)]
+    with log_path.open("ab") as log:
+        code = subprocess.run(cmd, env={**os.environ, "REDIS_URL": redis_url}, stdout=log, stderr=subprocess.STDOUT,
+                              check=False).returncode
+    if code != 0:
+        tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
+        raise RuntimeError(f"learner on {ranks} ranks exited with status {code}; {log_path} ends with:\n{tail}")
+    latest = latest_checkpoint(ctx.checkpoints_dir)
+    if latest is None:
+        raise RuntimeError(f"learner on {ranks} ranks finished without a checkpoint in {ctx.checkpoints_dir}")
+    state = json.loads((latest / "state.json").read_text(encoding="utf-8"))["state"]
+    counters = dict(state["counters"])
+    counters["dead_letters"] = float(redis.Redis.from_url(redis_url).xlen(ctx.keys.dead_letter))
+    return LearnerSummary(state["policy_version"], state["iteration"], ctx.final_model_dir, counters)
+
+
 def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> LearnerSummary:
-    """Run the asynchronous runtime: generator subprocesses, and the learner in this process.
+    """Run the asynchronous runtime: generator subprocesses, and the learner here or on N ranks.
+
+    The learner runs in this process, or with ``learner.local_ranks > 1`` on that many FSDP2 ranks
+    under torchrun (``run_learner_ranks``).
 
     Serves ``technique: sao`` and ``technique: grpo`` with ``grpo.async: true`` alike (the roles read
     their shared numbers through ``posttrain.config.roles``). Redis is ``queue.redis_url`` or
@@ -97,7 +131,11 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> L
             store.publish(load_policy(start_model).state_dict(), 0, start_model)
         procs = start_generators(ctx, url, config_path)
         try:
-            summary = run_learner(ctx.config, redis_transport(ctx.config, url), start_model_dir=start_model, sink=sink)
+            if ctx.config.learner.local_ranks > 1:
+                summary = run_learner_ranks(ctx, url, config_path, start_model)
+            else:
+                summary = run_learner(ctx.config, redis_transport(ctx.config, url), start_model_dir=start_model,
+                                      sink=sink)
             gen_stats = read_generator_stats(client, ctx.keys)
         finally:
             stop_generators(ctx, client, procs)
