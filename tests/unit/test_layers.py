@@ -1,4 +1,4 @@
-"""The package's import graph runs down the layers of docs/ARCHITECTURE.md, and roles never import each other.
+"""The package's import graph runs down the layers of docs/architecture.md, and roles never import each other.
 
 Every ``import`` and ``from ... import`` under ``src/posttrain`` counts, including those inside
 functions and ``if TYPE_CHECKING:`` blocks: a lazy import is still an arrow between two rooms.

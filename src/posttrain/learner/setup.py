@@ -54,7 +54,7 @@ from posttrain.weight_sync.store import WeightStore
 
 @dataclass
 class LearnerTransport:
-    """How the learner reaches the generators: only through these (ARCHITECTURE.md §6).
+    """How the learner reaches the generators: only through these (docs/architecture.md).
 
     Attributes:
         queue: The rollout stream, seen by the learner's consumer.
