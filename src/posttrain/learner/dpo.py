@@ -11,6 +11,13 @@ once for every pair before training (``dpo.reference: precompute``; the referenc
 freed) or for each batch (``per_batch``). Chosen and rejected responses of a micro-batch go
 through one forward pass of ``2 x micro_batch_size`` rows; the summed loss is divided by the
 step's pair count (``GradientAccumulator``), so micro-batching does not change the gradient.
+
+Under ``torchrun`` with N ranks (FSDP2, ``posttrain.parallel``) every rank draws the same pairs
+of a step from the same seeded sampler and trains pairs r, r + N, ... of them (``rank_share``)
+in micro-batches padded with zero-weight fillers to the same count on every rank; the divisor
+stays the step's pair count and each rank's loss is scaled by N (FSDP2 averages gradients), so N
+ranks make one rank's update. Reference log-probabilities and held-out metrics are split the same
+way and summed over ranks, so every rank holds all of them.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from posttrain.learner.accumulate import EpochSampler, GradientAccumulator
 from posttrain.learner.optim import build_optimizer, clip_and_step
 from posttrain.losses.dpo import dpo_loss
 from posttrain.losses.logprobs import token_logprobs
+from posttrain.parallel.shares import MicroBatch, micro_batch_plan, rank_share
+from posttrain.parallel.world import World
 from posttrain.records import PreferencePair
 
 
@@ -121,23 +130,53 @@ def sequence_logprobs(
     return torch.where(response_mask, logprobs, zero).sum(dim=1)
 
 
+def _pair_plan(num_pairs: int, micro_batch_size: int, world: World) -> list[MicroBatch]:
+    """This rank's pairs (``rank_share`` of ``0 .. num_pairs - 1``) in micro-batches, as many on every rank."""
+    return micro_batch_plan(rank_share(range(num_pairs), world), micro_batch_size, world, filler=0)
+
+
+def _pair_logprobs(
+    model: nn.Module, pairs: Sequence[PairTokens], piece: MicroBatch, pad_token_id: int, device: torch.device
+) -> torch.Tensor:
+    """``[2n]`` summed response log-probabilities of the ``n`` pairs of ``piece``: chosen rows, then rejected."""
+    ids, attn, mask = (t.to(device) for t in collate_pairs([pairs[i] for i in piece.rows], pad_token_id))
+    return sequence_logprobs(model, ids, attn, mask)
+
+
 @torch.no_grad()
 def reference_logprobs(
-    reference: nn.Module, pairs: Sequence[PairTokens], *, pad_token_id: int, micro_batch_size: int
+    reference: nn.Module,
+    pairs: Sequence[PairTokens],
+    *,
+    pad_token_id: int,
+    micro_batch_size: int,
+    world: World | None = None,
 ) -> torch.Tensor:
     """Reference-model sequence log-probabilities of every pair.
 
+    Args:
+        reference: The frozen reference model (placed, sharded with several ranks).
+        pairs: The pairs, the same on every rank.
+        pad_token_id: Padding token id.
+        micro_batch_size: Pairs per forward pass on each rank.
+        world: The learner's ranks (one when None): each rank computes its share of the pairs and
+            the shares are summed over ranks, so every rank returns all of them.
+
     Returns:
-        [P, 2] float32: column 0 the chosen, column 1 the rejected response (nats), no gradient.
+        [P, 2] float32 on the CPU: column 0 the chosen, column 1 the rejected response (nats), no gradient.
     """
+    world = world or World()
     reference.eval()
     out = torch.zeros((len(pairs), 2), dtype=torch.float32)
-    for lo in range(0, len(pairs), micro_batch_size):
-        part = pairs[lo : lo + micro_batch_size]
-        ids, attn, mask = collate_pairs(part, pad_token_id)
-        seq = sequence_logprobs(reference, ids, attn, mask)
-        out[lo : lo + len(part), 0] = seq[: len(part)]
-        out[lo : lo + len(part), 1] = seq[len(part) :]
+    if not pairs:
+        return out
+    for piece in _pair_plan(len(pairs), micro_batch_size, world):
+        seq = _pair_logprobs(reference, pairs, piece, pad_token_id, world.device).float().cpu()
+        if piece.counts:
+            n, index = len(piece.rows), torch.tensor(piece.rows, dtype=torch.long)
+            out[index, 0], out[index, 1] = seq[:n], seq[n:]
+    if world.distributed:  # every pair was computed on exactly one rank: the sum gathers them
+        out = torch.tensor(world.sum(out.flatten().tolist()), dtype=torch.float32).reshape(len(pairs), 2)
     return out
 
 
@@ -148,34 +187,37 @@ def dpo_step(
     config: DPOTechniqueConfig,
     *,
     pad_token_id: int,
+    world: World | None = None,
 ) -> GradientAccumulator:
     """Forward/backward of one optimizer step's pairs in micro-batches (no optimizer step).
 
     Args:
-        policy: The model being trained.
-        pairs: The step's pairs.
+        policy: The model being trained (placed, sharded with several ranks).
+        pairs: The step's pairs, the same on every rank.
         ref: [P, 2] float32. Reference log-probabilities of ``pairs`` (chosen, rejected).
         config: ``dpo`` section (micro-batch size, beta, label smoothing).
         pad_token_id: Padding token id.
+        world: The learner's ranks (one when None): this rank trains ``rank_share`` of the pairs.
 
     Returns:
-        The accumulator: ``loss`` (mean DPO loss per pair), ``num_tokens`` (pairs) and the metrics
-        of ``dpo_loss`` averaged over pairs.
+        The accumulator, reduced over ranks: ``loss`` (mean DPO loss per pair of the step),
+        ``num_tokens`` (the step's pairs) and the metrics of ``dpo_loss`` averaged over pairs.
 
     Raises:
-        ValueError: ``ref`` is not ``[len(pairs), 2]``.
+        ValueError: ``ref`` is not ``[len(pairs), 2]``, or ``pairs`` is empty.
     """
     if ref.shape != (len(pairs), 2):
         raise ValueError(f"ref: expected shape ({len(pairs)}, 2), got {tuple(ref.shape)}")
-    acc = GradientAccumulator(len(pairs))
-    mbs = config.micro_batch_size
-    for lo in range(0, len(pairs), mbs):
-        part = pairs[lo : lo + mbs]
-        ids, attn, mask = collate_pairs(part, pad_token_id)
-        seq = sequence_logprobs(policy, ids, attn, mask)
-        n = len(part)
-        acc.backward(dpo_loss(seq[:n], seq[n:], ref[lo : lo + n, 0], ref[lo : lo + n, 1], config.loss))
-    return acc
+    if not pairs:
+        raise ValueError("pairs: empty")
+    world = world or World()
+    acc = GradientAccumulator(len(pairs), world)
+    for piece in _pair_plan(len(pairs), config.micro_batch_size, world):
+        seq = _pair_logprobs(policy, pairs, piece, pad_token_id, world.device)
+        n, index = len(piece.rows), torch.tensor(piece.rows, dtype=torch.long)
+        piece_ref = ref[index].to(seq.device)
+        acc.backward(dpo_loss(seq[:n], seq[n:], piece_ref[:, 0], piece_ref[:, 1], config.loss), piece.weight)
+    return acc.reduce()
 
 
 @torch.no_grad()
@@ -186,12 +228,14 @@ def preference_metrics(
     config: DPOTechniqueConfig,
     *,
     pad_token_id: int,
+    world: World | None = None,
 ) -> dict[str, float]:
     """Preference accuracy and margin of ``policy`` against the reference on ``pairs`` (no gradient).
 
     Accuracy is the fraction of pairs whose implicit reward margin
     ``beta * [(chosen - ref_chosen) - (rejected - ref_rejected)]`` is > 0; at the start of
-    training (policy = reference) every margin is 0 and the accuracy is 0.
+    training (policy = reference) every margin is 0 and the accuracy is 0. With several ranks
+    (``world``) each rank scores its share of the pairs and the metrics are summed over ranks.
 
     Returns:
         ``dpo/accuracy``, ``dpo/margin``, ``dpo/chosen_reward``, ``dpo/rejected_reward``,
@@ -199,17 +243,17 @@ def preference_metrics(
     """
     if not pairs:
         return {}
+    world = world or World()
     was_training = policy.training
     policy.eval()
-    acc = GradientAccumulator(len(pairs))
-    for lo in range(0, len(pairs), config.micro_batch_size):
-        part = pairs[lo : lo + config.micro_batch_size]
-        ids, attn, mask = collate_pairs(part, pad_token_id)
-        seq = sequence_logprobs(policy, ids, attn, mask)
-        n = len(part)
-        acc.record(dpo_loss(seq[:n], seq[n:], ref[lo : lo + n, 0], ref[lo : lo + n, 1], config.loss))
+    acc = GradientAccumulator(len(pairs), world)
+    for piece in _pair_plan(len(pairs), config.micro_batch_size, world):
+        seq = _pair_logprobs(policy, pairs, piece, pad_token_id, world.device)
+        n, index = len(piece.rows), torch.tensor(piece.rows, dtype=torch.long)
+        piece_ref = ref[index].to(seq.device)
+        acc.record(dpo_loss(seq[:n], seq[n:], piece_ref[:, 0], piece_ref[:, 1], config.loss), piece.weight)
     policy.train(was_training)
-    return acc.metrics("loss/dpo")
+    return acc.reduce().metrics("loss/dpo")
 
 
 def train_dpo(
@@ -224,8 +268,11 @@ def train_dpo(
     start_step: int = 0,
     optimizers: tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR] | None = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    world: World | None = None,
 ) -> dict[str, float]:
     """Train ``policy`` in place for ``config.steps`` optimizer steps of ``config.batch_size`` pairs.
+
+    With several ranks every rank draws the same pairs and trains its share (module docstring).
 
     Args:
         policy: HF causal LM being trained.
@@ -239,7 +286,9 @@ def train_dpo(
         seed: Pair sampling seed.
         start_step: First step (resuming); steps ``start_step .. config.steps - 1`` run.
         optimizers: ``(optimizer, scheduler)`` to continue with; built from ``config.optim`` when None.
-        on_step: Called as ``on_step(step, metrics)`` after each optimizer step (1-based).
+        on_step: Called as ``on_step(step, metrics)`` after each optimizer step (1-based), on every
+            rank (the metrics are the step's over all ranks).
+        world: The learner's ranks (one when None).
 
     Returns:
         Metrics of the last step: ``loss/dpo``, ``dpo/accuracy``, ``dpo/margin``,
@@ -263,11 +312,11 @@ def train_dpo(
         batch = [pairs[i] for i in index]
         if reference is not None:
             batch_ref = reference_logprobs(
-                reference, batch, pad_token_id=pad_token_id, micro_batch_size=config.micro_batch_size
+                reference, batch, pad_token_id=pad_token_id, micro_batch_size=config.micro_batch_size, world=world
             )
         else:
             batch_ref = ref[torch.tensor(index, dtype=torch.long)]
-        acc = dpo_step(policy, batch, batch_ref, config, pad_token_id=pad_token_id)
+        acc = dpo_step(policy, batch, batch_ref, config, pad_token_id=pad_token_id, world=world)
         last = acc.metrics("loss/dpo")
         last["policy/grad_norm"] = clip_and_step(policy, optimizer, scheduler, config.optim.grad_clip)
         last["policy/lr"] = float(scheduler.get_last_lr()[0])

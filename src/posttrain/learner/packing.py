@@ -12,6 +12,13 @@ With packing off each example is its own row, through the same code path, which 
 
 The loss is ``sft_loss`` (summed NLL of masked tokens) divided by the global count of trained
 tokens of the optimizer step (``GradientAccumulator``), with the shared AdamW/scheduler builder.
+
+Under ``torchrun`` with N ranks (FSDP2, ``posttrain.parallel``) every rank draws the same rows
+of a step from the same seeded sampler; rank r trains rows r, r + N, ... of them
+(``rank_share``), in micro-batches padded with zero-weight fillers to the same count on every
+rank (``micro_batch_plan``). The divisor stays the step's trained-token count over all rows and
+each rank's loss is scaled by N (FSDP2 averages gradients), so N ranks make one rank's update;
+loss and metrics are summed over ranks. With one rank this is the loop it always was.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from posttrain.learner.optim import build_optimizer, clip_and_step
 from posttrain.learner.sft import TokenExample
 from posttrain.losses.logprobs import token_logprobs
 from posttrain.losses.sft import sft_loss
+from posttrain.parallel.shares import micro_batch_plan, rank_share
+from posttrain.parallel.world import World
 
 
 @dataclass
@@ -146,15 +155,29 @@ def packed_logprobs(model: nn.Module, token_ids: torch.Tensor, position_ids: tor
 
 
 def sft_step(
-    model: nn.Module, rows: Sequence[PackedRow], *, pad_token_id: int, micro_batch_size: int
+    model: nn.Module,
+    rows: Sequence[PackedRow],
+    *,
+    pad_token_id: int,
+    micro_batch_size: int,
+    world: World | None = None,
 ) -> GradientAccumulator:
     """Forward/backward of one optimizer step's rows in micro-batches (no optimizer step).
 
     The summed NLL of each micro-batch is divided by the trained-token count of all ``rows``, so
-    the gradient does not depend on ``micro_batch_size``.
+    the gradient does not depend on ``micro_batch_size`` (nor on the number of ranks).
+
+    Args:
+        model: HF causal LM (placed, and sharded with several ranks: ``prepare_model``).
+        rows: The step's rows, the same on every rank.
+        pad_token_id: Padding token id.
+        micro_batch_size: Rows per forward pass on each rank.
+        world: The learner's ranks (one when None): this rank trains ``rank_share`` of the rows,
+            on ``world.device``.
 
     Returns:
-        The accumulator (``loss`` = mean NLL per trained token, ``num_tokens``, metrics).
+        The accumulator, reduced over ranks (``loss`` = mean NLL per trained token of the step,
+        ``num_tokens`` = the step's trained tokens, metrics).
 
     Raises:
         ValueError: ``micro_batch_size < 1`` or ``rows`` is empty.
@@ -163,12 +186,14 @@ def sft_step(
         raise ValueError(f"micro_batch_size: must be >= 1, got {micro_batch_size}")
     if not rows:
         raise ValueError("rows: empty")
+    world = world or World()
     total = sum(sum(r.loss_mask) for r in rows)
-    acc = GradientAccumulator(total)
-    for lo in range(0, len(rows), micro_batch_size):
-        ids, positions, mask = collate_packed(rows[lo : lo + micro_batch_size], pad_token_id)
-        acc.backward(sft_loss(packed_logprobs(model, ids, positions), mask))
-    return acc
+    acc = GradientAccumulator(total, world)
+    mine = rank_share(range(len(rows)), world)
+    for piece in micro_batch_plan(mine, micro_batch_size, world, filler=0):
+        ids, positions, mask = (t.to(world.device) for t in collate_packed([rows[i] for i in piece.rows], pad_token_id))
+        acc.backward(sft_loss(packed_logprobs(model, ids, positions), mask), piece.weight)
+    return acc.reduce()
 
 
 def train_sft_packed(
@@ -181,10 +206,12 @@ def train_sft_packed(
     start_step: int = 0,
     optimizers: tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR] | None = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    world: World | None = None,
 ) -> dict[str, float]:
     """Train ``model`` in place on packed rows for ``config.steps`` optimizer steps.
 
-    Rows are drawn in shuffled epochs, ``config.batch_size`` per step.
+    Rows are drawn in shuffled epochs, ``config.batch_size`` per step; with several ranks every
+    rank draws the same rows and trains its share of them (module docstring).
 
     Args:
         model: HF causal LM.
@@ -194,7 +221,9 @@ def train_sft_packed(
         seed: Shuffling seed.
         start_step: First step number (resuming); steps ``start_step .. config.steps - 1`` run.
         optimizers: ``(optimizer, scheduler)`` to continue with; built from ``config.optim`` when None.
-        on_step: Called as ``on_step(step, metrics)`` after each optimizer step (1-based step).
+        on_step: Called as ``on_step(step, metrics)`` after each optimizer step (1-based step), on
+            every rank (the metrics are the step's over all ranks).
+        world: The learner's ranks (one when None).
 
     Returns:
         Metrics of the last step: ``loss/sft`` (mean NLL per trained token, nats), ``sft/nll``,
@@ -213,7 +242,8 @@ def train_sft_packed(
     last: dict[str, float] = {}
     for step in range(start_step, config.steps):
         batch = [rows[i] for i in sampler.take(config.batch_size)]
-        acc = sft_step(model, batch, pad_token_id=pad_token_id, micro_batch_size=config.micro_batch_size)
+        acc = sft_step(model, batch, pad_token_id=pad_token_id, micro_batch_size=config.micro_batch_size,
+                       world=world)
         last = acc.metrics("loss/sft")
         last["policy/grad_norm"] = clip_and_step(model, optimizer, scheduler, config.optim.grad_clip)
         last["policy/lr"] = float(scheduler.get_last_lr()[0])
