@@ -57,7 +57,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     summary = run(cfg)
-    print(summary.table())
+    if summary.rows:  # ranks > 0 of a torchrun run report nothing; rank 0 prints the table
+        print(summary.table())
     return 0
 
 

@@ -19,6 +19,11 @@ Every runner shares the same frame (``posttrain.runners.common``):
 SFT and CPT train from the base model; DPO, GRPO and SAO from the SFT warm start when
 ``warm_start.steps > 0`` (the base model otherwise), which is also their reference policy.
 
+SFT, CPT, DPO and synchronous GRPO also run on N learner ranks, sharded with FSDP2:
+``torchrun --nproc_per_node N -m posttrain.cli run CONFIG``. Every rank runs the same runner; rank 0
+prepares, tracks, evaluates and registers (``runners.common``), every rank trains its share of
+each batch. SAO and asynchronous GRPO shard their learner with ``posttrain learner`` under torchrun.
+
 This package is the composition layer: the only one that imports both roles (learner and
 generator). Run: ``posttrain run configs/sao_demo_cpu.yaml`` (or ``sft_cpu``, ``dpo_cpu``, ``grpo_cpu``...).
 """
@@ -28,7 +33,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from posttrain.config import RunConfig
-from posttrain.runners.common import RunSummary
+from posttrain.parallel.world import init_world, shutdown_world
+from posttrain.runners.common import RunSummary, check_ranks
 from posttrain.runners.dpo import run_dpo
 from posttrain.runners.grpo import run_grpo
 from posttrain.runners.sao import run_sao
@@ -47,11 +53,21 @@ TECHNIQUES: dict[str, Callable[[RunConfig], RunSummary]] = {
 def run(config: RunConfig) -> RunSummary:
     """Run ``config.technique`` end to end (see the module docstring) and return its summary.
 
+    Under torchrun the process group is created here (``init_world``) and destroyed at the end; on
+    ranks > 0 the summary has no rows.
+
     Raises:
         ValueError: a technique without a runner.
+        posttrain.config.ConfigError: a batch smaller than the number of ranks, or SAO under torchrun.
         posttrain.runners.common.TechniqueConfigError: a required field of the technique's section is missing.
         posttrain.data.tasks.DatasetError: a bad data row under ``data.on_bad_row: stop``.
+        posttrain.parallel.world.DeviceError: ``learner.device`` is ``cuda`` and there is none.
     """
     if config.technique not in TECHNIQUES:
         raise ValueError(f"technique: no runner for {config.technique!r}; known: {sorted(TECHNIQUES)}")
-    return TECHNIQUES[config.technique](config)
+    world = init_world(config.learner)
+    try:
+        check_ranks(config, world)
+        return TECHNIQUES[config.technique](config)
+    finally:
+        shutdown_world()

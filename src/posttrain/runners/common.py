@@ -3,9 +3,16 @@
 * ``prepare``: tokenizer and base model of a run (trained/built locally for a tiny model);
 * ``warm_start``: SFT on the environment's reference episodes, rendered exactly as rollouts are;
 * ``tracked_run``: the run directory and its MLflow run, yielding a ``TrackedRun`` (sink,
-  registration, summary) that the SFT, CPT, DPO and GRPO runners share;
+  registration, summary, the ranks) that the SFT, CPT, DPO and GRPO runners share;
+* ``check_ranks``: a technique's batch must have a row for each learner rank;
 * ``metrics_sink``: the one ``MetricsSink`` of a run (``metrics.jsonl`` and MLflow);
 * ``RunSummary``: the table ``posttrain run`` prints and writes to ``summary.md``.
+
+Under ``torchrun --nproc_per_node N -m posttrain.cli run CONFIG`` (SFT, CPT, DPO, synchronous
+GRPO) every rank runs the runner: rank 0 prepares the tokenizer, base model and warm start first
+and the others wait at a barrier, then find them on disk; every rank loads the same data, trains
+its share of each batch, checkpoints and gathers the final model; only rank 0 opens the MLflow
+run, writes metrics, prints, evaluates and registers (``TrackedRun.world``).
 """
 
 from __future__ import annotations
@@ -19,15 +26,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from posttrain.config import RunConfig
 from posttrain.config.load import ConfigError
 from posttrain.data.formats import LoadedRows, RowPolicy, load_rows
 from posttrain.eval.heldout import evaluate_policy
 from posttrain.learner.resume import ResumedPolicy
+from posttrain.parallel.world import World
 from posttrain.runtime import RunContext
 from posttrain.tracking import MetricsSink
+
+T = TypeVar("T")
 
 
 def sft_reference_actions(env_name: str, task: Any) -> list[str]:
@@ -210,15 +220,61 @@ class TechniqueConfigError(ConfigError):
     """
 
 
+def check_ranks(config: RunConfig, world: World) -> None:
+    """Refuse, before anything is prepared, a batch with fewer rows than there are learner ranks.
+
+    Every rank trains at least one row of each batch (``posttrain.parallel.shares``); SAO and
+    asynchronous GRPO train on several ranks with ``posttrain learner`` under torchrun, not here.
+
+    Raises:
+        ConfigError: the message names the field (``sft.batch_size``, ``dpo.batch_size``,
+            ``grpo.prompts_per_step x grpo.group_size``) or, for the asynchronous runtime, ``technique``.
+    """
+    if not world.distributed:
+        return
+    technique = config.technique
+    if technique == "sao" or (technique == "grpo" and config.grpo.async_):
+        raise ConfigError(f"technique: {technique}{' (grpo.async)' if technique == 'grpo' else ''} runs its learner "
+                          f"on several ranks as `torchrun ... -m posttrain.cli learner CONFIG`; `posttrain run` under "
+                          f"torchrun ({world.size} ranks) trains sft, cpt, dpo and synchronous grpo")
+    if technique in ("sft", "cpt"):
+        field_name, rows = "sft.batch_size", config.sft.batch_size
+    elif technique == "dpo":
+        field_name, rows = "dpo.batch_size", config.dpo.batch_size
+    else:
+        field_name, rows = "grpo.prompts_per_step x grpo.group_size", config.grpo.prompts_per_step * config.grpo.group_size
+    if rows < world.size:
+        raise ConfigError(f"{field_name}: a batch of {rows} cannot feed {world.size} learner ranks "
+                          f"(each trains at least one row); use at least {world.size} (or fewer ranks)")
+
+
+def _no_sink(metrics: dict[str, float], step: int) -> None:
+    """The metrics sink of ranks > 0: rank 0 writes the run's metrics."""
+
+
 @dataclass
 class TrackedRun:
-    """What every runner shares: paths, the MLflow run, the metrics sink, the start time."""
+    """What every runner shares: paths, the MLflow run, the metrics sink, the start time, the ranks.
+
+    On ranks > 0 ``tracker`` is None and ``sink`` drops the metrics (rank 0 has them too: every
+    metric is reduced over ranks).
+    """
 
     config: RunConfig
     ctx: RunContext
     tracker: Any
     sink: MetricsSink
     started: float
+    world: World = field(default_factory=World)
+
+    def main_first(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on rank 0, then on the other ranks once it returned (they find on disk what it wrote)."""
+        if self.world.is_main:
+            out = fn()
+            self.world.barrier()
+            return out
+        self.world.barrier()
+        return fn()
 
     def register(self, model_dir: Path, data_paths: list[Path], scores: dict[str, float]) -> str:
         """Register ``model_dir`` as a new version of ``tracking.registered_model``; return the version.
@@ -247,8 +303,13 @@ class TrackedRun:
         return str(info.version)
 
     def summary(self, rows: list[tuple[str, str]]) -> RunSummary:
-        """A ``RunSummary`` with the common rows appended; also written to ``<run>/summary.md``."""
+        """A ``RunSummary`` with the common rows appended; also written to ``<run>/summary.md``.
+
+        On ranks > 0 an empty summary (nothing written, nothing printed).
+        """
         result = RunSummary(self.ctx.run_dir)
+        if not self.world.is_main:
+            return result
         result.rows = [("technique", self.config.technique), *rows,
                        ("final model", str(self.ctx.final_model_dir)),
                        ("wall time (s)", f"{time.monotonic() - self.started:.0f}")]
@@ -258,10 +319,23 @@ class TrackedRun:
 
 @contextmanager
 def tracked_run(config: RunConfig) -> Iterator[TrackedRun]:
-    """Open the run directory and its MLflow run (FAILED on an exception), log the resolved config."""
+    """Open the run directory and its MLflow run (FAILED on an exception), log the resolved config.
+
+    With several ranks (``init_world``) rank 0 does all of that and prepares the tokenizer and
+    base model while the others wait; they get a ``TrackedRun`` without tracker or sink.
+
+    Raises:
+        posttrain.parallel.world.DeviceError: ``learner.device`` is ``cuda`` and there is none.
+    """
+    from posttrain.parallel.world import init_world
     from posttrain.tracking import Tracker, default_tracking_uri
 
+    world = init_world(config.learner)
     ctx = RunContext(config)
+    if not world.is_main:
+        world.barrier()  # rank 0 prepares
+        yield TrackedRun(config, ctx, None, _no_sink, time.monotonic(), world)
+        return
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(
         config.tracking.tracking_uri or default_tracking_uri(config.output_dir),
@@ -275,7 +349,8 @@ def tracked_run(config: RunConfig) -> Iterator[TrackedRun]:
         tracker.log_dict(resolved, "resolved_config.json")
         print(f"[1/4] prepare: tokenizer + base model in {ctx.run_dir}", flush=True)
         prepare(ctx)
-        yield TrackedRun(config, ctx, tracker, metrics_sink(ctx, tracker), time.monotonic())
+        world.barrier()
+        yield TrackedRun(config, ctx, tracker, metrics_sink(ctx, tracker), time.monotonic(), world)
 
 
 def step_callback(
@@ -284,8 +359,9 @@ def step_callback(
     """The ``on_step(step, metrics)`` of the supervised trainers, and the list of one metric it keeps.
 
     Each optimizer step's metrics go to the run's sink; every ``every`` steps and at step ``total`` a
-    learner checkpoint is written (``policy_version`` = step). ``tracked`` names the metric whose
-    values the returned list collects, in step order (e.g. ``loss/sft``) for the run's summary.
+    learner checkpoint is written (``policy_version`` = step) by every rank (its shards).
+    ``tracked`` names the metric whose values the returned list collects, in step order (e.g.
+    ``loss/sft``) for the run's summary.
     """
     from posttrain.learner.checkpoint import LearnerState, save_checkpoint
 
@@ -296,7 +372,7 @@ def step_callback(
         run.sink(metrics, step)
         if step % every == 0 or step >= total:
             save_checkpoint(run.ctx.checkpoints_dir, state=LearnerState(iteration=step, policy_version=step),
-                            parts=resumed.parts, resolved_config_yaml=run.ctx.resolved_config_yaml())
+                            parts=resumed.parts, resolved_config_yaml=run.ctx.resolved_config_yaml(), world=run.world)
 
     return on_step, values
 
@@ -316,9 +392,14 @@ def data_file(value: str | None, field: str) -> Path:
 
 
 def load_training_rows(run: TrackedRun, path: Path, fmt: Literal["sft", "cpt", "dpo"], limit: int | None) -> tuple[LoadedRows[Any], RowPolicy]:
-    """Validate the training file under ``data.on_bad_row``; return its rows and the policy for later bad rows."""
+    """Validate the training file under ``data.on_bad_row``; return its rows and the policy for later bad rows.
+
+    With several ranks call it through ``run.main_first``: rank 0 starts the quarantine file afresh
+    and fills it; the other ranks find each bad row there already (quarantine writes are idempotent).
+    """
     quarantine = run.ctx.run_dir / f"quarantine-{run.config.technique}.jsonl"
-    quarantine.unlink(missing_ok=True)
+    if run.world.is_main:
+        quarantine.unlink(missing_ok=True)
     loaded = load_rows(path, fmt, on_bad_row=run.config.data.on_bad_row, quarantine_path=quarantine, limit=limit)
     return loaded, RowPolicy(path, run.config.data.on_bad_row, quarantine)
 
@@ -331,12 +412,14 @@ def evaluate_and_log(run: TrackedRun, model_dir: Path, label: str) -> dict[str, 
 
 
 def start_model(run: TrackedRun) -> Path:
-    """The SFT warm start when ``warm_start.steps > 0``, else the base model."""
-    if run.config.warm_start.steps > 0:
-        from posttrain.runners.common import warm_start
+    """The SFT warm start when ``warm_start.steps > 0``, else the base model.
 
-        print(f"      SFT warm start ({run.config.warm_start.steps} steps)", flush=True)
-        return warm_start(run.ctx, run.sink)
+    With several ranks rank 0 warm-starts (one process, unsharded) while the others wait.
+    """
+    if run.config.warm_start.steps > 0:
+        if run.world.is_main:
+            print(f"      SFT warm start ({run.config.warm_start.steps} steps)", flush=True)
+        return run.main_first(lambda: warm_start(run.ctx, run.sink))
     return run.ctx.base_model_dir
 
 

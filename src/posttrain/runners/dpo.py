@@ -1,13 +1,22 @@
-"""DPO runner (``technique: dpo``): preference pairs against a frozen reference."""
+"""DPO runner (``technique: dpo``): preference pairs against a frozen reference.
+
+On N ranks (``torchrun --nproc_per_node N -m posttrain.cli run CONFIG``) the reference is placed
+and sharded like the policy (``prepare_model(..., trainable=False)``); every rank tokenises the
+same pairs, computes its share of the reference log-probabilities (summed over ranks, so all hold
+all of them) and trains its share of each batch (``learner.dpo``); rank 0 tracks, evaluates and
+registers (``runners.common``).
+"""
 
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from posttrain.config import RunConfig
 from posttrain.data.tasks import DatasetError
 from posttrain.learner.export import save_final_model
 from posttrain.learner.resume import resume_policy
+from posttrain.parallel.placement import prepare_model
 from posttrain.runners.common import (
     RunSummary,
     data_file,
@@ -28,19 +37,26 @@ def run_dpo(config: RunConfig) -> RunSummary:
     section = config.dpo
     path = data_file(section.data_path, "dpo.data_path")
     with tracked_run(config) as run:
-        print(f"[2/4] data: {path} (dpo)", flush=True)
-        loaded, bad_rows = load_training_rows(run, path, "dpo", section.max_examples)
-        tokenizer = load_tokenizer(run.ctx.tokenizer_dir)
-        chat = ChatFormat(tokenizer)
-        pairs = []
-        for record, line in zip(loaded.records, loaded.lines, strict=True):
-            try:
-                pairs.append(tokenize_pair(tokenizer, record, section.max_seq_len, chat))
-            except ValueError as exc:
-                field, _, reason = str(exc).partition(": ")
-                bad_rows.bad(DatasetError(path, line, field, reason),
-                             {"id": record.pair_id, "prompt": record.prompt, "chosen": record.chosen,
-                              "rejected": record.rejected})
+        world = run.world
+        if world.is_main:
+            print(f"[2/4] data: {path} (dpo)", flush=True)
+
+        def read() -> tuple[Any, list[Any], int]:
+            loaded, bad_rows = load_training_rows(run, path, "dpo", section.max_examples)
+            tokenizer = load_tokenizer(run.ctx.tokenizer_dir)
+            chat = ChatFormat(tokenizer)
+            pairs = []
+            for record, line in zip(loaded.records, loaded.lines, strict=True):
+                try:
+                    pairs.append(tokenize_pair(tokenizer, record, section.max_seq_len, chat))
+                except ValueError as exc:
+                    field, _, reason = str(exc).partition(": ")
+                    bad_rows.bad(DatasetError(path, line, field, reason),
+                                 {"id": record.pair_id, "prompt": record.prompt, "chosen": record.chosen,
+                                  "rejected": record.rejected})
+            return tokenizer, pairs, loaded.num_quarantined + bad_rows.count
+
+        tokenizer, pairs, quarantined = run.main_first(read)
         order = list(range(len(pairs)))
         random.Random(config.seed).shuffle(order)
         n_held = int(len(pairs) * section.heldout_fraction)
@@ -48,31 +64,35 @@ def run_dpo(config: RunConfig) -> RunSummary:
         train = [pairs[i] for i in order[n_held:]]
         if not train:
             raise DatasetError(path, 0, "<file>", f"no training pair left ({len(pairs)} pairs, {n_held} held out)")
-        quarantined = loaded.num_quarantined + bad_rows.count
         start_dir = start_model(run)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        reference = load_policy(start_dir).eval()
+        reference = prepare_model(load_policy(start_dir), world, config.learner, trainable=False)
         mbs = section.micro_batch_size
-        ref_held = reference_logprobs(reference, held, pad_token_id=pad, micro_batch_size=mbs)
-        ref_train = reference_logprobs(reference, train, pad_token_id=pad, micro_batch_size=mbs) \
+        ref_held = reference_logprobs(reference, held, pad_token_id=pad, micro_batch_size=mbs, world=world)
+        ref_train = reference_logprobs(reference, train, pad_token_id=pad, micro_batch_size=mbs, world=world) \
             if section.reference == "precompute" else ref_held.new_zeros((0, 2))
         per_batch_reference = reference if section.reference == "per_batch" else None
         if per_batch_reference is None:
             del reference
-        resumed = resume_policy(run.ctx.checkpoints_dir, start_dir, section.optim, section.steps)
+        resumed = resume_policy(run.ctx.checkpoints_dir, start_dir, section.optim, section.steps,
+                                world=world, learner=config.learner)
         model, optimizer, scheduler = resumed.policy.model, resumed.policy.optimizer, resumed.policy.scheduler
         start = resumed.state.iteration
-        before = preference_metrics(model, held, ref_held, section, pad_token_id=pad)
+        before = preference_metrics(model, held, ref_held, section, pad_token_id=pad, world=world)
         run.sink({"data/pairs": float(len(train)), "data/heldout_pairs": float(len(held)),
                   "data/quarantined_rows": float(quarantined), **{f"heldout/{k}": v for k, v in before.items()}}, start)
         on_step, accuracy = step_callback(run, resumed, tokenizer, section.checkpoint_every, section.steps,
                                           "dpo/accuracy")
-        print(f"[3/4] dpo: {section.steps} steps on {len(train)} pairs ({len(held)} held out)", flush=True)
+        if world.is_main:
+            print(f"[3/4] dpo: {section.steps} steps on {len(train)} pairs ({len(held)} held out)"
+                  f"{f' on {world.size} ranks' if world.distributed else ''}", flush=True)
         train_dpo(model, train, ref_train, section, pad_token_id=pad, reference=per_batch_reference,
-                  seed=config.seed, start_step=start, optimizers=(optimizer, scheduler), on_step=on_step)
-        after = preference_metrics(model, held, ref_held, section, pad_token_id=pad)
+                  seed=config.seed, start_step=start, optimizers=(optimizer, scheduler), on_step=on_step, world=world)
+        after = preference_metrics(model, held, ref_held, section, pad_token_id=pad, world=world)
         run.sink({f"heldout/{k}": v for k, v in after.items()}, section.steps)
-        final = save_final_model(run.ctx, model, tokenizer)
+        final = save_final_model(run.ctx, model, tokenizer, world)
+        if not world.is_main:
+            return run.summary([])  # rank 0 evaluates, registers and reports
         print("[4/4] held-out eval, registration", flush=True)
         scores = evaluate_and_log(run, final, "dpo")
         held_acc = after.get("dpo/accuracy", 0.0)

@@ -1,4 +1,9 @@
-"""GRPO runner (``technique: grpo``): synchronous in this process, or over the asynchronous runtime."""
+"""GRPO runner (``technique: grpo``): synchronous in this process, or over the asynchronous runtime.
+
+Synchronous GRPO also runs on N ranks (``torchrun --nproc_per_node N -m posttrain.cli run CONFIG``):
+each rank generates its share of the groups and trains its share of the batch
+(``runners.grpo_sync``); rank 0 warm-starts, evaluates, tracks and registers.
+"""
 
 from __future__ import annotations
 
@@ -20,15 +25,21 @@ def run_grpo(config: RunConfig) -> RunSummary:
     grpo = config.grpo
     mode = "async (runtime + DIS)" if grpo.async_ else "sync"
     with tracked_run(config) as run:
-        print("[2/4] SFT warm start", flush=True)
+        world = run.world
+        if world.is_main:
+            print("[2/4] SFT warm start", flush=True)
         start_dir = start_model(run)
-        before = evaluate_and_log(run, start_dir, "start")
-        print(f"[3/4] grpo {mode}: {grpo.steps} steps of {grpo.prompts_per_step} x {grpo.group_size} rollouts",
-              flush=True)
+        # Rank 0 evaluates the start model; the others meet it at the first collective of training.
+        before = evaluate_and_log(run, start_dir, "start") if world.is_main else {}
+        if world.is_main:
+            print(f"[3/4] grpo {mode}: {grpo.steps} steps of {grpo.prompts_per_step} x {grpo.group_size} rollouts"
+                  f"{f' on {world.size} ranks' if world.distributed else ''}", flush=True)
         if grpo.async_:
             summary = train_sao(RunContext(config), start_dir, run.sink)
         else:
-            summary = run_grpo_sync(config, start_model_dir=start_dir, sink=run.sink)
+            summary = run_grpo_sync(config, start_model_dir=start_dir, sink=run.sink, world=world)
+        if not world.is_main:
+            return run.summary([])  # rank 0 evaluates, registers and reports
         print("[4/4] held-out eval, registration", flush=True)
         after = evaluate_and_log(run, summary.final_model_dir, "grpo")
         version = run.register(summary.final_model_dir, [], {f"{config.data.env}.accuracy": after["accuracy"]})

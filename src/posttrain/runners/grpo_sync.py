@@ -12,6 +12,25 @@ learner's GRPO step, checkpoints and ledger), so it lives with the technique run
 follow the learners' shared skeleton: ``setup`` (resume, publish, engine), ``generate``,
 ``train_one``, ``save_checkpoint``, ``run``; the final model is written by
 ``posttrain.learner.export``.
+
+**On N ranks** (``torchrun --nproc_per_node N -m posttrain.cli run CONFIG``) the policy (and the
+reference) is sharded with FSDP2 and every rank generates:
+
+1. each published version's full weights are gathered from the shards (``full_state_dict``),
+   written to the weight store by rank 0, and loaded by every rank into its own unsharded engine;
+2. every rank draws the same prompts and group seeds from the same seeded sampler; rank r runs
+   groups r, r + N, ... of them (``rank_share``);
+3. the groups are all-gathered as msgpack bytes (``encode_rollout``, no pickle) and put back in
+   prompt order, so every rank holds the whole batch, as the GRPO step expects
+   (``posttrain.parallel.shares``), and the batch is the one a single rank would have sampled
+   with the same seeds;
+4. ``grpo_train_step`` trains each rank's share of it; rank 0 writes the ledger and metrics.
+
+Why not rank 0 generating alone and broadcasting: generation is most of a synchronous GRPO
+iteration (the learner waits for the slowest rollout), so N engines cut it about N-fold, while an
+inference copy of the weights costs far less memory than the training state a rank already holds
+(no gradients or AdamW moments). The price is one engine per rank; with vLLM on GPUs each rank's
+engine must sit on that rank's device (unverified here: the CPU tests use the ``hf`` engine).
 """
 
 from __future__ import annotations
@@ -21,7 +40,9 @@ import random
 import time
 from pathlib import Path
 
+import msgspec
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 
 from posttrain.chat.format import ChatFormat
@@ -39,10 +60,57 @@ from posttrain.learner.ledger import LEDGER_NAME, append_ledger, ledger_line
 from posttrain.learner.resume import resume_policy
 from posttrain.learner.types import LearnerSummary, TrainStepResult
 from posttrain.models.hf import load_policy, load_tokenizer
-from posttrain.records import Rollout
+from posttrain.parallel.placement import full_state_dict, prepare_model
+from posttrain.parallel.shares import rank_share
+from posttrain.parallel.world import World, init_world
+from posttrain.records import Rollout, decode_rollout, encode_rollout
 from posttrain.runtime import RunContext
 from posttrain.tracking import MetricsSink
 from posttrain.weight_sync.factory import open_weight_store
+
+
+def all_gather_bytes(world: World, payload: bytes) -> list[bytes]:
+    """Every rank's ``payload``, in rank order, on every rank (``[payload]`` with one rank).
+
+    Two all-gathers over the control group (gloo, CPU): the lengths, then the bytes padded to the
+    longest. Every rank must call it.
+    """
+    if not world.distributed:
+        return [payload]
+    size = torch.tensor([len(payload)], dtype=torch.int64)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world.size)]
+    dist.all_gather(sizes, size, group=world.control)
+    longest = max(max(int(n.item()) for n in sizes), 1)
+    buf = torch.zeros(longest, dtype=torch.uint8)
+    if payload:
+        buf[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    bufs = [torch.empty(longest, dtype=torch.uint8) for _ in range(world.size)]
+    dist.all_gather(bufs, buf, group=world.control)
+    return [bytes(b[: int(n.item())].numpy().tobytes()) for b, n in zip(bufs, sizes, strict=True)]
+
+
+_GROUPS = msgspec.msgpack.Decoder(list[tuple[int, list[bytes]]])
+
+
+def gather_groups(world: World, index: list[int], groups: list[list[Rollout]]) -> list[Rollout]:
+    """Every rank's groups, in prompt order, on every rank (module docstring, step 3).
+
+    Args:
+        world: The ranks.
+        index: This rank's prompt indices (into the step's prompts), one per group.
+        groups: This rank's groups, in the order of ``index``.
+
+    Returns:
+        The rollouts of all groups, ordered by prompt index (with one rank: ``groups`` flattened).
+
+    Raises:
+        posttrain.records.RecordError: a rollout that does not encode or decode.
+    """
+    if not world.distributed:
+        return [r for g in groups for r in g]
+    payload = msgspec.msgpack.encode([(i, [encode_rollout(r) for r in g]) for i, g in zip(index, groups, strict=True)])
+    every = [item for part in all_gather_bytes(world, payload) for item in _GROUPS.decode(part)]
+    return [decode_rollout(b) for _, group in sorted(every, key=lambda item: item[0]) for b in group]
 
 
 class SyncGRPO:
@@ -51,28 +119,31 @@ class SyncGRPO:
     Args:
         config: Run config with ``technique: grpo`` and ``grpo.async`` false.
         start_model_dir: Policy to start from (the warm-started model); also the reference policy.
+        world: The learner's ranks (``init_world(config.learner)`` when None: one rank without torchrun).
 
     Raises:
         FileNotFoundError: no tokenizer in the run directory, or no model at ``start_model_dir``.
     """
 
-    def __init__(self, config: RunConfig, start_model_dir: Path) -> None:
+    def __init__(self, config: RunConfig, start_model_dir: Path, world: World | None = None) -> None:
         self.config, self.ctx, self.start_model_dir = config, RunContext(config), start_model_dir
+        self.world = world = world or init_world(config.learner)
         grpo, gen = config.grpo, config.generator
         torch.manual_seed(config.seed)
         self.tokenizer = load_tokenizer(self.ctx.tokenizer_dir)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        resumed = resume_policy(self.ctx.checkpoints_dir, start_model_dir, grpo.optim, grpo.steps * grpo.mini_batches)
+        resumed = resume_policy(self.ctx.checkpoints_dir, start_model_dir, grpo.optim, grpo.steps * grpo.mini_batches,
+                                world=world, learner=config.learner)
         self.policy, self.parts, self.state = resumed.policy, resumed.parts, resumed.state
-        self.reference = load_policy(start_model_dir).eval() if grpo.loss.kl_coef > 0 else None
+        self.reference = (prepare_model(load_policy(start_model_dir), world, config.learner, trainable=False)
+                          if grpo.loss.kl_coef > 0 else None)
         self.counters = {"rollouts_trained": 0.0, "rollouts_kept": 0.0, "action_tokens_trained": 0.0,
                          "skipped_batches": 0.0, **self.state.counters}
         self.store = open_weight_store(self.ctx)
-        self.store.publish(self.policy.model.state_dict(), self.state.policy_version, start_model_dir, overwrite=True)
         self.stats = GeneratorStats()
         version = self.state.policy_version
         self.engine = MeteredEngine(
-            make_engine(gen.engine, self.store.path_for(version), policy_version=version, seed=config.seed,
+            make_engine(gen.engine, self.publish(version), policy_version=version, seed=config.seed,
                         max_model_len=gen.max_episode_tokens + gen.max_new_tokens, kv_cache_gib=gen.vllm_kv_cache_gib,
                         max_batch=max(gen.episodes_in_flight, grpo.batch_rollouts)),
             self.stats,
@@ -85,17 +156,34 @@ class SyncGRPO:
         self.limits = EpisodeLimits(max_turns=gen.max_turns, max_new_tokens=gen.max_new_tokens,
                                     max_episode_tokens=gen.max_episode_tokens, timeout_s=gen.episode_timeout_s)
 
+    def publish(self, version: int) -> Path:
+        """Publish ``version``: the weights gathered from every rank, written by rank 0; its directory.
+
+        Every rank must call it; it returns once the version is in the store.
+        """
+        weights = full_state_dict(self.policy.model, self.world)
+        if self.world.is_main:
+            self.store.publish(weights, version, self.start_model_dir, overwrite=True)
+        self.world.barrier()
+        return self.store.path_for(version)
+
     async def generate(self) -> list[Rollout]:
-        """The next ``prompts_per_step`` prompts, ``group_size`` rollouts each, sampled with the current weights."""
+        """The next ``prompts_per_step`` prompts, ``group_size`` rollouts each, sampled with the current weights.
+
+        With several ranks each samples its share of the groups and every rank returns the whole
+        batch (module docstring).
+        """
         grpo, gen = self.config.grpo, self.config.generator
         prompts = [self.tasks[i] for i in self.sampler.take(grpo.prompts_per_step)]
         seeds = random.Random(self.config.seed * 1_000_003 + self.state.iteration)
+        group_seeds = [seeds.randrange(2**31) for _ in prompts]
+        mine = rank_share(range(len(prompts)), self.world)
         groups = await asyncio.gather(*(
-            run_group(self.engine, self.tokenizer, self.env, task, self.limits, group_size=grpo.group_size,
-                      seed=seeds.randrange(2**31), temperature=gen.temperature, top_p=gen.top_p, chat=self.chat)
-            for task in prompts
+            run_group(self.engine, self.tokenizer, self.env, prompts[i], self.limits, group_size=grpo.group_size,
+                      seed=group_seeds[i], temperature=gen.temperature, top_p=gen.top_p, chat=self.chat)
+            for i in mine
         ))
-        return [r for g in groups for r in g]
+        return gather_groups(self.world, mine, list(groups))
 
     async def train_one(self, rollouts: list[Rollout]) -> TrainStepResult:
         """One GRPO step on the batch; after an update, publish the version and load it into the engine."""
@@ -103,6 +191,7 @@ class SyncGRPO:
         result = await asyncio.to_thread(
             grpo_train_step, policy=self.policy, batch=batch, group_ids=[str(r.group_id) for r in rollouts],
             config=self.config.grpo, reference=self.reference, temperature=self.config.generator.temperature,
+            world=self.world,
         )
         self.state.iteration += 1
         self.counters["rollouts_trained"] += len(rollouts)
@@ -110,25 +199,27 @@ class SyncGRPO:
         self.counters["action_tokens_trained"] += result.metrics["grpo/action_tokens_kept"]
         if result.policy_updated:
             self.state.policy_version += 1
-            path = await asyncio.to_thread(self.store.publish, self.policy.model.state_dict(), self.state.policy_version,
-                                           self.start_model_dir, overwrite=True)
+            path = await asyncio.to_thread(self.publish, self.state.policy_version)
             await self.engine.update_weights(path, self.state.policy_version)
-            self.store.prune(keep=2)
+            if self.world.is_main:
+                self.store.prune(keep=2)
         else:
             self.counters["skipped_batches"] += 1
-        append_ledger(self.ctx.run_dir / LEDGER_NAME, ledger_line(self.state.iteration, self.state.policy_version,
-                                                                  rollouts))
+        if self.world.is_main:
+            append_ledger(self.ctx.run_dir / LEDGER_NAME, ledger_line(self.state.iteration, self.state.policy_version,
+                                                                      rollouts))
         return result
 
     def save_checkpoint(self) -> None:
-        """A learner checkpoint of the policy, its optimizer and the counters."""
+        """A learner checkpoint of the policy, its optimizer and the counters (every rank writes its shards)."""
         self.state.counters = dict(self.counters)
         save_checkpoint(self.ctx.checkpoints_dir, state=self.state, parts=self.parts,
-                        resolved_config_yaml=self.ctx.resolved_config_yaml())
+                        resolved_config_yaml=self.ctx.resolved_config_yaml(), world=self.world)
 
     async def _loop(self, sink: MetricsSink | None, progress: bool) -> None:
         grpo = self.config.grpo
-        bar = tqdm(total=grpo.steps, initial=self.state.iteration, desc="grpo", disable=not progress, leave=False)
+        bar = tqdm(total=grpo.steps, initial=self.state.iteration, desc="grpo",
+                   disable=not progress or not self.world.is_main, leave=False)
         self.stats.mark_started()
         t_start = time.monotonic()
         trained_before, tokens_before = self.counters["rollouts_trained"], self.counters["action_tokens_trained"]
@@ -155,7 +246,7 @@ class SyncGRPO:
                 / elapsed,
                 "rollouts/correct_mean": sum(r.metrics.get("correct", 0.0) for r in rollouts) / len(rollouts),
             })
-            if sink is not None:
+            if sink is not None and self.world.is_main:
                 sink(metrics, self.state.policy_version)
             bar.update(1)
             if self.state.iteration % grpo.checkpoint_every == 0 or self.state.iteration >= grpo.steps:
@@ -174,7 +265,7 @@ class SyncGRPO:
             asyncio.run(self._loop(sink, progress))
         finally:
             self.engine.close()
-        final_dir = save_final_model(self.ctx, self.policy.model, self.tokenizer)
+        final_dir = save_final_model(self.ctx, self.policy.model, self.tokenizer, self.world)
         return LearnerSummary(self.state.policy_version, self.state.iteration, final_dir, self.counters)
 
 
@@ -184,6 +275,7 @@ def run_grpo_sync(
     start_model_dir: Path,
     sink: MetricsSink | None = None,
     progress: bool = True,
+    world: World | None = None,
 ) -> LearnerSummary:
     """Synchronous GRPO (module docstring): resume if a checkpoint exists, train, write the final model.
 
@@ -194,8 +286,9 @@ def run_grpo_sync(
     Args:
         config: Run config with ``technique: grpo`` and ``grpo.async`` false.
         start_model_dir: Policy to start from (the warm-started model); also the reference policy.
-        sink: Receives ``(metrics, policy_version)`` after each iteration.
-        progress: Show a progress bar.
+        sink: Receives ``(metrics, policy_version)`` after each iteration (on rank 0).
+        progress: Show a progress bar (on rank 0).
+        world: The learner's ranks (``init_world(config.learner)`` when None).
 
     Returns:
         ``LearnerSummary`` (``counters``: ``rollouts_trained``, ``rollouts_kept``,
@@ -205,4 +298,4 @@ def run_grpo_sync(
         posttrain.episodes.runner.EpisodeError: an episode could not produce a rollout.
         FloatingPointError: a non-finite gradient norm.
     """
-    return SyncGRPO(config, start_model_dir).run(sink, progress)
+    return SyncGRPO(config, start_model_dir, world).run(sink, progress)

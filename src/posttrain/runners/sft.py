@@ -1,4 +1,9 @@
-"""Supervised fine-tuning (``technique: sft``) and continued pre-training (``cpt``) runners."""
+"""Supervised fine-tuning (``technique: sft``) and continued pre-training (``cpt``) runners.
+
+On N ranks (``torchrun --nproc_per_node N -m posttrain.cli run CONFIG``) every rank reads and packs
+the same rows, draws the same batches and trains its share of each (``learner.packing``); rank 0
+tracks, evaluates and registers (``runners.common``).
+"""
 
 from __future__ import annotations
 
@@ -64,23 +69,34 @@ def _run_supervised(config: RunConfig, fmt: Literal["sft", "cpt"]) -> RunSummary
     section = config.sft
     path = data_file(section.data_path, "sft.data_path")
     with tracked_run(config) as run:
-        print(f"[2/4] data: {path} ({fmt})", flush=True)
-        loaded, bad_rows = load_training_rows(run, path, fmt, section.max_examples)
-        tokenizer = load_tokenizer(run.ctx.tokenizer_dir)
-        examples = tokenize_supervised(loaded, tokenizer, fmt, section.max_seq_len, bad_rows)
+        world = run.world
+        if world.is_main:
+            print(f"[2/4] data: {path} ({fmt})", flush=True)
+
+        def read() -> tuple[Any, list[Any], int]:
+            loaded, bad_rows = load_training_rows(run, path, fmt, section.max_examples)
+            tokenizer = load_tokenizer(run.ctx.tokenizer_dir)
+            examples = tokenize_supervised(loaded, tokenizer, fmt, section.max_seq_len, bad_rows)
+            return tokenizer, examples, loaded.num_quarantined + bad_rows.count
+
+        tokenizer, examples, quarantined = run.main_first(read)
         rows = pack_examples(examples, section.max_seq_len, packing=section.packing)
-        quarantined = loaded.num_quarantined + bad_rows.count
-        resumed = resume_policy(run.ctx.checkpoints_dir, run.ctx.base_model_dir, section.optim, section.steps)
+        resumed = resume_policy(run.ctx.checkpoints_dir, run.ctx.base_model_dir, section.optim, section.steps,
+                                world=world, learner=config.learner)
         model, optimizer, scheduler = resumed.policy.model, resumed.policy.optimizer, resumed.policy.scheduler
         start = resumed.state.iteration
         run.sink({"data/examples": float(len(examples)), "data/rows": float(len(rows)),
                   "data/quarantined_rows": float(quarantined)}, start)
         on_step, losses = step_callback(run, resumed, tokenizer, section.checkpoint_every, section.steps, "loss/sft")
-        print(f"[3/4] {fmt}: {section.steps} steps, {len(examples)} examples in {len(rows)} rows", flush=True)
+        if world.is_main:
+            print(f"[3/4] {fmt}: {section.steps} steps, {len(examples)} examples in {len(rows)} rows"
+                  f"{f' on {world.size} ranks' if world.distributed else ''}", flush=True)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         train_sft_packed(model, rows, section, pad_token_id=pad, seed=config.seed, start_step=start,
-                         optimizers=(optimizer, scheduler), on_step=on_step)
-        final = save_final_model(run.ctx, model, tokenizer)
+                         optimizers=(optimizer, scheduler), on_step=on_step, world=world)
+        final = save_final_model(run.ctx, model, tokenizer, world)
+        if not world.is_main:
+            return run.summary([])  # rank 0 evaluates, registers and reports
         print("[4/4] held-out eval, registration", flush=True)
         scores = evaluate_and_log(run, final, fmt)
         version = run.register(final, [path], {f"{config.data.env}.accuracy": scores["accuracy"]})
