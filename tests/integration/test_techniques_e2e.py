@@ -79,7 +79,8 @@ def test_sft_run_lowers_the_loss_and_registers_the_model(tmp_path):
     losses = _metric(summary.run_dir, "loss/sft")
     assert len(losses) == 12
     assert losses[-1] < 0.8 * losses[0]
-    assert (summary.run_dir / "checkpoints" / "iter-000012" / "policy" / "model.safetensors").is_file()
+    checkpoint = summary.run_dir / "checkpoints" / "iter-000012"  # DCP layout (learner/checkpoint.py)
+    assert (checkpoint / "state.json").is_file() and (checkpoint / "dcp" / ".metadata").is_file()
     _check_outputs(config, "loss/sft")
 
 
