@@ -1,6 +1,8 @@
 """The ``posttrain`` command.
 
-    posttrain run CONFIG [key=value ...]          the whole flow of a run (prepare, warm start, train, eval, register)
+    posttrain run CONFIG [key=value ...]          the whole flow of a run (prepare, warm start, train, eval, register;
+                                                  sft, cpt, dpo and sync grpo under torchrun --nproc_per_node N
+                                                  train on N sharded ranks)
     posttrain generator CONFIG [key=value ...]    one generator process (needs REDIS_URL)
     posttrain learner CONFIG [key=value ...]      the learner (needs REDIS_URL; resumes from checkpoints;
                                                   under torchrun --nproc_per_node N, N sharded ranks)
