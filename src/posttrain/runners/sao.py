@@ -32,6 +32,7 @@ from posttrain.learner.loop import run_learner
 from posttrain.learner.setup import redis_transport
 from posttrain.learner.types import LearnerSummary
 from posttrain.models.hf import load_policy
+from posttrain.parallel.world import init_world
 from posttrain.rollout.telemetry import generator_counters, read_generator_stats
 from posttrain.runners.common import RunSummary, metrics_sink, plot_reward_curve, prepare, warm_start
 from posttrain.runtime import RunContext
@@ -133,9 +134,9 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> L
         try:
             if ctx.config.learner.local_ranks > 1:
                 summary = run_learner_ranks(ctx, url, config_path, start_model)
-            else:
+            else:  # one rank in this process, on learner.device
                 summary = run_learner(ctx.config, redis_transport(ctx.config, url), start_model_dir=start_model,
-                                      sink=sink)
+                                      sink=sink, world=init_world(ctx.config.learner))
             gen_stats = read_generator_stats(client, ctx.keys)
         finally:
             stop_generators(ctx, client, procs)
