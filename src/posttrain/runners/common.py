@@ -223,8 +223,9 @@ class TechniqueConfigError(ConfigError):
 def check_ranks(config: RunConfig, world: World) -> None:
     """Refuse, before anything is prepared, a batch with fewer rows than there are learner ranks.
 
-    Every rank trains at least one row of each batch (``posttrain.parallel.shares``); SAO and
-    asynchronous GRPO train on several ranks with ``posttrain learner`` under torchrun, not here.
+    Every rank trains at least one row of each batch (``posttrain.parallel.shares``). SAO and
+    asynchronous GRPO start their own learner ranks (``learner.local_ranks``), so ``posttrain run``
+    of them is refused under torchrun.
 
     Raises:
         ConfigError: the message names the field (``sft.batch_size``, ``dpo.batch_size``,
@@ -234,9 +235,10 @@ def check_ranks(config: RunConfig, world: World) -> None:
         return
     technique = config.technique
     if technique == "sao" or (technique == "grpo" and config.grpo.async_):
-        raise ConfigError(f"technique: {technique}{' (grpo.async)' if technique == 'grpo' else ''} runs its learner "
-                          f"on several ranks as `torchrun ... -m posttrain.cli learner CONFIG`; `posttrain run` under "
-                          f"torchrun ({world.size} ranks) trains sft, cpt, dpo and synchronous grpo")
+        raise ConfigError(f"technique: {technique}{' (grpo.async)' if technique == 'grpo' else ''} starts its own "
+                          f"learner ranks: run `posttrain run CONFIG learner.local_ranks={world.size}` without torchrun "
+                          f"(or `torchrun ... -m posttrain.cli learner CONFIG` beside running generators); "
+                          f"`posttrain run` under torchrun trains sft, cpt, dpo and synchronous grpo")
     if technique in ("sft", "cpt"):
         field_name, rows = "sft.batch_size", config.sft.batch_size
     elif technique == "dpo":

@@ -1,17 +1,17 @@
 """One optimizer step of a technique on a fixed batch, as one process or as N ranks under torchrun.
 
-The parity tests (``test_fsdp_parity.py``, ``test_sao_parity.py``) run this file twice on the same
-tiny model and compare what rank 0 writes::
+``test_fsdp_parity.py`` runs this file twice on the same tiny model and compares what rank 0
+writes (the SAO step has its own worker, ``sao_worker.py``)::
 
     python tests/unit/parallel/_worker.py --model DIR --out OUT --technique sft --technique dpo
     python -m torch.distributed.run --standalone --nproc_per_node 2 tests/unit/parallel/_worker.py \
         --model DIR --out OUT --technique sft
 
-For each ``--technique`` (``sft``, ``dpo``, ``sao``; a fresh model each) rank 0 writes
+For each ``--technique`` (``sft``, ``dpo``; a fresh model each; add one to ``TECHNIQUES``) rank 0 writes
 ``OUT/<technique>/result.json`` (``world_size``, ``loss``, ``grad_norm``: the policy's pre-clip
 gradient norm over all shards, ``metrics``: the step's metrics) and
-``OUT/<technique>/weights.safetensors`` (the updated full weights, keys ``policy.<name>`` and, for
-SAO, ``critic.<name>``). The batch is built from seeded generators only, so it is the same on
+``OUT/<technique>/weights.safetensors`` (the updated full weights, keys ``<part>.<name>``:
+``policy.`` and any other trained part). The batch is built from seeded generators only, so it is the same on
 every rank and in every launch. The optimizer is plain SGD (lr 0.05, no clipping: ``grad_clip``
 1000): an update is then the gradient times the learning rate, so equal updates mean equal
 gradients (AdamW's first step, ``lr * g / |g|``, would hide a wrong loss scale).
@@ -45,7 +45,7 @@ class WorkerResult:
         loss: The step's loss (mean over the step's tokens or pairs, over all ranks).
         grad_norm: Pre-clip gradient norm of the policy.
         metrics: The step's metrics as the technique's step returned them.
-        weights: Updated full weights, ``policy.<name>`` (and ``critic.<name>`` for SAO).
+        weights: Updated full weights, ``<part>.<name>`` (``policy.<name>``...).
     """
 
     world_size: int
@@ -156,46 +156,8 @@ def _dpo(model_dir: Path, world: Any, learner: Any) -> tuple[dict[str, Any], dic
              "ref_sum": float(ref.sum())}, norm)
 
 
-def _sao(model_dir: Path, world: Any, learner: Any) -> tuple[dict[str, Any], dict[str, float], float]:
-    """Five rollouts of random tokens with a critic (GAE, no warm-up, one critic update), DIS loss."""
-    import torch
-
-    from posttrain.config import SAOConfig
-    from posttrain.learner.batching import collate_rollouts
-    from posttrain.learner.critic import CriticModel
-    from posttrain.learner.sao_step import sao_train_step
-    from posttrain.losses.logprobs import token_logprobs
-    from posttrain.models.hf import load_policy
-    from posttrain.parallel.placement import prepare_model
-    from posttrain.records import Rollout
-
-    gen = torch.Generator().manual_seed(3)
-    start = load_policy(model_dir)
-    rollouts = []
-    for i, (n, reward) in enumerate(((6, 1.0), (11, 0.0), (4, 1.0), (9, 0.0), (14, 1.0))):
-        ids = torch.randint(5, 500, (3 + n,), generator=gen)
-        mask = [False] * 3 + [True] * n
-        with torch.no_grad():  # behaviour logprobs: the start policy's own, shifted a little (ratios near 1)
-            own = token_logprobs(start(input_ids=ids[None], use_cache=False).logits, ids[None])[0]
-        shift = (torch.rand(len(mask), generator=gen) - 0.5) * 0.2
-        behaviour = [float(own[t] + shift[t]) if m else 0.0 for t, m in enumerate(mask)]
-        rollouts.append(Rollout(rollout_id=f"r{i}", task_id=f"t{i}", env_name="synthetic_arith", token_ids=ids.tolist(),
-                                behaviour_logprobs=behaviour, action_mask=mask, reward=reward, policy_version=0))
-    batch = collate_rollouts(rollouts, pad_token_id=0)
-    config = SAOConfig.model_validate({
-        "micro_batch_size": 2, "optim": {"grad_clip": 1000.0},
-        "critic": {"warmup_steps": 0, "updates_per_step": 1, "grad_clip": 1000.0},
-    })
-    policy = _sgd(prepare_model(load_policy(model_dir), world, learner))
-    critic = _sgd(prepare_model(CriticModel.from_policy_path(model_dir), world, learner))
-    result = sao_train_step(policy=policy, critic=critic, batch=batch, config=config, iteration=0, world=world)
-    metrics = dict(result.metrics)
-    return ({"policy": policy.model, "critic": critic.model},
-            {**metrics, "loss": metrics["loss/policy"]}, metrics["policy/grad_norm"])
-
-
 TECHNIQUES: dict[str, Callable[[Path, Any, Any], tuple[dict[str, Any], dict[str, float], float]]] = {
-    "sft": _sft, "dpo": _dpo, "sao": _sao,
+    "sft": _sft, "dpo": _dpo,
 }
 """Technique -> ``fn(model_dir, world, learner_config) -> ({part: model}, metrics with "loss", grad_norm)``."""
 

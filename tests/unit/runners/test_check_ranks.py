@@ -30,6 +30,7 @@ def test_a_batch_with_a_row_per_rank_passes_and_one_rank_never_checks():
     check_ranks(_config("sft", sft={"batch_size": 1, "micro_batch_size": 1}), World())
 
 
-def test_sao_under_torchrun_points_to_posttrain_learner():
-    with pytest.raises(ConfigError, match=r"^technique: sao runs its learner on several ranks as .*posttrain.cli learner"):
+def test_sao_under_torchrun_points_to_learner_local_ranks():
+    with pytest.raises(ConfigError, match=r"^technique: sao starts its own learner ranks: run `posttrain run CONFIG "
+                                          r"learner.local_ranks=2` without torchrun"):
         check_ranks(_config("sao"), TWO)
