@@ -34,4 +34,5 @@ class CriticModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Return values ``[B, T] float32``."""
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask.long()).last_hidden_state
-        return self.value_head(hidden.float()).squeeze(-1)
+        # A copy, not a view of the head's output: FSDP2 warns about views returned from a forward.
+        return self.value_head(hidden.float()).squeeze(-1).clone()

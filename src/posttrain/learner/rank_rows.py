@@ -12,6 +12,7 @@ ranks, so a metric reads the same whatever the number of ranks.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -93,14 +94,25 @@ def rank_micro_batches(batch: RolloutBatch, order: Sequence[int], micro_batch_si
 
 
 def reduce_means(world: World, parts: Sequence[dict[str, float]], weights: Sequence[float]) -> dict[str, float]:
-    """Weighted means of per-micro-batch metrics over every rank's micro-batches.
+    """Per-micro-batch metrics made the batch's, over every rank's micro-batches.
 
-    ``parts`` must have the same keys on every rank (fillers report theirs with weight 0).
+    A key ending in ``/max`` or ``/min`` takes the largest or smallest value of the micro-batches
+    that count (weight > 0); every other key is the mean weighted by ``weights``. ``parts`` must
+    have the same keys on every rank (fillers report theirs with weight 0). A metric that is not
+    a per-token mean or an extreme (``ratio/ess``) still depends on how the rows are cut.
     """
     keys = sorted({k for p in parts for k in p})
-    local = [float(sum(weights))] + [sum(p.get(k, 0.0) * w for p, w in zip(parts, weights, strict=True)) for k in keys]
+    extremes = [k for k in keys if k.endswith(("/max", "/min"))]
+    means = [k for k in keys if k not in extremes]
+    local = [float(sum(weights))] + [sum(p.get(k, 0.0) * w for p, w in zip(parts, weights, strict=True)) for k in means]
     total, *sums = world.sum(local)
-    return {k: v / max(total, 1.0) for k, v in zip(keys, sums, strict=True)}
+    out = {k: v / max(total, 1.0) for k, v in zip(means, sums, strict=True)}
+    counted = [p for p, w in zip(parts, weights, strict=True) if w > 0]
+    signs = [1.0 if k.endswith("/max") else -1.0 for k in extremes]
+    local_ext = [max((sign * p[k] for p in counted if k in p), default=-math.inf) for k, sign in zip(extremes, signs, strict=True)]
+    for k, sign, v in zip(extremes, signs, world.max_floats(local_ext), strict=True):
+        out[k] = sign * v if math.isfinite(v) else 0.0
+    return out
 
 
 def reduce_moments(world: World, values: torch.Tensor) -> tuple[float, float]:

@@ -62,6 +62,14 @@ class World:
         dist.all_reduce(t, group=self.control)
         return t.tolist()
 
+    def max_floats(self, values: Sequence[float]) -> list[float]:
+        """Element-wise maximum of ``values`` over all ranks (float64); the values themselves with one rank."""
+        if not self.distributed or not values:
+            return [float(v) for v in values]
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.control)
+        return t.tolist()
+
     def max(self, value: int) -> int:
         """The largest ``value`` over all ranks."""
         if not self.distributed:
