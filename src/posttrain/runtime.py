@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from posttrain.config import RunConfig
+from posttrain.config import ConfigError, RunConfig
 from posttrain.records import Task
 from posttrain.rollout.keys import StreamKeys
 
@@ -77,11 +77,42 @@ class RunContext:
         return yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False)
 
     def save_resolved_config(self) -> Path:
-        """Write ``resolved_config.yaml`` into the run directory; return its path."""
+        """Write ``resolved_config.yaml`` into the run directory; return its path.
+
+        A run directory that already holds a run resumes it (its tokenizer, models, checkpoints),
+        so it must be the same run: a config whose technique, seed, model or data differ from the
+        saved one is refused before anything is overwritten.
+
+        Raises:
+            posttrain.config.ConfigError: the run directory holds a run of another technique, seed,
+                model or data (the first differing field is named).
+        """
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / "resolved_config.yaml"
+        if path.exists():
+            self._check_same_run(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
         path.write_text(self.resolved_config_yaml(), encoding="utf-8")
         return path
+
+    def _check_same_run(self, saved: dict[str, Any]) -> None:
+        """Refuse to reuse a run directory for a config that trains something else (see ``save_resolved_config``)."""
+        new = self.config.model_dump(mode="json")
+
+        def first_difference(a: Any, b: Any, where: str) -> str | None:
+            if isinstance(a, dict) and isinstance(b, dict):
+                for key in sorted(set(a) | set(b)):
+                    found = first_difference(a.get(key), b.get(key), f"{where}.{key}" if where else key)
+                    if found:
+                        return found
+                return None
+            return None if a == b else f"{where}: {a!r} there, {b!r} now"
+
+        for section in ("technique", "seed", "model", "data"):
+            found = first_difference(saved.get(section), new.get(section), section)
+            if found:
+                raise ConfigError(
+                    f"{self.run_dir} holds a run started with another config ({found}); a run directory "
+                    f"resumes only the run it holds: set another run_name or output_dir, or remove it")
 
     def tasks(self, split: str) -> list[Task]:
         """Training (``train``) or held-out (``eval``) tasks of the configured environment.
