@@ -458,10 +458,10 @@ class Cluster:
         for u in doomed:
             self._slot(u.gen)
 
-    def _kept(self, units: list[tuple[list[RolloutShape], int]]) -> tuple[float, int]:
-        """Trained action tokens and rollouts of a batch: all (SAO), or groups with unequal rewards (GRPO)."""
+    def _kept(self, units: list[tuple[list[RolloutShape], int]]) -> float:
+        """Trained action tokens of a batch: all (SAO), or those of groups with unequal rewards (GRPO)."""
         kept = [shapes for shapes, _ in units if self.cfg.method == "sao" or len({s.reward for s in shapes}) > 1]
-        return float(sum(sum(s.action_tokens) for shapes in kept for s in shapes)), sum(len(shapes) for shapes in kept)
+        return float(sum(sum(s.action_tokens) for shapes in kept for s in shapes))
 
     def _maybe_train(self) -> None:
         if self.learner_busy or len(self.updates) >= self.cfg.steps:
@@ -482,14 +482,15 @@ class Cluster:
             self.ready.extendleft(reversed(fresh))
             return
         batch = [s for shapes, _ in fresh for s in shapes]
-        tokens, kept = self._kept(fresh)
-        self._train(batch, tokens, refund=len(batch) - kept if self.cfg.method == "grpo_async" else 0)
+        self._train(batch, self._kept(fresh))
 
     def _wake(self) -> None:
         while self.waiting and self.started + self.cfg.group_size <= self._capacity():
             self._slot(self.waiting.popleft())
 
-    def _train(self, batch: list[RolloutShape], tokens: float, refund: int = 0) -> None:
+    def _train(self, batch: list[RolloutShape], tokens: float) -> None:
+        """Train ``batch``; a batch that publishes keeps its admission places (the version pays for B), a
+        critic warm-up batch gives them all back, as the learner's ``refund_untrained`` does."""
         self.learner_busy = True
         publishes = self.iteration >= self.cfg.learner.warmup_iterations
         total = self.cfg.learner.train_time(batch) + (self.cfg.publish_s if publishes else 0.0)
@@ -497,7 +498,8 @@ class Cluster:
 
         def done() -> None:
             self.iteration += 1
-            self.started -= refund if publishes else len(batch)  # a warm-up iteration gives its tickets back
+            if not publishes:  # a warm-up iteration gives its tickets back
+                self.started -= len(batch)
             if publishes:
                 self.version += 1
                 self.updates.append((self.loop.now, float(len(batch)), tokens))
@@ -524,7 +526,7 @@ class Cluster:
             units.append((shapes, version))
             if len(units) == groups:
                 self._gen_phases.append(self.loop.now - started)
-                self._train([s for sh, _ in units for s in sh], self._kept(units)[0])
+                self._train([s for sh, _ in units for s in sh], self._kept(units))
 
         for i in range(groups):
             self._group(i % self.cfg.generators, group_done)

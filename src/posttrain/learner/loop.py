@@ -8,7 +8,7 @@ resumes from the newest checkpoint in ``<run>/checkpoints`` if there is one. Eac
    its admission place given back;
 2. **train** (``steps``): SAO's critic, skip-observation GAE and DIS update (after the critic-only
    warm-up), or GRPO's group-relative step with the DIS mask;
-3. **refund** the admission places of rows that made no policy version;
+3. **refund** the admission places of a batch that made no policy version (all of its rows);
 4. **record** the iteration in ``<run>/learner_ledger.jsonl`` (``posttrain.learner.ledger``);
 5. after a policy update, **publish** the next version (weight store, version key, announcement);
 6. **log** the metrics (``posttrain.learner.metrics``);

@@ -149,13 +149,17 @@ class Learner:
         return result
 
     def refund_untrained(self, entries: Sequence[QueueEntry], result: TrainStepResult) -> None:
-        """Give back the admission places of rows that made no policy version (warm-up, uniform groups).
+        """Give back the admission places of a batch that made no policy version (critic warm-up, all groups uniform).
 
-        Admission counts capacity in policy versions, ``(v + tau + 1) * B`` rollouts; a row that
-        made no version would otherwise hold a place for the whole run.
+        Admission counts capacity in policy versions, ``(v + tau + 1) * B`` rollouts: each version
+        pays for one batch of B. A batch that made no version would otherwise hold B places for the
+        whole run, so all of them come back. A batch that made a version refunds nothing, even for
+        rows that trained nothing (GRPO's uniform groups): the version already added B places, and
+        refunding those rows as well let admitted, unread rollouts grow by that many every version
+        until the excess went stale.
         """
-        if self.transport is not None and result.rows_trained < len(entries):
-            self.transport.admission.refund(len(entries) - result.rows_trained)
+        if self.transport is not None and not result.policy_updated:
+            self.transport.admission.refund(len(entries))
 
     def record(self, entries: Sequence[QueueEntry], result: TrainStepResult) -> None:
         """Count the iteration, keep its entries for the next checkpoint, append its ledger line."""

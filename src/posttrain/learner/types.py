@@ -28,8 +28,8 @@ class TrainStepResult:
             policy version.
         metrics: Flat float metrics (``loss/policy``, ``mask/frac_low``, ``value/explained_variance``...).
         rows_trained: Rollouts of the batch whose tokens entered the policy update (0 without an
-            update; GRPO: the rows of kept groups). The rest made no policy version and give their
-            admission places back.
+            update; GRPO: the rows of kept groups). Admission refunds follow ``policy_updated``,
+            not this count: a batch that made a version gives no place back.
         action_tokens_trained: Action tokens counted as trained (tokens): the whole batch's for SAO
             (critic warm-up batches included), the kept groups' for GRPO.
     """

@@ -57,8 +57,10 @@ class ScriptedGenerator:
     """Fills the queue from the admission tickets left whenever the learner announces a version."""
 
     def __init__(self, start_model: Path, queue: MemoryRolloutQueue, admission: MemoryAdmissionController,
-                 versions: MemoryPolicyVersionStore, vocab: int, group_size: int = 1) -> None:
+                 versions: MemoryPolicyVersionStore, vocab: int, group_size: int = 1, uniform_every: int = 0) -> None:
         self.queue, self.admission, self.versions, self.group_size = queue, admission, versions, group_size
+        self.uniform_every = uniform_every  # every this many-th GRPO group has equal rewards (0: none)
+        self.groups = 0
         gen = torch.Generator().manual_seed(0)
         self.sequences = torch.randint(3, vocab, (8, PROMPT_LEN + ACTION_LEN), generator=gen)
         model = load_policy(start_model).eval()
@@ -67,6 +69,7 @@ class ScriptedGenerator:
             self.logprobs = token_logprobs(logits, self.sequences)
         self.announced: list[int] = []
         self.put = 0
+        self.unread_after_fill: list[int] = []  # rollouts admitted and not yet read by the learner, per announcement
 
     def rollout(self, k: int, group_id: str | None, reward: float) -> Rollout:
         row = k % len(self.sequences)
@@ -85,21 +88,24 @@ class ScriptedGenerator:
             if len(held) < self.group_size:
                 for t in held:
                     self.admission.release(t)
+                self.unread_after_fill.append(self.queue.lag())
                 return
             group_id = uuid.uuid4().hex if self.group_size > 1 else None
+            uniform = self.group_size > 1 and self.uniform_every > 0 and self.groups % self.uniform_every == 0
             for i, ticket in enumerate(held):  # SAO alternates rewards; each GRPO group holds a 0 and a 1
-                reward = float((self.put if self.group_size == 1 else i) % 2)
+                reward = 1.0 if uniform else float((self.put if self.group_size == 1 else i) % 2)
                 self.queue.put(self.rollout(self.put, group_id, reward=reward))
                 self.admission.consume(ticket)
                 self.put += 1
+            self.groups += 1
 
 
 def _transport(tmp_path: Path, config: RunConfig, tiny_model, stream: MemoryStream,
                admission: MemoryAdmissionController, versions: MemoryPolicyVersionStore,
-               group_size: int = 1) -> tuple[LearnerTransport, ScriptedGenerator]:
+               group_size: int = 1, uniform_every: int = 0) -> tuple[LearnerTransport, ScriptedGenerator]:
     queue = MemoryRolloutQueue(stream, consumer="learner-0")
     generator = ScriptedGenerator(tiny_model.path, MemoryRolloutQueue(stream, consumer="generator"), admission,
-                                  versions, tiny_model.vocab_size, group_size)
+                                  versions, tiny_model.vocab_size, group_size, uniform_every)
     transport = LearnerTransport(queue=queue, admission=admission, versions=versions,
                                  store=FilesystemWeightStore(RunContext(config).weights_dir),
                                  announce=generator.announce, generator_stats=dict)
@@ -157,6 +163,31 @@ def test_async_grpo_loop_trains_on_whole_groups(tmp_path, tiny_model):
             groups[rollout["group_id"]] = groups.get(rollout["group_id"], 0) + 1
         assert sorted(groups.values()) == [2, 2]
     assert transport.queue.pending() == []
+
+
+def test_async_grpo_with_uniform_groups_keeps_admitted_unread_rollouts_within_the_admission_bound(tmp_path, tiny_model):
+    """Admission lets (v + tau + 1) * B rollouts start by version v, and each version consumes one
+    batch of B, so at most (tau + 1) * B = 3 * 8 = 24 admitted rollouts wait unread. One group in
+    four has equal rewards and trains nothing, but the batch still makes a version: its places must
+    not come back. Refunding those 2 rollouts per version let 24 + 2v wait after version v (26, 28,
+    30...), until FIFO reads turned the excess stale."""
+    config = _config(tmp_path, "grpo").model_copy(deep=True)
+    config.grpo.steps, config.grpo.prompts_per_step = 4, 4
+    shutil.copytree(tiny_model.path, RunContext(config).tokenizer_dir)
+    versions = MemoryPolicyVersionStore()
+    admission = MemoryAdmissionController(versions, batch_size=8, max_staleness=2)
+    transport, generator = _transport(tmp_path, config, tiny_model, MemoryStream(), admission, versions,
+                                      group_size=2, uniform_every=4)
+
+    summary = run_learner(config, transport, start_model_dir=tiny_model.path, progress=False)
+
+    assert (summary.policy_version, summary.iterations) == (4, 4)
+    lines = read_ledger(RunContext(config).run_dir / LEDGER_NAME)
+    rewards = [sorted(r["reward"] for r in line["rollouts"]) for line in lines]
+    assert all(r.count(1.0) == 5 for r in rewards)  # each batch: one uniform group (1, 1), three (0, 1)
+    assert generator.unread_after_fill == [24] * 5
+    assert summary.counters["stale_dropped"] == 0
+    assert admission.state().consumed == (4 + 2 + 1) * 8  # 56 put, nothing refunded
 
 
 def test_a_learner_stopped_mid_run_resumes_without_losing_or_repeating_an_entry(tmp_path, tiny_model):

@@ -16,9 +16,12 @@ v + tau at the latest (if consumed in order, and if its engine was at v when it 
 Lifecycle: ``ticket = ctl.acquire(timeout_s)`` (None on timeout) -> run the episode ->
 ``queue.put(rollout); ctl.consume(ticket)``, or ``ctl.release(ticket)`` if the episode failed.
 The learner calls ``ctl.refund(n)`` for rollouts it dropped (stale or dead-lettered) and for
-rollouts that made no policy version (an SAO critic-only warm-up batch, GRPO groups whose rewards
-are all equal) so their slots come back: capacity is counted in versions, and a batch consumed
-without one would otherwise shrink it for the rest of the run. Each ticket is a lease
+every rollout of a batch that made no policy version (an SAO critic-only warm-up batch, a GRPO
+batch whose groups all had equal rewards) so their slots come back: capacity is counted in
+versions, and a batch consumed without one would otherwise shrink it for the rest of the run. A
+batch that made a version refunds nothing, not even rows that trained nothing (uniform GRPO
+groups): the version already adds B slots, and refunding those rows too would let admitted,
+unread rollouts grow past ``(tau + 1) * B``. Each ticket is a lease
 (``lease_s``): a generator that dies holding tickets does not shrink capacity forever; its
 tickets expire.
 
