@@ -127,6 +127,7 @@ def sao_train_step(
             metrics["critic/grad_norm"] = clip_and_step(
                 critic.model, critic.optimizer, critic.scheduler, config.critic.grad_clip
             )
+        metrics["critic/lr"] = float(critic.scheduler.get_last_lr()[0])
     else:
         # In length order, as the running-mean window has always seen the batch's rewards.
         ordered = select_rows(batch, order)

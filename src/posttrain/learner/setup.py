@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from posttrain.advantages import RunningMeanBaseline
-from posttrain.config import ConfigError, RunConfig
+from posttrain.config import ConfigError, RunConfig, SAOConfig
 from posttrain.config.roles import AsyncRLSettings, async_rl_settings
 from posttrain.learner.batch_source import BatchSource, DropRecorder, RankBatchSource, make_batch_source
 from posttrain.learner.checkpoint import LearnerState
@@ -208,14 +208,27 @@ class Learner:
                               self.counters)
 
 
+def critic_optimizer_steps(sao: SAOConfig) -> int:
+    """Optimizer steps the critic takes over a run: K per iteration, warm-up iterations included.
+
+    ``(sao.steps + sao.critic.warmup_steps) * sao.critic.updates_per_step``; the critic's LR
+    schedule spans them (sized in iterations, a cosine schedule reached 0 half-way with K = 2).
+    """
+    return (sao.steps + sao.critic.warmup_steps) * sao.critic.updates_per_step
+
+
 def _critic(config: RunConfig, start_model_dir: Path, world: World) -> Trainable | None:
-    """SAO's critic, initialised from the start policy and placed like it (``sao.advantage == "gae"``), else None."""
+    """SAO's critic, initialised from the start policy and placed like it (``sao.advantage == "gae"``), else None.
+
+    Its optimizer is ``sao.optim`` with ``sao.critic.lr``; the schedule counts the critic's own
+    optimizer steps (``critic_optimizer_steps``), its warm-up (``sao.optim.warmup_steps``) too.
+    """
     sao = config.sao
     if config.technique != "sao" or sao.advantage != "gae":
         return None
     model = prepare_model(CriticModel.from_policy_path(start_model_dir), world, config.learner)
     optimizer, scheduler = build_optimizer(
-        model, sao.optim.model_copy(update={"lr": sao.critic.lr}), sao.steps + sao.critic.warmup_steps)
+        model, sao.optim.model_copy(update={"lr": sao.critic.lr}), critic_optimizer_steps(sao))
     return Trainable(model, optimizer, scheduler)
 
 
