@@ -26,7 +26,7 @@ from posttrain.learner.rank_rows import rank_micro_batches, reduce_means, reduce
 from posttrain.learner.types import Trainable, TrainStepResult
 from posttrain.losses import PolicyLossInputs, sao_loss
 from posttrain.losses.logprobs import token_logprobs
-from posttrain.losses.value import value_loss
+from posttrain.losses.value import explained_variance, explained_variance_sums, value_loss
 from posttrain.parallel.placement import loss_scale
 from posttrain.parallel.world import World
 
@@ -74,8 +74,10 @@ def sao_train_step(
 
     Returns:
         ``TrainStepResult`` with ``policy_updated`` and the step's metrics (over all ranks), among
-        them ``batch/padded_tokens`` (tokens the forward passes over the micro-batches compute)
-        and ``batch/real_tokens``.
+        them ``batch/padded_tokens`` (tokens the forward passes over the micro-batches compute),
+        ``batch/real_tokens`` and the critic's ``value/*`` of the last of its K updates
+        (``value/explained_variance`` over the whole batch's action tokens, from sums pooled over
+        micro-batches and ranks).
 
     Raises:
         ValueError: if the configured advantage needs a critic/baseline that was not given.
@@ -115,15 +117,21 @@ def sao_train_step(
         critic.model.train()
         for _ in range(config.critic.updates_per_step):
             parts, weights = [], []
+            ev_sums = [0.0] * 5
             for p in pieces:
-                out = value_loss(
-                    critic_values(critic.model, p.batch), old_values[p.lo : p.hi, : p.width],
-                    returns[p.lo : p.hi, : p.width], p.batch.action_mask, config.critic.value_clip,
-                )
+                values = critic_values(critic.model, p.batch)
+                targets = returns[p.lo : p.hi, : p.width]
+                out = value_loss(values, old_values[p.lo : p.hi, : p.width], targets, p.batch.action_mask,
+                                 config.critic.value_clip)
                 (out.loss_sum * (scale * p.weight)).backward()
                 parts.append({**out.metrics, "loss/value": float(out.loss_sum.detach()) / max(out.num_tokens, 1)})
                 weights.append(out.num_tokens * p.weight)
+                if p.weight:  # fillers count for nothing
+                    ev_sums = [a + b for a, b in zip(ev_sums, explained_variance_sums(values, targets,
+                                                                                     p.batch.action_mask), strict=True)]
             metrics.update(reduce_means(world, parts, weights))
+            # Over the whole batch (every rank's rows), not a mean of micro-batches' values.
+            metrics["value/explained_variance"] = explained_variance(world.sum(ev_sums))
             metrics["critic/grad_norm"] = clip_and_step(
                 critic.model, critic.optimizer, critic.scheduler, config.critic.grad_clip
             )

@@ -37,8 +37,9 @@ def value_loss(
         ``LossOutput`` with ``num_tokens`` = action tokens and metrics ``value/mean`` (mean of
         ``values``), ``value/returns_mean``, ``value/clip_frac`` (fraction of tokens where the
         clipped error is the larger one, so the gradient is zero),
-        ``value/explained_variance`` (``1 - Var(returns - values) / Var(returns)``; 0.0 with fewer
-        than 2 tokens or return variance below 1e-10) and ``value/mse``. All 0.0 with no action token.
+        ``value/explained_variance`` (``1 - Var(returns - values) / Var(returns)`` over these
+        tokens, ``explained_variance``; a learner reports the whole batch's instead) and
+        ``value/mse``. All 0.0 with no action token.
 
     Raises:
         ValueError: shapes differ, ``action_mask`` is not bool, or ``value_clip <= 0``.
@@ -77,8 +78,40 @@ def value_loss(
             metrics["value/returns_mean"] = float(r.mean())
             metrics["value/clip_frac"] = float((clipped_error > error)[action_mask].double().mean())
             metrics["value/mse"] = float(((v - r) ** 2).mean())
-            if num_tokens >= 2:
-                return_var = float(r.var(correction=0))
-                if return_var > 1e-10:  # float noise on constant returns is not variance
-                    metrics["value/explained_variance"] = 1.0 - float((r - v).var(correction=0)) / return_var
+            metrics["value/explained_variance"] = explained_variance(
+                explained_variance_sums(values32, targets, action_mask))
     return LossOutput(loss_sum=loss_sum, num_tokens=num_tokens, metrics=metrics)
+
+
+def explained_variance_sums(values: Tensor, returns: Tensor, action_mask: Tensor) -> list[float]:
+    """The sums explained variance is made of, over action tokens: add them over micro-batches and ranks.
+
+    Args:
+        values: [B, T] float. Critic predictions (not differentiated).
+        returns: [B, T] float. Regression targets.
+        action_mask: [B, T] bool. Tokens that count.
+
+    Returns:
+        ``[n, sum r, sum r^2, sum e, sum e^2]`` (float64 arithmetic) with ``r`` the returns and
+        ``e = r - values`` the residuals of the ``n`` action tokens.
+    """
+    with torch.no_grad():
+        r = returns.detach()[action_mask].double()
+        e = r - values.detach()[action_mask].double()
+        return [float(r.numel()), float(r.sum()), float((r * r).sum()), float(e.sum()), float((e * e).sum())]
+
+
+def explained_variance(sums: list[float]) -> float:
+    """``1 - Var(e) / Var(r)`` from pooled ``explained_variance_sums`` (population variances).
+
+    0.0 with fewer than 2 tokens or a return variance below 1e-10 (float noise on constant
+    returns is not variance). Pooling the sums of a whole batch gives the batch's value, whatever
+    the micro-batches and ranks it was split into.
+    """
+    n, sum_r, sum_rr, sum_e, sum_ee = sums
+    if n < 2:
+        return 0.0
+    return_var = sum_rr / n - (sum_r / n) ** 2
+    if return_var <= 1e-10:
+        return 0.0
+    return 1.0 - (sum_ee / n - (sum_e / n) ** 2) / return_var

@@ -139,3 +139,31 @@ def test_rows_are_trained_in_length_order_which_cuts_padding_and_changes_no_upda
     _same(p_a, p_b)
     _same(c_a, c_b)
     assert ahead.metrics["loss/policy"] == pytest.approx(behind.metrics["loss/policy"], rel=1e-5, abs=1e-7)
+
+
+def test_explained_variance_is_the_whole_batchs_whatever_the_micro_batch_size(policy_model, critic_model):
+    """Action lengths 2, 3, 4, 5 with rewards 1, 1, 0, 0: in length order micro-batches of 2 hold
+    (1, 1) and (0, 0), and with gamma = lambda_critic = 1 every return of a rollout is its reward,
+    so each micro-batch (and each single rollout) has constant returns and an explained variance
+    of 0 on its own. Over the batch's 14 action tokens the returns vary (5 ones, 9 zeros), and the
+    critic (value head set to 0.3 * x_0 + 0.1) explains some of it: 1 - Var(R - V) / Var(R) over
+    the batch, computed here from the critic's values, for micro-batches of 1, 2 and 4 alike.
+    K = 1, so the update's values are the old ones. Averaging per micro-batch read 0 at sizes 1 and 2."""
+    from posttrain.learner.sao_step import critic_values
+
+    critic = copy.deepcopy(critic_model)
+    with torch.no_grad():
+        critic.value_head.weight.zero_()
+        critic.value_head.weight[0, 0] = 0.3
+        critic.value_head.bias.fill_(0.1)
+    rollouts = _rollouts(policy_model, [(2, 1.0), (3, 1.0), (4, 0.0), (5, 0.0)], seed=4)
+    batch = collate_rollouts(rollouts, pad_token_id=0)
+    with torch.no_grad():
+        v = critic_values(critic, batch)[batch.action_mask].double()
+    r = batch.rewards[:, None].expand_as(batch.action_mask)[batch.action_mask].double()
+    expected = 1.0 - float((r - v).var(correction=0)) / float(r.var(correction=0))
+    assert abs(expected) > 0.05
+    for size in (1, 2, 4):
+        config = _config(micro_batch_size=size, critic={"warmup_steps": 0, "updates_per_step": 1})
+        result, _, _ = _run(policy_model, critic, rollouts, config)
+        assert result.metrics["value/explained_variance"] == pytest.approx(expected, rel=1e-5), size
