@@ -4,7 +4,8 @@ Two sources share one contract, ``next_batch(learner_version) -> list[QueueEntry
 
 * ``SingleRolloutSource`` (SAO): buffers rollouts as they arrive until ``batch_rollouts`` fresh
   ones are held; a rollout whose oldest policy version lags the learner by more than
-  ``max_staleness`` is dropped on arrival.
+  ``max_staleness`` is dropped, on arrival and again while it waits in the buffer (a read can
+  bring more than a batch, e.g. the entries a dead learner left pending).
 * ``GroupSource`` (asynchronous GRPO): releases only complete groups (``posttrain.learner.groups``),
   ``groups_per_batch`` of them at a time; a group with any stale member is dropped whole.
 
@@ -102,7 +103,7 @@ def _read(queue: RolloutQueue, n: int, claim_idle_ms: int, block_s: float) -> li
 
 
 class SingleRolloutSource:
-    """SAO's batches: ``batch_rollouts`` rollouts of any prompts, each fresh when it arrived.
+    """SAO's batches: ``batch_rollouts`` rollouts of any prompts, each fresh when its batch is released.
 
     Args:
         queue: Stream consumer.
@@ -126,14 +127,22 @@ class SingleRolloutSource:
         self._buffer: list[QueueEntry] = []
 
     def next_batch(self, learner_version: int) -> list[QueueEntry] | None:
-        """Read what is needed to fill the buffer; return a full batch, or None (stale arrivals dropped)."""
+        """Read what is needed to fill the buffer; return a full batch of fresh rollouts, or None.
+
+        Staleness is checked on arrival and again for every buffered rollout when a batch is
+        released: a read can bring more than a batch (``claim_stale`` returns every idle entry,
+        thousands after a learner restart), and a rollout that waits in the buffer while the
+        learner publishes versions must not be trained more than ``max_staleness`` behind.
+        """
         need = self._batch - len(self._buffer)
         if need > 0:
-            for entry in _read(self._queue, need, self._claim_idle_ms, self._block_s):
-                if is_stale(entry.rollout.policy_version, learner_version, self._tau):
-                    self.drops.drop([entry], ["stale"])
-                else:
-                    self._buffer.append(entry)
+            self._buffer.extend(_read(self._queue, need, self._claim_idle_ms, self._block_s))
+        fresh: list[QueueEntry] = []
+        stale: list[QueueEntry] = []
+        for entry in self._buffer:
+            (stale if is_stale(entry.rollout.policy_version, learner_version, self._tau) else fresh).append(entry)
+        self.drops.drop(stale, ["stale"] * len(stale))
+        self._buffer = fresh
         if len(self._buffer) < self._batch:
             return None
         out, self._buffer = self._buffer[: self._batch], self._buffer[self._batch :]
