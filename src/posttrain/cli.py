@@ -187,11 +187,12 @@ where a verb is given (``posttrain tenant render ...``) it is required."""
 
 
 def _learner_errors() -> tuple[type[Exception], ...]:
-    """Errors of the learner's placement and resume that deserve one line (imported only when one is raised)."""
+    """Errors of the learner's placement, resume and training that deserve one line (imported only when one is raised)."""
     from posttrain.learner.checkpoint import CheckpointError
+    from posttrain.learner.optim import NonFiniteGradientError
     from posttrain.parallel.world import DeviceError
 
-    return (DeviceError, CheckpointError)
+    return (DeviceError, CheckpointError, NonFiniteGradientError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"posttrain: {exc}", file=sys.stderr)
         return 2
     except _learner_errors() as exc:
-        # learner.device: cuda where there is none; a checkpoint of another model shape or missing shards.
+        # learner.device: cuda where there is none; a checkpoint of another model shape or missing shards;
+        # too many non-finite gradient norms in a row.
         print(f"posttrain: {exc}", file=sys.stderr)
         return 2
 

@@ -42,6 +42,8 @@ class AsyncRLSettings:
         optim: The policy's optimizer section.
         policy_optimizer_steps: Optimizer steps the policy's LR schedule spans (policy versions
             times GRPO's mini-batches per batch).
+        max_nonfinite_iterations: Learner iterations in a row with a skipped (non-finite) optimizer
+            step that stop the run (``sao.max_nonfinite_iterations`` / ``grpo.max_nonfinite_iterations``).
     """
 
     technique: Literal["sao", "grpo"]
@@ -53,6 +55,7 @@ class AsyncRLSettings:
     checkpoint_every: int
     optim: OptimConfig
     policy_optimizer_steps: int
+    max_nonfinite_iterations: int
 
 
 def uses_async_runtime(config: RunConfig) -> bool:
@@ -72,7 +75,7 @@ def async_rl_settings(config: RunConfig) -> AsyncRLSettings:
         return AsyncRLSettings(
             technique="sao", steps=sao.steps, batch_rollouts=sao.batch_size, max_staleness=sao.max_staleness,
             group_size=1, groups_per_batch=sao.batch_size, checkpoint_every=sao.checkpoint_every,
-            optim=sao.optim, policy_optimizer_steps=sao.steps,
+            optim=sao.optim, policy_optimizer_steps=sao.steps, max_nonfinite_iterations=sao.max_nonfinite_iterations,
         )
     if config.technique == "grpo" and config.grpo.async_:
         grpo = config.grpo
@@ -81,6 +84,7 @@ def async_rl_settings(config: RunConfig) -> AsyncRLSettings:
             max_staleness=grpo.max_staleness, group_size=grpo.group_size, groups_per_batch=grpo.prompts_per_step,
             checkpoint_every=grpo.checkpoint_every, optim=grpo.optim,
             policy_optimizer_steps=grpo.steps * grpo.mini_batches,
+            max_nonfinite_iterations=grpo.max_nonfinite_iterations,
         )
     raise ConfigError(
         f"technique: {config.technique!r} (grpo.async={config.grpo.async_}) does not run on the asynchronous "

@@ -159,6 +159,10 @@ class SAOConfig(_Strict):
     """Window (rollouts) of the running-mean baseline."""
     checkpoint_every: int = Field(5, ge=1)
     """Checkpoint (and acknowledge consumed stream entries) every this many policy steps."""
+    max_nonfinite_iterations: int = Field(3, ge=1, le=10_000)
+    """Learner iterations in a row with a non-finite gradient norm before the run stops with an
+    error. Each such optimizer step (critic or policy) is skipped and counted in
+    ``skipped_nonfinite``; a skipped policy step makes no version. 1 stops at the first."""
 
 
 class GeneratorConfig(_Strict):

@@ -139,6 +139,10 @@ class GRPOTechniqueConfig(_Section):
     """Clip range, k3 KL weight to the reference policy, optional DIS band."""
     checkpoint_every: int = Field(10, ge=1)
     """Write a learner checkpoint every this many iterations (and at the end)."""
+    max_nonfinite_iterations: int = Field(3, ge=1, le=10_000)
+    """Learner iterations in a row with a non-finite gradient norm before the run stops with an
+    error. Each such optimizer step is skipped and counted in ``skipped_nonfinite``; an iteration
+    whose every step was skipped makes no version. 1 stops at the first."""
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-6))
     """Policy optimizer (paper: constant 1e-6)."""
 

@@ -31,7 +31,7 @@ from torch import nn
 
 from posttrain.config.techniques import DPOTechniqueConfig
 from posttrain.learner.accumulate import EpochSampler, GradientAccumulator
-from posttrain.learner.optim import build_optimizer, clip_and_step
+from posttrain.learner.optim import build_optimizer, clip_and_step, raise_if_nonfinite
 from posttrain.losses.dpo import dpo_loss
 from posttrain.losses.logprobs import token_logprobs
 from posttrain.parallel.shares import MicroBatch, micro_batch_plan, rank_share
@@ -296,7 +296,7 @@ def train_dpo(
 
     Raises:
         ValueError: ``pairs`` is empty, or ``ref`` is not ``[len(pairs), 2]`` without ``reference``.
-        FloatingPointError: a non-finite gradient norm.
+        NonFiniteGradientError: a non-finite gradient norm (``optim.raise_if_nonfinite``).
     """
     if not pairs:
         raise ValueError("pairs: empty")
@@ -318,7 +318,8 @@ def train_dpo(
             batch_ref = ref[torch.tensor(index, dtype=torch.long)]
         acc = dpo_step(policy, batch, batch_ref, config, pad_token_id=pad_token_id, world=world)
         last = acc.metrics("loss/dpo")
-        last["policy/grad_norm"] = clip_and_step(policy, optimizer, scheduler, config.optim.grad_clip)
+        last["policy/grad_norm"] = raise_if_nonfinite(
+            clip_and_step(policy, optimizer, scheduler, config.optim.grad_clip))
         last["policy/lr"] = float(scheduler.get_last_lr()[0])
         last["dpo/pairs"] = float(acc.num_tokens)
         if on_step is not None:

@@ -24,6 +24,7 @@ dropped before the forward pass and counted (``grpo/uniform_groups_frac``).
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -98,7 +99,9 @@ def grpo_train_step(
             length order; losses are scaled so N ranks make one rank's update.
 
     Returns:
-        ``TrainStepResult``: ``policy_updated`` False when every group was dropped as uniform; metrics
+        ``TrainStepResult``: ``policy_updated`` False when every group was dropped as uniform or
+        every optimizer step was skipped for a non-finite gradient norm (``clip_and_step``; counted
+        in ``skipped_nonfinite``, ``grpo/optimizer_steps`` counts the steps taken); metrics
         ``reward/mean``, ``reward/std``, ``advantage/mean``, ``advantage/std``,
         ``response/action_tokens_mean``, ``grpo/groups``, ``grpo/uniform_groups_frac``,
         ``grpo/rollouts_kept``, ``grpo/action_tokens_kept`` and, after an update, ``loss/policy``,
@@ -109,7 +112,6 @@ def grpo_train_step(
 
     Raises:
         ValueError: ``len(group_ids)`` differs from B, or ``kl_coef > 0`` without ``reference``.
-        FloatingPointError: a non-finite gradient norm (see ``clip_and_step``).
     """
     world = world or World()
     rows = batch.token_ids.shape[0]
@@ -158,6 +160,7 @@ def grpo_train_step(
                     old_k[p.lo : p.hi, : p.width] = rollout_logprobs(policy.model, p.batch, temperature)
                 olds[k] = old_k
     parts: list[dict[str, float]] = []
+    skipped = 0  # optimizer steps skipped for a non-finite gradient norm
     policy.model.train()
     for rows, share, old_k in zip(chunk_rows, shares, olds, strict=True):
         count = int(batch.action_mask[rows].sum())
@@ -196,10 +199,13 @@ def grpo_train_step(
             policy.model, policy.optimizer, policy.scheduler, config.optim.grad_clip
         )
         step_metrics["policy/lr"] = float(policy.scheduler.get_last_lr()[0])
+        skipped += int(not math.isfinite(step_metrics["policy/grad_norm"]))
         parts.append(step_metrics)
     metrics.update(_mean_of(parts))
-    metrics["grpo/optimizer_steps"] = float(len(chunks))
+    metrics["grpo/optimizer_steps"] = float(len(chunks) - skipped)
     metrics["batch/padded_tokens"] = world.sum([float(sum(share.padded_tokens() for share in shares))])[0]
     metrics["batch/real_tokens"] = float(batch.attention_mask[kept_rows].sum())
-    return TrainStepResult(policy_updated=True, metrics=metrics, rows_trained=len(kept_rows),
-                           action_tokens_trained=metrics["grpo/action_tokens_kept"])
+    stepped = skipped < len(chunks)
+    return TrainStepResult(policy_updated=stepped, metrics=metrics, rows_trained=len(kept_rows) if stepped else 0,
+                           action_tokens_trained=metrics["grpo/action_tokens_kept"] if stepped else 0.0,
+                           skipped_nonfinite=skipped)

@@ -13,7 +13,9 @@ resumes from the newest checkpoint in ``<run>/checkpoints`` if there is one. Eac
 5. after a policy update, **publish** the next version (weight store, version key, announcement);
 6. **log** the metrics (``posttrain.learner.metrics``);
 7. every ``checkpoint_every`` versions and at the end, **checkpoint, then acknowledge** the
-   entries the checkpoint covers (``checkpointer``).
+   entries the checkpoint covers (``checkpointer``);
+8. **stop** after ``max_nonfinite_iterations`` iterations in a row that skipped an optimizer step
+   for a non-finite gradient norm (a skipped policy step makes no version; its batch is refunded).
 
 The loop takes its transport as an argument (``setup.LearnerTransport``), so a test runs it on
 the in-memory queue, admission and a temporary weight store.
@@ -63,7 +65,8 @@ def run_learner(
 
     Raises:
         posttrain.rollout.queue.QueueConnectionError: Redis unreachable after bounded retries.
-        FloatingPointError: a non-finite gradient norm.
+        posttrain.learner.optim.NonFiniteGradientError: ``max_nonfinite_iterations`` iterations
+            in a row skipped an optimizer step for a non-finite gradient norm.
     """
     learner = build_learner(config, transport, start_model_dir=start_model_dir, world=world)
     bar = tqdm(total=learner.settings.steps, initial=learner.state.policy_version, desc=learner.settings.technique,
@@ -81,6 +84,7 @@ def run_learner(
         if sink is not None and learner.world.is_main:
             sink(learner.metrics(entries, result), learner.state.policy_version)
         learner.checkpointer.maybe_save(result.policy_updated)
+        learner.stop_on_nonfinite(result)
     bar.close()
     learner.checkpointer.flush()
     return learner.finish()

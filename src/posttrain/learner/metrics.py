@@ -3,7 +3,8 @@
 Keys (all floats): the step's metrics (``loss/*``, ``mask/*``, ``value/*``, ``grpo/*``...);
 ``staleness/*`` (``StalenessStats``); ``generator/<id>/*`` and ``generator/busy_fraction_mean``
 (``posttrain.rollout.telemetry``); ``learner/step_s`` (seconds of the train step),
-``learner/iteration``; ``throughput/rollouts_per_s`` and ``throughput/trained_action_tokens_per_s``
+``learner/iteration``, ``learner/skipped_nonfinite`` (optimizer steps skipped for a non-finite
+gradient norm over the run); ``throughput/rollouts_per_s`` and ``throughput/trained_action_tokens_per_s``
 (cumulative since this process started), ``throughput/action_tokens_per_s`` (this batch's action
 tokens over its step time); ``queue/dead_letters``, ``queue/length``; ``rollouts/correct_mean``.
 The names match synchronous GRPO's, so runs of either compare directly.
@@ -37,7 +38,7 @@ def learner_metrics(
         result: The train step's result.
         entries: The batch.
         iteration: Learner iterations done, this one included.
-        counters: Cumulative ``rollouts_trained`` and ``action_tokens_trained`` of this process's run.
+        counters: Cumulative ``rollouts_trained``, ``action_tokens_trained`` and ``skipped_nonfinite``.
         staleness: Staleness statistics of consumed and dropped rollouts.
         queue: The stream consumer (dead letters, length).
         generator_stats: Generator id -> its latest stats snapshot.
@@ -52,6 +53,7 @@ def learner_metrics(
     metrics.update({
         "learner/step_s": step_s,
         "learner/iteration": float(iteration),
+        "learner/skipped_nonfinite": counters.get("skipped_nonfinite", 0.0),
         "throughput/rollouts_per_s": counters["rollouts_trained"] / elapsed,
         "throughput/action_tokens_per_s": action_tokens / max(step_s, 1e-9),
         "throughput/trained_action_tokens_per_s": counters["action_tokens_trained"] / elapsed,

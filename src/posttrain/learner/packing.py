@@ -31,7 +31,7 @@ from torch import nn
 
 from posttrain.config.techniques import SFTTechniqueConfig
 from posttrain.learner.accumulate import EpochSampler, GradientAccumulator
-from posttrain.learner.optim import build_optimizer, clip_and_step
+from posttrain.learner.optim import build_optimizer, clip_and_step, raise_if_nonfinite
 from posttrain.learner.sft import TokenExample
 from posttrain.losses.logprobs import token_logprobs
 from posttrain.losses.sft import sft_loss
@@ -231,7 +231,7 @@ def train_sft_packed(
 
     Raises:
         ValueError: no row has a trained token.
-        FloatingPointError: a non-finite gradient norm (see ``clip_and_step``).
+        NonFiniteGradientError: a non-finite gradient norm (``optim.raise_if_nonfinite``).
     """
     if not any(any(r.loss_mask) for r in rows):
         raise ValueError("rows: no row has a token to train on (loss_mask all False)")
@@ -245,7 +245,8 @@ def train_sft_packed(
         acc = sft_step(model, batch, pad_token_id=pad_token_id, micro_batch_size=config.micro_batch_size,
                        world=world)
         last = acc.metrics("loss/sft")
-        last["policy/grad_norm"] = clip_and_step(model, optimizer, scheduler, config.optim.grad_clip)
+        last["policy/grad_norm"] = raise_if_nonfinite(
+            clip_and_step(model, optimizer, scheduler, config.optim.grad_clip))
         last["policy/lr"] = float(scheduler.get_last_lr()[0])
         last["sft/tokens"] = float(acc.num_tokens)
         if on_step is not None:

@@ -10,6 +10,8 @@ size does not change the gradient.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -79,9 +81,11 @@ def sao_train_step(
         (``value/explained_variance`` over the whole batch's action tokens, from sums pooled over
         micro-batches and ranks).
 
+        A critic or policy step whose gradient norm is not finite is skipped (``clip_and_step``)
+        and counted in ``skipped_nonfinite``; a skipped policy step makes no version.
+
     Raises:
         ValueError: if the configured advantage needs a critic/baseline that was not given.
-        FloatingPointError: if a gradient norm is not finite (the step is skipped).
     """
     world = world or World()
     metrics: dict[str, float] = {}
@@ -94,6 +98,7 @@ def sao_train_step(
     padded, real = world.sum([float(mine.padded_tokens()), float(local.attention_mask.sum()) if mine.rows else 0.0])
     metrics["batch/padded_tokens"], metrics["batch/real_tokens"] = padded, real
     action_lengths = batch.action_mask.sum(dim=1)
+    skipped = 0  # optimizer steps skipped for a non-finite gradient norm
 
     # 1. Advantages (and critic targets) of this rank's rows.
     if config.advantage == "gae":
@@ -135,6 +140,7 @@ def sao_train_step(
             metrics["critic/grad_norm"] = clip_and_step(
                 critic.model, critic.optimizer, critic.scheduler, config.critic.grad_clip
             )
+            skipped += int(not math.isfinite(metrics["critic/grad_norm"]))
         metrics["critic/lr"] = float(critic.scheduler.get_last_lr()[0])
     else:
         # In length order, as the running-mean window has always seen the batch's rewards.
@@ -160,7 +166,7 @@ def sao_train_step(
     warm = config.advantage == "gae" and iteration < config.critic.warmup_steps
     if warm:
         return TrainStepResult(policy_updated=False, metrics=metrics, rows_trained=0,
-                               action_tokens_trained=float(batch.num_action_tokens))
+                               action_tokens_trained=float(batch.num_action_tokens), skipped_nonfinite=skipped)
     policy.model.train()
     parts, weights = [], []
     for p in pieces:
@@ -179,5 +185,8 @@ def sao_train_step(
         policy.model, policy.optimizer, policy.scheduler, config.optim.grad_clip
     )
     metrics["policy/lr"] = float(policy.scheduler.get_last_lr()[0])
-    return TrainStepResult(policy_updated=True, metrics=metrics, rows_trained=int(batch.token_ids.shape[0]),
-                           action_tokens_trained=float(batch.num_action_tokens))
+    stepped = math.isfinite(metrics["policy/grad_norm"])
+    return TrainStepResult(policy_updated=stepped, metrics=metrics,
+                           rows_trained=int(batch.token_ids.shape[0]) if stepped else 0,
+                           action_tokens_trained=float(batch.num_action_tokens),
+                           skipped_nonfinite=skipped + int(not stepped))

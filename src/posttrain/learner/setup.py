@@ -34,7 +34,7 @@ from posttrain.learner.critic import CriticModel
 from posttrain.learner.export import save_final_model
 from posttrain.learner.ledger import LEDGER_NAME, append_ledger, ledger_line
 from posttrain.learner.metrics import learner_metrics
-from posttrain.learner.optim import build_optimizer
+from posttrain.learner.optim import NonFiniteStreak, build_optimizer
 from posttrain.learner.publish import WeightPublisher
 from posttrain.learner.resume import resume_policy
 from posttrain.learner.steps import GRPOStep, SAOStep, TrainStep
@@ -113,6 +113,8 @@ class Learner:
         publisher: Weight store, version key, announcement (rank 0's; None elsewhere).
         checkpointer: Checkpoint then acknowledge.
         staleness: Staleness statistics of consumed and dropped rollouts.
+        nonfinite: Iterations in a row that skipped a step for a non-finite gradient norm; stops
+            the run at ``max_nonfinite_iterations``.
         world: The learner's ranks; only rank 0 touches the transport (it is None elsewhere).
     """
 
@@ -128,6 +130,7 @@ class Learner:
     publisher: WeightPublisher | None
     checkpointer: Checkpointer
     staleness: StalenessStats
+    nonfinite: NonFiniteStreak
     world: World = field(default_factory=World)
     iterations_here: int = 0
     last_step_s: float = 0.0
@@ -162,7 +165,7 @@ class Learner:
             self.transport.admission.refund(len(entries))
 
     def record(self, entries: Sequence[QueueEntry], result: TrainStepResult) -> None:
-        """Count the iteration, keep its entries for the next checkpoint, append its ledger line."""
+        """Count the iteration (skipped steps too), keep its entries for the next checkpoint, append its ledger line."""
         self.state.iteration += 1
         self.iterations_here += 1
         self.state.consumed_entry_ids.extend(e.entry_id for e in entries)
@@ -175,6 +178,16 @@ class Learner:
         self.counters["action_tokens_trained"] = self.counters.get("action_tokens_trained", 0.0) + (
             result.action_tokens_trained)
         self.counters["stale_dropped"] = self.source.drops.total
+        self.counters["skipped_nonfinite"] += result.skipped_nonfinite
+
+    def stop_on_nonfinite(self, result: TrainStepResult) -> None:
+        """End the iteration's streak of skipped steps, or extend it (the same on every rank).
+
+        Raises:
+            posttrain.learner.optim.NonFiniteGradientError: ``max_nonfinite_iterations`` in a row
+                skipped a step (one line, naming the setting).
+        """
+        self.nonfinite.observe(result.skipped_nonfinite)
 
     def publish_next_version(self) -> None:
         """Bump the policy version and publish it (weights gathered from every rank, version key, announcement)."""
@@ -286,7 +299,7 @@ def build_learner(config: RunConfig, transport: LearnerTransport | None, *, star
         if state.baseline_rewards:
             baseline.load_state_dict({"window": sao.running_mean_window, "rewards": state.baseline_rewards})
     staleness = StalenessStats(settings.max_staleness)
-    counters = {"rollouts_trained": 0.0, "stale_dropped": 0.0, **state.counters}
+    counters = {"rollouts_trained": 0.0, "stale_dropped": 0.0, "skipped_nonfinite": 0.0, **state.counters}
     publisher, inner, flags = None, None, b""
     if transport is not None and world.is_main:
         latest = transport.store.latest_version()
@@ -309,6 +322,8 @@ def build_learner(config: RunConfig, transport: LearnerTransport | None, *, star
     learner = Learner(ctx, settings, transport if world.is_main else None, state, counters, policy, tokenizer,
                       RankBatchSource(world, inner),
                       _train_step(config, policy, critic, baseline, start_model_dir, pad_id, world), publisher,
-                      checkpointer, staleness, world)
+                      checkpointer, staleness,
+                      NonFiniteStreak(settings.max_nonfinite_iterations,
+                                      f"{settings.technique}.max_nonfinite_iterations"), world)
     learner.publish(state.policy_version, write_weights=write_weights)
     return learner

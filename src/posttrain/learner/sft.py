@@ -16,7 +16,7 @@ from torch import nn
 from tqdm import tqdm
 
 from posttrain.config import SFTConfig
-from posttrain.learner.optim import build_optimizer, clip_and_step
+from posttrain.learner.optim import build_optimizer, clip_and_step, raise_if_nonfinite
 from posttrain.losses.logprobs import token_logprobs
 from posttrain.losses.sft import sft_loss
 
@@ -107,7 +107,7 @@ def train_sft(
             out = sft_loss(token_logprobs(logits, ids[sl]), mask[sl])
             (out.loss_sum / max(total, 1)).backward()
             loss_total += float(out.loss_sum.detach())
-        norm = clip_and_step(model, optimizer, scheduler, config.optim.grad_clip)
+        norm = raise_if_nonfinite(clip_and_step(model, optimizer, scheduler, config.optim.grad_clip))
         last = {"loss/sft": loss_total / max(total, 1), "sft/grad_norm": norm, "sft/tokens": float(total)}
         if on_step is not None:
             on_step(step, last)

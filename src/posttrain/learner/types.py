@@ -24,20 +24,23 @@ class TrainStepResult:
 
     Attributes:
         policy_updated: Whether the policy took an optimizer step (False during the SAO critic
-            warm-up, or when GRPO dropped every group as uniform); a policy update makes one
-            policy version.
+            warm-up, when GRPO dropped every group as uniform, or when every policy step was
+            skipped for a non-finite gradient norm); a policy update makes one policy version.
         metrics: Flat float metrics (``loss/policy``, ``mask/frac_low``, ``value/explained_variance``...).
         rows_trained: Rollouts of the batch whose tokens entered the policy update (0 without an
             update; GRPO: the rows of kept groups). Admission refunds follow ``policy_updated``,
             not this count: a batch that made a version gives no place back.
         action_tokens_trained: Action tokens counted as trained (tokens): the whole batch's for SAO
-            (critic warm-up batches included), the kept groups' for GRPO.
+            (critic warm-up batches and skipped policy steps included), the kept groups' for GRPO.
+        skipped_nonfinite: Optimizer steps (critic and policy) skipped for a non-finite gradient
+            norm (``optim.clip_and_step``); the same on every rank.
     """
 
     policy_updated: bool
     metrics: dict[str, float] = field(default_factory=dict)
     rows_trained: int = 0
     action_tokens_trained: float = 0.0
+    skipped_nonfinite: int = 0
 
 
 @dataclass

@@ -55,6 +55,7 @@ def run_grpo(config: RunConfig) -> RunSummary:
             ("environment", config.data.env),
             ("policy versions", str(summary.policy_version)),
             ("rollouts trained", f"{c.get('rollouts_trained', 0.0):.0f}"),
+            ("optimizer steps skipped (non-finite gradient)", f"{c.get('skipped_nonfinite', 0.0):.0f}"),
             ("train reward, first -> last quarter", f"{early:.3f} -> {late:.3f}"),
             ("generator busy fraction", f"{c.get('generator_busy_fraction', 0.0):.2f}"),
             ("quarantined rows", str(quarantined)),

@@ -57,6 +57,7 @@ from posttrain.learner.checkpoint import save_checkpoint
 from posttrain.learner.export import save_final_model
 from posttrain.learner.grpo_step import grpo_train_step
 from posttrain.learner.ledger import LEDGER_NAME, append_ledger, ledger_line
+from posttrain.learner.optim import NonFiniteStreak
 from posttrain.learner.resume import resume_policy
 from posttrain.learner.types import LearnerSummary, TrainStepResult
 from posttrain.models.hf import load_policy, load_tokenizer
@@ -138,7 +139,8 @@ class SyncGRPO:
         self.reference = (prepare_model(load_policy(start_model_dir), world, config.learner, trainable=False)
                           if grpo.loss.kl_coef > 0 else None)
         self.counters = {"rollouts_trained": 0.0, "rollouts_kept": 0.0, "action_tokens_trained": 0.0,
-                         "skipped_batches": 0.0, **self.state.counters}
+                         "skipped_batches": 0.0, "skipped_nonfinite": 0.0, **self.state.counters}
+        self.nonfinite = NonFiniteStreak(grpo.max_nonfinite_iterations, "grpo.max_nonfinite_iterations")
         self.store = open_weight_store(self.ctx)
         self.stats = GeneratorStats()
         version = self.state.policy_version
@@ -197,6 +199,7 @@ class SyncGRPO:
         self.counters["rollouts_trained"] += len(rollouts)
         self.counters["rollouts_kept"] += result.metrics["grpo/rollouts_kept"]
         self.counters["action_tokens_trained"] += result.metrics["grpo/action_tokens_kept"]
+        self.counters["skipped_nonfinite"] += result.skipped_nonfinite
         if result.policy_updated:
             self.state.policy_version += 1
             path = await asyncio.to_thread(self.publish, self.state.policy_version)
@@ -208,6 +211,7 @@ class SyncGRPO:
         if self.world.is_main:
             append_ledger(self.ctx.run_dir / LEDGER_NAME, ledger_line(self.state.iteration, self.state.policy_version,
                                                                       rollouts))
+        self.nonfinite.observe(result.skipped_nonfinite)  # the same on every rank: the norm is global
         return result
 
     def save_checkpoint(self) -> None:
@@ -238,6 +242,7 @@ class SyncGRPO:
             metrics.update({
                 "learner/step_s": step_s,
                 "learner/iteration": float(self.state.iteration),
+                "learner/skipped_nonfinite": self.counters["skipped_nonfinite"],
                 "generator/batch_s": gen_s,
                 "generator/busy_fraction_mean": self.stats.snapshot()["busy_fraction"],
                 "throughput/rollouts_per_s": (self.counters["rollouts_trained"] - trained_before) / elapsed,
@@ -259,7 +264,8 @@ class SyncGRPO:
 
         Raises:
             posttrain.episodes.runner.EpisodeError: an episode could not produce a rollout.
-            FloatingPointError: a non-finite gradient norm.
+            posttrain.learner.optim.NonFiniteGradientError: ``grpo.max_nonfinite_iterations`` iterations in a
+                row skipped an optimizer step for a non-finite gradient norm.
         """
         try:
             asyncio.run(self._loop(sink, progress))
@@ -292,10 +298,11 @@ def run_grpo_sync(
 
     Returns:
         ``LearnerSummary`` (``counters``: ``rollouts_trained``, ``rollouts_kept``,
-        ``generator_busy_fraction``, ``skipped_batches``...).
+        ``generator_busy_fraction``, ``skipped_batches``, ``skipped_nonfinite``...).
 
     Raises:
         posttrain.episodes.runner.EpisodeError: an episode could not produce a rollout.
-        FloatingPointError: a non-finite gradient norm.
+        posttrain.learner.optim.NonFiniteGradientError: ``grpo.max_nonfinite_iterations`` iterations in a row
+            skipped an optimizer step for a non-finite gradient norm.
     """
     return SyncGRPO(config, start_model_dir, world).run(sink, progress)

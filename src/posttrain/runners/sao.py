@@ -191,6 +191,7 @@ def run_sao(config: RunConfig) -> RunSummary:
         ("policy versions", str(summary.policy_version)),
         ("rollouts trained", f"{summary.counters['rollouts_trained']:.0f}"),
         ("stale rollouts dropped", f"{summary.counters['stale_dropped']:.0f}"),
+        ("optimizer steps skipped (non-finite gradient)", f"{summary.counters.get('skipped_nonfinite', 0):.0f}"),
         ("stale episodes cancelled by generators", f"{summary.counters['generator_stale_aborted']:.0f}"),
         ("dead letters", f"{summary.counters.get('dead_letters', 0):.0f}"),
         ("quarantined rows", str(quarantined)),

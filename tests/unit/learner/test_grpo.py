@@ -145,6 +145,27 @@ def test_mini_batches_take_one_optimizer_step_each(model):
     assert policy.scheduler.last_epoch == 2
 
 
+def test_a_mini_batch_with_a_non_finite_gradient_is_skipped_and_the_others_step(model):
+    """Two mini-batches (groups a, b); a hook makes the first backward's gradient NaN: that optimizer
+    step is skipped and counted, the second steps (one scheduler step), and the batch still makes a
+    version. Both skipped: no version, nothing trained."""
+    rollouts = _rollouts(model, [("a", 2, 1.0), ("a", 3, 0.0), ("b", 4, 0.0), ("b", 2, 1.0)], seed=3)
+    config = GRPOTechniqueConfig(micro_batch_size=4, mini_batches=2, prompts_per_step=2)
+    for poisoned, updated in (({0}, True), ({0, 1}, False)):
+        copied, calls = copy.deepcopy(model), []
+
+        def hook(grad, poisoned=poisoned, calls=calls):
+            calls.append(1)
+            return torch.full_like(grad, float("nan")) if len(calls) - 1 in poisoned else grad
+
+        next(copied.parameters()).register_hook(hook)
+        result, policy = _step(copied, rollouts, config, lr=0.5)
+        assert result.skipped_nonfinite == len(poisoned)
+        assert result.policy_updated is updated and result.rows_trained == (4 if updated else 0)
+        assert policy.scheduler.last_epoch == 2 - len(poisoned)
+        assert result.metrics["grpo/optimizer_steps"] == 2.0 - len(poisoned)
+
+
 def test_async_mode_masks_tokens_outside_the_dis_band(model):
     """Behaviour logprobs 2 nats below the learner's: r = exp(2) = 7.389 >= 1 + mask_eps_high = 6, so every
     action token is masked, the loss is 0 and the weights do not move. Behaviour = learner: nothing masked."""

@@ -18,13 +18,16 @@ Run: ``python -m pytest -q tests/unit/learner/test_loop.py``.
 
 from __future__ import annotations
 
+import math
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+import posttrain.learner.setup as learner_setup
 from posttrain.config import RunConfig
 from posttrain.learner.checkpoint import latest_checkpoint
 from posttrain.learner.ledger import LEDGER_NAME, read_ledger
@@ -206,6 +209,76 @@ def test_a_learner_stopped_mid_run_resumes_without_losing_or_repeating_an_entry(
     ids = _trained_entry_ids(config)
     assert len(ids) == len(set(ids)) == 16
     assert second.queue.pending() == []
+
+
+class PoisonedGradients:
+    """Makes the policy's gradient NaN on chosen policy updates (0-based), through a hook on one parameter.
+
+    The hook runs once per micro-batch backward; ``micro_batches`` per update tells the updates apart.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, poisoned: Callable[[int], bool], micro_batches: int) -> None:
+        self.poisoned, self.micro_batches, self.calls = poisoned, micro_batches, 0
+        original = learner_setup.resume_policy
+
+        def resume_policy(*args, **kwargs):
+            resumed = original(*args, **kwargs)
+            next(p for p in resumed.policy.model.parameters() if p.requires_grad).register_hook(self._hook)
+            return resumed
+
+        monkeypatch.setattr(learner_setup, "resume_policy", resume_policy)
+
+    def _hook(self, grad: torch.Tensor) -> torch.Tensor:
+        update, self.calls = self.calls // self.micro_batches, self.calls + 1
+        return torch.full_like(grad, float("nan")) if self.poisoned(update) else grad
+
+
+def test_a_non_finite_gradient_skips_the_update_counts_it_and_the_run_goes_on(tmp_path, tiny_model, monkeypatch):
+    """tau = 4 (capacity (v + 5) * 4), B = 4 in micro-batches of 2. The first two policy updates get
+    a NaN gradient: each is skipped (no optimizer step, no version, its batch's places refunded),
+    counted in skipped_nonfinite, and the learner goes on: 1 warm-up + 2 skipped + 3 versions = 6
+    iterations. Before, clip_and_step raised FloatingPointError and the learner died."""
+    config = _config(tmp_path, "sao").model_copy(deep=True)
+    config.sao.max_staleness = 4
+    shutil.copytree(tiny_model.path, RunContext(config).tokenizer_dir)
+    poison = PoisonedGradients(monkeypatch, lambda update: update < 2, micro_batches=2)
+    versions = MemoryPolicyVersionStore()
+    admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=4)
+    transport, _ = _transport(tmp_path, config, tiny_model, MemoryStream(), admission, versions)
+    logged: list[dict[str, float]] = []
+
+    summary = run_learner(config, transport, start_model_dir=tiny_model.path, progress=False,
+                          sink=lambda metrics, version: logged.append(metrics))
+
+    assert (summary.policy_version, summary.iterations) == (3, 6)
+    assert poison.calls == 10  # 5 policy updates x 2 micro-batches
+    assert summary.counters["skipped_nonfinite"] == 2
+    assert [m["learner/skipped_nonfinite"] for m in logged] == [0, 1, 2, 2, 2, 2]
+    assert [math.isnan(m.get("policy/grad_norm", 0.0)) for m in logged] == [False, True, True, False, False, False]
+    lines = read_ledger(RunContext(config).run_dir / LEDGER_NAME)
+    assert [line["policy_version"] for line in lines] == [0, 0, 0, 1, 2, 3]
+    assert admission.state().refunded_total == 12  # the warm-up's 4 and the skipped batches' 8
+
+
+def test_non_finite_gradients_in_a_row_stop_the_learner_with_a_one_line_error(tmp_path, tiny_model, monkeypatch):
+    """Every policy update gets a NaN gradient and sao.max_nonfinite_iterations is 2: after the
+    warm-up, two skipped iterations in a row stop the run with an error that names the field."""
+    from posttrain.learner.optim import NonFiniteGradientError
+
+    config = _config(tmp_path, "sao").model_copy(deep=True)
+    config.sao.max_nonfinite_iterations = 2
+    shutil.copytree(tiny_model.path, RunContext(config).tokenizer_dir)
+    PoisonedGradients(monkeypatch, lambda update: True, micro_batches=2)
+    versions = MemoryPolicyVersionStore()
+    transport, generator = _transport(tmp_path, config, tiny_model, MemoryStream(),
+                                      MemoryAdmissionController(versions, batch_size=4, max_staleness=2), versions)
+
+    with pytest.raises(NonFiniteGradientError, match=r"^sao\.max_nonfinite_iterations: 2 learner iterations in a row") as err:
+        run_learner(config, transport, start_model_dir=tiny_model.path, progress=False)
+
+    assert "\n" not in str(err.value)
+    assert generator.announced == [0] and versions.get() == 0
+    assert len(read_ledger(RunContext(config).run_dir / LEDGER_NAME)) == 3
 
 
 @pytest.mark.parametrize("technique", ["sft", "dpo"])
