@@ -40,17 +40,23 @@ from posttrain.learner.batching import (
 )
 from posttrain.learner.optim import clip_and_step
 from posttrain.learner.rank_rows import rank_micro_batches, reduce_means
+from posttrain.learner.token_metrics import PolicyTokenStats
 from posttrain.learner.types import Trainable, TrainStepResult
 from posttrain.losses import PolicyLossInputs, grpo_loss
 from posttrain.losses.logprobs import token_logprobs
+from posttrain.losses.sao import dis_band
 from posttrain.parallel.placement import loss_scale
 from posttrain.parallel.world import World
 
 
+def rollout_logits(model: nn.Module, batch: RolloutBatch) -> torch.Tensor:
+    """``logits [B, T, V]`` of ``model`` on the batch tokens (gradient if enabled)."""
+    return model(input_ids=batch.token_ids, attention_mask=batch.attention_mask.long(), use_cache=False).logits
+
+
 def rollout_logprobs(model: nn.Module, batch: RolloutBatch, temperature: float = 1.0) -> torch.Tensor:
     """``logprobs [B, T] float32`` of the batch tokens under ``model`` at ``temperature`` (gradient if enabled)."""
-    logits = model(input_ids=batch.token_ids, attention_mask=batch.attention_mask.long(), use_cache=False).logits
-    return token_logprobs(logits, batch.token_ids, temperature)
+    return token_logprobs(rollout_logits(model, batch), batch.token_ids, temperature)
 
 
 def _split(items: list[Any], parts: int) -> list[list[Any]]:
@@ -106,7 +112,8 @@ def grpo_train_step(
         ``response/action_tokens_mean``, ``grpo/groups``, ``grpo/uniform_groups_frac``,
         ``grpo/rollouts_kept``, ``grpo/action_tokens_kept`` and, after an update, ``loss/policy``,
         the ``grpo_loss`` metrics (``clip/*``, ``ppo_ratio/*``, ``kl/ref_k3``, mismatch, ``mask/*``
-        with DIS), ``policy/grad_norm`` and ``policy/lr`` (means over mini-batches),
+        with DIS), ``policy/grad_norm`` and ``policy/lr`` (means over mini-batches), ``policy/entropy``
+        and the masked / unmasked mismatch over the whole update (``learner.token_metrics``),
         ``batch/padded_tokens`` (tokens the forward passes of the update computed; kept rows are
         split into micro-batches in order of length, ``length_order``) and ``batch/real_tokens``.
 
@@ -161,6 +168,7 @@ def grpo_train_step(
                 olds[k] = old_k
     parts: list[dict[str, float]] = []
     skipped = 0  # optimizer steps skipped for a non-finite gradient norm
+    tokens = PolicyTokenStats(config.loss.log_ratio_clamp, temperature)
     policy.model.train()
     for rows, share, old_k in zip(chunk_rows, shares, olds, strict=True):
         count = int(batch.action_mask[rows].sum())
@@ -169,7 +177,8 @@ def grpo_train_step(
                                : share.local.token_ids.shape[1]].to(world.device)
         loss_sum, mb_metrics, mb_weights = 0.0, [], []
         for p in share.pieces:
-            logprobs = rollout_logprobs(policy.model, p.batch, temperature)
+            logits = rollout_logits(policy.model, p.batch)
+            logprobs = token_logprobs(logits, p.batch.token_ids, temperature)
             if config.async_:
                 old = None
             elif old_k is not None:
@@ -189,6 +198,11 @@ def grpo_train_step(
                 old_logprobs=old,
             )
             out = grpo_loss(inputs, config.loss)
+            if p.weight:  # entropy and the masked / unmasked mismatch of the tokens that train
+                band = dis_band(logprobs, p.batch.behaviour_logprobs, p.batch.action_mask, config.loss.mask_eps_low,
+                                config.loss.mask_eps_high, config.loss.log_ratio_clamp) if config.loss.dis_mask else None
+                tokens.add(logits, logprobs, p.batch.behaviour_logprobs, p.batch.action_mask, band)
+            del logits
             (out.loss_sum * (scale * p.weight)).backward()
             loss_sum += float(out.loss_sum.detach()) * p.weight
             mb_metrics.append(out.metrics)
@@ -202,6 +216,7 @@ def grpo_train_step(
         skipped += int(not math.isfinite(step_metrics["policy/grad_norm"]))
         parts.append(step_metrics)
     metrics.update(_mean_of(parts))
+    metrics.update(tokens.metrics(world))
     metrics["grpo/optimizer_steps"] = float(len(chunks) - skipped)
     metrics["batch/padded_tokens"] = world.sum([float(sum(share.padded_tokens() for share in shares))])[0]
     metrics["batch/real_tokens"] = float(batch.attention_mask[kept_rows].sum())

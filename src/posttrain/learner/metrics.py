@@ -1,7 +1,8 @@
 """What the asynchronous learner logs after each iteration, on top of its train step's own metrics.
 
 Keys (all floats): the step's metrics (``loss/*``, ``mask/*``, ``value/*``, ``grpo/*``...);
-``staleness/*`` (``StalenessStats``); ``generator/<id>/*`` and ``generator/busy_fraction_mean``
+``staleness/*`` (``StalenessStats`` over the run; ``staleness/batch_*``, this batch's rollouts,
+from ``batch_staleness_metrics``); ``generator/<id>/*`` and ``generator/busy_fraction_mean``
 (``posttrain.rollout.telemetry``); ``learner/step_s`` (seconds of the train step),
 ``learner/iteration``, ``learner/skipped_nonfinite`` (optimizer steps skipped for a non-finite
 gradient norm over the run); ``throughput/rollouts_per_s`` and ``throughput/trained_action_tokens_per_s``

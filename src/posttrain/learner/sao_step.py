@@ -25,9 +25,11 @@ from posttrain.config import SAOConfig
 from posttrain.learner.batching import RolloutBatch, length_order, select_rows
 from posttrain.learner.optim import clip_and_step
 from posttrain.learner.rank_rows import rank_micro_batches, reduce_means, reduce_moments
+from posttrain.learner.token_metrics import PolicyTokenStats
 from posttrain.learner.types import Trainable, TrainStepResult
 from posttrain.losses import PolicyLossInputs, sao_loss
 from posttrain.losses.logprobs import token_logprobs
+from posttrain.losses.sao import dis_band
 from posttrain.losses.value import explained_variance, explained_variance_sums, value_loss
 from posttrain.parallel.placement import loss_scale
 from posttrain.parallel.world import World
@@ -43,10 +45,10 @@ def critic_values(critic: nn.Module, batch: RolloutBatch) -> torch.Tensor:
     return torch.nn.functional.pad(raw[:, :-1], (1, 0))
 
 
-def policy_logprobs(policy: nn.Module, batch: RolloutBatch) -> torch.Tensor:
-    """Recompute ``logprobs [B, T] float32`` of the batch tokens under the current policy (with grad)."""
+def policy_logprobs(policy: nn.Module, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The current policy on the batch (with grad): ``(logits [B, T, V], logprobs [B, T] float32)``."""
     logits = policy(input_ids=batch.token_ids, attention_mask=batch.attention_mask.long()).logits
-    return token_logprobs(logits, batch.token_ids)
+    return logits, token_logprobs(logits, batch.token_ids)
 
 
 def sao_train_step(
@@ -77,7 +79,8 @@ def sao_train_step(
     Returns:
         ``TrainStepResult`` with ``policy_updated`` and the step's metrics (over all ranks), among
         them ``batch/padded_tokens`` (tokens the forward passes over the micro-batches compute),
-        ``batch/real_tokens`` and the critic's ``value/*`` of the last of its K updates
+        ``batch/real_tokens``, ``policy/entropy`` and the masked / unmasked mismatch
+        (``learner.token_metrics``), and the critic's ``value/*`` of the last of its K updates
         (``value/explained_variance`` over the whole batch's action tokens, from sums pooled over
         micro-batches and ranks).
 
@@ -169,18 +172,26 @@ def sao_train_step(
                                action_tokens_trained=float(batch.num_action_tokens), skipped_nonfinite=skipped)
     policy.model.train()
     parts, weights = [], []
+    tokens = PolicyTokenStats(config.loss.log_ratio_clamp)
     for p in pieces:
+        logits, logprobs = policy_logprobs(policy.model, p.batch)
         inputs = PolicyLossInputs(
-            logprobs=policy_logprobs(policy.model, p.batch),
+            logprobs=logprobs,
             behaviour_logprobs=p.batch.behaviour_logprobs,
             advantages=advantages[p.lo : p.hi, : p.width],
             action_mask=p.batch.action_mask,
         )
         out = sao_loss(inputs, config.loss)
+        if p.weight:  # entropy and the masked / unmasked mismatch of the tokens that train
+            band = dis_band(logprobs, p.batch.behaviour_logprobs, p.batch.action_mask, config.loss.mask_eps_low,
+                            config.loss.mask_eps_high, config.loss.log_ratio_clamp)
+            tokens.add(logits, logprobs, p.batch.behaviour_logprobs, p.batch.action_mask, band)
+        del logits
         (out.loss_sum * (scale * p.weight)).backward()
         parts.append({**out.metrics, "loss/policy": float(out.loss_sum.detach()) / max(out.num_tokens, 1)})
         weights.append(out.num_tokens * p.weight)
     metrics.update(reduce_means(world, parts, weights))
+    metrics.update(tokens.metrics(world))
     metrics["policy/grad_norm"] = clip_and_step(
         policy.model, policy.optimizer, policy.scheduler, config.optim.grad_clip
     )

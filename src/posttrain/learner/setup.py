@@ -42,7 +42,12 @@ from posttrain.learner.types import LearnerSummary, Trainable, TrainStepResult
 from posttrain.models.hf import load_policy, load_tokenizer
 from posttrain.parallel.placement import full_state_dict, prepare_model
 from posttrain.parallel.world import World
-from posttrain.rollout.admission import AdmissionController, RedisAdmissionController, StalenessStats
+from posttrain.rollout.admission import (
+    AdmissionController,
+    RedisAdmissionController,
+    StalenessStats,
+    batch_staleness_metrics,
+)
 from posttrain.rollout.queue import PolicyVersionStore, QueueEntry, RolloutQueue
 from posttrain.rollout.redis_streams import RedisPolicyVersionStore, RedisStreamQueue
 from posttrain.rollout.telemetry import read_generator_stats
@@ -143,12 +148,15 @@ class Learner:
         return self.state.policy_version >= self.settings.steps
 
     def train(self, entries: list[QueueEntry]) -> TrainStepResult:
-        """Observe the batch's staleness and run the train step on it (timed in ``last_step_s``)."""
-        for e in entries:
-            self.staleness.observe(e.rollout.policy_version, self.state.policy_version)
+        """Observe the batch's staleness and run the train step on it (timed in ``last_step_s``).
+
+        The result's metrics gain the batch's per-rollout staleness (``batch_staleness_metrics``).
+        """
+        lags = [self.staleness.observe(e.rollout.policy_version, self.state.policy_version) for e in entries]
         t0 = time.monotonic()
         result = self.step(entries, self.state.iteration, self.world)
         self.last_step_s = time.monotonic() - t0
+        result.metrics.update(batch_staleness_metrics(lags, self.settings.max_staleness))
         return result
 
     def refund_untrained(self, entries: Sequence[QueueEntry], result: TrainStepResult) -> None:

@@ -70,6 +70,47 @@ def token_logprobs(logits: Tensor, token_ids: Tensor, temperature: float = 1.0) 
     return torch.cat([first, shifted], dim=1)
 
 
+def selected_entropies(logits: Tensor, mask: Tensor, temperature: float = 1.0, chunk_tokens: int = 1024) -> Tensor:
+    """Entropies of the next-token distributions that produced the tokens where ``mask`` is True (no gradient).
+
+    The value for token ``(b, t)`` is ``H(softmax(logits[b, t - 1] / temperature))``, the same
+    shift as ``token_logprobs``; a token at position 0 has no prediction and gets 0.0. The
+    distributions are taken ``chunk_tokens`` at a time, so the extra memory is
+    ``chunk_tokens x V`` floats, not another ``[B, T, V]``.
+
+    Args:
+        logits: [B, T, V] float. Model outputs (read, never differentiated).
+        mask: [B, T] bool. Tokens whose entropy is wanted.
+        temperature: Temperature (> 0) the logits are divided by.
+        chunk_tokens: Distributions per chunk (>= 1).
+
+    Returns:
+        [N] float32 entropies (nats) of the N masked tokens, in row-major order.
+
+    Raises:
+        ValueError: ``logits`` is not 3-D floating point, ``mask`` is not a bool ``[B, T]``,
+            ``temperature <= 0`` or ``chunk_tokens < 1``.
+    """
+    if logits.dim() != 3 or not logits.is_floating_point():
+        raise ValueError(f"logits: expected floating-point [B, T, V], got {logits.dtype} {tuple(logits.shape)}")
+    if not temperature > 0:
+        raise ValueError(f"temperature: must be > 0, got {temperature}")
+    if mask.dtype != torch.bool or mask.shape != logits.shape[:2]:
+        raise ValueError(f"mask: expected bool {tuple(logits.shape[:2])}, got {mask.dtype} {tuple(mask.shape)}")
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens: must be >= 1, got {chunk_tokens}")
+    with torch.no_grad():
+        rows, cols = mask.nonzero(as_tuple=True)
+        out = torch.zeros(rows.numel(), dtype=torch.float32, device=logits.device)
+        has_prefix = (cols > 0).nonzero(as_tuple=True)[0]
+        for lo in range(0, has_prefix.numel(), chunk_tokens):
+            at = has_prefix[lo : lo + chunk_tokens]
+            scaled = logits[rows[at], cols[at] - 1].float() / temperature
+            log_p = torch.log_softmax(scaled, dim=-1)
+            out[at] = -(log_p.exp() * log_p).sum(dim=-1)
+        return out
+
+
 def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
     """Entropy of the next-token distribution that produced each token, with the same shift.
 

@@ -132,10 +132,17 @@ def test_sao_loop_trains_every_parameter_publishes_each_version_and_acks_every_t
     stream = MemoryStream()
     transport, generator = _transport(tmp_path, config, tiny_model, stream, admission, versions)
     start = {k: v.clone() for k, v in load_policy(tiny_model.path).state_dict().items()}
+    logged: list[dict[str, float]] = []
 
-    summary = run_learner(config, transport, start_model_dir=tiny_model.path, progress=False)
+    summary = run_learner(config, transport, start_model_dir=tiny_model.path, progress=False,
+                          sink=lambda metrics, version: logged.append(metrics))
 
     assert (summary.policy_version, summary.iterations) == (3, 4)  # one critic warm-up, then three versions
+    # each batch's per-rollout staleness: rollouts 1-8 at lag 0, 9-12 (v0) and 13-16 (v1) at lag 1
+    assert [[m[f"staleness/batch_hist_{s}"] for s in range(3)] for m in logged] == [
+        [4, 0, 0], [4, 0, 0], [0, 4, 0], [0, 4, 0]]
+    assert [m["staleness/batch_mean"] for m in logged] == [0, 0, 1, 1]
+    assert all(m["policy/entropy"] > 0 for m in logged[1:]) and "policy/entropy" not in logged[0]
     assert generator.announced == [0, 1, 2, 3] and versions.get() == 3
     assert transport.store.latest_version() == 3
     trained = load_policy(summary.final_model_dir).state_dict()

@@ -5,6 +5,7 @@ gradients give equal updates.
 """
 
 import copy
+import math
 
 import pytest
 import torch
@@ -167,3 +168,29 @@ def test_explained_variance_is_the_whole_batchs_whatever_the_micro_batch_size(po
         config = _config(micro_batch_size=size, critic={"warmup_steps": 0, "updates_per_step": 1})
         result, _, _ = _run(policy_model, critic, rollouts, config)
         assert result.metrics["value/explained_variance"] == pytest.approx(expected, rel=1e-5), size
+
+
+def test_entropy_and_mismatch_are_split_by_the_dis_mask_whatever_the_micro_batch_size(policy_model, critic_model):
+    """Two rollouts whose behaviour logprobs are the policy's own (r = 1, inside the band: they train)
+    and two 2 nats below it (r = e^2 = 7.39 >= 1 + 5: masked). Unmasked tokens: k3 = 0 and
+    |diff| = 0; masked: |diff| = 2 and k3(behav, current) = e^2 - 1 - 2 = 4.389056. policy/entropy is
+    the mean entropy of the start policy's next-token distribution over the 2 + 3 unmasked action
+    tokens only; micro-batches of 1 and 4 give the same numbers."""
+    from posttrain.learner.sao_step import policy_logprobs
+    from posttrain.losses.logprobs import entropy_from_logits
+
+    kept = _rollouts(policy_model, [(2, 1.0), (3, 0.0)], seed=5)
+    masked = _rollouts(policy_model, [(4, 1.0), (2, 0.0)], seed=6, behaviour_shift=-2.0)
+    batch = collate_rollouts(kept, pad_token_id=0)
+    with torch.no_grad():
+        logits, _ = policy_logprobs(policy_model, batch)
+        expected = float(entropy_from_logits(logits)[batch.action_mask].double().mean())
+    for size in (1, 4):
+        result, _, _ = _run(policy_model, critic_model, kept + masked, _config(micro_batch_size=size))
+        m = result.metrics
+        assert m["mask/frac_high"] == pytest.approx(6 / 11)
+        assert m["policy/entropy"] == pytest.approx(expected, rel=1e-5)
+        assert m["mismatch/k3_kl_unmasked"] == pytest.approx(0.0, abs=1e-5)
+        assert m["mismatch/logprob_abs_diff_unmasked"] == pytest.approx(0.0, abs=1e-5)
+        assert m["mismatch/k3_kl_masked"] == pytest.approx(math.exp(2) - 3, rel=1e-4)
+        assert m["mismatch/logprob_abs_diff_masked"] == pytest.approx(2.0, rel=1e-5)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from posttrain.losses.logprobs import entropy_from_logits, token_logprobs
+from posttrain.losses.logprobs import entropy_from_logits, selected_entropies, token_logprobs
 
 
 def _hand_loop(logits, token_ids, temperature=1.0):
@@ -78,3 +78,20 @@ def test_entropy_from_logits_uses_the_same_shift():
     assert out[0, 0].item() == 0.0
     assert out[0, 1].item() == pytest.approx(math.log(4.0), abs=1e-6)
     assert out[0, 2].item() == pytest.approx(0.0, abs=1e-9)
+
+
+def test_selected_entropies_match_entropy_from_logits_at_the_masked_tokens_in_any_chunking():
+    """Random logits [2, 5, 7], mask on 5 tokens (one at position 0, which has no prediction: 0.0):
+    the selected entropies are entropy_from_logits at those tokens, for chunks of 1, 2 and 64."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 7)
+    mask = torch.tensor([[True, False, True, True, False], [False, True, False, False, True]])
+    full = entropy_from_logits(logits)[mask]
+    for chunk in (1, 2, 64):
+        torch.testing.assert_close(selected_entropies(logits, mask, chunk_tokens=chunk), full)
+    assert selected_entropies(logits, mask)[0].item() == 0.0
+    warm = selected_entropies(logits, mask, temperature=2.0)
+    torch.testing.assert_close(warm, entropy_from_logits(logits, temperature=2.0)[mask])
+    assert selected_entropies(logits, torch.zeros(2, 5, dtype=torch.bool)).shape == (0,)
+    with pytest.raises(ValueError, match="mask: expected bool"):
+        selected_entropies(logits, mask.long())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from posttrain.rollout.admission import StalenessStats, capacity, is_stale
+from posttrain.rollout.admission import StalenessStats, batch_staleness_metrics, capacity, is_stale
 
 
 def test_capacity_is_learner_version_plus_tau_plus_one_batches():
@@ -56,3 +56,15 @@ def test_staleness_stats_histogram_and_drops():
 
 def test_staleness_stats_empty_is_all_zero():
     assert set(StalenessStats(0).as_metrics().values()) == {0.0}
+
+
+def test_batch_staleness_metrics_histogram_one_batch():
+    """Lags 0, 1, 1, 2, 3 and -1 with tau = 2: mean (0 + 1 + 1 + 2 + 3) / 5 = 1.4 over the lags >= 0,
+    max 3, bins 1 / 2 / 1, one over tau, one ahead (not in the mean)."""
+    m = batch_staleness_metrics([0, 1, 1, 2, 3, -1], max_staleness=2)
+    assert m == {
+        "staleness/batch_mean": pytest.approx(1.4), "staleness/batch_max": 3.0,
+        "staleness/batch_hist_0": 1.0, "staleness/batch_hist_1": 2.0, "staleness/batch_hist_2": 1.0,
+        "staleness/batch_hist_over": 1.0, "staleness/batch_ahead": 1.0,
+    }
+    assert set(batch_staleness_metrics([], 0).values()) == {0.0}

@@ -37,7 +37,7 @@ import them):
 * ``memory_controller``: ``MemoryAdmissionController`` (one process, thread-safe).
 * ``redis_controller``: ``RedisAdmissionController`` (Lua scripts, shared by generator processes).
 * ``async_gate``: ``AsyncTicketGate``, which waits for tickets on an event loop without a thread.
-* ``staleness``: ``is_stale`` and ``StalenessStats``.
+* ``staleness``: ``is_stale``, ``StalenessStats`` and ``batch_staleness_metrics``.
 
 Example: see ``tests/unit/rollout/test_rollout_admission_memory.py`` and
 ``tests/unit/rollout/test_admission_async_gate.py``.
@@ -46,7 +46,7 @@ Example: see ``tests/unit/rollout/test_rollout_admission_memory.py`` and
 from posttrain.rollout.admission.async_gate import AsyncTicketGate
 from posttrain.rollout.admission.memory_controller import MemoryAdmissionController
 from posttrain.rollout.admission.redis_controller import RedisAdmissionController
-from posttrain.rollout.admission.staleness import StalenessStats, is_stale
+from posttrain.rollout.admission.staleness import StalenessStats, batch_staleness_metrics, is_stale
 from posttrain.rollout.admission.tickets import AdmissionController, AdmissionState, Ticket, capacity
 
 __all__ = [
@@ -57,6 +57,7 @@ __all__ = [
     "RedisAdmissionController",
     "StalenessStats",
     "Ticket",
+    "batch_staleness_metrics",
     "capacity",
     "is_stale",
 ]

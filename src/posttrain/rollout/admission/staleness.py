@@ -1,4 +1,6 @@
-"""Per-rollout staleness: ``is_stale`` (the SAO drop rule) and ``StalenessStats`` (its histogram).
+"""Per-rollout staleness: the SAO drop rule, its histogram over the run and over one batch.
+
+``is_stale`` is the rule, ``StalenessStats`` the run's histogram, ``batch_staleness_metrics`` a batch's.
 
 Staleness is ``learner_version - rollout.policy_version``; SAO drops a rollout whose staleness
 exceeds tau (``max_staleness``). Admission control keeps most rollouts inside the bound, but the
@@ -8,6 +10,8 @@ Example: ``is_stale(rollout_policy_version=3, learner_version=5, max_staleness=1
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 
 def is_stale(rollout_policy_version: int, learner_version: int, max_staleness: int) -> bool:
@@ -83,3 +87,30 @@ class StalenessStats:
             out[f"staleness/hist_{s}"] = float(c)
         out["staleness/hist_over"] = float(self.over)
         return out
+
+
+def batch_staleness_metrics(lags: Sequence[int], max_staleness: int) -> dict[str, float]:
+    """One batch's per-rollout staleness (``learner_version - rollout.policy_version`` when it trains).
+
+    Keys: ``staleness/batch_mean`` and ``/batch_max`` over lags >= 0, ``/batch_hist_0`` ..
+    ``/batch_hist_<tau>`` (rollouts of each lag), ``/batch_hist_over`` (lag > tau, which the
+    learner drops) and ``/batch_ahead`` (negative lags, after a restart from an older checkpoint).
+
+    Raises:
+        ValueError: ``max_staleness < 0``.
+    """
+    if max_staleness < 0:
+        raise ValueError(f"max_staleness: must be >= 0, got {max_staleness}")
+    behind = [s for s in lags if s >= 0]
+    hist = [0] * (max_staleness + 1)
+    for s in behind:
+        if s <= max_staleness:
+            hist[s] += 1
+    out = {
+        "staleness/batch_mean": sum(behind) / len(behind) if behind else 0.0,
+        "staleness/batch_max": float(max(behind, default=0)),
+    }
+    out.update({f"staleness/batch_hist_{s}": float(c) for s, c in enumerate(hist)})
+    out["staleness/batch_hist_over"] = float(sum(1 for s in behind if s > max_staleness))
+    out["staleness/batch_ahead"] = float(len(lags) - len(behind))
+    return out
