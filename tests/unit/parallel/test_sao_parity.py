@@ -48,7 +48,7 @@ def test_two_fsdp2_ranks_make_the_sao_update_of_one_rank(tmp_path: Path) -> None
     assert one_m["policy/grad_norm"] > 0 and max(float((one["policy"][k] - start[k]).abs().max()) for k in start) > 5e-4
     for key in ("loss/policy", "loss/value", "critic/grad_norm", "policy/grad_norm", "advantage/mean", "advantage/std",
                 "batch/real_tokens", "mismatch/k3_kl", "ratio/max", "ratio/min", "ratio/mean",
-                "value/explained_variance"):
+                "value/explained_variance", "policy/entropy", "mismatch/k3_kl_unmasked"):
         assert two_m[key] == pytest.approx(one_m[key], rel=1e-6, abs=1e-9), key
     for name in ("policy", "critic"):
         assert one[name].keys() == two[name].keys()
