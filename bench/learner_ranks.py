@@ -134,17 +134,24 @@ def batch_specs(seed: int = 0) -> list[tuple[int, int, float]]:
 # --- the workers (one rank each) --------------------------------------------------------------------------------
 
 
-def _rollouts(policy: nn.Module, vocab: int) -> list[Any]:
-    """``batch_specs`` as rollouts whose behaviour logprobs are ``policy``'s own, shifted by up to +-0.1 nats."""
+def make_rollouts(policy: nn.Module, specs: Sequence[tuple[int, int, float]], device: str = "cpu") -> list[Any]:
+    """Rollouts of random tokens, one per ``(prompt tokens, action tokens, reward)`` of ``specs`` (seed 0).
+
+    The behaviour logprobs are ``policy``'s own (computed on ``device``), shifted by up to +-0.1 nats, so most
+    ratios fall inside the SAO DIS band and the policy update is a real one.
+    """
     from posttrain.losses.logprobs import token_logprobs
     from posttrain.records import Rollout
 
+    policy = policy.eval().to(device)
+    vocab = int(policy.config.vocab_size)
     g = torch.Generator().manual_seed(0)
     out = []
-    for i, (n_prompt, n_action, reward) in enumerate(batch_specs()):
+    for i, (n_prompt, n_action, reward) in enumerate(specs):
         ids = torch.randint(3, vocab, (n_prompt + n_action,), generator=g).tolist()
+        t = torch.tensor([ids], device=device)
         with torch.no_grad():
-            own = token_logprobs(policy(input_ids=torch.tensor([ids])).logits, torch.tensor([ids]))[0, n_prompt:]
+            own = token_logprobs(policy(input_ids=t).logits, t)[0, n_prompt:].cpu()
         lp = (own + 0.2 * (torch.rand(n_action, generator=g) - 0.5)).tolist()
         out.append(Rollout(rollout_id=f"r{i}", task_id=f"t{i}", env_name="synthetic_arith", token_ids=ids,
                            behaviour_logprobs=[0.0] * n_prompt + lp, action_mask=[False] * n_prompt + [True] * n_action,
@@ -251,7 +258,7 @@ def steps_worker(model_dir: Path, out: Path, steps: int, warmup: int) -> None:
     world = init_world(LearnerConfig(device="cpu"))
     n = warmup + steps
     start = load_policy(model_dir).eval()
-    rollouts = _rollouts(start, int(start.config.vocab_size))
+    rollouts = make_rollouts(start, batch_specs())
     result: dict[str, Any] = {"ranks": world.size, "threads": torch.get_num_threads(), "batch_rows": len(rollouts),
                               "parameters": sum(p.numel() for p in start.parameters()),
                               "batch_tokens": sum(len(r.token_ids) for r in rollouts), "micro_batch_size": MICRO_BATCH_SIZE}
