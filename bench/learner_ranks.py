@@ -63,8 +63,8 @@ MICRO_BATCH_SIZE = 2
 BATCH_ROWS = 8
 """Rollouts (SAO) or rows (SFT) per optimizer step: the global batch."""
 OMP_WAIT_POLICY = "PASSIVE"
-"""OpenMP threads sleep while they wait. With the default (spin, then sleep) 1 rank x 2 threads took 2-17 s per tiny
-step instead of 0.3-1.6 s on the shared 2-core machine: a spinning thread holds a core another thread needs."""
+"""OpenMP threads sleep while they wait. With the default (spin, then sleep) 1 rank x 2 threads took 0.8-17 s per
+tiny step instead of 0.3-1.6 s on the shared 2-core machine: a spinning thread holds a core another thread needs."""
 
 
 # --- pure helpers -----------------------------------------------------------------------------------------------
