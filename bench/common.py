@@ -230,11 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("cmd", choices=["targets", "render"])
     if p.parse_args(argv).cmd == "render":
-        from bench import async_vs_sync, stream, vs_trl, weight_sync
+        from bench import async_vs_sync, learner_ranks, stream, vs_trl, weight_sync
         from bench.sim import project
 
         update_docs_section("async_vs_sync", async_vs_sync.render())
-        for name, module in (("vs_trl", vs_trl), ("stream", stream), ("weight_sync", weight_sync), ("simulate", project)):
+        for name, module in (("vs_trl", vs_trl), ("stream", stream), ("weight_sync", weight_sync), ("simulate", project),
+                             ("learner_ranks", learner_ranks)):
             if (result := read_result(name)) is not None:
                 update_docs_section(name, module.render(result))
     print(update_docs_section("targets", targets_section(RESULTS_DIR)))
