@@ -161,29 +161,11 @@ def make_rollouts(policy: nn.Module, specs: Sequence[tuple[int, int, float]], de
 
 def sft_rank_step(model: nn.Module, rows: Sequence[Any], world: Any, *, pad_token_id: int,
                   micro_batch_size: int) -> float:
-    """Forward/backward of one SFT step's ``rows`` on this rank's share; returns the step's mean NLL per trained token.
+    """Forward/backward of one SFT step's ``rows`` on this rank's share (``learner.packing.sft_step``);
+    returns the step's mean NLL per trained token over all ranks."""
+    from posttrain.learner.packing import sft_step
 
-    ``posttrain.learner.packing.sft_step`` when it takes ``world`` (it splits rows over ranks itself); otherwise
-    the same split here: ``rank_share`` of the rows, ``micro_batch_plan`` fillers so every rank runs as many passes,
-    each micro-batch's summed NLL scaled by ``loss_scale`` (ranks / the step's trained tokens).
-    """
-    import inspect
-
-    from posttrain.learner.packing import collate_packed, packed_logprobs, sft_step
-    from posttrain.losses.sft import sft_loss
-    from posttrain.parallel.placement import loss_scale
-    from posttrain.parallel.shares import micro_batch_plan, rank_share
-
-    if "world" in inspect.signature(sft_step).parameters:
-        return sft_step(model, rows, pad_token_id=pad_token_id, micro_batch_size=micro_batch_size, world=world).loss
-    total = sum(sum(r.loss_mask) for r in rows)
-    scale, loss = loss_scale(world, total), 0.0
-    for piece in micro_batch_plan(rank_share(range(len(rows)), world), micro_batch_size, world, filler=0):
-        ids, positions, mask = (t.to(world.device) for t in collate_packed([rows[i] for i in piece.rows], pad_token_id))
-        out = sft_loss(packed_logprobs(model, ids, positions), mask)
-        (out.loss_sum * (scale * piece.weight)).backward()
-        loss += float(out.loss_sum.detach()) * piece.weight
-    return world.sum([loss])[0] / max(total, 1)
+    return sft_step(model, rows, pad_token_id=pad_token_id, micro_batch_size=micro_batch_size, world=world).loss
 
 
 def _timed(world: Any, fn: Any, n: int) -> list[float]:
