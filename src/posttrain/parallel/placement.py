@@ -4,7 +4,8 @@
 through before their optimizer is built (FSDP2 replaces parameters with sharded ``DTensor`` s, so
 the optimizer must see the sharded ones):
 
-1. move to ``world.device``;
+1. move to ``world.device`` (with several ranks, after sharding: each device receives only its
+   1/N of every parameter; each process still reads the whole model into host memory first);
 2. with ``learner.activation_checkpointing``, recompute each transformer block in backward
    (transformers' ``gradient_checkpointing_enable``, non-reentrant);
 3. with more than one rank, ``fully_shard`` each transformer block, then the root (FSDP2: each
@@ -74,7 +75,8 @@ def prepare_model(model: nn.Module, world: World, config: LearnerConfig, *, trai
     Raises:
         ValueError: sharding was needed and no transformer block was found.
     """
-    model.to(world.device)
+    if not world.distributed:
+        model.to(world.device)
     precision = resolve_precision(config.precision, world.device)
     if trainable and config.activation_checkpointing:
         target = model if hasattr(model, "gradient_checkpointing_enable") else getattr(model, "backbone", None)
@@ -84,9 +86,12 @@ def prepare_model(model: nn.Module, world: World, config: LearnerConfig, *, trai
     if world.distributed:
         from torch.distributed.fsdp import fully_shard
 
+        # Sharded while still on the CPU: fully_shard moves each block's parameters to the device and
+        # keeps 1/N of them, so a device never holds the whole model (moving it first would).
         for block in transformer_blocks(model):
             fully_shard(block)
         fully_shard(model)
+        model.to(world.device)
     if precision == "bf16":
         autocast = torch.autocast(device_type=world.device.type, dtype=torch.bfloat16)
         model.forward = functools.wraps(model.forward)(autocast(model.forward))  # type: ignore[method-assign]
