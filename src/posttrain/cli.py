@@ -73,10 +73,15 @@ def _redis_url_from_env() -> str:
 
 def _cmd_generator(args: argparse.Namespace) -> int:
     from posttrain.cluster.role_inputs import generator_ready
+    from posttrain.generator.seeds import generator_identity
     from posttrain.generator.worker import run_generator
 
     cfg = generator_ready(_config(args))  # cluster pods: s3:// inputs downloaded, tokenizer from the weight store
-    summary = run_generator(cfg, args.generator_id, _redis_url_from_env(), seed=args.seed)
+    try:
+        index, generator_id, seed = generator_identity(cfg.seed, args.generator_index, args.generator_id, args.seed)
+    except ValueError as exc:
+        raise ConfigError(f"--generator-index: {exc}") from None
+    summary = run_generator(cfg, generator_id, _redis_url_from_env(), seed=seed, index=index)
     print(f"generator {summary.generator_id}: {summary.stats['rollouts']:.0f} rollouts, "
           f"busy fraction {summary.stats['busy_fraction']:.2f}")
     return 0
@@ -157,8 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_validate)
     p = sub.add_parser("generator", help="run one generator process (REDIS_URL)")
     with_config(p)
-    p.add_argument("--generator-id", default="g0")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--generator-index", type=int, default=None,
+                   help="this generator's index in the run, 0..1023 (a cluster pod's JobSet job index); it names "
+                        "the generator g<INDEX>, seeds it with seed*1000+INDEX and keeps its episode seeds apart "
+                        "from every other generator's (default: N of --generator-id gN, else 0)")
+    p.add_argument("--generator-id", default=None, help="name in rollouts and stats (default: g<INDEX>)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="engine and task-order seed (default: the config's seed * 1000 + INDEX)")
     p.set_defaults(func=_cmd_generator)
     p = sub.add_parser("learner", help="run the learner process (REDIS_URL); resumes from the latest checkpoint")
     with_config(p)

@@ -121,7 +121,8 @@ def test_commands_run_the_roles_with_the_config_uri():
     learner = container(js, "learner")["command"]
     assert learner[0] == "torchrun"
     assert learner[-5:] == ["-m", "posttrain.cli", "learner", "--config", uri]
-    assert container(js, "generator")["command"] == ["posttrain", "generator", "--config", uri]
+    assert container(js, "generator")["command"] == [
+        "posttrain", "generator", "--config", uri, "--generator-index", "$(POSTTRAIN_GENERATOR_INDEX)"]
     assert container(js, "learner")["image"] == IMAGES.learner
     assert container(js, "generator")["image"] == IMAGES.generator
 
@@ -256,6 +257,44 @@ def test_node_rank_is_the_pods_completion_index_expanded_by_the_kubelet():
     env = {e["name"]: e for e in container(build_from(config_2x4()), "learner")["env"]}
     assert env["POSTTRAIN_NODE_RANK"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+
+
+def _kubelet_command(container: dict, pod_labels: dict[str, str]) -> list[str]:
+    """The command as the kubelet runs it: env from literal values and label fieldRefs, then $(VAR) expanded."""
+    env: dict[str, str] = {}
+    for e in container["env"]:
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif "fieldRef" in e.get("valueFrom", {}):
+            path = e["valueFrom"]["fieldRef"]["fieldPath"]
+            match = re.fullmatch(r"metadata\.labels\['(.+)'\]", path)
+            if match:
+                env[e["name"]] = pod_labels[match.group(1)]
+    return [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), a)
+            for a in container["command"]]
+
+
+def test_n_rendered_generators_get_n_distinct_ids_and_seeds():
+    """JobSet labels the pods of generator Job i with jobset.sigs.k8s.io/job-index=i; the kubelet
+    expands it into --generator-index i, from which the generator takes its name, seed and episode seeds."""
+    from posttrain.cli import build_parser
+    from posttrain.generator.seeds import episode_seed, generator_identity
+
+    cfg = load_config(None, ["generator.num_processes=4", "seed=7"])
+    js = build_from(cfg)
+    rjob = rjobs(js)["generator"]
+    assert rjob["replicas"] == 4 and rjob["template"]["spec"]["completions"] == 1
+    pod_template = rjob["template"]["spec"]["template"]
+    identities = []
+    for i in range(rjob["replicas"]):
+        labels = {**pod_template["metadata"]["labels"], "jobset.sigs.k8s.io/job-index": str(i)}
+        command = _kubelet_command(pod_template["spec"]["containers"][0], labels)
+        assert command[:2] == ["posttrain", "generator"] and "$(" not in " ".join(command)
+        args = build_parser().parse_args(command[1:])
+        identities.append(generator_identity(cfg.seed, args.generator_index, args.generator_id, args.seed))
+    assert identities == [(0, "g0", 7000), (1, "g1", 7001), (2, "g2", 7002), (3, "g3", 7003)]
+    first_seeds = {episode_seed(cfg.seed, index, c) for index, _, _ in identities for c in range(50)}
+    assert len(first_seeds) == 4 * 50
 
 
 def test_master_addr_is_the_dns_name_jobset_gives_learner_pod_0():

@@ -21,8 +21,11 @@ learner never holds GPUs while its generators wait for quota, or the reverse.
   group (bounded by ``failurePolicy.maxRestarts``) and the failed pod keeps its termination message
   (``FallbackToLogsOnError``: the log tail when the process wrote none) for the launcher to report.
 * ``generator`` (N Jobs of 1 pod, ``generator.resources`` each): ``posttrain generator --config
-  <uri>``; a failed generator Job is restarted alone (failure rule ``RestartJob``), still counted
-  against ``maxRestarts``.
+  <uri> --generator-index $(POSTTRAIN_GENERATOR_INDEX)``, the index being the pod's JobSet job
+  index (0..N-1, from the ``jobset.sigs.k8s.io/job-index`` label): generator ``g<index>``, seeded
+  ``seed * 1000 + index``, with episode seeds disjoint from the other generators'
+  (``posttrain.generator.seeds``). A failed generator Job is restarted alone (failure rule
+  ``RestartJob``), still counted against ``maxRestarts``.
 
 ``successPolicy {operator: All, targetReplicatedJobs: [learner]}`` ends the run when the learner
 completes; the JobSet controller then deletes the still-running generator and Redis Jobs.
@@ -78,6 +81,10 @@ learner pod to join (``--rdzv_conf=timeout``): long enough for pods on different
 CUDA image; after it the learner fails and the JobSet restarts the group."""
 NODE_RANK_ENV = "POSTTRAIN_NODE_RANK"
 """Environment variable of a learner pod holding its Job completion index (torchrun's ``--node_rank``)."""
+GENERATOR_INDEX_ENV = "POSTTRAIN_GENERATOR_INDEX"
+"""Environment variable of a generator pod holding its JobSet job index (``--generator-index``)."""
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+"""Label JobSet puts on each pod: the index of its Job among the replicatedJob's replicas."""
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 @dataclass(frozen=True)
@@ -369,12 +376,12 @@ def build_sao_jobset(
         images.generator,
         generator_resources,
         [
-            {
-                "name": "POSTTRAIN_GENERATOR_INDEX",
-                "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/job-index']"}},
-            }
+            # Each generator is its own one-pod Job, so its index is the Job's index in the replicatedJob.
+            {"name": GENERATOR_INDEX_ENV, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_INDEX_LABEL}']"}}},
         ],
     )
+    # $(POSTTRAIN_GENERATOR_INDEX) is expanded by the kubelet from the variable just defined.
+    generator["command"] = [*generator["command"], "--generator-index", f"$({GENERATOR_INDEX_ENV})"]
     maxmemory = int(quantity_bytes(redis_resources.memory) * 0.8)
     redis = {
         "name": "redis",

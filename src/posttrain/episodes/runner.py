@@ -144,7 +144,7 @@ async def run_episode(
         limits: Turn, token and wall-time budgets.
         generator_id: Stored in ``Rollout.generator_id``.
         seed: Per-episode sampling seed; turn ``k`` (0-based) uses ``seed + k``. ``None`` lets the
-            engine choose.
+            engine choose. Recorded as ``metrics["sampling_seed"]``.
         temperature: Sampling temperature (SAO training uses 1.0).
         top_p: Nucleus mass (SAO training uses 1.0).
         group_id: GRPO group id; ``None`` for SAO.
@@ -159,7 +159,7 @@ async def run_episode(
     Returns:
         The rollout: ``token_ids`` [T] int, ``behaviour_logprobs`` [T] float (nats, 0.0 on
         observations), ``action_mask`` [T] bool, reward, finish reason, per-turn and oldest
-        policy versions, and the environment's metrics plus ``num_turns``.
+        policy versions, and the environment's metrics plus ``num_turns`` (and ``sampling_seed``).
 
     Raises:
         EpisodeError: the prompt leaves no room for an action within ``max_episode_tokens``, the
@@ -241,6 +241,8 @@ async def run_episode(
     if not versions:
         raise EpisodeError(f"task {task.task_id}: {finish} before the first action token", finish)
     metrics["num_turns"] = float(len(versions))
+    if seed is not None:  # exact: generator seeds stay below 2**53 (generator.seeds)
+        metrics["sampling_seed"] = float(seed)
     rollout = Rollout(
         rollout_id=uuid.uuid4().hex,
         task_id=task.task_id,

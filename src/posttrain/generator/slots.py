@@ -5,8 +5,9 @@ One slot type serves both techniques on the asynchronous runtime. A slot with gr
 
 1. take G admission tickets, all or none (``TicketTaker``): a partial set is released, so slots
    waiting for whole groups never hold each other's tickets at the capacity's edge;
-2. pick a task (``rng.randrange``), then an episode seed (``rng.randrange(2**31)``), in that order,
-   so a seeded generator runs the same task and seed sequence;
+2. pick a task (``rng.randrange``) and the next episode seed (``generator.seeds.EpisodeSeeds``:
+   numbered by generator index and episode counter, so two generators of a run never sample with
+   the same seed, and a seeded generator runs the same task and seed sequence);
 3. run one episode (``run_episode``) or one group of G episodes sharing a ``group_id``
    (``run_group``) under ``InFlightEpisodes``, which cancels it once the learner is too far ahead;
 4. hand the rollouts to the ``RolloutSender``: a group is sent whole or not at all.
@@ -35,6 +36,7 @@ from posttrain.envs.base import Environment
 from posttrain.episodes.group import run_group
 from posttrain.episodes.runner import EpisodeLimits, run_episode
 from posttrain.generator.inflight import InFlightEpisodes
+from posttrain.generator.seeds import EpisodeSeeds
 from posttrain.generator.sender import RolloutSender
 from posttrain.inference.base import InferenceEngine
 from posttrain.inference.metering import GeneratorStats
@@ -161,13 +163,14 @@ class EpisodeSlot:
         running: Episodes in flight, for cancelling stale ones (shared by all slots).
         sender: Sends the rollouts and settles their tickets (shared by all slots).
         stats: The generator's counters.
-        rng: Picks tasks and seeds (shared by all slots: the draw order is task, then seed).
+        rng: Picks tasks (shared by all slots).
         stopping: Set when the generator stops.
+        seeds: The generator's episode seeds (shared by all slots).
     """
 
     def __init__(self, work: EpisodeWork, tickets: TicketTaker, admission: AdmissionController,
                  running: InFlightEpisodes, sender: RolloutSender, stats: GeneratorStats, rng: random.Random,
-                 stopping: asyncio.Event) -> None:
+                 stopping: asyncio.Event, seeds: EpisodeSeeds) -> None:
         self.work = work
         self.tickets = tickets
         self.admission = admission
@@ -176,6 +179,7 @@ class EpisodeSlot:
         self.stats = stats
         self.rng = rng
         self.stopping = stopping
+        self.seeds = seeds
 
     async def serve(self) -> None:
         """Run ``step`` until ``stopping`` is set.
@@ -196,10 +200,11 @@ class EpisodeSlot:
         if not tickets:
             return
         task = self.work.tasks[self.rng.randrange(len(self.work.tasks))]
+        seed = self.seeds.next()
         for _ in tickets:
             self.stats.episode_started()
         try:
-            rollouts = await self.running.run(functools.partial(self.work.run, task, self.rng.randrange(2**31)))
+            rollouts = await self.running.run(functools.partial(self.work.run, task, seed))
         except asyncio.CancelledError:  # stopping: give the tickets back before unwinding
             _release(self.admission, tickets)
             raise

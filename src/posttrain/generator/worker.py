@@ -1,7 +1,7 @@
 """The generator process: many episodes in flight, one rollout each, pushed to the rollout stream.
 
-Run one with ``posttrain generator CONFIG --generator-id g0`` (``REDIS_URL`` must point at the
-run's Redis). ``serve`` builds the parts and wires them:
+Run one with ``posttrain generator CONFIG --generator-index 0`` (``REDIS_URL`` must point at the
+run's Redis; each generator of a run needs its own index: ``generator.seeds``). ``serve`` builds the parts and wires them:
 
 * ``generator.slots``: ``generator.episodes_in_flight // G`` episode slots (G = 1 for SAO, the
   group size for async GRPO). Each loops: take G admission tickets (so no rollout starts that
@@ -35,6 +35,7 @@ from posttrain.config import RunConfig
 from posttrain.config.roles import async_rl_settings
 from posttrain.episodes.runner import EpisodeLimits
 from posttrain.generator.inflight import InFlightEpisodes
+from posttrain.generator.seeds import EpisodeSeeds, generator_index
 from posttrain.generator.sender import RolloutSender
 from posttrain.generator.slots import EpisodeSlot, EpisodeWork, TicketTaker, run_until_stopped, slot_count
 from posttrain.generator.watcher import WeightWatcher
@@ -73,7 +74,8 @@ async def _first_version(store: WeightStore, where: object) -> int:
     return version
 
 
-async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int) -> GeneratorSummary:
+async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int,
+                index: int | None = None) -> GeneratorSummary:
     """Build the generator's parts, run its slots and watcher until stopped, and clean up (module docstring).
 
     Args:
@@ -81,6 +83,8 @@ async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int)
         generator_id: Name of this generator.
         redis_url: The run's Redis.
         seed: Engine sampling seed and task-order seed.
+        index: The generator's index in the run (episode seeds: ``generator.seeds``); None: from a
+            ``g<N>`` ``generator_id``, else 0.
 
     Returns:
         The generator's final stats.
@@ -90,6 +94,7 @@ async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int)
         The first error of a slot or the watcher.
     """
     ctx, settings, gen = RunContext(config), async_rl_settings(config), config.generator
+    seeds = EpisodeSeeds(config.seed, generator_index(index, generator_id))
     client = redis.Redis.from_url(redis_url)
     store = open_weight_store(ctx)
     version = await _first_version(store, ctx.weights_dir)
@@ -119,7 +124,7 @@ async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int)
     running = InFlightEpisodes()
     sender = RolloutSender(queue, admission, stats, generator_id)
     tickets = TicketTaker(gate, admission, settings.group_size, stats, stopping)
-    slots = [EpisodeSlot(work, tickets, admission, running, sender, stats, rng, stopping)
+    slots = [EpisodeSlot(work, tickets, admission, running, sender, stats, rng, stopping, seeds)
              for _ in range(slot_count(gen.episodes_in_flight, settings.group_size))]
     watcher = WeightWatcher(
         engine, store, version, client, ctx.keys, announcements, gate, running, stats, generator_id,
@@ -135,14 +140,16 @@ async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int)
     return GeneratorSummary(generator_id, stats.snapshot())
 
 
-def run_generator(config: RunConfig, generator_id: str, redis_url: str, seed: int = 0) -> GeneratorSummary:
+def run_generator(config: RunConfig, generator_id: str, redis_url: str, seed: int = 0,
+                  index: int | None = None) -> GeneratorSummary:
     """Serve episodes until the run's stop key is set or SIGTERM arrives.
 
     Args:
         config: The run config (``generator`` section: engine, concurrency, limits).
         generator_id: Name of this generator (appears in rollouts and stats).
         redis_url: The run's Redis.
-        seed: Sampling and task-order seed.
+        seed: Engine sampling and task-order seed.
+        index: The generator's index in the run (see ``serve``).
 
     Returns:
         The generator's final stats.
@@ -155,4 +162,4 @@ def run_generator(config: RunConfig, generator_id: str, redis_url: str, seed: in
     if not torch.cuda.is_available():
         # Generator and learner processes share the CPU cores: one torch thread per process.
         torch.set_num_threads(1)
-    return asyncio.run(serve(config, generator_id, redis_url, seed))
+    return asyncio.run(serve(config, generator_id, redis_url, seed, index))

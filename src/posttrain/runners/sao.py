@@ -44,7 +44,11 @@ log = logging.getLogger("posttrain.runners.sao")
 
 
 def start_generators(ctx: RunContext, redis_url: str, config_path: Path) -> list[subprocess.Popen[bytes]]:
-    """Start ``generator.num_processes`` ``posttrain generator`` processes; logs go to ``<run>/logs``."""
+    """Start ``generator.num_processes`` ``posttrain generator`` processes, indexes 0..N-1; logs go to ``<run>/logs``.
+
+    Index ``i`` names the generator ``g<i>``, seeds it ``seed * 1000 + i`` and keeps its episode seeds
+    apart from the others' (``posttrain.generator.seeds``), as a cluster generator pod's JobSet index does.
+    """
     logs = ctx.run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "REDIS_URL": redis_url}
@@ -52,8 +56,7 @@ def start_generators(ctx: RunContext, redis_url: str, config_path: Path) -> list
     for i in range(ctx.config.generator.num_processes):
         out = (logs / f"generator-g{i}.log").open("ab")
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "posttrain.cli", "generator", str(config_path), "--generator-id", f"g{i}",
-             "--seed", str(ctx.config.seed * 1000 + i)],
+            [sys.executable, "-m", "posttrain.cli", "generator", str(config_path), "--generator-index", str(i)],
             env=env, stdout=out, stderr=subprocess.STDOUT,
         ))
     return procs

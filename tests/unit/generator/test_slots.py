@@ -22,6 +22,7 @@ from posttrain.envs.synthetic.tool import SyntheticToolEnv, reference_episode
 from posttrain.envs.tool_calls import format_tool_result
 from posttrain.episodes.runner import EpisodeLimits
 from posttrain.generator.inflight import InFlightEpisodes
+from posttrain.generator.seeds import EpisodeSeeds
 from posttrain.generator.sender import RolloutSender
 from posttrain.generator.slots import EpisodeSlot, EpisodeWork, TicketTaker, run_until_stopped, slot_count
 from posttrain.inference.base import GenerationRequest, GenerationResult
@@ -117,7 +118,8 @@ def make_generator(tok: Any, tasks: list[Task], mode: Mode, group_size: int, bat
     work = EpisodeWork(engine, tok, SyntheticToolEnv(), tasks, LIMITS, "g0", group_size=group_size)
     taker = TicketTaker(AsyncTicketGate(admission), admission, group_size, stats, stopping, wait_s=0.05)
     sender = RolloutSender(queue, admission, stats, "g0")
-    slot = EpisodeSlot(work, taker, admission, running, sender, stats, random.Random(seed), stopping)
+    slot = EpisodeSlot(work, taker, admission, running, sender, stats, random.Random(seed), stopping,
+                       EpisodeSeeds(run_seed=0, index=1))
     return Generator(engine, admission, queue, stats, running, stopping, slot)
 
 
@@ -125,10 +127,12 @@ def test_slot_count_is_one_slot_per_episode_or_per_group() -> None:
     assert (slot_count(8, 1), slot_count(8, 4), slot_count(8, 3), slot_count(2, 4)) == (8, 2, 2, 1)
 
 
-def test_sao_slot_sends_its_rollout_consumes_its_ticket_and_draws_task_then_seed(tok: Any, tasks: list[Task]) -> None:
+def test_sao_slot_sends_its_rollout_consumes_its_ticket_and_seeds_it_by_generator_and_episode(
+        tok: Any, tasks: list[Task]) -> None:
     """B = 2: one step takes 1 ticket, sends 1 rollout, consumes the ticket.
 
-    Random(7) draws the task index first, then the episode seed: the one request carries that seed.
+    Random(7) draws the task index; the first episode of generator 1 in a run seeded 0 samples with
+    (0 * 1024 + 1) * 2**20 = 1048576, recorded in the rollout's metrics.
     """
     async def go() -> Generator:
         gen = make_generator(tok, tasks, "answer", group_size=1, batch_size=2)
@@ -136,12 +140,12 @@ def test_sao_slot_sends_its_rollout_consumes_its_ticket_and_draws_task_then_seed
         return gen
 
     gen = asyncio.run(go())
-    rng = random.Random(7)
-    task, seed = tasks[rng.randrange(len(tasks))], rng.randrange(2**31)
+    task, seed = tasks[random.Random(7).randrange(len(tasks))], 1048576
     assert gen.counts() == (1, 1, 0, 0)
     [rollout] = gen.sent()
     assert rollout.task_id == task.task_id and rollout.group_id is None
     assert [r.seed for r in gen.engine.requests] == [seed]
+    assert rollout.metrics["sampling_seed"] == seed
     assert (gen.stats.rollouts, gen.stats.failed, gen.stats.rejected, gen.stats.in_flight) == (1, 0, 0, 0)
     assert gen.stats.action_tokens == rollout.num_action_tokens
     assert gen.stats.total_tokens == len(rollout.token_ids)
@@ -150,7 +154,7 @@ def test_sao_slot_sends_its_rollout_consumes_its_ticket_and_draws_task_then_seed
 def test_group_slot_sends_the_whole_group_and_consumes_g_tickets(tok: Any, tasks: list[Task]) -> None:
     """G = 2, B = 2: one step takes 2 tickets, sends 2 rollouts of one task and group, consumes both.
 
-    Member k samples with seed + 1000 k, seed being the second draw of Random(7).
+    Member k samples with seed + 1000 k, seed being generator 1's first episode seed, 2**20.
     """
     async def go() -> Generator:
         gen = make_generator(tok, tasks, "answer", group_size=2, batch_size=2)
@@ -158,13 +162,13 @@ def test_group_slot_sends_the_whole_group_and_consumes_g_tickets(tok: Any, tasks
         return gen
 
     gen = asyncio.run(go())
-    rng = random.Random(7)
-    task, seed = tasks[rng.randrange(len(tasks))], rng.randrange(2**31)
+    task, seed = tasks[random.Random(7).randrange(len(tasks))], 2**20
     assert gen.counts() == (2, 2, 0, 0)
     rollouts = gen.sent()
     assert [r.task_id for r in rollouts] == [task.task_id] * 2
     assert rollouts[0].group_id is not None and rollouts[0].group_id == rollouts[1].group_id
     assert sorted(r.seed for r in gen.engine.requests) == [seed, seed + 1000]
+    assert sorted(r.metrics["sampling_seed"] for r in rollouts) == [seed, seed + 1000]
     assert (gen.stats.rollouts, gen.stats.max_in_flight, gen.stats.in_flight) == (2, 2, 0)
 
 
