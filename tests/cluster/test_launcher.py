@@ -10,7 +10,14 @@ Run: .venv/bin/python -m pytest -q tests/cluster/test_launcher.py
 from __future__ import annotations
 
 import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from kubernetes.client import CoreV1Api, CustomObjectsApi
@@ -24,8 +31,11 @@ from posttrain.cluster.launcher import (
     JobSetGone,
     JobSetTimeout,
     PreflightError,
+    Terminated,
     delete_jobset,
+    delete_on_termination,
     launch_or_attach,
+    owner_reference_from_env,
     wait_for_jobset,
 )
 
@@ -272,3 +282,84 @@ def test_delete_jobset_removes_it_once(cluster):
     assert delete_jobset(api, NS, NAME) is True
     assert fake.list(JS, "jobsets", NS) == []
     assert delete_jobset(api, NS, NAME) is False
+
+
+OWNER = {"apiVersion": "v1", "kind": "Pod", "name": "train-sao-abc12", "uid": "0c1d-launcher-pod"}
+
+
+def test_owner_reference_comes_from_the_downward_api_env_or_is_skipped(caplog):
+    assert owner_reference_from_env({"POD_NAME": "train-sao-abc12", "POD_UID": "0c1d-launcher-pod"}) == OWNER
+    with caplog.at_level("INFO", logger="posttrain.cluster.launcher"):
+        assert owner_reference_from_env({"POD_NAME": "train-sao-abc12"}) is None
+    assert "no ownerReference" in caplog.text
+
+
+def test_the_created_jobset_is_owned_by_the_launcher_pod(cluster):
+    fake, api, core = cluster
+    launch_or_attach(api, core, NS, jobset(), owner=OWNER)
+    assert fake.get(JS, "jobsets", NAME, NS)["metadata"]["ownerReferences"] == [OWNER]
+
+
+def test_a_reattaching_retry_adds_its_pod_as_a_second_owner_once(cluster):
+    """The JobSet is collected only when both the failed attempt's pod and the retry's pod are gone."""
+    fake, api, core = cluster
+    launch_or_attach(api, core, NS, jobset(), owner=OWNER)
+    retry = {**OWNER, "name": "train-sao-def34", "uid": "retry-pod"}
+    launch_or_attach(api, core, NS, jobset(), owner=retry)
+    launch_or_attach(api, core, NS, jobset(), owner=retry)
+    assert fake.get(JS, "jobsets", NAME, NS)["metadata"]["ownerReferences"] == [OWNER, retry]
+
+
+def test_sigterm_inside_delete_on_termination_deletes_the_jobset_and_exits_143(cluster):
+    fake, api, core = cluster
+    launch_or_attach(api, core, NS, jobset())
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated) as info, delete_on_termination(api, NS, NAME):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # interrupted by the handler
+    assert info.value.code == 143
+    assert fake.get(JS, "jobsets", NAME, NS) is None
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_a_terminated_launcher_process_deletes_its_jobset(cluster, tmp_path):
+    """The real KFP step (``train_sao_cluster``) in its own process, against the fake API server through a
+    kubeconfig: it creates the JobSet owned by its pod, waits; SIGTERM -> JobSet deleted, exit status 143."""
+    fake, _, _ = cluster
+    from posttrain.kfp.prepare import prepare_dataset
+
+    repo = Path(__file__).resolve().parents[2]
+    dataset = tmp_path / "dataset"
+    prepare_dataset(str(repo / "configs" / "sao_demo_cpu.yaml"), "sao", "", "", 2, RUN_ID, dataset)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
+        "users": [{"name": "fake", "user": {"token": "t"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": NS}}],
+    }))
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "POSTTRAIN_NAMESPACE")}
+    env.update(KUBECONFIG=str(kubeconfig), POSTTRAIN_RUNS_URI=str(tmp_path / "runs"), POD_NAME=OWNER["name"],
+               POD_UID=OWNER["uid"], PYTHONPATH=os.pathsep.join([str(repo / "src"), env.get("PYTHONPATH", "")]))
+    script = ("import sys; from posttrain.kfp.train_cluster import train_sao_cluster; "
+              "train_sao_cluster(sys.argv[1], sys.argv[2], queue='posttrain', run_id=sys.argv[3], "
+              "learner_image='trainer:1', generator_image='generator:1', poll_s=0.2, timeout_s=600)")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(dataset), str(tmp_path / "model"), RUN_ID],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while fake.get(JS, "jobsets", NAME, NS) is None:
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the launcher never created its JobSet"
+            time.sleep(0.1)
+        assert fake.get(JS, "jobsets", NAME, NS)["metadata"]["ownerReferences"] == [OWNER]
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = proc.stdout.read().decode()
+    assert code == 143, out[-3000:]
+    assert fake.get(JS, "jobsets", NAME, NS) is None
+    assert any(m == "DELETE" and p.endswith(f"/jobsets/{NAME}") for m, p in fake.requests)

@@ -16,6 +16,15 @@ Used by the ``train_sao`` KFP step on a cluster (it runs in the lightweight ``ba
 * ``wait_for_jobset`` consumes it, returns on ``Completed`` and raises ``JobSetFailed`` on ``Failed``
   with the JobSet condition and the learner pod's termination reason, exit code and message.
 
+Cleanup, so a terminated pipeline run never leaves the JobSet (and its GPUs) running:
+
+* ``delete_on_termination`` (around launch and wait): SIGTERM, which a terminated KFP run sends to
+  its step's pod, deletes the JobSet and exits with status 143 (128 + SIGTERM).
+* ``owner_reference_from_env``: the launcher's own pod (``POD_NAME``/``POD_UID`` from the downward
+  API) becomes an owner of the JobSet, so the garbage collector deletes the JobSet when the pod is
+  deleted, even if the launcher died without handling a signal (SIGKILL, node loss). A retried
+  step that re-attaches adds its own pod; the JobSet goes once every owner pod is gone.
+
 Transient API errors (5xx, connection errors) are retried ``max_api_errors`` times in a row, then
 raised; 401/403/404 are raised at once. Nothing here retries without bound.
 
@@ -26,9 +35,12 @@ What the JobSet is doing (status, Kueue's message, failed containers) is read in
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import logging
+import os
 import re
+import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -55,6 +67,10 @@ from posttrain.cluster.jobset_status import (
 log = logging.getLogger(__name__)
 
 _URL_SAFE = re.compile(r"^[A-Za-z0-9._~-]+$")
+POD_NAME_ENV = "POD_NAME"
+"""The launcher pod's name (downward API ``metadata.name``), for the JobSet's ownerReference."""
+POD_UID_ENV = "POD_UID"
+"""The launcher pod's uid (downward API ``metadata.uid``), for the JobSet's ownerReference."""
 
 
 class JobSetError(RuntimeError):
@@ -83,6 +99,71 @@ class JobSetTimeout(JobSetError, TimeoutError):
     def __init__(self, message: str, last_status: JobSetStatus | None):
         super().__init__(message)
         self.last_status = last_status
+
+
+class Terminated(SystemExit):
+    """The launcher got a termination signal; its JobSet was deleted. Exits with status 128 + signal number.
+
+    A ``SystemExit`` so that no ``except Exception`` on the way up swallows it.
+
+    Attributes:
+        signum: The signal received.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+def owner_reference_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """An ownerReference to the launcher's own pod, from ``POD_NAME`` and ``POD_UID``; None (logged) when either is unset.
+
+    The pod must be in the JobSet's namespace (a KFP step runs in the tenant's profile namespace,
+    where it creates the JobSet). ``blockOwnerDeletion`` is left out: setting it needs update rights
+    on the pod's finalizers, which the pipeline runner does not have.
+    """
+    env = os.environ if env is None else env
+    name, uid = env.get(POD_NAME_ENV), env.get(POD_UID_ENV)
+    if not name or not uid:
+        log.info("%s/%s not set (no downward API): the JobSet gets no ownerReference and is deleted only on SIGTERM",
+                 POD_NAME_ENV, POD_UID_ENV)
+        return None
+    return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}
+
+
+@contextlib.contextmanager
+def delete_on_termination(
+    api: CustomObjectsApi, namespace: str, name: str, signals: tuple[int, ...] = (signal.SIGTERM,),
+) -> Iterator[None]:
+    """Inside the block, a signal in ``signals`` deletes the JobSet ``name`` and raises ``Terminated``.
+
+    Install it before creating the JobSet (its name is known up front), so a signal between the
+    create and the watch still deletes it. Further signals during the deletion are ignored; the
+    previous handlers are restored on leaving. Main thread only (Python runs handlers there).
+
+    Raises:
+        Terminated: a signal arrived; the JobSet was deleted (or did not exist yet).
+    """
+
+    def handler(signum: int, frame: object) -> None:
+        for sig in signals:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Terminated(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    except Terminated as exc:
+        log.warning("signal %d: deleting JobSet %s/%s before exiting", exc.signum, namespace, name)
+        try:
+            delete_jobset(api, namespace, name)
+        except (ApiException, urllib3.exceptions.HTTPError) as delete_error:
+            log.error("could not delete JobSet %s/%s: %s (its ownerReference, if set, still lets the "
+                      "garbage collector delete it with this pod)", namespace, name, delete_error)
+        raise
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 class JobSetFailed(JobSetError):
@@ -183,6 +264,7 @@ def launch_or_attach(
     jobset: Mapping[str, Any],
     *,
     preflight: bool = True,
+    owner: Mapping[str, Any] | None = None,
 ) -> str:
     """Create the JobSet, or attach to the one a previous attempt of the same run created.
 
@@ -192,6 +274,8 @@ def launch_or_attach(
         namespace: Tenant namespace; must equal ``jobset.metadata.namespace`` when that is set.
         jobset: The object from ``build_sao_jobset``.
         preflight: Check what the pods refer to before creating.
+        owner: An ownerReference (``owner_reference_from_env``) set on the created JobSet, or added
+            to the ownerReferences of the JobSet attached to; None: none.
 
     Returns:
         The JobSet name.
@@ -209,6 +293,8 @@ def launch_or_attach(
     if meta.get("namespace", namespace) != namespace:
         raise ValueError(f"jobset.metadata.namespace {meta['namespace']!r} differs from namespace {namespace!r}")
     body = {**jobset, "metadata": {**meta, "namespace": namespace}}
+    if owner is not None:
+        body["metadata"]["ownerReferences"] = [*(meta.get("ownerReferences") or []), dict(owner)]
     run_id = (meta.get("annotations") or {}).get(RUN_ID_ANNOTATION)
     if preflight:
         _check_preflight(api, core, namespace, body)
@@ -226,6 +312,12 @@ def launch_or_attach(
         raise JobSetConflict(
             f"JobSet {namespace}/{name} already exists for run id {theirs!r}, not {run_id!r}; refusing to attach"
         )
+    owners = existing.get("metadata", {}).get("ownerReferences") or []
+    if owner is not None and all(o.get("uid") != owner["uid"] for o in owners):
+        # A merge patch replaces the whole list: send the old owners too (the pod of a failed attempt
+        # may still exist; the JobSet is collected once every owner is gone).
+        api.patch_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name,
+                                           {"metadata": {"ownerReferences": [*owners, dict(owner)]}})
     log.info("attached to existing JobSet %s/%s (run id %s)", namespace, name, run_id)
     return name
 

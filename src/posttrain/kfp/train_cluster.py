@@ -62,14 +62,24 @@ def train_sao_cluster(
         Metrics ``jobset_restarts`` and ``generators``; metadata with ``checkpoint_uri``, ``jobset``,
         ``namespace`` and ``config_uri``; a Markdown summary.
 
+    SIGTERM (a terminated pipeline run) deletes the JobSet and exits with status 143; the JobSet
+    also has an ownerReference to this step's pod when ``POD_NAME``/``POD_UID`` are set (the
+    component maps them from the downward API), so it is garbage-collected with the pod.
+
     Raises:
         PipelineStepError: an image is missing, the runs location is not set, or the dataset is not sao's.
         posttrain.cluster.launcher.JobSetError: the JobSet failed, timed out or conflicts.
+        posttrain.cluster.launcher.Terminated: SIGTERM arrived; the JobSet was deleted.
     """
     if not learner_image or not generator_image:
         raise PipelineStepError("learner_image / generator_image: both are required in cluster mode")
     # The launcher needs the kubernetes package (the kfp extra): imported once the arguments are checked.
-    from posttrain.cluster.launcher import launch_or_attach, wait_for_jobset
+    from posttrain.cluster.launcher import (
+        delete_on_termination,
+        launch_or_attach,
+        owner_reference_from_env,
+        wait_for_jobset,
+    )
 
     cfg, manifest = load_prepared(dataset_dir)
     expect_technique(manifest, "sao")
@@ -91,13 +101,16 @@ def train_sao_cluster(
     # with one process per GPU), generator.num_processes x generator.resources.
     body = sao_jobset_for_config(staged, run_id, namespace, SAOImages(learner=learner_image, generator=generator_image),
                                  queue, config_uri, REDIS_CREDENTIALS_SECRET)
-    launch_or_attach(api, core, namespace, body)
-    lr = cfg.learner.resources
-    print(f"JobSet {namespace}/{name}: queue {queue}, {cfg.learner.nodes} learner pod(s) x {lr.gpus} GPU(s), "
-          f"{cfg.generator.num_processes} generators x {cfg.generator.resources.gpus} GPU(s), config {config_uri}",
-          flush=True)
-    status = wait_for_jobset(api, core, namespace, name, poll_s=poll_s, timeout_s=timeout_s,
-                             on_status=lambda s: print(s.summary(), flush=True))
+    # A terminated run (SIGTERM to this pod) deletes the JobSet; if this pod dies without the signal,
+    # the JobSet's ownerReference to it lets the garbage collector delete the JobSet with the pod.
+    with delete_on_termination(api, namespace, name):
+        launch_or_attach(api, core, namespace, body, owner=owner_reference_from_env())
+        lr = cfg.learner.resources
+        print(f"JobSet {namespace}/{name}: queue {queue}, {cfg.learner.nodes} learner pod(s) x {lr.gpus} GPU(s), "
+              f"{cfg.generator.num_processes} generators x {cfg.generator.resources.gpus} GPU(s), config {config_uri}",
+              flush=True)
+        status = wait_for_jobset(api, core, namespace, name, poll_s=poll_s, timeout_s=timeout_s,
+                                 on_status=lambda s: print(s.summary(), flush=True))
     info = {"technique": "sao", "run_name": cfg.run_name, "jobset": name, "namespace": namespace,
             "checkpoint_uri": checkpoint_uri, "config_uri": config_uri}
     out = Path(model_out)
