@@ -10,6 +10,8 @@
   ``posttrain.kfp.artifacts.workspace`` uses it when the directory exists.
 * ``use_tenant_config(task)``: the tenant's ConfigMap (S3 prefix and endpoint, MLflow URI and
   experiment, Redis key prefix) and S3 credentials as environment variables.
+* ``use_pod_identity(task)``: the pod's own name and uid as ``POD_NAME``/``POD_UID`` (downward
+  API), so the SAO launcher makes its pod the owner of the JobSet it creates.
 
 All of them only change the compiled ``platforms.kubernetes`` section (or the container's
 resources); ``kfp.local`` ignores them, which is why ``tests/pipelines`` asserts on the compiled
@@ -149,3 +151,13 @@ def use_tenant_config(task: PipelineTask) -> PipelineTask:
                                      config_map_key_to_env={k: k for k in TENANT_ENV_KEYS})
     return kubernetes.use_secret_as_env(task, secret_name=S3_CREDENTIALS_SECRET,
                                         secret_key_to_env={k: k for k in S3_CREDENTIAL_KEYS})
+
+
+def use_pod_identity(task: PipelineTask) -> PipelineTask:
+    """Expose the pod's ``metadata.name`` and ``metadata.uid`` as ``POD_NAME`` and ``POD_UID``.
+
+    ``posttrain.cluster.launcher.owner_reference_from_env`` reads them: the JobSet the step creates
+    gets an ownerReference to the step's pod and is garbage-collected with it.
+    """
+    kubernetes.use_field_path_as_env(task, env_name="POD_NAME", field_path="metadata.name")
+    return kubernetes.use_field_path_as_env(task, env_name="POD_UID", field_path="metadata.uid")

@@ -75,3 +75,12 @@ def test_use_tenant_config_exposes_every_key_the_tenant_configmap_has(tmp_path):
     assert [e["configMapKey"] for e in k["configMapAsEnv"][0]["keyToEnv"]] == list(configmap["data"])
     assert k["configMapAsEnv"][0]["configMapName"] == configmap["metadata"]["name"]
     assert k["secretAsEnv"][0]["secretName"] == "s3-credentials"
+
+
+def test_use_pod_identity_maps_name_and_uid_from_the_downward_api(tmp_path):
+    """The names the launcher's owner_reference_from_env reads."""
+    from posttrain.cluster.launcher import POD_NAME_ENV, POD_UID_ENV
+
+    _, k = compile_with(tmp_path, k8s.use_pod_identity)
+    assert k["fieldPathAsEnv"] == [{"name": POD_NAME_ENV, "fieldPath": "metadata.name"},
+                                   {"name": POD_UID_ENV, "fieldPath": "metadata.uid"}]

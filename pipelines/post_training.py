@@ -61,6 +61,7 @@ def _train(technique: str, prepared: dsl.PipelineTask, queue: Any = LOCAL_QUEUE,
     if technique == "sao":
         task = train_sao(prepared=dataset, mode=mode, queue=queue, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                          learner_image=TRAINER_IMAGE, generator_image=GENERATOR_IMAGE)
+        k8s.use_pod_identity(task)  # the JobSet is owned by this step's pod (garbage-collected with it)
     else:
         task = TRAINERS[technique](prepared=dataset, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
         k8s.use_kueue_queue(task)
