@@ -363,3 +363,22 @@ def test_a_terminated_launcher_process_deletes_its_jobset(cluster, tmp_path):
     assert code == 143, out[-3000:]
     assert fake.get(JS, "jobsets", NAME, NS) is None
     assert any(m == "DELETE" and p.endswith(f"/jobsets/{NAME}") for m, p in fake.requests)
+
+
+def test_delete_on_termination_outside_the_main_thread_installs_nothing(cluster):
+    import threading
+
+    fake, api, core = cluster
+    errors = []
+
+    def body():
+        try:
+            with delete_on_termination(api, NS, NAME):
+                pass
+        except Exception as exc:  # noqa: BLE001 - reported to the test thread
+            errors.append(exc)
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert errors == []

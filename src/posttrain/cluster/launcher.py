@@ -41,6 +41,7 @@ import logging
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -139,7 +140,7 @@ def delete_on_termination(
 
     Install it before creating the JobSet (its name is known up front), so a signal between the
     create and the watch still deletes it. Further signals during the deletion are ignored; the
-    previous handlers are restored on leaving. Main thread only (Python runs handlers there).
+    previous handlers are restored on leaving. Outside the main thread it installs nothing (logged).
 
     Raises:
         Terminated: a signal arrived; the JobSet was deleted (or did not exist yet).
@@ -150,6 +151,11 @@ def delete_on_termination(
             signal.signal(sig, signal.SIG_IGN)
         raise Terminated(signum)
 
+    if threading.current_thread() is not threading.main_thread():  # Python runs signal handlers there only
+        log.warning("not the main thread: JobSet %s/%s is not deleted on a signal (its ownerReference still applies)",
+                    namespace, name)
+        yield
+        return
     previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield
