@@ -22,7 +22,7 @@ way and summed over ranks, so every rank holds all of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from posttrain.learner.accumulate import EpochSampler, GradientAccumulator
 from posttrain.learner.optim import build_optimizer, clip_and_step, raise_if_nonfinite
 from posttrain.losses.dpo import dpo_loss
 from posttrain.losses.logprobs import token_logprobs
+from posttrain.losses.types import LossOutput
 from posttrain.parallel.shares import MicroBatch, micro_batch_plan, rank_share
 from posttrain.parallel.world import World
 from posttrain.records import PreferencePair
@@ -212,12 +213,19 @@ def dpo_step(
         raise ValueError("pairs: empty")
     world = world or World()
     acc = GradientAccumulator(len(pairs), world)
+    for out, weight in _pair_losses(policy, pairs, ref, config, pad_token_id, world):
+        acc.backward(out, weight)
+    return acc.reduce()
+
+
+def _pair_losses(policy: nn.Module, pairs: Sequence[PairTokens], ref: torch.Tensor, config: DPOTechniqueConfig,
+                 pad_token_id: int, world: World) -> Iterator[tuple[LossOutput, float]]:
+    """``dpo_loss`` of each of this rank's micro-batches of pairs, with its weight (0 for a filler)."""
     for piece in _pair_plan(len(pairs), config.micro_batch_size, world):
         seq = _pair_logprobs(policy, pairs, piece, pad_token_id, world.device)
         n, index = len(piece.rows), torch.tensor(piece.rows, dtype=torch.long)
         piece_ref = ref[index].to(seq.device)
-        acc.backward(dpo_loss(seq[:n], seq[n:], piece_ref[:, 0], piece_ref[:, 1], config.loss), piece.weight)
-    return acc.reduce()
+        yield dpo_loss(seq[:n], seq[n:], piece_ref[:, 0], piece_ref[:, 1], config.loss), piece.weight
 
 
 @torch.no_grad()
@@ -247,11 +255,8 @@ def preference_metrics(
     was_training = policy.training
     policy.eval()
     acc = GradientAccumulator(len(pairs), world)
-    for piece in _pair_plan(len(pairs), config.micro_batch_size, world):
-        seq = _pair_logprobs(policy, pairs, piece, pad_token_id, world.device)
-        n, index = len(piece.rows), torch.tensor(piece.rows, dtype=torch.long)
-        piece_ref = ref[index].to(seq.device)
-        acc.record(dpo_loss(seq[:n], seq[n:], piece_ref[:, 0], piece_ref[:, 1], config.loss), piece.weight)
+    for out, weight in _pair_losses(policy, pairs, ref, config, pad_token_id, world):
+        acc.record(out, weight)
     policy.train(was_training)
     return acc.reduce().metrics("loss/dpo")
 
