@@ -100,6 +100,25 @@ class World:
             dist.broadcast(buf, src=0, group=self.control)
         return bytes(buf.numpy().tobytes())
 
+    def all_gather_bytes(self, payload: bytes) -> list[bytes]:
+        """Every rank's ``payload``, in rank order, on every rank (``[payload]`` with one rank).
+
+        Two all-gathers over the control group: the lengths, then the bytes padded to the
+        longest. Every rank must call it.
+        """
+        if not self.distributed:
+            return [payload]
+        size = torch.tensor([len(payload)], dtype=torch.int64)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
+        dist.all_gather(sizes, size, group=self.control)
+        longest = max(max(int(n.item()) for n in sizes), 1)
+        buf = torch.zeros(longest, dtype=torch.uint8)
+        if payload:
+            buf[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        bufs = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.size)]
+        dist.all_gather(bufs, buf, group=self.control)
+        return [bytes(b[: int(n.item())].numpy().tobytes()) for b, n in zip(bufs, sizes, strict=True)]
+
     def barrier(self) -> None:
         """Wait until every rank gets here (nothing with one rank)."""
         if self.distributed:

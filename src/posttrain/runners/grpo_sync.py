@@ -42,7 +42,6 @@ from pathlib import Path
 
 import msgspec
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from posttrain.chat.format import ChatFormat
@@ -69,27 +68,6 @@ from posttrain.runtime import RunContext
 from posttrain.tracking import MetricsSink
 from posttrain.weight_sync.factory import open_weight_store
 
-
-def all_gather_bytes(world: World, payload: bytes) -> list[bytes]:
-    """Every rank's ``payload``, in rank order, on every rank (``[payload]`` with one rank).
-
-    Two all-gathers over the control group (gloo, CPU): the lengths, then the bytes padded to the
-    longest. Every rank must call it.
-    """
-    if not world.distributed:
-        return [payload]
-    size = torch.tensor([len(payload)], dtype=torch.int64)
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world.size)]
-    dist.all_gather(sizes, size, group=world.control)
-    longest = max(max(int(n.item()) for n in sizes), 1)
-    buf = torch.zeros(longest, dtype=torch.uint8)
-    if payload:
-        buf[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    bufs = [torch.empty(longest, dtype=torch.uint8) for _ in range(world.size)]
-    dist.all_gather(bufs, buf, group=world.control)
-    return [bytes(b[: int(n.item())].numpy().tobytes()) for b, n in zip(bufs, sizes, strict=True)]
-
-
 _GROUPS = msgspec.msgpack.Decoder(list[tuple[int, list[bytes]]])
 
 
@@ -110,7 +88,7 @@ def gather_groups(world: World, index: list[int], groups: list[list[Rollout]]) -
     if not world.distributed:
         return [r for g in groups for r in g]
     payload = msgspec.msgpack.encode([(i, [encode_rollout(r) for r in g]) for i, g in zip(index, groups, strict=True)])
-    every = [item for part in all_gather_bytes(world, payload) for item in _GROUPS.decode(part)]
+    every = [item for part in world.all_gather_bytes(payload) for item in _GROUPS.decode(part)]
     return [decode_rollout(b) for _, group in sorted(every, key=lambda item: item[0]) for b in group]
 
 

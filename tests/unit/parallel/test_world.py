@@ -16,7 +16,7 @@ def test_one_process_world_collectives_are_the_identity() -> None:
     world = World()
     assert world.is_main and not world.distributed
     assert world.sum([1.5, 2]) == [1.5, 2.0] and world.max(3) == 3
-    assert world.broadcast_bytes(b"abc") == b"abc"
+    assert world.broadcast_bytes(b"abc") == b"abc" and world.all_gather_bytes(b"xy") == [b"xy"]
     with pytest.raises(ValueError, match="rank 0 must give a payload"):
         world.broadcast_bytes(None)
 
