@@ -36,13 +36,7 @@ def cluster(tmp_path, monkeypatch):
         fake.put("v1", "secrets", {"metadata": {"name": "s3-credentials", "namespace": ns},
                                    "data": {"AWS_ACCESS_KEY_ID": b64("k"), "AWS_SECRET_ACCESS_KEY": b64("s")}})
         fake.put("v1", "configmaps", {"metadata": {"name": "posttrain-tenant", "namespace": ns}, "data": {}})
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
-            "users": [{"name": "u", "user": {"token": "t"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u", "namespace": ns}}],
-        }))
+        kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig", ns)
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
         monkeypatch.delenv("POSTTRAIN_NAMESPACE", raising=False)
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig))

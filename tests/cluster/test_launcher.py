@@ -10,7 +10,6 @@ Run: .venv/bin/python -m pytest -q tests/cluster/test_launcher.py
 from __future__ import annotations
 
 import base64
-import json
 import os
 import signal
 import subprocess
@@ -331,13 +330,7 @@ def test_a_terminated_launcher_process_deletes_its_jobset(cluster, tmp_path):
     repo = Path(__file__).resolve().parents[2]
     dataset = tmp_path / "dataset"
     prepare_dataset(str(repo / "configs" / "sao_demo_cpu.yaml"), "sao", "", "", 2, RUN_ID, dataset)
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
-        "users": [{"name": "fake", "user": {"token": "t"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": NS}}],
-    }))
+    kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig", NS)
     env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "POSTTRAIN_NAMESPACE")}
     env.update(KUBECONFIG=str(kubeconfig), POSTTRAIN_RUNS_URI=str(tmp_path / "runs"), POD_NAME=OWNER["name"],
                POD_UID=OWNER["uid"], PYTHONPATH=os.pathsep.join([str(repo / "src"), env.get("PYTHONPATH", "")]))

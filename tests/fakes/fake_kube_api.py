@@ -34,6 +34,7 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -199,6 +200,16 @@ class FakeKubeAPI:
         cfg.host = self.url
         cfg.retries = 0
         return kubernetes.client.ApiClient(cfg)
+
+    def write_kubeconfig(self, path: Path, namespace: str) -> Path:
+        """Write a kubeconfig whose current context is this server and ``namespace`` (for a child process)."""
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": "t"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}}],
+        }), encoding="utf-8")
+        return path
 
     # ---------------------------------------------------------------- test-side helpers
     def add_hook(self, hook: Callable[[str, str], None]) -> None:
