@@ -148,3 +148,21 @@ def test_requirements_script_pins_from_the_lock_and_drops_cpu_builds(tmp_path):
     assert req.requirements(tmp_path, [], ["torch"], keep) == ["pyyaml", "math-verify[antlr]==0.9.0"]
     assert req.constraints(tmp_path, ["kfp"], keep) == ["math-verify==0.9.0"]
     assert req.main(["--root", str(tmp_path), "--extra", "nope"]) == 2
+
+
+@pytest.mark.parametrize("role", ["base", "trainer"])
+def test_step_images_install_the_kfp_extra(role):
+    """Compiled steps start as ``python3 -m kfp.dsl.executor_main``: both step images need kfp."""
+    direct = [c for c in requirements_calls(role) if "--constraints" not in c]
+    assert direct and all("--extra" in c and c[c.index("--extra") + 1] == "kfp" for c in direct)
+
+
+@pytest.mark.parametrize("role", ["base", "trainer", "generator"])
+def test_images_carry_the_configs_and_data_where_the_steps_look(role):
+    """Default ``config`` parameters are relative paths looked up under $POSTTRAIN_HOME (posttrain.kfp.locations)."""
+    copies = [a for k, a in instructions(role) if k == "COPY"]
+    assert "configs ./configs" in copies and "data ./data" in copies
+    env = " ".join(a for k, a in instructions(role) if k == "ENV")
+    assert "POSTTRAIN_HOME=/opt/posttrain" in env and "POSTTRAIN_DATA_DIR=/opt/posttrain/data" in env
+    workdirs = [a for k, a in instructions(role) if k == "WORKDIR"]
+    assert workdirs[0] == "/opt/posttrain"

@@ -125,3 +125,67 @@ def test_compile_writes_every_pipeline(tmp_path):
     written = compile_all(tmp_path)
     assert sorted(written) == sorted(PIPELINES)
     assert all(Path(p).read_text().startswith("# PIPELINE DEFINITION") for p in written.values())
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_every_image_reference_names_the_lock_registry_and_tag(name):
+    """No bare ``posttrain/x:tag`` (which Kubernetes resolves to docker.io): refs come from images/digests.yaml."""
+    from components.images import LOCK
+
+    ir, _ = load(name)
+    refs = [e["container"]["image"] for e in ir["deploymentSpec"]["executors"].values()]
+    refs += [v["runtimeValue"]["constant"] for t in _all_tasks(ir) for k, v in t.get("inputs", {}).get("parameters", {}).items()
+             if k in ("learner_image", "generator_image")]
+    assert refs
+    for ref in refs:
+        assert ref == LOCK.ref(ref.split("/")[-1].split(":")[0]), ref
+        assert "." in ref.split("/")[0], ref
+
+
+def _all_tasks(ir):
+    dags = [ir["root"]["dag"]] + [c["dag"] for c in ir["components"].values() if "dag" in c]
+    return [task for dag in dags for task in dag["tasks"].values()]
+
+
+def test_compile_writes_the_registry_and_digests_of_a_lock_file(tmp_path):
+    """``--registry`` / ``--digests`` reach every step image and the JobSet's images; ``--check`` guards them."""
+    import os
+    import subprocess
+    import sys
+
+    digests = {role: "sha256:" + f"{i}" * 64 for i, role in enumerate(("base", "trainer", "generator"), 1)}
+    lock = tmp_path / "digests.yaml"
+    lock.write_text(yaml.safe_dump({"registry": "unused.example/x", "tag": "1.2.3", "digests": digests}))
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "src")])}
+    out = tmp_path / "out"
+
+    def compile_(*args):
+        return subprocess.run([sys.executable, "-m", "pipelines.compile", "--dir", str(out), *args], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    assert compile_("--registry", "ghcr.io/acme/posttrain", "--digests", str(lock)).returncode == 0
+    ir = next(yaml.load_all((out / "sao.yaml").read_text(), Loader=yaml.CSafeLoader))
+    images = {e["container"]["image"] for e in ir["deploymentSpec"]["executors"].values()}
+    images |= {v["runtimeValue"]["constant"] for t in _all_tasks(ir)
+               for k, v in t.get("inputs", {}).get("parameters", {}).items() if k.endswith("_image")}
+    assert images == {f"ghcr.io/acme/posttrain/{role}:1.2.3@{digests[role]}" for role in digests}
+    assert compile_("--check", "--registry", "ghcr.io/acme/posttrain", "--digests", str(lock)).returncode == 0
+    drift = compile_("--check")  # the committed lock gives other references: every file drifted
+    assert drift.returncode == 1 and drift.stderr.count("differs from the source") == len(PIPELINES)
+    bad = compile_("--registry", "posttrain")
+    assert bad.returncode == 2
+    assert "--registry: 'posttrain' has no registry host" in bad.stderr
+
+
+def test_image_lock_errors_name_the_file_and_field(tmp_path):
+    from components.images import ImageLockError, load_lock
+
+    lock = tmp_path / "digests.yaml"
+    lock.write_text("registry: ghcr.io/acme\ntag: '1'\ndigests: {base: 'sha256:abc', trainer: '', generator: ''}\n")
+    with pytest.raises(ImageLockError, match=r"digests.yaml: digests.base: 'sha256:abc' is not sha256:<64"):
+        load_lock(lock)
+    lock.write_text("registry: acme\ntag: '1'\ndigests: {base: '', trainer: '', generator: ''}\n")
+    with pytest.raises(ImageLockError, match=r"digests.yaml: registry: 'acme' has no registry host"):
+        load_lock(lock)
+    assert load_lock(lock, registry="localhost:5000/p").ref("trainer") == "localhost:5000/p/trainer:1"
