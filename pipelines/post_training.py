@@ -47,12 +47,29 @@ DEFAULT_CONFIGS = {
 under ``/opt/posttrain``); ``post_training`` defaults to the SAO one."""
 TRAINERS = {"sft": train_sft, "dpo": train_dpo, "grpo": train_grpo}
 """Training component of each technique trained inside its step's pod."""
+RETRY = {"num_retries": 2, "backoff_duration": "60s", "backoff_factor": 2.0, "backoff_max_duration": "600s"}
+"""``set_retry`` of the steps that are safe to run again (1 min, then 2 min between attempts):
+
+* ``prepare_dataset``: writes only its own Dataset artifact from the same inputs; retries cover a
+  transient S3 or MLflow error (``models:/`` resolution).
+* ``evaluate``: reads the checkpoint, writes only its own reports; its single GPU pod is admitted by
+  Kueue's pod integration, so a preemption (or a lost node) fails the attempt and a retry queues again.
+* ``train_sao``: the launcher re-attaches to the JobSet of the same run id (``jobset_name``), so a
+  lost or evicted launcher pod resumes following the training instead of starting a second one;
+  a JobSet that really failed fails the retry at its first status read.
+
+Not retried: ``train_sft/dpo/grpo``, whose checkpoints live on an ephemeral ``/workspace`` that is
+deleted with the pod, so every attempt would train from step 0 again and a deterministic failure
+(out of memory, a bad row) would burn the GPU hours twice; with ``k8s.mount_workspace(claim=...)``
+a retry resumes from the last checkpoint and is worth adding. ``register_model``, because a retry
+after a registration that succeeded but whose step failed later would register a second version.
+"""
 
 
 def _prepare(config: Any, technique: Any, model: Any, dataset: Any, steps: Any) -> dsl.PipelineTask:
     task = prepare_dataset(config=config, technique=technique, model=model, dataset=dataset, steps=steps,
                            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
-    task.set_display_name("prepare dataset").set_caching_options(False)
+    task.set_display_name("prepare dataset").set_caching_options(False).set_retry(**RETRY)
     return k8s.use_tenant_config(task)
 
 
@@ -62,6 +79,7 @@ def _train(technique: str, prepared: dsl.PipelineTask, queue: Any = LOCAL_QUEUE,
         task = train_sao(prepared=dataset, mode=mode, queue=queue, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                          learner_image=TRAINER_IMAGE, generator_image=GENERATOR_IMAGE)
         k8s.use_pod_identity(task)  # the JobSet is owned by this step's pod (garbage-collected with it)
+        task.set_retry(**RETRY)  # a retried launcher re-attaches to the same JobSet
     else:
         task = TRAINERS[technique](prepared=dataset, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
         k8s.use_kueue_queue(task)
@@ -73,7 +91,7 @@ def _train(technique: str, prepared: dsl.PipelineTask, queue: Any = LOCAL_QUEUE,
 
 def _evaluate_and_register(prepared: dsl.PipelineTask, trained: dsl.PipelineTask) -> dsl.PipelineTask:
     scored = evaluate(prepared=prepared.outputs["prepared"], model=trained.outputs["model"])
-    scored.set_display_name("evaluate").set_caching_options(False)
+    scored.set_display_name("evaluate").set_caching_options(False).set_retry(**RETRY)
     k8s.use_kueue_queue(scored)
     k8s.request_gpus(scored, 1, cpu="4", memory="32Gi")
     k8s.use_tenant_config(scored)

@@ -189,3 +189,23 @@ def test_image_lock_errors_name_the_file_and_field(tmp_path):
     with pytest.raises(ImageLockError, match=r"digests.yaml: registry: 'acme' has no registry host"):
         load_lock(lock)
     assert load_lock(lock, registry="localhost:5000/p").ref("trainer") == "localhost:5000/p/trainer:1"
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_only_the_steps_safe_to_repeat_have_retries(name):
+    """prepare, evaluate and the SAO launcher retry (pipelines.post_training.RETRY); sft/dpo/grpo and register do not."""
+    ir, _ = load(name)
+    retried, not_retried = set(), set()
+    for task_name, task in ((n, t) for dag in [ir["root"]["dag"]] + [c["dag"] for c in ir["components"].values() if "dag" in c]
+                            for n, t in dag["tasks"].items()):
+        if task["componentRef"]["name"].startswith("comp-condition"):
+            continue
+        policy = task.get("retryPolicy")
+        (retried if policy else not_retried).add(task_name.rsplit("-", 1)[0] if task_name[-1].isdigit() else task_name)
+        if policy:
+            assert policy == {"maxRetryCount": 2, "backoffDuration": "60s", "backoffFactor": 2.0,
+                              "backoffMaxDuration": "600s"}, task_name
+    assert retried <= {"prepare-dataset", "evaluate", "train-sao"} and {"prepare-dataset", "evaluate"} <= retried
+    assert {"register-model"} <= not_retried and not (not_retried & {"prepare-dataset", "evaluate", "train-sao"})
+    if name in ("sao", "post_training"):
+        assert "train-sao" in retried
