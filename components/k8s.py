@@ -1,7 +1,8 @@
 """Kubernetes settings of pipeline tasks: one helper per concern, applied in ``pipelines/``.
 
-* ``use_kueue_queue(task, queue)``: the pod label ``kueue.x-k8s.io/queue-name``, so Kueue's pod
-  integration admits the task's pod against the tenant's quota (the SAO JobSet carries the same
+* ``use_kueue_queue(task, queue, priority_class)``: the pod labels ``kueue.x-k8s.io/queue-name``
+  and ``kueue.x-k8s.io/priority-class``, so Kueue's pod integration admits the task's pod against
+  the tenant's quota at that priority (the SAO JobSet carries the same
   label itself; see ``posttrain.cluster.jobset``).
 * ``request_gpus(task, gpus, ...)``: GPUs (``nvidia.com/gpu`` request = limit), CPU and memory, the
   GPU taint toleration and a memory-backed ``/dev/shm`` for data loaders and NCCL.
@@ -28,8 +29,8 @@ import re
 from kfp import kubernetes
 from kfp.dsl import PipelineTask
 
-from posttrain.cluster.jobset import QUEUE_LABEL, S3_CREDENTIALS_SECRET, TENANT_CONFIG_MAP
-from posttrain.cluster.tenant import LOCAL_QUEUE
+from posttrain.cluster.jobset import PRIORITY_LABEL, QUEUE_LABEL, S3_CREDENTIALS_SECRET, TENANT_CONFIG_MAP
+from posttrain.cluster.tenant import INTERACTIVE_PRIORITY, ISTIO_SIDECAR_KEY, LOCAL_QUEUE
 from posttrain.config.resources import is_quantity
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -59,8 +60,10 @@ def _quantity(field: str, value: str) -> str:
     return value
 
 
-def use_kueue_queue(task: PipelineTask, queue: str = LOCAL_QUEUE) -> PipelineTask:
-    """Label the task's pod for Kueue: ``kueue.x-k8s.io/queue-name: <queue>``.
+def use_kueue_queue(
+    task: PipelineTask, queue: str = LOCAL_QUEUE, priority_class: str = INTERACTIVE_PRIORITY,
+) -> PipelineTask:
+    """Label the task's pod for Kueue: ``kueue.x-k8s.io/queue-name: <queue>`` and ``kueue.x-k8s.io/priority-class``.
 
     Kueue admits labelled pods only in namespaces its pod integration manages
     (``managedJobsNamespaceSelector``); every tenant namespace has a LocalQueue named
@@ -70,15 +73,21 @@ def use_kueue_queue(task: PipelineTask, queue: str = LOCAL_QUEUE) -> PipelineTas
         task: The pipeline task.
         queue: LocalQueue name (a DNS-1123 label); a plain string, since KFP cannot put a pipeline
             parameter into a pod label.
+        priority_class: Kueue WorkloadPriorityClass of the pod, also fixed at compile time (so
+            the pipelines' ``priority_class`` parameter reaches only the SAO JobSet, which the
+            launcher creates at run time); "" for none.
 
     Raises:
-        TypeError: ``queue`` is a pipeline parameter (``PipelineChannel``) rather than a string.
-        ValueError: ``queue`` is not a DNS-1123 label.
+        TypeError: ``queue`` or ``priority_class`` is a pipeline parameter (``PipelineChannel``) rather than a string.
+        ValueError: ``queue`` or ``priority_class`` is not a DNS-1123 label.
     """
-    if not isinstance(queue, str):
-        raise TypeError(f"queue: pod labels are fixed at compile time; got {type(queue).__name__}, pass a str")
-    if len(queue) > 63 or not _DNS1123.match(queue):
-        raise ValueError(f"queue: {queue!r} is not a DNS-1123 label (lowercase a-z0-9 '-', <= 63)")
+    for field, value in (("queue", queue), ("priority_class", priority_class)):
+        if not isinstance(value, str):
+            raise TypeError(f"{field}: pod labels are fixed at compile time; got {type(value).__name__}, pass a str")
+        if (value or field == "queue") and (len(value) > 63 or not _DNS1123.match(value)):
+            raise ValueError(f"{field}: {value!r} is not a DNS-1123 label (lowercase a-z0-9 '-', <= 63)")
+    if priority_class:
+        kubernetes.add_pod_label(task, PRIORITY_LABEL, priority_class)
     return kubernetes.add_pod_label(task, QUEUE_LABEL, queue)
 
 
@@ -145,10 +154,14 @@ def use_tenant_config(task: PipelineTask) -> PipelineTask:
     """Expose the tenant's ConfigMap ``posttrain-tenant`` and Secret ``s3-credentials`` as environment.
 
     The step then finds MLflow (``MLFLOW_TRACKING_URI``), S3 (``AWS_ENDPOINT_URL``, credentials)
-    and the tenant's S3 prefix, exactly as the SAO JobSet's pods do (``envFrom`` there).
+    and the tenant's S3 prefix, exactly as the SAO JobSet's pods do (``envFrom`` there). The key
+    ``POSTTRAIN_ISTIO_SIDECAR`` is mapped as optional: tenants rendered before it existed lack it,
+    and the SAO launcher then opts the JobSet's pods out of sidecar injection.
     """
     kubernetes.use_config_map_as_env(task, config_map_name=TENANT_CONFIG_MAP,
                                      config_map_key_to_env={k: k for k in TENANT_ENV_KEYS})
+    kubernetes.use_config_map_as_env(task, config_map_name=TENANT_CONFIG_MAP,
+                                     config_map_key_to_env={ISTIO_SIDECAR_KEY: ISTIO_SIDECAR_KEY}, optional=True)
     return kubernetes.use_secret_as_env(task, secret_name=S3_CREDENTIALS_SECRET,
                                         secret_key_to_env={k: k for k in S3_CREDENTIAL_KEYS})
 

@@ -28,6 +28,9 @@ def compile_with(tmp_path, decorate):
 
 def test_use_kueue_queue_labels_the_pod(tmp_path):
     _, k = compile_with(tmp_path, lambda t: k8s.use_kueue_queue(t, "team-b-queue"))
+    assert k["podMetadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "team-b-queue",
+                                          "kueue.x-k8s.io/priority-class": "posttrain-interactive"}
+    _, k = compile_with(tmp_path, lambda t: k8s.use_kueue_queue(t, "team-b-queue", priority_class=""))
     assert k["podMetadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "team-b-queue"}
 
 
@@ -38,6 +41,8 @@ def test_use_kueue_queue_refuses_a_pipeline_parameter_and_bad_names(tmp_path):
             k8s.use_kueue_queue(noop(x="a"), queue)
     with pytest.raises(ValueError, match="not a DNS-1123 label"):
         compile_with(tmp_path, lambda t: k8s.use_kueue_queue(t, "Team_A"))
+    with pytest.raises(ValueError, match="priority_class: 'High' is not a DNS-1123 label"):
+        compile_with(tmp_path, lambda t: k8s.use_kueue_queue(t, "q", priority_class="High"))
 
 
 def test_request_gpus_sets_accelerator_memory_toleration_and_shm(tmp_path):
@@ -72,8 +77,13 @@ def test_mount_workspace_uses_an_ephemeral_volume_or_a_claim(tmp_path):
 def test_use_tenant_config_exposes_every_key_the_tenant_configmap_has(tmp_path):
     _, k = compile_with(tmp_path, k8s.use_tenant_config)
     configmap = next(o for o in render_tenant("team-a", 8, "64", "512Gi") if o["kind"] == "ConfigMap")
-    assert [e["configMapKey"] for e in k["configMapAsEnv"][0]["keyToEnv"]] == list(configmap["data"])
-    assert k["configMapAsEnv"][0]["configMapName"] == configmap["metadata"]["name"]
+    required, optional = k["configMapAsEnv"]
+    keys = [e["configMapKey"] for e in required["keyToEnv"]] + [e["configMapKey"] for e in optional["keyToEnv"]]
+    assert keys == list(configmap["data"])
+    # Tenants rendered before POSTTRAIN_ISTIO_SIDECAR existed lack it: their steps must still start.
+    assert not required.get("optional") and optional["optional"] is True
+    assert [e["configMapKey"] for e in optional["keyToEnv"]] == ["POSTTRAIN_ISTIO_SIDECAR"]
+    assert required["configMapName"] == optional["configMapName"] == configmap["metadata"]["name"]
     assert k["secretAsEnv"][0]["secretName"] == "s3-credentials"
 
 

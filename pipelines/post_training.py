@@ -6,7 +6,8 @@ first and rejects any other value, so a typo fails the run instead of silently t
 ``sft``, ``dpo``, ``grpo`` and ``sao`` are the same steps for one technique each.
 
 Only per-run knobs are pipeline parameters: ``config`` (which run config file), ``model``,
-``dataset``, ``technique``, ``steps``, ``queue`` and, for SAO, where it runs (``mode``). Everything
+``dataset``, ``technique``, ``steps``, ``queue`` and, for SAO, where it runs (``mode``) and its
+Kueue ``priority_class`` (``posttrain schedule`` sets ``posttrain-scheduled`` for recurring runs). Everything
 else (learning rates, batch shapes, environment, evaluation size, registered model name) comes
 from the config file. Empty strings and 0 keep the config's values.
 
@@ -35,7 +36,7 @@ from components.train_sao.component import train_sao
 from components.train_sft.component import train_sft
 from kfp import dsl
 
-from posttrain.cluster.tenant import LOCAL_QUEUE
+from posttrain.cluster.tenant import INTERACTIVE_PRIORITY, LOCAL_QUEUE
 
 DEFAULT_CONFIGS = {
     "sft": "configs/sft_cpu.yaml",
@@ -73,11 +74,12 @@ def _prepare(config: Any, technique: Any, model: Any, dataset: Any, steps: Any) 
     return k8s.use_tenant_config(task)
 
 
-def _train(technique: str, prepared: dsl.PipelineTask, queue: Any = LOCAL_QUEUE, mode: Any = "cluster") -> dsl.PipelineTask:
+def _train(technique: str, prepared: dsl.PipelineTask, queue: Any = LOCAL_QUEUE, mode: Any = "cluster",
+           priority_class: Any = INTERACTIVE_PRIORITY) -> dsl.PipelineTask:
     dataset = prepared.outputs["prepared"]
     if technique == "sao":
         task = train_sao(prepared=dataset, mode=mode, queue=queue, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                         learner_image=TRAINER_IMAGE, generator_image=GENERATOR_IMAGE)
+                         learner_image=TRAINER_IMAGE, generator_image=GENERATOR_IMAGE, priority_class=priority_class)
         k8s.use_pod_identity(task)  # the JobSet is owned by this step's pod (garbage-collected with it)
         task.set_retry(**RETRY)  # a retried launcher re-attaches to the same JobSet
     else:
@@ -111,6 +113,7 @@ def post_training(
     steps: int = 0,
     queue: str = LOCAL_QUEUE,
     sao_mode: str = "cluster",
+    priority_class: str = INTERACTIVE_PRIORITY,
 ):
     """Post-train a model with one technique, chosen per run.
 
@@ -122,6 +125,7 @@ def post_training(
         steps: Optimizer steps (policy versions for sao); 0 keeps the config's.
         queue: Kueue LocalQueue of the SAO JobSet.
         sao_mode: Where SAO runs: cluster (one JobSet admitted by Kueue) or local (processes in the step).
+        priority_class: Kueue priority of the SAO JobSet: posttrain-interactive, or posttrain-scheduled (recurring runs).
     """
     prepared = _prepare(config, technique, model, dataset, steps)
     with dsl.If(technique == "sft", name="technique-sft"):
@@ -131,7 +135,7 @@ def post_training(
     with dsl.Elif(technique == "grpo", name="technique-grpo"):
         _evaluate_and_register(prepared, _train("grpo", prepared))
     with dsl.Elif(technique == "sao", name="technique-sao"):
-        _evaluate_and_register(prepared, _train("sao", prepared, queue=queue, mode=sao_mode))
+        _evaluate_and_register(prepared, _train("sao", prepared, queue=queue, mode=sao_mode, priority_class=priority_class))
 
 
 @dsl.pipeline(name="sft", description="posttrain SFT: prepare chat rows, train, evaluate, register.")
@@ -164,10 +168,11 @@ def sao(
     steps: int = 0,
     queue: str = LOCAL_QUEUE,
     mode: str = "cluster",
+    priority_class: str = INTERACTIVE_PRIORITY,
 ):
-    """SAO (arXiv 2607.07508) on environment tasks; ``mode`` cluster runs one JobSet in ``queue``."""
+    """SAO (arXiv 2607.07508) on environment tasks; ``mode`` cluster runs one JobSet in ``queue`` at ``priority_class``."""
     prepared = _prepare(config, "sao", model, dataset, steps)
-    _evaluate_and_register(prepared, _train("sao", prepared, queue=queue, mode=mode))
+    _evaluate_and_register(prepared, _train("sao", prepared, queue=queue, mode=mode, priority_class=priority_class))
 
 
 PIPELINES: dict[str, Callable[..., Any]] = {

@@ -26,6 +26,7 @@ def train_sao(
     model: Output[Model],
     metrics: Output[Metrics],
     report: Output[Markdown],
+    priority_class: str = "",
 ):
     """SAO training from ``prepared`` into the ``model`` checkpoint.
 
@@ -36,6 +37,7 @@ def train_sao(
         run_id: Pipeline run id; the JobSet name derives from it, so a retry re-attaches.
         learner_image: Learner image of the JobSet (cluster mode).
         generator_image: Generator image of the JobSet (cluster mode).
+        priority_class: Kueue WorkloadPriorityClass of the JobSet and its pods (cluster mode); "": none.
         model: Final checkpoint (local mode) or a pointer to it in ``metadata.checkpoint_uri``.
         metrics: Policy versions, rollouts trained/dropped, generator busy fraction; JobSet restarts.
         report: Summary table.
@@ -44,5 +46,5 @@ def train_sao(
     from posttrain.kfp.train import train_sao
 
     result = train_sao(prepared.path, model.path, mode=mode, queue=queue, run_id=run_id,
-                       learner_image=learner_image, generator_image=generator_image)
+                       learner_image=learner_image, generator_image=generator_image, priority_class=priority_class)
     write_outputs(result, metrics=metrics, artifact=model, markdown=report)

@@ -54,12 +54,12 @@ def finish_jobsets_as(fake, condition):
     fake.add_hook(hook)
 
 
-def run(tmp_path, prepared, run_id="3f2a-run"):
+def run(tmp_path, prepared, run_id="3f2a-run", **extra):
     model = Model(uri=str(tmp_path / "model"))
     metrics = Metrics(uri=str(tmp_path / "metrics"))
     train_sao.python_func(prepared=Dataset(uri=str(prepared)), mode="cluster", queue="posttrain", run_id=run_id,
                           learner_image=TRAINER_IMAGE, generator_image=GENERATOR_IMAGE, model=model,
-                          metrics=metrics, report=Markdown(uri=str(tmp_path / "report.md")))
+                          metrics=metrics, report=Markdown(uri=str(tmp_path / "report.md")), **extra)
     return model, metrics
 
 
@@ -132,3 +132,28 @@ def test_an_unknown_mode_is_refused(tmp_path, prepared_sao):
         train_sao.python_func(prepared=Dataset(uri=str(prepared_sao)), mode="gpu", queue="posttrain", run_id="r",
                               learner_image="", generator_image="", model=Model(uri=str(tmp_path / "m")),
                               metrics=Metrics(uri=str(tmp_path / "x")), report=Markdown(uri=str(tmp_path / "r.md")))
+
+
+@pytest.mark.parametrize("sidecar_env", [None, "false", "true", "maybe"])
+def test_the_jobset_carries_the_priority_class_and_the_tenants_istio_choice(tmp_path, prepared_sao, cluster,
+                                                                            monkeypatch, sidecar_env):
+    """priority_class labels the JobSet and its pods; POSTTRAIN_ISTIO_SIDECAR (tenant ConfigMap) picks the opt-out."""
+    from posttrain.kfp.artifacts import PipelineStepError
+
+    if sidecar_env is None:
+        monkeypatch.delenv("POSTTRAIN_ISTIO_SIDECAR", raising=False)
+    else:
+        monkeypatch.setenv("POSTTRAIN_ISTIO_SIDECAR", sidecar_env)
+    finish_jobsets_as(cluster, "Completed")
+    if sidecar_env == "maybe":
+        with pytest.raises(PipelineStepError, match=r"POSTTRAIN_ISTIO_SIDECAR: 'maybe' \(ConfigMap posttrain-tenant\)"):
+            run(tmp_path, prepared_sao, priority_class="posttrain-scheduled")
+        assert cluster.list(*JOBSETS, namespace="team-a") == []
+        return
+    run(tmp_path, prepared_sao, priority_class="posttrain-scheduled")
+    (js,) = cluster.list(*JOBSETS, namespace="team-a")
+    assert js["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "posttrain-scheduled"
+    for rjob in js["spec"]["replicatedJobs"]:
+        labels = rjob["template"]["spec"]["template"]["metadata"]["labels"]
+        assert labels["kueue.x-k8s.io/priority-class"] == "posttrain-scheduled"
+        assert ("sidecar.istio.io/inject" in labels) is (sidecar_env != "true")

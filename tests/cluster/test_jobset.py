@@ -16,7 +16,9 @@ import pytest
 from pydantic import ValidationError
 
 from posttrain.cluster.jobset import (
+    ISTIO_INJECT,
     MAX_NAME_LEN,
+    PRIORITY_LABEL,
     RENDEZVOUS_PORT,
     RENDEZVOUS_TIMEOUT_S,
     PodResources,
@@ -358,10 +360,10 @@ def test_the_2x4_jobset_passes_the_jobset_crd_and_its_jobs_kubernetes_validate_s
 
 
 def test_default_sizes_are_the_configs_defaults():
-    """One learner pod of 8 GPUs (32 cores, 256Gi, 32Gi shm); generators of 1 GPU (8 cores, 64Gi, 16Gi shm)."""
+    """One learner pod of 6 GPUs (32 cores, 256Gi, 32Gi shm); generators of 1 GPU (8 cores, 64Gi, 16Gi shm)."""
     js = build()
-    assert container(js, "learner")["command"][1:3] == ["--nnodes=1", "--nproc_per_node=8"]
-    assert container(js, "learner")["resources"]["requests"] == {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": 8}
+    assert container(js, "learner")["command"][1:3] == ["--nnodes=1", "--nproc_per_node=6"]
+    assert container(js, "learner")["resources"]["requests"] == {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": 6}
     assert container(js, "generator")["resources"]["requests"] == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": 1}
     assert build_from(load_config(None))["spec"] == build(num_generators=2)["spec"]
 
@@ -386,3 +388,37 @@ def test_sizes_the_config_owns_are_not_taken_as_arguments():
 def test_too_many_learner_nodes_names_the_field():
     with pytest.raises(ValueError, match=r"learner_nodes: must be an integer in \[1, 64\], got 65"):
         build(learner_nodes=65)
+
+
+def pod_meta(js, role):
+    return rjobs(js)[role]["template"]["spec"]["template"]["metadata"]
+
+
+def test_every_pod_opts_out_of_istio_sidecar_injection_by_default():
+    """Profile namespaces inject sidecars; a sidecar keeps a finished batch pod Running and needs istiod egress."""
+    js = build()
+    for role in ("redis", "learner", "generator"):
+        meta = pod_meta(js, role)
+        assert meta["labels"][ISTIO_INJECT] == "false" and meta["annotations"][ISTIO_INJECT] == "false", role
+    assert validate_object(js) == []
+    for job in jobset_child_jobs(js):
+        assert validate_builtin(job) == []
+
+
+def test_istio_sidecar_true_leaves_injection_to_the_namespace():
+    js = build(istio_sidecar=True)
+    for role in ("redis", "learner", "generator"):
+        meta = pod_meta(js, role)
+        assert ISTIO_INJECT not in meta["labels"] and "annotations" not in meta, role
+
+
+def test_priority_class_labels_the_jobset_and_every_pod():
+    js = build(priority_class="posttrain-scheduled")
+    assert js["metadata"]["labels"][PRIORITY_LABEL] == "posttrain-scheduled"
+    for role in ("redis", "learner", "generator"):
+        assert pod_meta(js, role)["labels"][PRIORITY_LABEL] == "posttrain-scheduled", role
+    unlabelled = build(priority_class="")
+    assert PRIORITY_LABEL not in unlabelled["metadata"]["labels"]
+    assert all(PRIORITY_LABEL not in pod_meta(unlabelled, r)["labels"] for r in ("redis", "learner", "generator"))
+    with pytest.raises(ValueError, match=r"priority_class: 'Posttrain_High' is not a WorkloadPriorityClass name"):
+        build(priority_class="Posttrain_High")

@@ -198,3 +198,57 @@ def test_the_posttrain_command_renders_a_tenant_only_through_the_render_verb(cap
     assert main(["tenant", "team-c", "--gpu-quota", "2"]) == 2
     assert "expected the sub-command 'render', got 'team-c'" in capsys.readouterr().err
     assert main(["tenant"]) == 2
+
+
+def _selects(selector, labels):
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def egress_allowed(policies, pod_labels, pod_ns, dest_ns_labels, dest_labels, port):
+    """NetworkPolicy egress semantics for matchLabels selectors: allowed if no policy selects the pod, or one rule admits."""
+    selecting = [p["spec"] for p in policies if _selects(p["spec"]["podSelector"], pod_labels)
+                 and "Egress" in p["spec"]["policyTypes"]]
+    if not selecting:
+        return True
+    for spec in selecting:
+        for rule in spec.get("egress", []):
+            for peer in rule.get("to", []):
+                ns_ok = (_selects(peer["namespaceSelector"], dest_ns_labels) if "namespaceSelector" in peer
+                         else dest_ns_labels.get("kubernetes.io/metadata.name") == pod_ns)
+                if ns_ok and _selects(peer.get("podSelector", {}), dest_labels) and any(
+                        p["port"] == port for p in rule.get("ports", [{"port": port}])):
+                    return True
+    return False
+
+
+@pytest.mark.parametrize("mesh", [False, True])
+def test_network_policies_hold_for_the_jobset_pods_with_and_without_a_mesh(mesh):
+    """Both renderings: generators reach DNS, their Redis, S3, MLflow; istiod only where sidecars stay; nothing else."""
+    objs = render(istio_sidecar=mesh)
+    assert by_kind(objs, "ConfigMap")[0]["data"]["POSTTRAIN_ISTIO_SIDECAR"] == ("true" if mesh else "false")
+    policies = by_kind(objs, "NetworkPolicy")
+    assert validate_objects(objs) == []
+    js = build_sao_jobset("run-1", "team-a", SAOImages("r.example/t:1", "r.example/g:1"), 2, "posttrain",
+                          "s3://b/c.yaml", "redis-credentials", istio_sidecar=mesh)
+    pods = {r["name"]: r["template"]["spec"]["template"]["metadata"]["labels"] for r in js["spec"]["replicatedJobs"]}
+    assert (pods["generator"].get("sidecar.istio.io/inject") == "false") is (not mesh)
+    ns = lambda name: {"kubernetes.io/metadata.name": name}  # noqa: E731
+    gen = pods["generator"]
+    assert egress_allowed(policies, gen, "team-a", ns("kube-system"), {"k8s-app": "kube-dns"}, 53)
+    assert egress_allowed(policies, gen, "team-a", ns("team-a"), pods["redis"], 6379)
+    for component, port in (("s3", 8333), ("mlflow", 5000), ("redis", 6379)):
+        assert egress_allowed(policies, gen, "team-a", ns("posttrain-system"),
+                              {"app.kubernetes.io/part-of": "posttrain", "app.kubernetes.io/component": component}, port)
+    assert egress_allowed(policies, gen, "team-a", ns("istio-system"), {"app": "istiod"}, 15012) is mesh
+    assert not egress_allowed(policies, gen, "team-a", ns("istio-system"), {"app": "istiod"}, 15017)
+    assert not egress_allowed(policies, gen, "team-a", ns("team-b"), pods["redis"], 6379)
+    assert not egress_allowed(policies, gen, "team-a", ns("default"), {"app": "web"}, 443)
+    # The learner and Redis are selected by no egress policy in either rendering (the learner uploads to S3).
+    assert egress_allowed(policies, pods["learner"], "team-a", ns("default"), {"app": "web"}, 443)
+
+
+def test_tenant_cli_istio_sidecar_flag_renders_the_mesh_variant(capsys):
+    assert tenant_cli(["team-a", "--gpu-quota", "8", "--istio-sidecar"]) == 0
+    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    gen = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "generator-egress")
+    assert {"protocol": "TCP", "port": 15012} in [p for rule in gen["spec"]["egress"] for p in rule["ports"]]

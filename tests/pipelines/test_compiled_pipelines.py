@@ -43,8 +43,9 @@ def test_every_pipeline_has_a_committed_file():
 def test_post_training_parameters_are_only_the_per_run_knobs():
     ir, _ = load("post_training")
     params = ir["root"]["inputDefinitions"]["parameters"]
-    assert sorted(params) == ["config", "dataset", "model", "queue", "sao_mode", "steps", "technique"]
+    assert sorted(params) == ["config", "dataset", "model", "priority_class", "queue", "sao_mode", "steps", "technique"]
     assert params["technique"]["defaultValue"] == "sao"
+    assert params["priority_class"]["defaultValue"] == "posttrain-interactive"
     assert params["steps"]["parameterType"] == "NUMBER_INTEGER"
     assert params["queue"]["defaultValue"] == "posttrain"
 
@@ -88,6 +89,8 @@ def test_every_step_gets_the_tenant_config_and_s3_credentials(name):
         k8s = platform[label]
         assert k8s["configMapAsEnv"][0]["configMapName"] == "posttrain-tenant", label
         assert k8s["secretAsEnv"][0]["secretName"] == "s3-credentials", label
+        optional = [c for c in k8s["configMapAsEnv"] if c.get("optional")]
+        assert [e["envVar"] for c in optional for e in c["keyToEnv"]] == ["POSTTRAIN_ISTIO_SIDECAR"], label
 
 
 @pytest.mark.parametrize("name", ["post_training", "sft", "dpo", "grpo"])
@@ -101,6 +104,8 @@ def test_model_steps_get_a_gpu_the_queue_label_and_the_gpu_toleration(name):
         assert resources["accelerator"]["resourceType"] == "nvidia.com/gpu"
         assert resources["accelerator"]["resourceCount"] == "1"
         assert platform[label]["podMetadata"]["labels"][QUEUE_LABEL] == "posttrain"
+        # Pod labels are fixed at compile time: these single-pod steps carry the interactive class.
+        assert platform[label]["podMetadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "posttrain-interactive"
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in platform[label]["tolerations"]
         assert platform[label]["emptyDirMounts"][0]["mountPath"] == "/dev/shm"
     for label in (k for k in gpu_steps if k.startswith("exec-train")):
@@ -116,7 +121,9 @@ def test_train_sao_asks_for_no_gpu_and_passes_the_queue_to_its_jobset(name):
     assert "resources" not in ir["deploymentSpec"]["executors"][label]["container"]
     assert "podMetadata" not in platform[label]
     comp = ir["components"]["comp-train-sao"]["inputDefinitions"]["parameters"]
-    assert sorted(comp) == ["generator_image", "learner_image", "mode", "queue", "run_id"]
+    assert sorted(comp) == ["generator_image", "learner_image", "mode", "priority_class", "queue", "run_id"]
+    (task,) = [t for t in _all_tasks(ir) if t["componentRef"]["name"] == "comp-train-sao"]
+    assert task["inputs"]["parameters"]["priority_class"]["componentInputParameter"].endswith("priority_class")
 
 
 def test_compile_writes_every_pipeline(tmp_path):

@@ -34,7 +34,8 @@ def test_schedule_creates_a_recurring_run_that_retrains_from_the_champion(kfp_ap
     assert run["display_name"] == "nightly-sao"
     assert run["trigger"] == {"cron_schedule": {"cron": "0 0 2 * * *"}}
     assert run["runtime_config"]["parameters"] == {
-        "technique": "sao", "steps": 200, "model": "models:/team-a-policy@champion"}
+        "technique": "sao", "steps": 200, "model": "models:/team-a-policy@champion",
+        "priority_class": "posttrain-scheduled"}
     assert run["no_catchup"] is True and run["max_concurrency"] == "1" and run["mode"] == "ENABLE"
     assert run["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == "post-training"
     (exp,) = kfp_api.experiments.values()
@@ -169,3 +170,16 @@ def test_an_unreachable_kfp_api_is_one_error_line_not_a_traceback(capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 1
     assert err.startswith(f"error: --host http://127.0.0.1:{port}: KFP API unreachable") and "\n" not in err
+
+
+def test_recurring_runs_default_to_the_scheduled_priority_and_keep_an_explicit_one(kfp_api, capsys):
+    """Interactive runs (pipeline default posttrain-interactive) preempt scheduled retraining, not the reverse."""
+    inputs = pipeline_inputs(PIPELINE)
+    assert inputs["priority_class"]["defaultValue"] == "posttrain-interactive"
+    assert schedule(kfp_api, "--cron", "0 0 2 * * *") == 0
+    (run,) = kfp_api.recurring_runs.values()
+    assert run["runtime_config"]["parameters"]["priority_class"] == "posttrain-scheduled"
+    assert "priority posttrain-scheduled" in capsys.readouterr().out
+    assert schedule(kfp_api, "--cron", "0 0 2 * * *", "--param", "priority_class=posttrain-interactive") == 0
+    (run,) = kfp_api.recurring_runs.values()
+    assert run["runtime_config"]["parameters"]["priority_class"] == "posttrain-interactive"

@@ -85,8 +85,15 @@ GENERATOR_INDEX_ENV = "POSTTRAIN_GENERATOR_INDEX"
 """Environment variable of a generator pod holding its JobSet job index (``--generator-index``)."""
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 """Label JobSet puts on each pod: the index of its Job among the replicatedJob's replicas."""
+ISTIO_INJECT = "sidecar.istio.io/inject"
+"""Istio's per-pod switch (label, and the older annotation) for sidecar injection. Kubeflow profile
+namespaces are labelled ``istio-injection=enabled`` in sidecar mode; a sidecar in a batch pod keeps
+the pod Running after its container exits (so the Job never completes) and needs egress to istiod,
+which the generators' NetworkPolicy does not allow. ``build_sao_jobset(istio_sidecar=False)``, the
+default, sets it to ``"false"`` on every pod."""
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 @dataclass(frozen=True)
 class SAOImages:
     """Container images of the three roles (pin them by digest in production).
@@ -235,7 +242,12 @@ def _replicated_job(
     pod_spec: dict[str, Any],
     backoff_limit: int,
     depends_on: str | None,
+    pod_labels: dict[str, str],
+    pod_annotations: dict[str, str],
 ) -> dict[str, Any]:
+    pod_meta: dict[str, Any] = {"labels": {**_labels(role, name), **pod_labels}}
+    if pod_annotations:
+        pod_meta["annotations"] = dict(pod_annotations)
     rjob: dict[str, Any] = {
         "name": role,
         "replicas": replicas,
@@ -246,7 +258,7 @@ def _replicated_job(
                 "completions": pods,
                 "completionMode": "Indexed",
                 "backoffLimit": backoff_limit,
-                "template": {"metadata": {"labels": _labels(role, name)}, "spec": pod_spec},
+                "template": {"metadata": pod_meta, "spec": pod_spec},
             },
         },
     }
@@ -269,6 +281,7 @@ def build_sao_jobset(
     generator_resources: PodResources | None = None,
     redis_resources: PodResources = REDIS_RESOURCES,
     priority_class: str | None = None,
+    istio_sidecar: bool = False,
     max_restarts: int = 2,
     tenant_config_map: str | None = TENANT_CONFIG_MAP,
     s3_credentials_secret: str | None = S3_CREDENTIALS_SECRET,
@@ -292,7 +305,13 @@ def build_sao_jobset(
             run config's default (``learner.resources``).
         generator_resources: Per generator pod. None: the run config's default (``generator.resources``).
         redis_resources: Redis pod; Valkey's ``maxmemory`` is set to 80 % of its memory.
-        priority_class: Kueue WorkloadPriorityClass name (label), or None.
+        priority_class: Kueue WorkloadPriorityClass name (``manifests/kueue/workload-priority-classes.yaml``)
+            put as label ``kueue.x-k8s.io/priority-class`` on the JobSet (which Kueue reads) and its
+            pods; None or "": no label (Kueue priority 0).
+        istio_sidecar: False (default): every pod carries ``sidecar.istio.io/inject: "false"``
+            (label and annotation), so a profile namespace with sidecar injection leaves the pods
+            alone; True: no opt-out (a mesh-managed namespace; the tenant's NetworkPolicies must
+            then allow istiod: ``posttrain tenant render --istio-sidecar``).
         max_restarts: ``failurePolicy.maxRestarts``: group restarts plus single-generator restarts.
         tenant_config_map: ConfigMap mounted as environment (``envFrom``) into learner and generators
             (S3 prefix, MLflow experiment and tracking URI, Redis key prefix), or None.
@@ -320,6 +339,9 @@ def build_sao_jobset(
         raise ValueError(f"max_restarts: must be in [0, 100], got {max_restarts}")
     if not config_uri:
         raise ValueError("config_uri: must be a non-empty path or URI")
+    if priority_class and (len(priority_class) > 253 or not _DNS1123_SUBDOMAIN.match(priority_class)):
+        raise ValueError(f"priority_class: {priority_class!r} is not a WorkloadPriorityClass name "
+                         "(DNS-1123 subdomain: lowercase a-z0-9 '-' '.', <= 253)")
     for field, image in (("images.learner", images.learner), ("images.generator", images.generator), ("images.redis", images.redis)):
         if not image or any(c.isspace() for c in image):
             raise ValueError(f"{field}: {image!r} is not an image reference")
@@ -409,13 +431,21 @@ def build_sao_jobset(
     redis_security = {"runAsNonRoot": True, "runAsUser": 999, "runAsGroup": 999, "fsGroup": 999}
     role_security = {"runAsNonRoot": True}
 
+    pod_labels = {PRIORITY_LABEL: priority_class} if priority_class else {}
+    pod_annotations: dict[str, str] = {}
+    if not istio_sidecar:
+        pod_labels[ISTIO_INJECT] = "false"
+        pod_annotations[ISTIO_INJECT] = "false"
+    pod_meta = (pod_labels, pod_annotations)
     replicated_jobs = [
         _replicated_job("redis", name, 1, 1,
-                        _pod_spec(redis, redis_resources, "OnFailure", redis_volumes, redis_security), 3, None),
+                        _pod_spec(redis, redis_resources, "OnFailure", redis_volumes, redis_security), 3, None,
+                        *pod_meta),
         _replicated_job("learner", name, 1, learner_nodes,
-                        _pod_spec(learner, learner_resources, "Never", [], role_security), 0, "redis"),
+                        _pod_spec(learner, learner_resources, "Never", [], role_security), 0, "redis", *pod_meta),
         _replicated_job("generator", name, num_generators, 1,
-                        _pod_spec(generator, generator_resources, "OnFailure", [], role_security), 3, "redis"),
+                        _pod_spec(generator, generator_resources, "OnFailure", [], role_security), 3, "redis",
+                        *pod_meta),
     ]
     _check_generated_names(name, replicated_jobs)
 
@@ -470,7 +500,8 @@ def sao_jobset_for_config(
         queue_name: Kueue LocalQueue in ``tenant``.
         config_uri: Run config path or ``s3://`` URI passed as ``--config`` to both roles.
         redis_password_secret: Secret holding the Redis password.
-        **options: Further keyword arguments of ``build_sao_jobset`` (``priority_class``, ``max_restarts``...).
+        **options: Further keyword arguments of ``build_sao_jobset`` (``priority_class``,
+            ``istio_sidecar``, ``max_restarts``...).
 
     Returns:
         The JobSet object.

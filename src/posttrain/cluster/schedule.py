@@ -5,7 +5,9 @@ experiment, running the compiled pipeline (default ``pipelines/compiled/post_tra
 a 6-field cron (robfig/cron, seconds first: ``"0 0 2 * * *"`` is 02:00 every day). Its ``model``
 parameter is ``models:/<registered model>@champion``, which the pipeline's ``prepare_dataset``
 step resolves when each run starts: every scheduled run retrains from whatever is ``champion``
-then, and promotes its result only if it beats it.
+then, and promotes its result only if it beats it. A pipeline with a ``priority_class`` parameter
+gets ``posttrain-scheduled`` (``SCHEDULED_PRIORITY``) unless ``--param priority_class=...`` says
+otherwise, so interactive runs preempt scheduled ones in the team's ClusterQueue.
 
 Create or update:
 
@@ -48,6 +50,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from posttrain.cluster.tenant import SCHEDULED_PRIORITY
 
 DEFAULT_PIPELINE = "pipelines/compiled/post_training.yaml"
 DEFAULT_EXPERIMENT = "scheduled-retraining"
@@ -363,6 +367,8 @@ def schedule_cli(argv: list[str] | None = None) -> int:
             params["model"] = f"models:/{name}@champion"
         if "model" not in inputs:
             raise ScheduleError(f"pipeline {pipeline}: has no 'model' parameter to retrain from the champion")
+        if "priority_class" in inputs:
+            params.setdefault("priority_class", SCHEDULED_PRIORITY)
         spec = ScheduleSpec(name=args.name, cron=check_cron(args.cron), pipeline_path=pipeline, params=params,
                             experiment=args.experiment, namespace=args.namespace,
                             service_account=args.service_account, max_concurrency=args.max_concurrency,
@@ -378,6 +384,7 @@ def schedule_cli(argv: list[str] | None = None) -> int:
     replaced = f" (replaced {result.replaced_id})" if result.replaced_id else ""
     print(f"{result.action} recurring run {result.recurring_run_id}{replaced} {spec.name!r} in experiment "
           f"{spec.experiment} ({result.experiment_id}): cron '{spec.cron}', model {params['model']}, "
+          f"priority {params.get('priority_class', '(pipeline has none)')}, "
           f"{'enabled' if spec.enabled else 'disabled'}, spec {result.fingerprint}")
     return 0
 

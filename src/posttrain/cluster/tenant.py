@@ -61,6 +61,19 @@ DEFAULT_MLFLOW_URI = f"http://mlflow.{PLATFORM_NAMESPACE}.svc.cluster.local:5000
 DEFAULT_S3_ENDPOINT = f"http://s3.{PLATFORM_NAMESPACE}.svc.cluster.local:8333"
 PLATFORM_PORTS = {"redis": REDIS_PORT, "s3": 8333, "mlflow": 5000}
 """Component label -> service port of the shared services generators may reach."""
+INTERACTIVE_PRIORITY = "posttrain-interactive"
+"""Kueue WorkloadPriorityClass (value 1000, ``manifests/kueue/workload-priority-classes.yaml``) of runs a
+person starts: the pipelines' default ``priority_class``."""
+SCHEDULED_PRIORITY = "posttrain-scheduled"
+"""Kueue WorkloadPriorityClass (value 100) of recurring runs (``posttrain schedule``); interactive runs
+preempt them within a ClusterQueue (``withinClusterQueue: LowerPriority``)."""
+ISTIO_NAMESPACE = "istio-system"
+"""Namespace of istiod in a Kubeflow install."""
+ISTIOD_PORT = 15012
+"""istiod's port for sidecars: xDS configuration and workload certificates (TLS)."""
+ISTIO_SIDECAR_KEY = "POSTTRAIN_ISTIO_SIDECAR"
+"""Tenant ConfigMap key: ``"false"`` (default) makes the SAO launcher opt the JobSet's pods out of
+sidecar injection; ``"true"`` keeps the sidecars (``--istio-sidecar``)."""
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -103,18 +116,25 @@ def redis_acl_rule(user: str, key_prefix: str, password: str = PASSWORD_PLACEHOL
     return f"user {user} on >{password} ~{key_prefix}:* &{key_prefix}:* +@all -@admin -@dangerous"
 
 
-def network_policies(namespace: str | None, platform_namespace: str = PLATFORM_NAMESPACE) -> list[dict[str, Any]]:
+def network_policies(
+    namespace: str | None, platform_namespace: str = PLATFORM_NAMESPACE, *, istio_sidecar: bool = False,
+) -> list[dict[str, Any]]:
     """The tenant-namespace NetworkPolicies.
 
     * ``sandbox-deny-egress``: pods labelled ``posttrain.io/role: sandbox`` (model-written commands)
       get no egress at all, not even DNS.
     * ``generator-egress``: generator pods may reach only cluster DNS, the run's own Redis in the same
-      namespace, and the shared Redis, S3 and MLflow in ``platform_namespace``.
+      namespace, and the shared Redis, S3 and MLflow in ``platform_namespace``; with
+      ``istio_sidecar`` also istiod (``ISTIO_NAMESPACE``, pods ``app: istiod``, TCP ``ISTIOD_PORT``),
+      without which an injected sidecar never gets its configuration and the pod never becomes Ready.
+      Sidecar-to-sidecar traffic keeps the application ports, so the other rules hold in both cases.
 
     Args:
         namespace: Namespace to put in the objects, or None for namespace-less templates
             (``manifests/network/``, applied with ``kubectl apply -n <ns>``).
         platform_namespace: Namespace of the shared services.
+        istio_sidecar: The tenant's JobSet pods keep Istio sidecars (default False: they opt out,
+            ``posttrain.cluster.jobset.ISTIO_INJECT``).
 
     Enforcement needs a CNI that implements NetworkPolicy (Calico, Cilium...).
     """
@@ -138,6 +158,11 @@ def network_policies(namespace: str | None, platform_namespace: str = PLATFORM_N
         }
         for component, port in PLATFORM_PORTS.items()
     ]
+    istiod = {
+        "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ISTIO_NAMESPACE}},
+                "podSelector": {"matchLabels": {"app": "istiod"}}}],
+        "ports": [{"protocol": "TCP", "port": ISTIOD_PORT}],
+    }
     common_labels = {"app.kubernetes.io/name": "posttrain", "app.kubernetes.io/part-of": "posttrain",
                      "app.kubernetes.io/component": "network-policy"}
     return [
@@ -159,7 +184,7 @@ def network_policies(namespace: str | None, platform_namespace: str = PLATFORM_N
                 "podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "posttrain",
                                                 "app.kubernetes.io/component": "generator"}},
                 "policyTypes": ["Egress"],
-                "egress": [dns, own_redis, *platform],
+                "egress": [dns, own_redis, *platform, *([istiod] if istio_sidecar else [])],
             },
         },
     ]
@@ -189,6 +214,7 @@ def render_tenant(
     s3_endpoint_url: str = DEFAULT_S3_ENDPOINT,
     gpu_flavor: str = GPU_FLAVOR,
     cpu_flavor: str = CPU_FLAVOR,
+    istio_sidecar: bool = False,
 ) -> list[dict[str, Any]]:
     """Render a tenant's objects (see the module docstring for the list).
 
@@ -210,6 +236,9 @@ def render_tenant(
         s3_endpoint_url: S3 endpoint given to pods.
         gpu_flavor: ResourceFlavor of GPU nodes (``manifests/kueue``).
         cpu_flavor: ResourceFlavor for CPU and memory.
+        istio_sidecar: Keep Istio sidecars in the tenant's SAO JobSet pods (ConfigMap
+            ``POSTTRAIN_ISTIO_SIDECAR: "true"``, and generator egress to istiod); default False:
+            the pods opt out of injection and need no istiod rule.
 
     Returns:
         Plain dicts in apply order.
@@ -339,9 +368,10 @@ def render_tenant(
                 "MLFLOW_EXPERIMENT_NAME": experiment,
                 "REDIS_KEY_PREFIX": prefix,
                 "REDIS_USERNAME": name,
+                ISTIO_SIDECAR_KEY: "true" if istio_sidecar else "false",
             },
         },
-        *network_policies(name, platform_namespace),
+        *network_policies(name, platform_namespace, istio_sidecar=istio_sidecar),
         {
             "apiVersion": "v1",
             "kind": "Secret",
@@ -435,6 +465,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mlflow-experiment", default=None, help="MLflow experiment (default: the tenant name)")
     p.add_argument("--owner", default=None, help="Kubeflow profile owner e-mail (namespace annotation)")
     p.add_argument("--platform-namespace", default=PLATFORM_NAMESPACE, help="namespace of the shared services")
+    p.add_argument("--istio-sidecar", action="store_true",
+                   help="keep Istio sidecars in SAO JobSet pods and let generators reach istiod (default: pods opt out)")
     p.add_argument("--out-dir", type=Path, default=None, help="write a kustomize directory instead of printing YAML")
     return p
 
@@ -455,7 +487,7 @@ def tenant_cli(argv: Sequence[str]) -> int:
             args.name, args.gpu_quota, args.cpu_quota, args.memory_quota, cohort=args.cohort,
             borrowing_limit_gpus=args.borrowing_limit_gpus, lending_limit_gpus=args.lending_limit_gpus,
             s3_bucket=args.s3_bucket, mlflow_experiment=args.mlflow_experiment, owner=args.owner,
-            platform_namespace=args.platform_namespace,
+            platform_namespace=args.platform_namespace, istio_sidecar=args.istio_sidecar,
         )
     except ValueError as exc:
         print(f"posttrain tenant render: error: {exc}", file=sys.stderr)

@@ -13,8 +13,10 @@ from posttrain.config.resources import PodResources, fill_resources
 
 MAX_LEARNER_NODES = 64
 """Upper bound of ``learner.nodes`` (learner pods of one SAO JobSet)."""
-LEARNER_RESOURCES = PodResources(cpu="32", memory="256Gi", gpus=8, shm="32Gi")
-"""Default of ``learner.resources``: one 8-GPU node."""
+LEARNER_RESOURCES = PodResources(cpu="32", memory="256Gi", gpus=6, shm="32Gi")
+"""Default of ``learner.resources``: 6 GPUs, so the default SAO JobSet (one learner pod and two
+1-GPU generators, 8 GPUs) fits the example tenant's nominal quota of 8 (``manifests/overlays/team-a``)
+and runs without borrowing, which Kueue may reclaim by preemption."""
 GENERATOR_RESOURCES = PodResources(cpu="8", memory="64Gi", gpus=1, shm="16Gi")
 """Default of ``generator.resources``: one GPU."""
 

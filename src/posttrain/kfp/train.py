@@ -40,6 +40,7 @@ def train_sao(
     run_id: str,
     learner_image: str = "",
     generator_image: str = "",
+    priority_class: str = "",
     poll_s: float = 30.0,
     timeout_s: float = 7 * 86400.0,
 ) -> StepOutputs:
@@ -59,6 +60,7 @@ def train_sao(
         run_id: Pipeline run id (the JobSet name derives from it).
         learner_image: Learner image (cluster mode).
         generator_image: Generator image (cluster mode).
+        priority_class: Kueue WorkloadPriorityClass of the JobSet (cluster mode); "": none.
         poll_s: Seconds between JobSet status reads (cluster mode).
         timeout_s: Seconds before giving up on the JobSet (cluster mode).
 
@@ -76,7 +78,8 @@ def train_sao(
         from posttrain.kfp.train_cluster import train_sao_cluster
 
         return train_sao_cluster(dataset_dir, model_out, queue=queue, run_id=run_id, learner_image=learner_image,
-                                 generator_image=generator_image, poll_s=poll_s, timeout_s=timeout_s)
+                                 generator_image=generator_image, priority_class=priority_class,
+                                 poll_s=poll_s, timeout_s=timeout_s)
     from posttrain.runners.common import metrics_sink, prepare, warm_start
     from posttrain.runners.sao import train_sao
     from posttrain.runtime import RunContext

@@ -16,12 +16,13 @@ timeout_s=3600).metadata)"``.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import yaml
 
 from posttrain.cluster.jobset import SAOImages, jobset_name, sao_jobset_for_config
-from posttrain.cluster.tenant import REDIS_CREDENTIALS_SECRET
+from posttrain.cluster.tenant import ISTIO_SIDECAR_KEY, REDIS_CREDENTIALS_SECRET, TENANT_CONFIG_MAP
 from posttrain.kfp.artifacts import (
     CONFIG_FILE,
     MODEL_INFO_FILE,
@@ -36,9 +37,23 @@ from posttrain.kfp.kube import kube_clients, runs_uri
 from posttrain.storage import is_s3_uri, storage_for
 
 
+def istio_sidecar_from_env() -> bool:
+    """Whether the JobSet's pods keep Istio sidecars: ``$POSTTRAIN_ISTIO_SIDECAR`` from the tenant ConfigMap.
+
+    Unset (a tenant rendered before the key existed) or ``"false"``: the pods opt out of injection.
+
+    Raises:
+        PipelineStepError: any value other than true/false (case-insensitive), naming the key.
+    """
+    value = os.environ.get(ISTIO_SIDECAR_KEY, "false").strip().lower()
+    if value not in ("true", "false"):
+        raise PipelineStepError(f"{ISTIO_SIDECAR_KEY}: {value!r} (ConfigMap {TENANT_CONFIG_MAP}) must be 'true' or 'false'")
+    return value == "true"
+
+
 def train_sao_cluster(
     dataset_dir: Path | str, model_out: Path | str, *, queue: str, run_id: str, learner_image: str,
-    generator_image: str, poll_s: float, timeout_s: float,
+    generator_image: str, poll_s: float, timeout_s: float, priority_class: str = "",
 ) -> StepOutputs:
     """Stage the run's files, create (or re-attach to) the SAO JobSet and follow it to ``Completed``.
 
@@ -57,6 +72,10 @@ def train_sao_cluster(
         generator_image: Generator image.
         poll_s: Seconds between JobSet status reads.
         timeout_s: Seconds before giving up on the JobSet.
+        priority_class: Kueue WorkloadPriorityClass (label on the JobSet and its pods); "": none.
+
+    The JobSet's pods opt out of Istio sidecar injection unless the tenant ConfigMap sets
+    ``POSTTRAIN_ISTIO_SIDECAR: "true"`` (``istio_sidecar_from_env``).
 
     Returns:
         Metrics ``jobset_restarts`` and ``generators``; metadata with ``checkpoint_uri``, ``jobset``,
@@ -73,6 +92,7 @@ def train_sao_cluster(
     """
     if not learner_image or not generator_image:
         raise PipelineStepError("learner_image / generator_image: both are required in cluster mode")
+    istio_sidecar = istio_sidecar_from_env()
     # The launcher needs the kubernetes package (the kfp extra): imported once the arguments are checked.
     from posttrain.cluster.launcher import (
         delete_on_termination,
@@ -100,13 +120,15 @@ def train_sao_cluster(
     # Pod counts and resources come from the config: learner.nodes x learner.resources (torchrun
     # with one process per GPU), generator.num_processes x generator.resources.
     body = sao_jobset_for_config(staged, run_id, namespace, SAOImages(learner=learner_image, generator=generator_image),
-                                 queue, config_uri, REDIS_CREDENTIALS_SECRET)
+                                 queue, config_uri, REDIS_CREDENTIALS_SECRET, priority_class=priority_class or None,
+                                 istio_sidecar=istio_sidecar)
     # A terminated run (SIGTERM to this pod) deletes the JobSet; if this pod dies without the signal,
     # the JobSet's ownerReference to it lets the garbage collector delete the JobSet with the pod.
     with delete_on_termination(api, namespace, name):
         launch_or_attach(api, core, namespace, body, owner=owner_reference_from_env())
         lr = cfg.learner.resources
-        print(f"JobSet {namespace}/{name}: queue {queue}, {cfg.learner.nodes} learner pod(s) x {lr.gpus} GPU(s), "
+        print(f"JobSet {namespace}/{name}: queue {queue}, priority {priority_class or '(none)'}, "
+              f"Istio sidecars {'kept' if istio_sidecar else 'opted out'}, {cfg.learner.nodes} learner pod(s) x {lr.gpus} GPU(s), "
               f"{cfg.generator.num_processes} generators x {cfg.generator.resources.gpus} GPU(s), config {config_uri}",
               flush=True)
         status = wait_for_jobset(api, core, namespace, name, poll_s=poll_s, timeout_s=timeout_s,

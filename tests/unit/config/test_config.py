@@ -147,7 +147,7 @@ def test_run_with_a_missing_training_file_prints_one_line_and_exits_2(tmp_path, 
 def test_learner_and_generator_resources_default_to_one_8_gpu_learner_pod_and_1_gpu_generators():
     cfg = load_config(None)
     assert cfg.learner.nodes == 1
-    assert cfg.learner.resources == PodResources(cpu="32", memory="256Gi", gpus=8, shm="32Gi")
+    assert cfg.learner.resources == PodResources(cpu="32", memory="256Gi", gpus=6, shm="32Gi")
     assert cfg.generator.resources == PodResources(cpu="8", memory="64Gi", gpus=1, shm="16Gi")
 
 
