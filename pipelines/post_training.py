@@ -49,28 +49,33 @@ under ``/opt/posttrain``); ``post_training`` defaults to the SAO one."""
 TRAINERS = {"sft": train_sft, "dpo": train_dpo, "grpo": train_grpo}
 """Training component of each technique trained inside its step's pod."""
 RETRY = {"num_retries": 2, "backoff_duration": "60s", "backoff_factor": 2.0, "backoff_max_duration": "600s"}
-"""``set_retry`` of the steps that are safe to run again (1 min, then 2 min between attempts):
+"""``set_retry`` of the steps that are safe and worth running again (1 min, then 2 min between attempts):
 
-* ``prepare_dataset``: writes only its own Dataset artifact from the same inputs; retries cover a
-  transient S3 or MLflow error (``models:/`` resolution).
 * ``evaluate``: reads the checkpoint, writes only its own reports; its single GPU pod is admitted by
   Kueue's pod integration, so a preemption (or a lost node) fails the attempt and a retry queues again.
 * ``train_sao``: the launcher re-attaches to the JobSet of the same run id (``jobset_name``), so a
   lost or evicted launcher pod resumes following the training instead of starting a second one;
   a JobSet that really failed fails the retry at its first status read.
 
-Not retried: ``train_sft/dpo/grpo``, whose checkpoints live on an ephemeral ``/workspace`` that is
-deleted with the pod, so every attempt would train from step 0 again and a deterministic failure
-(out of memory, a bad row) would burn the GPU hours twice; with ``k8s.mount_workspace(claim=...)``
-a retry resumes from the last checkpoint and is worth adding. ``register_model``, because a retry
-after a registration that succeeded but whose step failed later would register a second version.
+Not retried:
+
+* ``prepare_dataset``, though idempotent (it writes only its own Dataset artifact): its failures
+  are bad input (unknown technique, a config or row that does not validate), which a retry would
+  report 3 minutes later instead of at once; transient S3 and MLflow errors are already retried,
+  bounded, by their clients (botocore standard mode, 5 attempts).
+* ``train_sft/dpo/grpo``: their checkpoints live on an ephemeral ``/workspace`` deleted with the
+  pod, so every attempt would train from step 0 and a deterministic failure (out of memory, a bad
+  row) would burn the GPU hours again; with ``k8s.mount_workspace(claim=...)`` a retry resumes from
+  the last checkpoint and becomes worth adding.
+* ``register_model``: a retry after a registration that succeeded, in a step that failed later,
+  would register a second version.
 """
 
 
 def _prepare(config: Any, technique: Any, model: Any, dataset: Any, steps: Any) -> dsl.PipelineTask:
     task = prepare_dataset(config=config, technique=technique, model=model, dataset=dataset, steps=steps,
                            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
-    task.set_display_name("prepare dataset").set_caching_options(False).set_retry(**RETRY)
+    task.set_display_name("prepare dataset").set_caching_options(False)
     return k8s.use_tenant_config(task)
 
 

@@ -155,7 +155,7 @@ def _all_tasks(ir):
 
 
 def test_compile_writes_the_registry_and_digests_of_a_lock_file(tmp_path):
-    """``--registry`` / ``--digests`` reach every step image and the JobSet's images; ``--check`` guards them."""
+    """``--registry`` / ``--digests`` reach every step image and the JobSet's images; the drift check sees them."""
     import os
     import subprocess
     import sys
@@ -177,9 +177,8 @@ def test_compile_writes_the_registry_and_digests_of_a_lock_file(tmp_path):
     images |= {v["runtimeValue"]["constant"] for t in _all_tasks(ir)
                for k, v in t.get("inputs", {}).get("parameters", {}).items() if k.endswith("_image")}
     assert images == {f"ghcr.io/acme/posttrain/{role}:1.2.3@{digests[role]}" for role in digests}
-    assert compile_("--check", "--registry", "ghcr.io/acme/posttrain", "--digests", str(lock)).returncode == 0
-    drift = compile_("--check")  # the committed lock gives other references: every file drifted
-    assert drift.returncode == 1 and drift.stderr.count("differs from the source") == len(PIPELINES)
+    # --check against the committed lock: every file written with other references has drifted.
+    assert sorted(drifted(out)) == sorted(PIPELINES)
     bad = compile_("--registry", "posttrain")
     assert bad.returncode == 2
     assert "--registry: 'posttrain' has no registry host" in bad.stderr
@@ -200,7 +199,7 @@ def test_image_lock_errors_name_the_file_and_field(tmp_path):
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))
 def test_only_the_steps_safe_to_repeat_have_retries(name):
-    """prepare, evaluate and the SAO launcher retry (pipelines.post_training.RETRY); sft/dpo/grpo and register do not."""
+    """evaluate and the SAO launcher retry (pipelines.post_training.RETRY); prepare, sft/dpo/grpo and register do not."""
     ir, _ = load(name)
     retried, not_retried = set(), set()
     for task_name, task in ((n, t) for dag in [ir["root"]["dag"]] + [c["dag"] for c in ir["components"].values() if "dag" in c]
@@ -212,7 +211,7 @@ def test_only_the_steps_safe_to_repeat_have_retries(name):
         if policy:
             assert policy == {"maxRetryCount": 2, "backoffDuration": "60s", "backoffFactor": 2.0,
                               "backoffMaxDuration": "600s"}, task_name
-    assert retried <= {"prepare-dataset", "evaluate", "train-sao"} and {"prepare-dataset", "evaluate"} <= retried
-    assert {"register-model"} <= not_retried and not (not_retried & {"prepare-dataset", "evaluate", "train-sao"})
+    assert retried <= {"evaluate", "train-sao"} and "evaluate" in retried
+    assert {"prepare-dataset", "register-model"} <= not_retried and not (not_retried & {"evaluate", "train-sao"})
     if name in ("sao", "post_training"):
         assert "train-sao" in retried
