@@ -27,6 +27,10 @@ learner never holds GPUs while its generators wait for quota, or the reverse.
   (``posttrain.generator.seeds``). A failed generator Job is restarted alone (failure rule
   ``RestartJob``), still counted against ``maxRestarts``.
 
+Every pod carries ``sidecar.istio.io/inject: "false"`` unless ``istio_sidecar=True`` (Kubeflow
+profile namespaces inject Istio sidecars, which keep finished batch pods Running), and, with a
+``priority_class``, the label ``kueue.x-k8s.io/priority-class`` the JobSet itself carries for Kueue.
+
 ``successPolicy {operator: All, targetReplicatedJobs: [learner]}`` ends the run when the learner
 completes; the JobSet controller then deletes the still-running generator and Redis Jobs.
 ``learner`` and ``generator`` start once ``redis`` is Ready (``dependsOn``).

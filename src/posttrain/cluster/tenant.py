@@ -13,8 +13,10 @@ services: an S3 prefix, an MLflow experiment and a Redis user restricted to its 
 3. LocalQueue ``posttrain`` in the namespace, pointing at that ClusterQueue;
 4. ServiceAccount ``pipeline-runner``, Role ``posttrain-launcher`` (JobSets, pods and logs, Kueue
    workloads and queues, the named Secrets/ConfigMap the launcher checks), RoleBinding;
-5. ConfigMap ``posttrain-tenant`` (S3 prefix, MLflow experiment and URI, Redis key prefix);
-6. NetworkPolicies: sandbox pods get no egress; generators reach only DNS, Redis, S3 and MLflow;
+5. ConfigMap ``posttrain-tenant`` (S3 prefix, MLflow experiment and URI, Redis key prefix, whether
+   SAO JobSet pods keep Istio sidecars: ``POSTTRAIN_ISTIO_SIDECAR``);
+6. NetworkPolicies: sandbox pods get no egress; generators reach only DNS, Redis, S3 and MLflow
+   (and istiod when ``istio_sidecar``);
 7. Secret template ``redis-acl-<name>`` in the platform namespace with the tenant's Redis ACL rule;
    the password is a placeholder (``${REDIS_PASSWORD}``) filled from the tenant's
    ``redis-credentials`` Secret when the ACL is loaded: no password is ever rendered.
