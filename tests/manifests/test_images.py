@@ -171,7 +171,6 @@ def test_images_carry_the_configs_and_data_where_the_steps_look(role):
 def test_the_mlflow_server_runs_the_base_image_of_the_lock():
     """manifests/mlflow runs the same base image the compiled steps use (registry and tag from images/digests.yaml)."""
     import yaml
-
     from components.images import LOCK
 
     deployment = yaml.safe_load((ROOT / "manifests" / "mlflow" / "deployment.yaml").read_text())
