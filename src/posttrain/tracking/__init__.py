@@ -5,11 +5,13 @@
   artifacts; a restarted process resumes the same run by ``run_id``. ``MetricsSink`` is the one
   type of a metrics callback, ``(metrics, step) -> None``, that every learner and runner reports
   through (``posttrain.runners.common.metrics_sink`` builds one).
-* ``registry``: ``register_checkpoint`` makes a trained checkpoint (a local directory or an
-  ``s3://`` URI, checked through ``posttrain.storage``; weights are not copied) a new version of
-  the team's registered model as an MLflow model (transformers flavour) logged in the training run, tagged with its lineage (``posttrain.*``: run, technique, dataset
-  hash, config hash, base model) and eval scores (``eval.<benchmark>.<metric>``), with the
-  ``challenger`` alias.
+* ``registry``: ``register_checkpoint`` logs a trained checkpoint (a local directory or an
+  ``s3://`` URI, checked through ``posttrain.storage``) as an MLflow model (transformers
+  flavour) in the run that trained it and registers it as a new version of the team's
+  registered model, tagged with its lineage (``posttrain.*``: run, technique, dataset hash,
+  config hash, base model, the checkpoint's location ``posttrain.source``) and eval scores
+  (``eval.<benchmark>.<metric>``), with the ``challenger`` alias;
+  ``mlflow.transformers.load_model("models:/<name>@<alias>")`` loads it.
 * ``promotion``: ``promote_if_better`` moves the ``champion`` alias to a version only if it beats
   the current champion on the configured metric by the configured margin; the decision is
   recorded as tags.

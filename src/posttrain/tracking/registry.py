@@ -276,8 +276,7 @@ def register_checkpoint(
     """
     from mlflow.exceptions import MlflowException
 
-    from posttrain.tracking.client import default_tracking_uri
-    from posttrain.tracking.runs import Tracker
+    from posttrain.tracking.client import default_tracking_uri, experiment_id_for
 
     location = _check_checkpoint(source) if check_source else source
     uri = tracking_uri or default_tracking_uri()
@@ -291,9 +290,10 @@ def register_checkpoint(
     model_source, model_id = location, None
     if log_model:
         if not run_id:
-            with Tracker(uri, experiment, run_name=f"register-{lineage.run}",
-                         tags={f"{LINEAGE_PREFIX}technique": lineage.technique}) as tracker:
-                run_id = tracker.run_id
+            run = client.create_run(experiment_id_for(client, uri, experiment), run_name=f"register-{lineage.run}",
+                                    tags={f"{LINEAGE_PREFIX}technique": lineage.technique})
+            run_id = run.info.run_id
+            client.set_terminated(run_id)
         local = Path(local_copy) if local_copy and Path(local_copy, "config.json").is_file() else None
         with tempfile.TemporaryDirectory(prefix="posttrain-register-") as cache:
             if local is None:

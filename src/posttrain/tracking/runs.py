@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from posttrain.tracking.client import (
     TrackingError,
     default_tracking_uri,
+    experiment_id_for,
     experiment_name,
     metric_key,
     mlflow_client,
@@ -85,16 +86,7 @@ class Tracker:
     ) -> None:
         self.tracking_uri = tracking_uri or default_tracking_uri()
         self.client = mlflow_client(self.tracking_uri)
-        exp = self.client.get_experiment_by_name(experiment)
-        if exp is not None:
-            experiment_id = exp.experiment_id
-        else:
-            location = artifact_location
-            if location is None and self.tracking_uri.startswith("sqlite:///"):
-                db = Path(self.tracking_uri[len("sqlite:///") :])
-                location = (db.parent / "mlartifacts" / experiment).resolve().as_uri()
-            experiment_id = self.client.create_experiment(experiment, artifact_location=location)
-        self.experiment_id: str = experiment_id
+        self.experiment_id: str = experiment_id_for(self.client, self.tracking_uri, experiment, artifact_location)
         if run_id is not None:
             from mlflow.exceptions import MlflowException
 
@@ -105,7 +97,7 @@ class Tracker:
             self.client.update_run(run_id, status="RUNNING")
             self.run_id: str = run_id
         else:
-            run = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {}))
+            run = self.client.create_run(self.experiment_id, run_name=run_name, tags=dict(tags or {}))
             self.run_id = run.info.run_id
         self.config: RunConfig | None = None
 
