@@ -66,3 +66,19 @@ def test_model_location_prefers_the_recorded_checkpoint_uri():
     assert model_location("minio://mlpipeline/v2/a/model", "/minio/mlpipeline/v2/a/model", {}) \
         == "s3://mlpipeline/v2/a/model"
     assert model_location("/tmp/root/train/model", "/tmp/root/train/model", {}) == "/tmp/root/train/model"
+
+
+def test_a_cluster_sao_version_is_linked_to_the_learners_mlflow_run(tmp_path, prepared_sao, tiny_checkpoint, mlflow_uri):
+    """Cluster SAO metadata has no mlflow_run_id; the learner's run (tag posttrain.learner_of) is found instead."""
+    from posttrain.tracking import Tracker
+
+    with Tracker(mlflow_uri, "posttrain-demo", run_name="learner",
+                 tags={"posttrain.learner_of": "tiny-sao-run0001"}) as learner:
+        learner.log_metrics({"reward/mean": 0.5}, step=1)
+    model = Model(uri=str(tiny_checkpoint), metadata={"technique": "sao", "checkpoint_uri": str(tiny_checkpoint),
+                                                      "jobset": "sao-x"})
+    register_model.python_func(prepared=Dataset(uri=str(prepared_sao)), model=model,
+                               eval_metrics=Metrics(uri=str(tmp_path / "m"), metadata={"heldout_accuracy": 0.5}),
+                               run_id="run-x", report=Markdown(uri=str(tmp_path / "r.md")))
+    (version,) = show_model("sao-demo-policy", version=1, tracking_uri=mlflow_uri)
+    assert version.run_id == learner.run_id and version.tags["posttrain.mlflow_run_id"] == learner.run_id
