@@ -7,10 +7,10 @@ reference is ``<registry>/<role>:<tag>@sha256:<digest>``, or ``<registry>/<role>
 role's digest is empty. Run ``python -m pipelines.compile`` after changing either, so the committed
 pipeline YAML picks them up.
 
-* ``BASE_IMAGE``: no torch; data preparation and MLflow registration (``prepare_dataset``,
-  ``register_model``).
+* ``BASE_IMAGE``: no torch; data preparation (``prepare_dataset``) and the MLflow server.
 * ``TRAINER_IMAGE``: CUDA torch + posttrain + kfp; every step that loads a model (``train_*``,
-  ``evaluate``) and the launcher of the SAO JobSet (``train_sao``).
+  ``evaluate``, ``register_model``, which logs a transformers model) and the launcher of the SAO
+  JobSet (``train_sao``).
 * ``GENERATOR_IMAGE``: vLLM + posttrain; the generator pods of the SAO JobSet.
 
 Run: ``python -m components.images`` prints them.

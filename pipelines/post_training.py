@@ -6,9 +6,11 @@ first and rejects any other value, so a typo fails the run instead of silently t
 ``sft``, ``dpo``, ``grpo`` and ``sao`` are the same steps for one technique each.
 
 Only per-run knobs are pipeline parameters: ``config`` (which run config file), ``model``,
-``dataset``, ``technique``, ``steps``, ``queue`` and, for SAO, where it runs (``mode``) and its
-Kueue ``priority_class`` (``posttrain schedule`` sets ``posttrain-scheduled`` for recurring runs). Everything
-else (learning rates, batch shapes, environment, evaluation size, registered model name) comes
+``dataset``, ``technique``, ``steps``, ``queue``, for SAO where it runs (``mode``) and its Kueue
+``priority_class`` (``posttrain schedule`` sets ``posttrain-scheduled`` for recurring runs), and in
+``post_training`` what the evaluate step scores and promotion compares (``benchmarks``,
+``benchmark_limit``, ``promote_on``; the single-technique pipelines use the defaults). Everything
+else (learning rates, batch shapes, environment, samples per task, registered model name) comes
 from the config file. Empty strings and 0 keep the config's values.
 
 Kubernetes settings come from ``components/k8s.py``: model-loading steps of sft/dpo/grpo and
@@ -46,6 +48,11 @@ DEFAULT_CONFIGS = {
 }
 """Default run config of each technique's pipeline (looked up in the step's working directory, then
 under ``/opt/posttrain``); ``post_training`` defaults to the SAO one."""
+DEFAULT_BENCHMARKS = "heldout"
+"""Benchmarks the evaluate step runs unless the run names others (comma-separated: heldout,
+beyond_aime, imo_answerbench, swe_bench_verified)."""
+DEFAULT_PROMOTE_ON = "heldout.accuracy"
+"""The ``<benchmark>.<metric>`` a new version must beat the champion on to be promoted."""
 TRAINERS = {"sft": train_sft, "dpo": train_dpo, "grpo": train_grpo}
 """Training component of each technique trained inside its step's pod."""
 RETRY = {"num_retries": 2, "backoff_duration": "60s", "backoff_factor": 2.0, "backoff_max_duration": "600s"}
@@ -96,20 +103,23 @@ def _train(technique: str, prepared: dsl.PipelineTask, queue: Any = LOCAL_QUEUE,
     return k8s.use_tenant_config(task)
 
 
-def _evaluate_and_register(prepared: dsl.PipelineTask, trained: dsl.PipelineTask) -> dsl.PipelineTask:
-    scored = evaluate(prepared=prepared.outputs["prepared"], model=trained.outputs["model"])
+def _evaluate_and_register(prepared: dsl.PipelineTask, trained: dsl.PipelineTask, benchmarks: Any = DEFAULT_BENCHMARKS,
+                           benchmark_limit: Any = 0, promote_on: Any = DEFAULT_PROMOTE_ON) -> dsl.PipelineTask:
+    scored = evaluate(prepared=prepared.outputs["prepared"], model=trained.outputs["model"], benchmarks=benchmarks,
+                      limit=benchmark_limit)
     scored.set_display_name("evaluate").set_caching_options(False).set_retry(**RETRY)
     k8s.use_kueue_queue(scored)
     k8s.request_gpus(scored, 1, cpu="4", memory="32Gi")
     k8s.use_tenant_config(scored)
     registered = register_model(prepared=prepared.outputs["prepared"], model=trained.outputs["model"],
-                                eval_metrics=scored.outputs["metrics"], run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+                                eval_metrics=scored.outputs["metrics"], run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                                promote_on=promote_on)
     registered.set_display_name("register model").set_caching_options(False)
     return k8s.use_tenant_config(registered)
 
 
 @dsl.pipeline(name="post-training", description="posttrain: prepare, train with the chosen technique "
-              "(sft, dpo, grpo or sao), evaluate on held-out tasks, register in MLflow.")
+              "(sft, dpo, grpo or sao), evaluate on the chosen benchmarks, register in MLflow.")
 def post_training(
     technique: str = "sao",
     config: str = DEFAULT_CONFIGS["sao"],
@@ -119,6 +129,9 @@ def post_training(
     queue: str = LOCAL_QUEUE,
     sao_mode: str = "cluster",
     priority_class: str = INTERACTIVE_PRIORITY,
+    benchmarks: str = DEFAULT_BENCHMARKS,
+    benchmark_limit: int = 0,
+    promote_on: str = DEFAULT_PROMOTE_ON,
 ):
     """Post-train a model with one technique, chosen per run.
 
@@ -131,16 +144,21 @@ def post_training(
         queue: Kueue LocalQueue of the SAO JobSet.
         sao_mode: Where SAO runs: cluster (one JobSet admitted by Kueue) or local (processes in the step).
         priority_class: Kueue priority of the SAO JobSet: posttrain-interactive, or posttrain-scheduled (recurring runs).
+        benchmarks: Comma-separated benchmarks to evaluate on: heldout, beyond_aime, imo_answerbench, swe_bench_verified.
+        benchmark_limit: Tasks per benchmark; 0 = heldout's eval.num_tasks and every task of the others.
+        promote_on: <benchmark>.<metric> the new version must beat the champion on (e.g. beyond_aime.accuracy).
     """
     prepared = _prepare(config, technique, model, dataset, steps)
+    scoring = {"benchmarks": benchmarks, "benchmark_limit": benchmark_limit, "promote_on": promote_on}
     with dsl.If(technique == "sft", name="technique-sft"):
-        _evaluate_and_register(prepared, _train("sft", prepared))
+        _evaluate_and_register(prepared, _train("sft", prepared), **scoring)
     with dsl.Elif(technique == "dpo", name="technique-dpo"):
-        _evaluate_and_register(prepared, _train("dpo", prepared))
+        _evaluate_and_register(prepared, _train("dpo", prepared), **scoring)
     with dsl.Elif(technique == "grpo", name="technique-grpo"):
-        _evaluate_and_register(prepared, _train("grpo", prepared))
+        _evaluate_and_register(prepared, _train("grpo", prepared), **scoring)
     with dsl.Elif(technique == "sao", name="technique-sao"):
-        _evaluate_and_register(prepared, _train("sao", prepared, queue=queue, mode=sao_mode, priority_class=priority_class))
+        _evaluate_and_register(prepared, _train("sao", prepared, queue=queue, mode=sao_mode, priority_class=priority_class),
+                               **scoring)
 
 
 @dsl.pipeline(name="sft", description="posttrain SFT: prepare chat rows, train, evaluate, register.")

@@ -74,7 +74,7 @@ def test_models_uri_resolves_to_the_current_champion(tmp_path, tiny_sao_config, 
     (ckpt / "config.json").write_text("{}")
     lineage = Lineage(run="r", technique="sao", dataset_hash="d", config_hash="c", base_model="b")
     v = register_checkpoint(str(ckpt), registered_model="team-policy", lineage=lineage,
-                            eval_scores={"heldout.accuracy": 0.5}, tracking_uri=mlflow_uri)
+                            eval_scores={"heldout.accuracy": 0.5}, tracking_uri=mlflow_uri, log_model=False)
     promote_if_better("team-policy", v.version, metric="heldout.accuracy", tracking_uri=mlflow_uri)
     prepared, _ = run(tmp_path, tiny_sao_config, model=f"models:/team-policy@{CHAMPION}")
     cfg = yaml.safe_load((tmp_path / "prepared" / "config.yaml").read_text())

@@ -10,7 +10,7 @@ the step's pod itself needs no GPU. A wrapper over ``posttrain.kfp.train.train_s
 """
 
 from kfp import dsl
-from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
 
 from components.images import TRAINER_IMAGE
 
@@ -26,6 +26,7 @@ def train_sao(
     model: Output[Model],
     metrics: Output[Metrics],
     report: Output[Markdown],
+    curves: Output[HTML],
     priority_class: str = "",
 ):
     """SAO training from ``prepared`` into the ``model`` checkpoint.
@@ -41,10 +42,11 @@ def train_sao(
         model: Final checkpoint (local mode) or a pointer to it in ``metadata.checkpoint_uri``.
         metrics: Policy versions, rollouts trained/dropped, generator busy fraction; JobSet restarts.
         report: Summary table.
+        curves: Reward curve (mean reward per policy version, from the MLflow run) and the run's link.
     """
     from posttrain.kfp.artifacts import write_outputs
     from posttrain.kfp.train import train_sao
 
     result = train_sao(prepared.path, model.path, mode=mode, queue=queue, run_id=run_id,
                        learner_image=learner_image, generator_image=generator_image, priority_class=priority_class)
-    write_outputs(result, metrics=metrics, artifact=model, markdown=report)
+    write_outputs(result, metrics=metrics, artifact=model, markdown=report, html_report=curves)

@@ -9,7 +9,7 @@ import base64
 
 import pytest
 import yaml
-from kfp.dsl import Dataset, Markdown, Metrics, Model
+from kfp.dsl import HTML, Dataset, Markdown, Metrics, Model
 
 from components.conftest import TINY_SAO, write_config
 from components.images import GENERATOR_IMAGE, TRAINER_IMAGE
@@ -59,7 +59,8 @@ def run(tmp_path, prepared, run_id="3f2a-run", **extra):
     metrics = Metrics(uri=str(tmp_path / "metrics"))
     train_sao.python_func(prepared=Dataset(uri=str(prepared)), mode="cluster", queue="posttrain", run_id=run_id,
                           learner_image=TRAINER_IMAGE, generator_image=GENERATOR_IMAGE, model=model,
-                          metrics=metrics, report=Markdown(uri=str(tmp_path / "report.md")), **extra)
+                          metrics=metrics, report=Markdown(uri=str(tmp_path / "report.md")),
+                          curves=HTML(uri=str(tmp_path / "curves.html")), **extra)
     return model, metrics
 
 
@@ -82,6 +83,22 @@ def test_cluster_mode_creates_one_queued_jobset_and_points_the_model_at_its_chec
     assert model.metadata["jobset"] == name and model.metadata["namespace"] == "team-a"
     assert metrics.metadata == {"jobset_restarts": 0.0, "generators": 1.0}
     assert "JobSet team-a/" in (tmp_path / "report.md").read_text()
+    assert "No MLflow run of the learner of tiny-sao-run0001" in (tmp_path / "curves.html").read_text()
+
+
+def test_the_report_draws_the_reward_curve_of_the_learners_mlflow_run(tmp_path, prepared_sao, cluster, mlflow_uri):
+    """The learner pod logs reward/mean for versions 0..2 into its run (tag posttrain.learner_of); the step draws it."""
+    from posttrain.tracking import Tracker
+
+    with Tracker(mlflow_uri, "posttrain-demo", run_name="learner",
+                 tags={"posttrain.learner_of": "tiny-sao-run0001"}) as learner:
+        for version, reward in enumerate((0.1, 0.3, 0.6)):
+            learner.log_metrics({"reward/mean": reward}, step=version)
+    finish_jobsets_as(cluster, "Completed")
+    run(tmp_path, prepared_sao)
+    page = (tmp_path / "curves.html").read_text()
+    assert "src='data:image/png;base64," in page
+    assert "3 steps; first 0.1000, last 0.6000." in page and learner.run_id in page
 
 
 def test_learner_pods_and_resources_come_from_the_prepared_config(tmp_path, cluster, mlflow_uri):
@@ -121,7 +138,8 @@ def test_a_missing_local_queue_fails_before_anything_is_created(tmp_path, prepar
         train_sao.python_func(prepared=Dataset(uri=str(prepared_sao)), mode="cluster", queue="nope", run_id="r",
                               learner_image=TRAINER_IMAGE, generator_image=GENERATOR_IMAGE,
                               model=Model(uri=str(tmp_path / "m")), metrics=Metrics(uri=str(tmp_path / "x")),
-                              report=Markdown(uri=str(tmp_path / "r.md")))
+                              report=Markdown(uri=str(tmp_path / "r.md")),
+                              curves=HTML(uri=str(tmp_path / "c.html")))
     assert cluster.list(*JOBSETS, namespace="team-a") == []
 
 
@@ -131,7 +149,8 @@ def test_an_unknown_mode_is_refused(tmp_path, prepared_sao):
     with pytest.raises(PipelineStepError, match=r"mode: 'gpu' is not one of \['local', 'cluster'\]"):
         train_sao.python_func(prepared=Dataset(uri=str(prepared_sao)), mode="gpu", queue="posttrain", run_id="r",
                               learner_image="", generator_image="", model=Model(uri=str(tmp_path / "m")),
-                              metrics=Metrics(uri=str(tmp_path / "x")), report=Markdown(uri=str(tmp_path / "r.md")))
+                              metrics=Metrics(uri=str(tmp_path / "x")), report=Markdown(uri=str(tmp_path / "r.md")),
+                              curves=HTML(uri=str(tmp_path / "c.html")))
 
 
 @pytest.mark.parametrize("sidecar_env", [None, "false", "true", "maybe"])

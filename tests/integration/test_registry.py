@@ -1,4 +1,8 @@
-"""MLflow registry on sqlite: lineage tags, challenger/champion promotion in both score orders, S3 sources."""
+"""MLflow registry on sqlite: loadable versions, lineage tags, challenger/champion promotion in both score orders, S3 sources.
+
+Promotion tests register with ``log_model=False`` (a stand-in directory, no model logged: they
+check the alias arithmetic); the others register the tiny model, which MLflow then loads.
+"""
 
 from __future__ import annotations
 
@@ -41,9 +45,16 @@ def ckpt(tmp_path: Path) -> Path:
     return d
 
 
+@pytest.fixture()
+def model_dir(tiny_model) -> Path:
+    """A real transformers checkpoint (the tiny model and its tokenizer)."""
+    return tiny_model.path
+
+
 def _register(uri: str, name: str, ckpt: Path, score: float) -> int:
     mv = register_checkpoint(
-        str(ckpt), registered_model=name, lineage=LINEAGE, eval_scores={"gsm8k.avg@1": score}, tracking_uri=uri
+        str(ckpt), registered_model=name, lineage=LINEAGE, eval_scores={"gsm8k.avg@1": score}, tracking_uri=uri,
+        log_model=False,
     )
     return mv.version
 
@@ -52,12 +63,18 @@ def _champion(uri: str, name: str) -> int:
     return show_model(name, alias="champion", tracking_uri=uri)[0].version
 
 
-def test_registered_version_carries_lineage_scores_and_challenger_alias(uri: str, ckpt: Path) -> None:
+def test_registered_version_carries_lineage_scores_and_challenger_alias(uri: str, model_dir: Path) -> None:
+    import mlflow
+
     mv = register_checkpoint(
-        str(ckpt), registered_model="lineage-model", lineage=LINEAGE,
+        str(model_dir), registered_model="lineage-model", lineage=LINEAGE,
         eval_scores={"gsm8k.avg@1": 0.25, "imo_answerbench.pass@4": 0.5}, tracking_uri=uri,
     )
-    assert mv.version == 1 and mv.aliases == ["challenger"] and mv.source == str(ckpt.resolve())
+    assert mv.version == 1 and mv.aliases == ["challenger"] and mv.checkpoint == str(model_dir.resolve())
+    assert mv.source.startswith("models:/") and mv.run_id, "an MLflow model in a run made for the registration"
+    mlflow.set_tracking_uri(uri)
+    pipe = mlflow.transformers.load_model("models:/lineage-model@challenger")
+    assert pipe.model.config.vocab_size == len(pipe.tokenizer)  # the tiny model was built on its own tokenizer
     assert mv.tags["posttrain.technique"] == "sao"
     assert mv.tags["posttrain.dataset_hash"] == "d" * 16
     assert mv.tags["posttrain.config_hash"] == "c" * 16
@@ -124,25 +141,29 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     server.stop()
 
 
-def test_checkpoint_in_s3_is_registered_by_uri_without_copying(
-    uri: str, ckpt: Path, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+def test_checkpoint_in_s3_is_registered_as_a_model_that_loads(
+    uri: str, model_dir: Path, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import mlflow
+
     for key, value in s3_server.env().items():
         monkeypatch.setenv(key, value)
-    S3Storage().upload_dir(ckpt, "s3://ckpts/team-a/run-1/final")
+    S3Storage().upload_dir(model_dir, "s3://ckpts/team-a/run-1/final")
     mv = register_checkpoint(
         "s3://ckpts/team-a/run-1/final/", registered_model="s3-model", lineage=LINEAGE,
         eval_scores={"gsm8k.avg@1": 0.4}, tracking_uri=uri,
     )
-    assert mv.source == "s3://ckpts/team-a/run-1/final"
+    assert mv.checkpoint == "s3://ckpts/team-a/run-1/final"
     assert mv.tags["posttrain.source"] == "s3://ckpts/team-a/run-1/final"
+    mlflow.set_tracking_uri(uri)
+    assert mlflow.pyfunc.load_model(f"models:/s3-model/{mv.version}").metadata.run_id == mv.run_id
     with pytest.raises(TrackingError, match="no config.json"):
         register_checkpoint("s3://ckpts/team-a/missing", registered_model="s3-model", lineage=LINEAGE, tracking_uri=uri)
 
 
-def test_models_cli_register_list_show_promote(uri: str, ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_models_cli_register_list_show_promote(uri: str, model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = ["--tracking-uri", uri]
-    reg = ["register", str(ckpt), "--name", "cli-model", "--run", "r", "--technique", "grpo",
+    reg = ["register", str(model_dir), "--name", "cli-model", "--run", "r", "--technique", "grpo",
            "--dataset-hash", "h1", "--config-hash", "h2", "--base-model", "b"]
     assert models_cli(base + reg + ["--score", "gsm8k.avg@1=0.3"]) == 0
     assert models_cli(base + reg + ["--score", "gsm8k.avg@1=0.4"]) == 0
@@ -194,7 +215,7 @@ def test_config_and_dataset_hashes_are_stable(tmp_path: Path) -> None:
         dataset_hash([tmp_path / "nope"])
 
 
-def test_tracker_for_run_registers_with_lineage_from_the_config(uri: str, ckpt: Path, tmp_path: Path) -> None:
+def test_tracker_for_run_registers_with_lineage_from_the_config(uri: str, model_dir: Path, tmp_path: Path) -> None:
     from posttrain.config.run import RunConfig
     from posttrain.config.sections import TrackingConfig
 
@@ -204,7 +225,7 @@ def test_tracker_for_run_registers_with_lineage_from_the_config(uri: str, ckpt: 
     data.write_text("{}\n")
     with Tracker.for_run(cfg, tmp_path / "flow-run") as tracker:
         tracker.log_params_from_config(cfg)
-        version = tracker.register_model(ckpt, technique="sao", scores={"heldout_accuracy": 0.7}, data_paths=[data])
+        version = tracker.register_model(model_dir, technique="sao", scores={"heldout_accuracy": 0.7}, data_paths=[data])
     mv = show_model("flow-model", version=version, tracking_uri=uri)[0]
     assert mv.run_id == tracker.run_id and mv.aliases == ["challenger"]
     assert mv.tags["posttrain.run"] == "flow-run" and mv.tags["posttrain.base_model"] == "tiny"
@@ -212,4 +233,4 @@ def test_tracker_for_run_registers_with_lineage_from_the_config(uri: str, ckpt: 
     assert mv.tags["posttrain.dataset_hash"] == dataset_hash([data])
     assert float(mv.tags["eval.heldout_accuracy"]) == 0.7
     with pytest.raises(TrackingError, match="for_run"):
-        Tracker(uri, "plain").register_model(ckpt, technique="sao", scores={})
+        Tracker(uri, "plain").register_model(model_dir, technique="sao", scores={})

@@ -66,7 +66,7 @@ def _check_outputs(config: RunConfig, expected_metric: str) -> None:
     assert len(versions) == 1
     version = versions[0]
     assert version.tags["posttrain.technique"] == config.technique
-    assert Path(version.source) == final.resolve()
+    assert version.tags["posttrain.source"] == str(final.resolve()) and version.source.startswith("models:/")
     mlflow_run = client.get_run(version.run_id)
     assert expected_metric in mlflow_run.data.metrics
     assert mlflow_run.info.status == "FINISHED"

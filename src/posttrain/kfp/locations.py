@@ -4,8 +4,8 @@ Pipeline parameters name files as paths (looked up as given, then under ``$POSTT
 ``s3://`` URIs, or, for the model, ``models:/<name>@<alias>`` / ``models:/<name>/<version>`` in the
 MLflow registry. ``resolve_location`` and ``local_file`` find files, ``resolve_model`` resolves the
 model parameter, ``check_checkpoint`` fails early on a directory that is no checkpoint,
-``local_model`` downloads an ``s3://`` base model before training and ``run_name_for`` names one
-pipeline run.
+``local_model`` downloads an ``s3://`` base model before training, ``run_name_for`` names one
+pipeline run and ``publish_checkpoint`` copies a trained checkpoint under the tenant's S3 prefix.
 
 Try it: ``python -c "from posttrain.kfp.locations import resolve_location;
 print(resolve_location('configs/sao_demo_cpu.yaml', 'config'))"``.
@@ -107,7 +107,7 @@ def resolve_model(model: str, tracking_uri: str | None) -> tuple[str, str]:
         )
     except TrackingError as exc:
         raise PipelineStepError(f"model: {model}: {exc}") from exc
-    return version.source, f"{model} = {version.name} version {version.version} ({version.source})"
+    return version.checkpoint, f"{model} = {version.name} version {version.version} ({version.checkpoint})"
 
 
 def check_checkpoint(location: str, what: str) -> None:
@@ -149,3 +149,38 @@ def run_name_for(base: str, run_id: str) -> str:
     """
     suffix = re.sub(r"[^A-Za-z0-9]", "", run_id)[:8].lower()
     return f"{base[: 100 - len(suffix) - 1]}-{suffix}" if suffix else base
+
+
+MODELS_URI_ENV = "POSTTRAIN_MODELS_URI"
+"""Where training steps copy their final checkpoints (``s3://`` prefix); default ``$S3_PREFIX/models``."""
+
+
+def models_uri() -> str:
+    """``$POSTTRAIN_MODELS_URI``, else ``$S3_PREFIX`` + ``models`` (tenant ConfigMap), else "" (no copy)."""
+    explicit = os.environ.get(MODELS_URI_ENV)
+    if explicit:
+        return explicit.rstrip("/")
+    prefix = os.environ.get("S3_PREFIX")
+    return prefix.rstrip("/") + "/models" if prefix else ""
+
+
+def publish_checkpoint(checkpoint_dir: Path, run_name: str) -> str:
+    """Copy a trained checkpoint to ``<models_uri()>/<run_name>/final_model``; its URI, or "" when unset.
+
+    KFP keeps Model artifacts under its pipeline root (``minio://mlpipeline`` by default), a store
+    the tenant's S3 endpoint does not serve; the register step and a later retrain read this copy.
+
+    Raises:
+        PipelineStepError: the upload failed (the message names the destination).
+    """
+    base = models_uri()
+    if not base:
+        return ""
+    from posttrain.storage import StorageError, storage_for
+
+    dest = f"{base}/{run_name}/final_model"
+    try:
+        storage_for(dest).upload_dir(Path(checkpoint_dir), dest)
+    except StorageError as exc:
+        raise PipelineStepError(f"{MODELS_URI_ENV} / S3_PREFIX: cannot copy the checkpoint to {dest}: {exc}") from exc
+    return dest

@@ -1,7 +1,9 @@
 """The training steps: ``train_sao`` and ``train_technique`` (sft, dpo, grpo), from a prepared dataset.
 
 Each writes a transformers checkpoint into the Model artifact directory, with
-``posttrain_model.json`` beside it (``export_model``), and works in ``workspace(run_name)``: a
+``posttrain_model.json`` beside it (``export_model``; it names the MLflow run that trained it),
+copies it under the tenant's S3 prefix when ``$S3_PREFIX`` is set (``publish_checkpoint``: the
+metadata's ``checkpoint_uri``, which the register step reads), and works in ``workspace(run_name)``: a
 mounted volume when ``$POSTTRAIN_WORKSPACE`` exists (a retried step resumes from its checkpoints),
 else a temporary directory. ``train_sao(mode="cluster")`` hands over to
 ``posttrain.kfp.train_cluster``, which runs the same training as one JobSet.
@@ -25,7 +27,8 @@ from posttrain.kfp.artifacts import (
     markdown_table,
     workspace,
 )
-from posttrain.kfp.locations import local_model
+from posttrain.kfp.curves import reward_curve_page
+from posttrain.kfp.locations import local_model, publish_checkpoint
 
 SAO_MODES = ("local", "cluster")
 """``train_sao`` modes: processes inside the step, or one JobSet admitted by Kueue."""
@@ -66,7 +69,7 @@ def train_sao(
 
     Returns:
         Metrics (policy versions, rollouts trained and dropped, generator busy fraction), the model
-        metadata and a Markdown summary.
+        metadata, a Markdown summary and an HTML page with the reward curve (``kfp.curves``).
 
     Raises:
         PipelineStepError: unknown mode, or a prepared dataset of another technique.
@@ -101,9 +104,13 @@ def train_sao(
         metrics = {"policy_version": float(summary.policy_version), **{k: float(v) for k, v in summary.counters.items()}}
         info = {"technique": "sao", "run_name": cfg.run_name, "mlflow_run_id": tracker.run_id,
                 "policy_version": summary.policy_version}
+        published = publish_checkpoint(summary.final_model_dir, cfg.run_name)
+        if published:
+            info["checkpoint_uri"] = published
         export_model(summary.final_model_dir, model_out, info)
     md = f"# SAO training: {cfg.run_name}\n\n" + markdown_table({**info, **metrics})
-    return StepOutputs(metrics=metrics, metadata=info, markdown=md)
+    page = reward_curve_page(tracker.tracking_uri, tracker.run_id, cfg.run_name)
+    return StepOutputs(metrics=metrics, metadata=info, markdown=md, html=page)
 
 
 def train_technique(dataset_dir: Path | str, model_out: Path | str, technique: str, *, run_id: str = "") -> StepOutputs:
@@ -122,6 +129,7 @@ def train_technique(dataset_dir: Path | str, model_out: Path | str, technique: s
         PipelineStepError: a technique mismatch, or no final checkpoint after training.
     """
     from posttrain.runners import run
+    from posttrain.runners.common import MLFLOW_RUN_ROW
     from posttrain.runtime import RunContext
 
     if technique not in ("sft", "dpo", "grpo"):
@@ -142,7 +150,11 @@ def train_technique(dataset_dir: Path | str, model_out: Path | str, technique: s
                 metrics[re.sub(r"[^A-Za-z0-9_]+", "_", key).strip("_")] = float(value)
             except (TypeError, ValueError):
                 continue  # text rows (paths, names) belong in the report, not in Metrics
-        info = {"technique": technique, "run_name": cfg.run_name, "pipeline_run": run_id}
+        info = {"technique": technique, "run_name": cfg.run_name, "pipeline_run": run_id,
+                "mlflow_run_id": dict(summary.rows).get(MLFLOW_RUN_ROW, "")}
+        published = publish_checkpoint(final, cfg.run_name)
+        if published:
+            info["checkpoint_uri"] = published
         export_model(final, model_out, info)
     md = f"# {technique.upper()} training: {cfg.run_name}\n\n" + summary.table() + "\n"
     return StepOutputs(metrics=metrics, metadata=info, markdown=md)

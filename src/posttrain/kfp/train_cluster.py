@@ -23,6 +23,7 @@ import yaml
 
 from posttrain.cluster.jobset import SAOImages, jobset_name, sao_jobset_for_config
 from posttrain.cluster.tenant import ISTIO_SIDECAR_KEY, REDIS_CREDENTIALS_SECRET, TENANT_CONFIG_MAP
+from posttrain.config import RunConfig
 from posttrain.kfp.artifacts import (
     CONFIG_FILE,
     MODEL_INFO_FILE,
@@ -79,7 +80,8 @@ def train_sao_cluster(
 
     Returns:
         Metrics ``jobset_restarts`` and ``generators``; metadata with ``checkpoint_uri``, ``jobset``,
-        ``namespace`` and ``config_uri``; a Markdown summary.
+        ``namespace`` and ``config_uri``; a Markdown summary; an HTML page with the reward curve of
+        the learner's MLflow run.
 
     SIGTERM (a terminated pipeline run) deletes the JobSet and exits with status 143; the JobSet
     also has an ownerReference to this step's pod when ``POD_NAME``/``POD_UID`` are set (the
@@ -140,4 +142,17 @@ def train_sao_cluster(
     (out / MODEL_INFO_FILE).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     metrics = {"jobset_restarts": float(status.restarts), "generators": float(cfg.generator.num_processes)}
     md = f"# SAO training on the cluster: JobSet {namespace}/{name}\n\n" + markdown_table({**info, **metrics})
-    return StepOutputs(metrics=metrics, metadata=info, markdown=md)
+    return StepOutputs(metrics=metrics, metadata=info, markdown=md, html=_learner_curve(cfg))
+
+
+def _learner_curve(cfg: RunConfig) -> str:
+    """The reward-curve page of the learner's MLflow run (found by its tag), or a page saying there is none."""
+    from posttrain.kfp.curves import reward_curve_page
+    from posttrain.tracking import default_tracking_uri, experiment_name, find_learner_run
+
+    uri = cfg.tracking.tracking_uri or default_tracking_uri()
+    run_id = find_learner_run(uri, experiment_name(cfg), cfg.run_name)
+    if not run_id:
+        return (f"<!doctype html><html><body><p>No MLflow run of the learner of {cfg.run_name} "
+                f"in {uri}.</p></body></html>\n")
+    return reward_curve_page(uri, run_id, cfg.run_name)

@@ -211,6 +211,9 @@ class RunSummary:
 
 log = logging.getLogger("posttrain.runners")
 
+MLFLOW_RUN_ROW = "mlflow run id"
+"""Summary row naming the MLflow run of a technique run (the register step links the model to it)."""
+
 
 
 class TechniqueConfigError(ConfigError):
@@ -314,6 +317,7 @@ class TrackedRun:
             return result
         result.rows = [("technique", self.config.technique), *rows,
                        ("final model", str(self.ctx.final_model_dir)),
+                       (MLFLOW_RUN_ROW, self.tracker.run_id if self.tracker is not None else ""),
                        ("wall time (s)", f"{time.monotonic() - self.started:.0f}")]
         (self.ctx.run_dir / "summary.md").write_text(result.table() + "\n", encoding="utf-8")
         return result

@@ -5,14 +5,18 @@
   artifacts; a restarted process resumes the same run by ``run_id``. ``MetricsSink`` is the one
   type of a metrics callback, ``(metrics, step) -> None``, that every learner and runner reports
   through (``posttrain.runners.common.metrics_sink`` builds one).
-* ``registry``: ``register_checkpoint`` makes a trained checkpoint (a local directory or an
-  ``s3://`` URI, checked through ``posttrain.storage``; weights are not copied) a new version of
-  the team's registered model, tagged with its lineage (``posttrain.*``: run, technique, dataset
-  hash, config hash, base model) and eval scores (``eval.<benchmark>.<metric>``), with the
-  ``challenger`` alias.
+* ``registry``: ``register_checkpoint`` logs a trained checkpoint (a local directory or an
+  ``s3://`` URI, checked through ``posttrain.storage``) as an MLflow model (transformers
+  flavour) in the run that trained it and registers it as a new version of the team's
+  registered model, tagged with its lineage (``posttrain.*``: run, technique, dataset hash,
+  config hash, base model, the checkpoint's location ``posttrain.source``) and eval scores
+  (``eval.<benchmark>.<metric>``), with the ``challenger`` alias;
+  ``mlflow.transformers.load_model("models:/<name>@<alias>")`` loads it.
 * ``promotion``: ``promote_if_better`` moves the ``champion`` alias to a version only if it beats
   the current champion on the configured metric by the configured margin; the decision is
   recorded as tags.
+* ``runs`` also finds a cluster learner's run (``find_learner_run``), links to a run
+  (``run_link``) and reads a metric's history (``metric_history``, the SAO reward curve).
 * ``listing``: ``list_models`` / ``show_model``, what ``posttrain models list|show`` prints.
 * ``client``: tracking URI, experiment name, the MLflow client, metric keys and alias names.
 
@@ -40,7 +44,15 @@ from posttrain.tracking.registry import (
     dataset_hash,
     register_checkpoint,
 )
-from posttrain.tracking.runs import MAX_PARAM_CHARS, MetricsSink, Tracker, flatten_params
+from posttrain.tracking.runs import (
+    MAX_PARAM_CHARS,
+    MetricsSink,
+    Tracker,
+    find_learner_run,
+    flatten_params,
+    metric_history,
+    run_link,
+)
 
 __all__ = [
     "CHALLENGER",
@@ -59,10 +71,13 @@ __all__ = [
     "dataset_hash",
     "default_tracking_uri",
     "experiment_name",
+    "find_learner_run",
     "flatten_params",
     "list_models",
+    "metric_history",
     "metric_key",
     "promote_if_better",
     "register_checkpoint",
+    "run_link",
     "show_model",
 ]

@@ -65,3 +65,20 @@ def metric_key(name: str) -> str:
     """An MLflow-safe metric/tag key: ``avg@4`` -> ``avg_at_4``; characters MLflow refuses -> ``_``."""
     out = name.replace("@", "_at_")
     return "".join(ch if ch.isalnum() or ch in "_-./ :" else "_" for ch in out)
+
+
+def experiment_id_for(client: Any, tracking_uri: str, experiment: str, artifact_location: str | None = None) -> str:
+    """The id of ``experiment``, created if missing.
+
+    A new experiment's artifact root is ``artifact_location``; when that is None and the tracking
+    URI is ``sqlite:///<dir>/mlflow.db``, it is ``<dir>/mlartifacts/<experiment>`` (beside the
+    database, never the working directory); else the server's default.
+    """
+    exp = client.get_experiment_by_name(experiment)
+    if exp is not None:
+        return str(exp.experiment_id)
+    location = artifact_location
+    if location is None and tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///") :])
+        location = (db.parent / "mlartifacts" / experiment).resolve().as_uri()
+    return str(client.create_experiment(experiment, artifact_location=location))

@@ -1,10 +1,14 @@
 """Model registration: a checkpoint becomes a registered model version with lineage and eval scores.
 
-``register_checkpoint`` leaves the weights where they are (a local directory or an ``s3://`` URI,
-checked through ``posttrain.storage``): the version's ``source`` points at them. The version is
-tagged with its lineage (``posttrain.*``: run, technique, dataset hash, config hash, base model)
-and eval scores (``eval.<benchmark>.<metric>``), and gets the ``challenger`` alias. Aliases
-replace MLflow's deprecated stages (``models:/<name>@champion`` resolves to the version).
+``register_checkpoint`` logs the checkpoint (a local directory or an ``s3://`` URI, checked
+through ``posttrain.storage``) as an MLflow model with the transformers flavour, inside the MLflow
+run that trained it, and registers that model: ``mlflow.transformers.load_model(
+"models:/<name>@champion")`` (or ``mlflow.pyfunc.load_model``) loads any version, and every
+version carries its run id. The checkpoint's own location stays in the tag ``posttrain.source``
+(``ModelVersionInfo.checkpoint``), which a retrain reads. The version is tagged with its lineage
+(``posttrain.*``: run, technique, dataset hash, config hash, base model) and eval scores
+(``eval.<benchmark>.<metric>``), and gets the ``challenger`` alias. Aliases replace MLflow's
+deprecated stages (``models:/<name>@champion`` resolves to the version).
 
 Also here: the lineage hashes (``config_hash``, ``dataset_hash``), ``ModelVersionInfo`` and the
 version lookups that promotion and listing share.
@@ -16,13 +20,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from collections.abc import Iterable, Mapping
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as installed_version
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from posttrain.storage import StorageError, is_s3_uri, storage_for
+from posttrain.storage import StorageError, is_s3_uri, materialize, storage_for
 from posttrain.tracking.client import (
     CHALLENGER,
     EVAL_PREFIX,
@@ -83,7 +90,10 @@ class ModelVersionInfo(msgspec.Struct, kw_only=True):
     Attributes:
         name: Registered model name.
         version: Version number (1, 2, ...).
-        source: Checkpoint location (absolute local path or ``s3://`` URI).
+        source: What MLflow registered: the logged model (``models:/m-...``), or the checkpoint
+            location for a version registered with ``log_model=False``.
+        checkpoint: The transformers checkpoint directory or ``s3://`` URI the version came from
+            (tag ``posttrain.source``); what a retrain starts from.
         run_id: Linked MLflow run, or "".
         aliases: Aliases pointing at this version.
         tags: All version tags (lineage ``posttrain.*``, scores ``eval.*``, promotion notes).
@@ -93,6 +103,7 @@ class ModelVersionInfo(msgspec.Struct, kw_only=True):
     name: str
     version: int
     source: str
+    checkpoint: str
     run_id: str
     aliases: list[str]
     tags: dict[str, str]
@@ -105,13 +116,15 @@ def version_info(mv: Any, client: Any) -> ModelVersionInfo:
     Aliases are read from the registered model: search results do not always carry them.
     """
     alias_map = client.get_registered_model(mv.name).aliases or {}
+    tags = dict(mv.tags or {})
     return ModelVersionInfo(
         name=mv.name,
         version=int(mv.version),
         source=mv.source,
+        checkpoint=tags.get(f"{LINEAGE_PREFIX}source", mv.source),
         run_id=mv.run_id or "",
         aliases=sorted(a for a, v in alias_map.items() if int(v) == int(mv.version)),
-        tags=dict(mv.tags or {}),
+        tags=tags,
         created_at=(mv.creation_timestamp or 0) / 1000.0,
     )
 
@@ -169,6 +182,50 @@ def _check_checkpoint(source: str) -> str:
     return location
 
 
+MODEL_ARTIFACT = "model"
+"""Name of the logged MLflow model inside its run (``runs:/<run id>/model``)."""
+
+
+def _pinned(package: str) -> str:
+    """``package==<installed version>`` (MLflow's own inference imports torchvision, which we lack)."""
+    try:
+        return f"{package}=={installed_version(package)}"
+    except PackageNotFoundError:
+        return package
+
+
+def log_transformers_model(checkpoint_dir: Path, *, tracking_uri: str, run_id: str) -> Any:
+    """Log a transformers checkpoint directory as an MLflow model (transformers flavour) in run ``run_id``.
+
+    The model (weights and tokenizer) is copied into the run's artifact store as a
+    ``text-generation`` pipeline, with ``transformers`` and ``torch`` pinned to the installed
+    versions as its requirements; nothing is downloaded from the Hub.
+
+    Args:
+        checkpoint_dir: Local directory with ``config.json``, safetensors weights and the tokenizer.
+        tracking_uri: MLflow URI.
+        run_id: The run the model belongs to (it is resumed, then ended again).
+
+    Returns:
+        MLflow's ``ModelInfo`` (``model_uri`` ``models:/m-...``, ``model_id``).
+
+    Raises:
+        TrackingError: the checkpoint cannot be loaded as a transformers model.
+    """
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_registry_uri(tracking_uri)
+    with mlflow.start_run(run_id=run_id):
+        try:
+            return mlflow.transformers.log_model(
+                transformers_model=str(checkpoint_dir), name=MODEL_ARTIFACT, task="text-generation",
+                pip_requirements=[_pinned("transformers"), _pinned("torch")],
+            )
+        except (OSError, ValueError) as exc:
+            raise TrackingError(f"checkpoint {checkpoint_dir}: cannot be logged as a transformers model ({exc})") from exc
+
+
 def register_checkpoint(
     source: str,
     *,
@@ -179,14 +236,22 @@ def register_checkpoint(
     alias: str = CHALLENGER,
     description: str = "",
     check_source: bool = True,
+    log_model: bool = True,
+    local_copy: str | Path | None = None,
+    experiment: str = "posttrain",
 ) -> ModelVersionInfo:
     """Register a checkpoint as a new version of ``registered_model`` and give it ``alias``.
 
-    The weights stay where they are: the version's ``source`` is the checkpoint directory or
-    ``s3://`` URI. Tags: ``posttrain.run``, ``posttrain.technique``, ``posttrain.dataset_hash``,
-    ``posttrain.config_hash``, ``posttrain.base_model``, ``posttrain.source`` and one
-    ``eval.<benchmark>.<metric>`` per score (``eval_scores`` keys such as ``gsm8k.avg@1`` become
-    ``eval.gsm8k.avg_at_1``).
+    With ``log_model`` (the default) the checkpoint is logged as an MLflow model with the
+    transformers flavour (``log_transformers_model``) in the run ``lineage.mlflow_run_id``, or in a
+    new run ``register-<lineage.run>`` of ``experiment`` when there is none, and the version's
+    source is that logged model: ``mlflow.transformers.load_model("models:/<name>@<alias>")`` and
+    ``mlflow.pyfunc.load_model(...)`` load it. With ``log_model=False`` the version's source is the
+    checkpoint location itself (nothing is copied; MLflow cannot load such a version). Tags:
+    ``posttrain.run``, ``posttrain.technique``, ``posttrain.dataset_hash``,
+    ``posttrain.config_hash``, ``posttrain.base_model``, ``posttrain.mlflow_run_id``,
+    ``posttrain.source`` (the checkpoint location) and one ``eval.<benchmark>.<metric>`` per score
+    (``eval_scores`` keys such as ``gsm8k.avg@1`` become ``eval.gsm8k.avg_at_1``).
 
     Args:
         source: Local checkpoint directory or ``s3://bucket/prefix`` (read through boto3).
@@ -197,32 +262,63 @@ def register_checkpoint(
         alias: Alias to set on the new version (``challenger``).
         description: Version description.
         check_source: Verify that ``source`` holds a ``config.json`` first.
+        log_model: Log the checkpoint as a loadable MLflow model (see above).
+        local_copy: A local directory holding the same checkpoint as ``source`` (a KFP step has
+            one); it is logged instead of downloading ``source``.
+        experiment: MLflow experiment of the run created when ``lineage`` names none.
 
     Returns:
         The new version.
 
     Raises:
-        TrackingError: the checkpoint is missing or unreadable.
+        TrackingError: the checkpoint is missing, unreadable or not a transformers model, or
+            ``lineage.mlflow_run_id`` names no run.
     """
     from mlflow.exceptions import MlflowException
 
+    from posttrain.tracking.client import default_tracking_uri, experiment_id_for
+
     location = _check_checkpoint(source) if check_source else source
-    client = mlflow_client(tracking_uri)
+    uri = tracking_uri or default_tracking_uri()
+    client = mlflow_client(uri)
     try:
         client.create_registered_model(registered_model, description="posttrain policy checkpoints")
     except MlflowException as exc:
         if mlflow_error_code(exc) != "RESOURCE_ALREADY_EXISTS":
             raise
+    run_id = lineage.mlflow_run_id
+    model_source, model_id = location, None
+    if log_model:
+        if not run_id:
+            run = client.create_run(experiment_id_for(client, uri, experiment), run_name=f"register-{lineage.run}",
+                                    tags={f"{LINEAGE_PREFIX}technique": lineage.technique})
+            run_id = run.info.run_id
+            client.set_terminated(run_id)
+        local = Path(local_copy) if local_copy and Path(local_copy, "config.json").is_file() else None
+        with tempfile.TemporaryDirectory(prefix="posttrain-register-") as cache:
+            if local is None:
+                try:
+                    local = materialize(location, Path(cache))
+                except StorageError as exc:
+                    raise TrackingError(f"checkpoint {source}: cannot be read ({exc})") from exc
+            try:
+                info = log_transformers_model(local, tracking_uri=uri, run_id=run_id)
+            except MlflowException as exc:
+                raise TrackingError(f"mlflow_run_id {run_id!r}: cannot log the model there ({exc})") from exc
+        model_source, model_id = info.model_uri, info.model_id
     tags = {f"{LINEAGE_PREFIX}{k}": str(v) for k, v in msgspec.structs.asdict(lineage).items() if v != ""}
+    if run_id:
+        tags[f"{LINEAGE_PREFIX}mlflow_run_id"] = run_id
     tags[f"{LINEAGE_PREFIX}source"] = location
     for key, score in (eval_scores or {}).items():
         tags[metric_key(f"{EVAL_PREFIX}{key}")] = repr(float(score))
     mv = client.create_model_version(
         registered_model,
-        source=location,
-        run_id=lineage.mlflow_run_id or None,
+        source=model_source,
+        run_id=run_id or None,
         tags=tags,
         description=description or None,
+        model_id=model_id,
     )
     client.set_registered_model_alias(registered_model, alias, mv.version)
     return version_info(client.get_model_version(registered_model, mv.version), client)

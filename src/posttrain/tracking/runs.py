@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from posttrain.tracking.client import (
     TrackingError,
     default_tracking_uri,
+    experiment_id_for,
     experiment_name,
     metric_key,
     mlflow_client,
@@ -85,16 +86,7 @@ class Tracker:
     ) -> None:
         self.tracking_uri = tracking_uri or default_tracking_uri()
         self.client = mlflow_client(self.tracking_uri)
-        exp = self.client.get_experiment_by_name(experiment)
-        if exp is not None:
-            experiment_id = exp.experiment_id
-        else:
-            location = artifact_location
-            if location is None and self.tracking_uri.startswith("sqlite:///"):
-                db = Path(self.tracking_uri[len("sqlite:///") :])
-                location = (db.parent / "mlartifacts" / experiment).resolve().as_uri()
-            experiment_id = self.client.create_experiment(experiment, artifact_location=location)
-        self.experiment_id: str = experiment_id
+        self.experiment_id: str = experiment_id_for(self.client, self.tracking_uri, experiment, artifact_location)
         if run_id is not None:
             from mlflow.exceptions import MlflowException
 
@@ -105,7 +97,7 @@ class Tracker:
             self.client.update_run(run_id, status="RUNNING")
             self.run_id: str = run_id
         else:
-            run = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {}))
+            run = self.client.create_run(self.experiment_id, run_name=run_name, tags=dict(tags or {}))
             self.run_id = run.info.run_id
         self.config: RunConfig | None = None
 
@@ -139,21 +131,8 @@ class Tracker:
         Raises:
             TrackingError: the tracking server refused the search or the run.
         """
-        from mlflow.exceptions import MlflowException
-
         uri = config.tracking.tracking_uri or default_tracking_uri(config.output_dir)
-        client = mlflow_client(uri)
-        run_id = None
-        try:
-            exp = client.get_experiment_by_name(experiment_name(config))
-            if exp is not None:
-                found = client.search_runs(
-                    [exp.experiment_id], filter_string=f"tags.`posttrain.learner_of` = '{config.run_name}'",
-                    max_results=1, order_by=["attributes.start_time DESC"],
-                )
-                run_id = found[0].info.run_id if found else None
-        except MlflowException as exc:
-            raise TrackingError(f"{uri}: searching the learner run of {config.run_name!r} failed ({exc})") from exc
+        run_id = find_learner_run(uri, experiment_name(config), config.run_name) or None
         tracker = cls(uri, experiment_name(config), run_name=config.run_name, run_id=run_id,
                       tags={"posttrain.technique": config.technique, "posttrain.learner_of": config.run_name})
         tracker.config = config
@@ -253,3 +232,57 @@ class Tracker:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.finish("FAILED" if exc_type is not None else "FINISHED")
+
+
+def find_learner_run(tracking_uri: str, experiment: str, run_name: str) -> str:
+    """The newest run of ``experiment`` tagged ``posttrain.learner_of=<run_name>`` (a cluster learner's), or "".
+
+    Raises:
+        TrackingError: the tracking server refused the search.
+    """
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow_client(tracking_uri)
+    try:
+        exp = client.get_experiment_by_name(experiment)
+        if exp is None:
+            return ""
+        found = client.search_runs(
+            [exp.experiment_id], filter_string=f"tags.`posttrain.learner_of` = '{run_name}'",
+            max_results=1, order_by=["attributes.start_time DESC"],
+        )
+    except MlflowException as exc:
+        raise TrackingError(f"{tracking_uri}: searching the learner run of {run_name!r} failed ({exc})") from exc
+    return found[0].info.run_id if found else ""
+
+
+def run_link(tracking_uri: str, run_id: str) -> str:
+    """Where a person finds MLflow run ``run_id``: its page URL on an ``http(s)://`` server, else ``<uri> run <id>``.
+
+    Raises:
+        TrackingError: the run does not exist.
+    """
+    if not tracking_uri.startswith(("http://", "https://")):
+        return f"{tracking_uri} run {run_id}"
+    from mlflow.exceptions import MlflowException
+
+    try:
+        experiment_id = mlflow_client(tracking_uri).get_run(run_id).info.experiment_id
+    except MlflowException as exc:
+        raise TrackingError(f"run_id {run_id!r}: no such MLflow run ({exc})") from exc
+    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def metric_history(tracking_uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of metric ``key`` of run ``run_id``, in step order (empty when never logged).
+
+    Raises:
+        TrackingError: the run does not exist.
+    """
+    from mlflow.exceptions import MlflowException
+
+    try:
+        history = mlflow_client(tracking_uri).get_metric_history(run_id, metric_key(key))
+    except MlflowException as exc:
+        raise TrackingError(f"run_id {run_id!r}: cannot read metric {key!r} ({exc})") from exc
+    return sorted((int(m.step), float(m.value)) for m in history)
