@@ -39,6 +39,7 @@ from posttrain.runners.dpo import run_dpo
 from posttrain.runners.grpo import run_grpo
 from posttrain.runners.sao import run_sao
 from posttrain.runners.sft import run_cpt, run_sft
+from posttrain.runtime import check_model_dir, check_output_writable
 
 TECHNIQUES: dict[str, Callable[[RunConfig], RunSummary]] = {
     "sao": run_sao,
@@ -62,9 +63,15 @@ def run(config: RunConfig) -> RunSummary:
         posttrain.runners.common.TechniqueConfigError: a required field of the technique's section is missing.
         posttrain.data.tasks.DatasetError: a bad data row under ``data.on_bad_row: stop``.
         posttrain.parallel.world.DeviceError: ``learner.device`` is ``cuda`` and there is none.
+        FileNotFoundError: a local ``model.path`` that holds no model or tokenizer (``check_model_dir``).
+        posttrain.config.ConfigError: the run directory cannot be written (``check_output_writable``).
     """
     if config.technique not in TECHNIQUES:
         raise ValueError(f"technique: no runner for {config.technique!r}; known: {sorted(TECHNIQUES)}")
+    # Inputs and outputs a run needs are checked before any work: one line each, not a traceback later.
+    if config.model.path and "://" not in config.model.path:
+        check_model_dir(config.model.path)
+    check_output_writable(config)
     world = init_world(config.learner)
     try:
         check_ranks(config, world)
