@@ -17,15 +17,24 @@ learner never holds GPUs while its generators wait for quota, or the reverse.
   (``network.enableDNSHostnames``; ``publishNotReadyAddresses`` so the name resolves before the pod
   is Ready); torchrun's static rendezvous retries until that name resolves and every node has
   joined, for at most ``RENDEZVOUS_TIMEOUT_S``. The Job has ``backoffLimit: 0`` and
-  ``restartPolicy: Never`` so a crash of any learner pod fails the Job, the JobSet restarts the
-  group (bounded by ``failurePolicy.maxRestarts``) and the failed pod keeps its termination message
-  (``FallbackToLogsOnError``: the log tail when the process wrote none) for the launcher to report.
+  ``restartPolicy: Never`` so a crash of any learner pod fails the Job; the JobSet then recreates
+  the learner Job alone (failure rule ``RestartJob``, bounded by ``failurePolicy.maxRestarts``), so
+  Redis keeps the stream, the pending entries, the admission counters and the generators'
+  positions, and the new learner resumes from its checkpoint on ``checkpoints_uri`` (issue 20,
+  "restart that keeps the stream"; a group-wide restart would recreate Redis on an empty
+  emptyDir). The failed pod keeps its termination message (``FallbackToLogsOnError``: the log tail
+  when the process wrote none) for the launcher to report.
 * ``generator`` (N Jobs of 1 pod, ``generator.resources`` each): ``posttrain generator --config
   <uri> --generator-index $(POSTTRAIN_GENERATOR_INDEX)``, the index being the pod's JobSet job
   index (0..N-1, from the ``jobset.sigs.k8s.io/job-index`` label): generator ``g<index>``, seeded
   ``seed * 1000 + index``, with episode seeds disjoint from the other generators'
   (``posttrain.generator.seeds``). A failed generator Job is restarted alone (failure rule
   ``RestartJob``), still counted against ``maxRestarts``.
+
+Only a failure of the ``redis`` Job itself (past its ``backoffLimit``) restarts the whole group
+(no rule matches: ``RestartJobSet``); Redis then starts empty, and the resumed learner re-bases the
+admission counters on its checkpoint (``RolloutQueue``/``admission.rebase``), so the surplus
+capacity does not go stale (issue 23, item 17).
 
 ``successPolicy {operator: All, targetReplicatedJobs: [learner]}`` ends the run when the learner
 completes; the JobSet controller then deletes the still-running generator and Redis Jobs.
@@ -293,7 +302,8 @@ def build_sao_jobset(
         generator_resources: Per generator pod. None: the run config's default (``generator.resources``).
         redis_resources: Redis pod; Valkey's ``maxmemory`` is set to 80 % of its memory.
         priority_class: Kueue WorkloadPriorityClass name (label), or None.
-        max_restarts: ``failurePolicy.maxRestarts``: group restarts plus single-generator restarts.
+        max_restarts: ``failurePolicy.maxRestarts``: group restarts plus single-learner and
+            single-generator restarts.
         tenant_config_map: ConfigMap mounted as environment (``envFrom``) into learner and generators
             (S3 prefix, MLflow experiment and tracking URI, Redis key prefix), or None.
         s3_credentials_secret: Secret mounted as environment into learner and generators, or None.
@@ -438,6 +448,7 @@ def build_sao_jobset(
                 "maxRestarts": max_restarts,
                 "restartStrategy": "Recreate",
                 "rules": [
+                    {"name": "learnerRestartsAlone", "action": "RestartJob", "targetReplicatedJobs": ["learner"]},
                     {"name": "generatorRestartsAlone", "action": "RestartJob", "targetReplicatedJobs": ["generator"]},
                 ],
             },
