@@ -192,22 +192,26 @@ def check_model_dir(path: Path | str, field: str = "model.path") -> None:
 
 
 def check_output_writable(config: RunConfig) -> Path:
-    """Create ``<output_dir>/<run_name>`` and write a probe file there, before any work starts; return the run dir.
+    """Check, before any work starts, that ``<output_dir>/<run_name>`` can be created and written; return it.
 
-    A read-only ``output_dir`` gave a ``PermissionError`` traceback after the model was prepared.
+    Probes the run directory when it exists, else its nearest existing parent, by creating and
+    removing a temporary directory there: nothing is left behind. A read-only ``output_dir`` gave
+    a ``PermissionError`` traceback after the model was prepared.
 
     Raises:
         posttrain.config.ConfigError: the run directory cannot be created or written (one line
             naming ``output_dir``, the path and the operating system's reason).
     """
+    import tempfile
+
     run_dir = Path(config.output_dir) / config.run_name
+    probe_in = next((p for p in (run_dir, *run_dir.parents) if p.exists()), Path("."))
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".write-probe-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        if not probe_in.is_dir():
+            raise NotADirectoryError(20, "Not a directory", str(probe_in))
+        os.rmdir(tempfile.mkdtemp(prefix=".write-probe-", dir=probe_in))
     except OSError as exc:
-        where = exc.filename or run_dir
+        where = exc.filename or probe_in
         raise ConfigError(f"output_dir: cannot write the run directory {run_dir} ({where}: "
                           f"{exc.strerror or exc})") from None
     return run_dir

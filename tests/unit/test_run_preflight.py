@@ -59,3 +59,16 @@ def test_read_only_output_dir_is_one_line_naming_the_path_before_any_work(tmp_pa
     assert f"output_dir: cannot write the run directory {out / 'sft-cpu'}" in lines[0]
     assert "Permission denied" in lines[0]
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("url", ["http://x", "redis://host:notaport"])
+def test_malformed_redis_url_in_the_environment_is_one_line_before_any_work(tmp_path: Path, capsys,
+                                                                             monkeypatch, url: str) -> None:
+    """Audit: ``REDIS_URL=http://x`` failed with a ValueError traceback after 14 s of preparing the model."""
+    monkeypatch.setenv("REDIS_URL", url)
+    assert main(["run", str(REPO / "configs" / "sao_demo_cpu.yaml"), f"output_dir={tmp_path / 'runs'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posttrain: config error: REDIS_URL: ") and "\n" not in err
+    assert not (tmp_path / "runs").exists()
+    assert main(["learner", str(REPO / "configs" / "sao_demo_cpu.yaml")]) == 2
+    assert "REDIS_URL: " in capsys.readouterr().err
