@@ -244,8 +244,8 @@ def guard_transport(config: RunConfig, transport: LearnerTransport, model: nn.Mo
       on a fresh Redis they restart at 0 while the learner is at version C, which granted C x B
       surplus places that all went stale.
     """
-    embeddings = model.get_input_embeddings()
-    vocab = int(getattr(embeddings, "num_embeddings", 0) or model.config.vocab_size)
+    hf_model: Any = model  # a transformers model: input embeddings and config
+    vocab = int(getattr(hf_model.get_input_embeddings(), "num_embeddings", 0) or hf_model.config.vocab_size)
     gen = config.generator
     transport.queue.set_limits(RolloutLimits(vocab, gen.max_episode_tokens + gen.max_new_tokens),
                                transport.admission.refund)
