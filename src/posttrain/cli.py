@@ -68,6 +68,11 @@ def _redis_url_from_env() -> str:
     url = os.environ.get("REDIS_URL")
     if not url:
         raise ConfigError("REDIS_URL: not set; a single role needs the run's Redis (posttrain run starts one)")
+    from posttrain.config.sections import redis_url_problem
+
+    problem = redis_url_problem(url)
+    if problem:
+        raise ConfigError(f"REDIS_URL: {problem}")
     return url
 
 
@@ -76,12 +81,13 @@ def _cmd_generator(args: argparse.Namespace) -> int:
     from posttrain.generator.seeds import generator_identity
     from posttrain.generator.worker import run_generator
 
+    redis_url = _redis_url_from_env()  # a missing or malformed REDIS_URL is one line before any work
     cfg = generator_ready(_config(args))  # cluster pods: s3:// inputs downloaded, tokenizer from the weight store
     try:
         index, generator_id, seed = generator_identity(cfg.seed, args.generator_index, args.generator_id, args.seed)
     except ValueError as exc:
         raise ConfigError(f"--generator-index: {exc}") from None
-    summary = run_generator(cfg, generator_id, _redis_url_from_env(), seed=seed, index=index)
+    summary = run_generator(cfg, generator_id, redis_url, seed=seed, index=index)
     print(f"generator {summary.generator_id}: {summary.stats['rollouts']:.0f} rollouts, "
           f"busy fraction {summary.stats['busy_fraction']:.2f}")
     return 0
@@ -121,6 +127,8 @@ def _cmd_learner(args: argparse.Namespace) -> int:
     cfg = _config(args)
     world = init_world(cfg.learner)  # torchrun: one process per rank, FSDP2 over them
     try:
+        # Rank 0's REDIS_URL, missing or malformed: one line before the model is prepared.
+        redis_url = _redis_url_from_env() if world.is_main else ""
         cfg, ctx, start = _learner_inputs(cfg, args.start_model, world)
         # Cluster pods get MLFLOW_TRACKING_URI from the tenant ConfigMap: metrics go to MLflow, into
         # the same run after a restart. Without a tracking URI they go to <run dir>/metrics.jsonl only.
@@ -129,7 +137,7 @@ def _cmd_learner(args: argparse.Namespace) -> int:
             from posttrain.tracking import Tracker
 
             tracker = Tracker.for_learner(cfg)
-        transport = redis_transport(cfg, _redis_url_from_env()) if world.is_main else None
+        transport = redis_transport(cfg, redis_url) if world.is_main else None
         with tracker if tracker is not None else contextlib.nullcontext():
             summary = run_learner(
                 cfg, transport, start_model_dir=start, sink=metrics_sink(ctx, tracker) if world.is_main else None,

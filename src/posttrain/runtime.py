@@ -15,6 +15,7 @@ A run lives in ``<output_dir>/<run_name>/``::
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,3 +163,55 @@ class RunContext:
         from posttrain.envs.registry import make_environment
 
         return make_environment(self.config.data.env, **self.config.data.env_args)
+
+
+MODEL_FILES = "config.json, weights (model.safetensors, model.safetensors.index.json or pytorch_model.bin) " \
+    "and a tokenizer (tokenizer.json or tokenizer_config.json)"
+"""What a ``model.path`` directory must hold (the files a transformers model directory has)."""
+
+
+def check_model_dir(path: Path | str, field: str = "model.path") -> None:
+    """Refuse a local model directory without a model or tokenizer, naming the files it should hold.
+
+    An empty directory gave a 34-line traceback about sentencepiece from transformers.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist, is not a directory, or lacks config, weights or
+            tokenizer (one line naming ``field``, the directory and ``MODEL_FILES``).
+    """
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"{field}: {p} is not a directory (expected a transformers model directory)")
+    weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+    missing = [what for what, names in (("config.json", ("config.json",)), ("weights", weights),
+                                        ("tokenizer", ("tokenizer.json", "tokenizer_config.json")))
+               if not any((p / name).is_file() for name in names)]
+    if missing:
+        raise FileNotFoundError(f"{field}: {p} has no model or tokenizer (missing: {', '.join(missing)}); "
+                                f"expected {MODEL_FILES}")
+
+
+def check_output_writable(config: RunConfig) -> Path:
+    """Check, before any work starts, that ``<output_dir>/<run_name>`` can be created and written; return it.
+
+    Probes the run directory when it exists, else its nearest existing parent, by creating and
+    removing a temporary directory there: nothing is left behind. A read-only ``output_dir`` gave
+    a ``PermissionError`` traceback after the model was prepared.
+
+    Raises:
+        posttrain.config.ConfigError: the run directory cannot be created or written (one line
+            naming ``output_dir``, the path and the operating system's reason).
+    """
+    import tempfile
+
+    run_dir = Path(config.output_dir) / config.run_name
+    probe_in = next((p for p in (run_dir, *run_dir.parents) if p.exists()), Path("."))
+    try:
+        if not probe_in.is_dir():
+            raise NotADirectoryError(20, "Not a directory", str(probe_in))
+        os.rmdir(tempfile.mkdtemp(prefix=".write-probe-", dir=probe_in))
+    except OSError as exc:
+        where = exc.filename or probe_in
+        raise ConfigError(f"output_dir: cannot write the run directory {run_dir} ({where}: "
+                          f"{exc.strerror or exc})") from None
+    return run_dir

@@ -94,11 +94,40 @@ def test_success_follows_the_learner_and_failures_restart_a_bounded_number_of_ti
     assert js["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["learner"]}
     policy = js["spec"]["failurePolicy"]
     assert policy["maxRestarts"] == 3
-    assert policy["rules"] == [{"name": "generatorRestartsAlone", "action": "RestartJob", "targetReplicatedJobs": ["generator"]}]
+    assert policy["rules"] == [
+        {"name": "learnerRestartsAlone", "action": "RestartJob", "targetReplicatedJobs": ["learner"]},
+        {"name": "generatorRestartsAlone", "action": "RestartJob", "targetReplicatedJobs": ["generator"]},
+    ]
     learner_job = rjobs(js)["learner"]["template"]["spec"]
     assert learner_job["backoffLimit"] == 0
     assert learner_job["template"]["spec"]["restartPolicy"] == "Never"
     assert container(js, "learner")["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def recreated_jobs(js: dict, failed: str) -> set[str]:
+    """The replicatedJobs the JobSet controller (v0.12) recreates when a Job of ``failed`` fails.
+
+    The first failurePolicy rule whose ``targetReplicatedJobs`` holds ``failed`` (or is empty)
+    decides: ``RestartJob*`` recreates that Job only, ``RestartJobSet*`` every Job, ``FailJobSet``
+    none; without a matching rule the controller restarts the whole JobSet.
+    """
+    everything = {r["name"] for r in js["spec"]["replicatedJobs"]}
+    for rule in js["spec"]["failurePolicy"].get("rules", []):
+        if not rule.get("targetReplicatedJobs") or failed in rule["targetReplicatedJobs"]:
+            action = rule["action"]
+            if action.startswith("RestartJobSet"):
+                return everything
+            return {failed} if action.startswith("RestartJob") else set()
+    return everything
+
+
+def test_a_learner_failure_recreates_the_learner_alone_so_redis_keeps_the_stream():
+    """Issue 20: a learner crash restarted the whole group, and Redis (AOF on an emptyDir) came back empty."""
+    js = build()
+    assert recreated_jobs(js, "learner") == {"learner"}
+    assert recreated_jobs(js, "generator") == {"generator"}
+    assert recreated_jobs(js, "redis") == {"redis", "learner", "generator"}  # the rebase path (issue 23, item 17)
+    assert rjobs(js)["redis"]["template"]["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure"
 
 
 def test_learner_and_generators_start_after_redis_is_ready():

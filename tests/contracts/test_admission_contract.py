@@ -320,7 +320,7 @@ def test_release_gives_the_slot_back_and_consume_does_not(backend: AdmissionBack
 
 @contract
 def test_refund_of_dropped_rollouts_frees_their_slots(backend: AdmissionBackend) -> None:
-    """8 consumed, the learner drops 3 -> consumed 5 -> 3 new tickets, then full; refund 99 or -1 refused."""
+    """8 consumed, the learner drops 3 -> consumed 5 -> 3 new tickets, then full; refund -1 refused."""
     ctl = backend.controller(batch_size=4, max_staleness=1)
     for t in acquire_all(ctl):
         ctl.consume(t)
@@ -328,10 +328,55 @@ def test_refund_of_dropped_rollouts_frees_their_slots(backend: AdmissionBackend)
     assert len(acquire_all(ctl)) == 3
     s = ctl.state()
     assert (s.consumed, s.in_flight, s.refunded_total) == (5, 3, 3)
-    for bad in (99, -1):
-        with pytest.raises(ValueError, match="count"):
-            ctl.refund(bad)
+    with pytest.raises(ValueError, match="count"):
+        ctl.refund(-1)
     assert ctl.state().consumed == 5
+
+
+@contract
+def test_refunds_of_entries_that_came_without_a_ticket_never_crash_nor_go_below_zero(
+    backend: AdmissionBackend,
+) -> None:
+    """Issue 23, item 15: an external producer's 4 entries made the warm-up refund raise
+    ("count: 4 is more than the consumed rollouts"). 2 consumed, refund 6 -> 2 back, 4 unticketed."""
+    ctl = backend.controller(batch_size=4, max_staleness=1)
+    ctl.refund(4)  # nothing consumed yet
+    for t in acquire_all(ctl)[:2]:
+        ctl.consume(t)
+    ctl.refund(6)
+    s = ctl.state()
+    assert (s.consumed, s.refunded_total, s.unticketed_total) == (0, 2, 8)
+
+
+@contract
+def test_rebase_counts_versions_the_counters_never_saw_once(backend: AdmissionBackend) -> None:
+    """Issue 23, item 17: a learner at version 8 on fresh counters (B = 4, tau = 1).
+
+    Without a re-base, capacity (8 + 1 + 1) * 4 = 40 would admit 40 rollouts at once, 32 of them
+    surplus that go stale. ``rebase(8)`` counts 8 * 4 = 32 as consumed: 8 tickets, as at a clean
+    version 8. A second ``rebase(8)``, or one after the key says 8, adds nothing.
+    """
+    versions = backend.version_store()
+    ctl = backend.controller(batch_size=4, max_staleness=1)
+    assert ctl.rebase(8) == 32
+    assert ctl.rebase(8) == 0
+    versions.set(8)
+    assert ctl.rebase(8) == 0
+    assert len(acquire_all(ctl)) == 8
+    s = ctl.state()
+    assert (s.consumed, s.in_flight, s.rebased_total, s.capacity) == (32, 8, 32, 40)
+    assert ctl.rebase(10) == 8  # the key says 8: versions 9 and 10 were never counted
+    with pytest.raises(ValueError, match="learner_version"):
+        ctl.rebase(-1)
+
+
+@contract
+def test_rebase_on_live_counters_changes_nothing(backend: AdmissionBackend) -> None:
+    """A learner restarted at version 3 while the key (Redis survived) says 5: nothing was lost."""
+    backend.version_store().set(5)
+    ctl = backend.controller(batch_size=4, max_staleness=1)
+    assert ctl.rebase(3) == 0 and ctl.rebase(5) == 0
+    assert ctl.state().consumed == 0
 
 
 @contract
@@ -485,6 +530,9 @@ class FaultyController:
 
     def refund(self, count: int) -> None:
         self.inner.refund(count)
+
+    def rebase(self, learner_version: int) -> int:
+        return self.inner.rebase(learner_version)
 
     def state(self) -> AdmissionState:
         return self.inner.state()

@@ -36,7 +36,7 @@ import redis
 from posttrain.records import RecordError, Rollout, encode_rollout, pack_rollout_unvalidated
 from posttrain.rollout.keys import StreamKeys
 from posttrain.rollout.memory_queue import MemoryRolloutQueue, MemoryStream
-from posttrain.rollout.queue import DeadLetter, QueueEntry, RolloutQueue
+from posttrain.rollout.queue import DeadLetter, DeadLetterHook, QueueEntry, RolloutLimits, RolloutQueue
 from posttrain.rollout.redis_streams import RedisStreamQueue, connect
 
 
@@ -420,6 +420,57 @@ def test_undecodable_entries_are_dead_lettered_with_the_reason_and_raw_bytes(bac
 
 
 @contract
+def test_rollouts_outside_the_models_vocabulary_or_length_are_dead_lettered_before_the_learner(
+    backend: QueueBackend,
+) -> None:
+    """Issue 23, item 7: token id 5000 with a vocabulary of 400 passed validation and crash-looped the learner.
+
+    With ``set_limits(vocab 400, 8 tokens)``: good, id 5000, 9 tokens, good. The learner gets the 2
+    good ones; the 2 others are dead-lettered with the field, index and bound, acked (a restart
+    does not see them again), and the hook hears 2 (their admission places go back).
+    """
+    q = backend.queue()
+    heard: list[int] = []
+    q.set_limits(RolloutLimits(vocab_size=400, max_tokens=8), heard.append)
+    good0 = q.put(make_rollout(0))
+    oov = make_rollout(1, num_tokens=6)
+    oov.token_ids[4] = 5000
+    oov_id = q.put(oov)
+    long_id = q.put(make_rollout(2, num_tokens=9))
+    good1 = q.put(make_rollout(3, num_tokens=8))
+    assert ids_of(q.get_batch(10, timeout_s=0.0)) == [good0, good1]
+    dead = {d.original_id: d.reason for d in q.dead_letters()}
+    assert dead == {oov_id: "token_ids[4]: id 5000 is outside the model's vocabulary (vocab_size 400)",
+                    long_id: "token_ids: 9 tokens, more than the learner's limit of 8"}
+    assert sum(heard) == 2
+    assert q.pending() == [good0, good1]
+    restarted = backend.queue()
+    restarted.set_limits(RolloutLimits(vocab_size=400, max_tokens=8), heard.append)
+    assert ids_of(restarted.get_batch(10, timeout_s=0.0)) == [good0, good1]
+    assert sum(heard) == 2
+
+
+@contract
+def test_undecodable_entries_are_told_to_the_dead_letter_hook_but_trimmed_ones_are_not(
+    backend: QueueBackend,
+) -> None:
+    """Issue 23, item 15: dead-lettered entries' admission places must come back; a trimmed entry was
+    delivered (and counted) before, so it gives nothing back."""
+    q = backend.queue()
+    heard: list[int] = []
+    q.set_limits(None, heard.append)
+    backend.append_raw({"payload": b"\xc1 not msgpack"})
+    kept = q.put(make_rollout(0))
+    assert ids_of(q.get_batch(10, timeout_s=0.0)) == [kept]
+    assert heard == [1]
+    backend.delete([kept])
+    restarted = backend.queue()
+    restarted.set_limits(None, heard.append)
+    assert restarted.get_batch(10, timeout_s=0.0) == []
+    assert restarted.dead_letter_count() == 2 and heard == [1]
+
+
+@contract
 def test_pending_entries_deleted_before_ack_are_dead_lettered_not_dropped(backend: QueueBackend) -> None:
     """Entries held by a and b are deleted from the stream: the restart path (a again) and the claim
     path (c claims b's) each dead-letter one, with a reason saying so; nothing stays pending."""
@@ -550,6 +601,9 @@ class FaultyQueue:
 
     def length(self) -> int:
         return self.inner.length()
+
+    def set_limits(self, limits: RolloutLimits | None, on_dead_letter: DeadLetterHook | None = None) -> None:
+        self.inner.set_limits(limits, on_dead_letter)
 
     def lag(self) -> int:
         return self.inner.lag()

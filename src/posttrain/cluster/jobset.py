@@ -17,9 +17,13 @@ learner never holds GPUs while its generators wait for quota, or the reverse.
   (``network.enableDNSHostnames``; ``publishNotReadyAddresses`` so the name resolves before the pod
   is Ready); torchrun's static rendezvous retries until that name resolves and every node has
   joined, for at most ``RENDEZVOUS_TIMEOUT_S``. The Job has ``backoffLimit: 0`` and
-  ``restartPolicy: Never`` so a crash of any learner pod fails the Job, the JobSet restarts the
-  group (bounded by ``failurePolicy.maxRestarts``) and the failed pod keeps its termination message
-  (``FallbackToLogsOnError``: the log tail when the process wrote none) for the launcher to report.
+  ``restartPolicy: Never`` so a crash of any learner pod fails the Job; the JobSet then recreates
+  the learner Job alone (failure rule ``RestartJob``, bounded by ``failurePolicy.maxRestarts``), so
+  Redis keeps the stream, the pending entries, the admission counters and the generators'
+  positions, and the new learner resumes from its checkpoint on ``checkpoints_uri`` (issue 20,
+  "restart that keeps the stream"; a group-wide restart would recreate Redis on an empty
+  emptyDir). The failed pod keeps its termination message (``FallbackToLogsOnError``: the log tail
+  when the process wrote none) for the launcher to report.
 * ``generator`` (N Jobs of 1 pod, ``generator.resources`` each): ``posttrain generator --config
   <uri> --generator-index $(POSTTRAIN_GENERATOR_INDEX)``, the index being the pod's JobSet job
   index (0..N-1, from the ``jobset.sigs.k8s.io/job-index`` label): generator ``g<index>``, seeded
@@ -30,6 +34,11 @@ learner never holds GPUs while its generators wait for quota, or the reverse.
 Every pod carries ``sidecar.istio.io/inject: "false"`` unless ``istio_sidecar=True`` (Kubeflow
 profile namespaces inject Istio sidecars, which keep finished batch pods Running), and, with a
 ``priority_class``, the label ``kueue.x-k8s.io/priority-class`` the JobSet itself carries for Kueue.
+
+Only a failure of the ``redis`` Job itself (past its ``backoffLimit``) restarts the whole group
+(no rule matches: ``RestartJobSet``); Redis then starts empty, and the resumed learner re-bases the
+admission counters on its checkpoint (``RolloutQueue``/``admission.rebase``), so the surplus
+capacity does not go stale (issue 23, item 17).
 
 ``successPolicy {operator: All, targetReplicatedJobs: [learner]}`` ends the run when the learner
 completes; the JobSet controller then deletes the still-running generator and Redis Jobs.
@@ -316,7 +325,8 @@ def build_sao_jobset(
             (label and annotation), so a profile namespace with sidecar injection leaves the pods
             alone; True: no opt-out (a mesh-managed namespace; the tenant's NetworkPolicies must
             then allow istiod: ``posttrain tenant render --istio-sidecar``).
-        max_restarts: ``failurePolicy.maxRestarts``: group restarts plus single-generator restarts.
+        max_restarts: ``failurePolicy.maxRestarts``: group restarts plus single-learner and
+            single-generator restarts.
         tenant_config_map: ConfigMap mounted as environment (``envFrom``) into learner and generators
             (S3 prefix, MLflow experiment and tracking URI, Redis key prefix), or None.
         s3_credentials_secret: Secret mounted as environment into learner and generators, or None.
@@ -472,6 +482,7 @@ def build_sao_jobset(
                 "maxRestarts": max_restarts,
                 "restartStrategy": "Recreate",
                 "rules": [
+                    {"name": "learnerRestartsAlone", "action": "RestartJob", "targetReplicatedJobs": ["learner"]},
                     {"name": "generatorRestartsAlone", "action": "RestartJob", "targetReplicatedJobs": ["generator"]},
                 ],
             },

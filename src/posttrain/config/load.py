@@ -19,7 +19,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     """Turn ``["sao.steps=10", "generator.engine=hf"]`` into a nested dict (values parsed as YAML).
 
     Raises:
-        ConfigError: an item without ``=`` or with an empty key.
+        ConfigError: an item without ``=``, with an empty key, or nested deeper than ``MAX_CONFIG_DEPTH``.
     """
     out: dict[str, Any] = {}
     for item in items:
@@ -28,13 +28,54 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             raise ConfigError(f"override {item!r}: expected dotted.key=value")
         node = out
         parts = key.split(".")
+        if len(parts) > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"override {item[:60]!r}...: key nested deeper than {MAX_CONFIG_DEPTH} levels")
         for part in parts[:-1]:
             nxt = node.setdefault(part, {})
             if not isinstance(nxt, dict):
                 raise ConfigError(f"override {item!r}: {part} is set both as a value and as a section")
             node = nxt
-        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+        node[parts[-1]] = _safe_yaml(raw, f"override {item[:60]!r}") if raw != "" else ""
     return out
+
+
+MAX_CONFIG_DEPTH = 64
+"""Deepest nesting of mappings/lists a config (file or override) may have; deeper YAML (100 k levels in
+the audit) printed about 3,000 lines of ``RecursionError``."""
+
+
+def _safe_yaml(text: str, where: str) -> Any:
+    """``yaml.safe_load(text)``, with nesting beyond Python's recursion limit reported as one ``ConfigError``.
+
+    Raises:
+        ConfigError: the YAML is nested too deeply to parse (names ``where``).
+        yaml.YAMLError: the YAML is invalid (the caller reports it).
+    """
+    try:
+        return yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply (a config has at most {MAX_CONFIG_DEPTH} levels)") from None
+
+
+def _check_depth(data: Any, where: str) -> None:
+    """Refuse nesting deeper than ``MAX_CONFIG_DEPTH`` (iteratively: no recursion on hostile input).
+
+    Raises:
+        ConfigError: naming the dotted path where the limit was passed.
+    """
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    seen: set[int] = set()
+    while stack:
+        node, path, depth = stack.pop()
+        if not isinstance(node, dict | list) or id(node) in seen:
+            continue  # a shared (aliased) node is walked once; its size is checked where it matters
+        seen.add(id(node))
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"{where}{path or '<root>'}: nested deeper than {MAX_CONFIG_DEPTH} levels")
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            stack.append((value, f"{path}.{key}" if path and isinstance(node, dict) else
+                          (str(key) if isinstance(node, dict) else f"{path}[{key}]"), depth + 1))
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -90,7 +131,7 @@ def load_config(path: Path | str | None, overrides: list[str] | None = None) -> 
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{p}: cannot read the config file: {exc}") from exc
         try:
-            loaded = yaml.safe_load(text)
+            loaded = _safe_yaml(text, str(p))
         except yaml.YAMLError as exc:
             where = getattr(exc, "problem_mark", None)
             at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
@@ -101,7 +142,10 @@ def load_config(path: Path | str | None, overrides: list[str] | None = None) -> 
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: top level must be a mapping, got {type(loaded).__name__}")
         data = loaded
-    data = _merge(data, parse_overrides(overrides or []))
+    _check_depth(data, f"{path}: " if path is not None else "")
+    extra = parse_overrides(overrides or [])
+    _check_depth(extra, "override ")
+    data = _merge(data, extra)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:

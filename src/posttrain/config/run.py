@@ -6,6 +6,7 @@ keys are errors (``extra="forbid"``), so a typo never silently falls back to a d
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -86,6 +87,48 @@ class RunConfig(_Strict):
         if not value.strip() or (sep and (scheme not in ("s3", "file") or not rest.strip("/"))):
             raise ValueError(f"{info.field_name} must be a path, a file:// URI or an s3://bucket/prefix URI")
         return value
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir_not_a_file(cls, value: str) -> str:
+        """The nearest existing part of ``output_dir`` must be a directory (a file gave NotADirectoryError at run time)."""
+        if "://" in value:
+            raise ValueError(f"output_dir must be a local directory path, got {value!r}")
+        path = Path(value)
+        for part in (path, *path.parents):
+            if part.exists():
+                if not part.is_dir():
+                    what = "is a file" if part == path else f"lies under {part}, which is a file"
+                    raise ValueError(f"output_dir {value!r} {what}, not a directory")
+                break
+        return value
+
+    @model_validator(mode="after")
+    def _stream_holds_unacknowledged_entries(self) -> RunConfig:
+        """``queue.maxlen`` must hold the entries the learner has not acknowledged (trimmed ones were lost after a crash).
+
+        The learner acknowledges an entry only once the checkpoint after its optimizer step is
+        written, so up to ``checkpoint_every`` batches are pending, one more batch is being read,
+        and admission lets ``max_staleness + 1`` batches be unread on the stream: with B rollouts
+        per batch, ``(checkpoint_every + max_staleness + 2) * B`` entries. Approximate trimming
+        keeps at least ``maxlen`` entries, so this bound is enough.
+        """
+        if self.technique == "sao":
+            every, tau, batch = self.sao.checkpoint_every, self.sao.max_staleness, self.sao.batch_size
+            names = "sao.checkpoint_every, sao.max_staleness, sao.batch_size"
+        elif self.technique == "grpo" and self.grpo.async_:
+            every, tau = self.grpo.checkpoint_every, self.grpo.max_staleness
+            batch = self.grpo.prompts_per_step * self.grpo.group_size
+            names = "grpo.checkpoint_every, grpo.max_staleness, grpo.prompts_per_step x grpo.group_size"
+        else:
+            return self
+        bound = (every + tau + 2) * batch
+        if self.queue.maxlen < bound:
+            raise ValueError(
+                f"queue.maxlen ({self.queue.maxlen}) must be >= (checkpoint_every + max_staleness + 2) x batch "
+                f"= ({every} + {tau} + 2) x {batch} = {bound} entries ({names}), or the stream trims entries "
+                "the learner has not acknowledged")
+        return self
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:

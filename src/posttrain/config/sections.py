@@ -8,7 +8,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from posttrain.config.common import OptimConfig, SAOLossConfig, _Strict
-from posttrain.config.environments import ENVIRONMENT_ARGUMENTS, unknown_env_args
+from posttrain.config.environments import ENVIRONMENT_ARGUMENTS, env_args_problem, unknown_env_args
 from posttrain.config.resources import PodResources, fill_resources
 
 MAX_LEARNER_NODES = 64
@@ -88,7 +88,10 @@ class DataConfig(_Strict):
     @field_validator("env_args")
     @classmethod
     def _env_args_fit_env(cls, env_args: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        """Reject keys the environment's constructor does not take (else a TypeError at run time)."""
+        """Reject unknown keys, values of the wrong type, and oversized or deeply nested values.
+
+        Each was a traceback at run time (``env_args_problem`` checks type, size and depth).
+        """
         env = info.data.get("env")
         if env is None:  # ``env`` itself failed validation; that error is reported instead.
             return env_args
@@ -101,6 +104,9 @@ class DataConfig(_Strict):
                 {"key": unknown[0], "env": env, "others": others,
                  "accepted": ", ".join(ENVIRONMENT_ARGUMENTS[env]) or "no arguments"},
             )
+        problem = env_args_problem(env, env_args)  # a wrong type or an alias bomb: caught here, not at run time
+        if problem:
+            raise PydanticCustomError("env_args_value", "{problem}", {"problem": problem})
         return env_args
 
 
@@ -250,11 +256,53 @@ class QueueConfig(_Strict):
     key_prefix: str = Field("posttrain", min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$")
     """Prefix of every key of this run (``<prefix>:<run>:rollouts``); tenants get their own."""
     maxlen: int = Field(100_000, ge=10)
-    """Approximate MAXLEN of the stream (entries)."""
+    """Approximate MAXLEN of the stream (entries). It must hold every entry the learner has not yet
+    acknowledged, ``(checkpoint_every + max_staleness + 2) * batch rollouts`` (checked with the
+    technique's section): a smaller stream trims entries that were trained but not checkpointed,
+    and a crash would then lose them."""
     block_ms: int = Field(1000, ge=1, le=600_000)
     """XREADGROUP block (milliseconds)."""
     claim_idle_ms: int = Field(30_000, ge=1)
     """Pending entries idle this long (milliseconds) are reclaimed with XAUTOCLAIM."""
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_parses(cls, value: str | None) -> str | None:
+        """A malformed URL was a ValueError after 14 s of work at run time; refuse it here."""
+        if value is not None:
+            problem = redis_url_problem(value)
+            if problem:
+                raise ValueError(problem)
+        return value
+
+
+def redis_url_problem(url: str) -> str | None:
+    """Why ``url`` is not a usable Redis URL, or None; credentials are never echoed.
+
+    Accepted: ``redis://[user:pass@]host[:port][/db]``, ``rediss://...``, ``unix:///path``.
+
+    Example: ``redis_url_problem("http://x")`` names the allowed schemes.
+    """
+    from urllib.parse import urlsplit
+
+    scheme = url.partition("://")[0] if "://" in url else ""
+    if scheme not in ("redis", "rediss", "unix"):
+        return f"expected a redis://, rediss:// or unix:// URL, got scheme {scheme or '(none)'!r}"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return f"not a valid {scheme}:// URL: {exc}"
+    if scheme == "unix":
+        return None if parts.path else "unix:// URL needs a socket path (unix:///run/redis.sock)"
+    if not parts.hostname:
+        return f"{scheme}:// URL needs a host ({scheme}://HOST:PORT/DB)"
+    if port == 0:
+        return "port must be in 1..65535"
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        return f"database must be a number after the host (/0), got {db!r}"
+    return None
 
 
 class TrackingConfig(_Strict):

@@ -227,7 +227,7 @@ def load_rl_tasks(
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        DatasetError: a bad row with ``on_bad_row="stop"``.
+        DatasetError: a bad row with ``on_bad_row="stop"``; or no valid task (line 0, field ``<file>``).
     """
     result = read_tasks_jsonl(path, env_name, on_bad_row=on_bad_row, quarantine_path=quarantine_path)
     return LoadedRows(Path(path), result.tasks, [], result.num_quarantined, result.quarantine_path)
@@ -249,15 +249,16 @@ def validate_file(path: Path | str, fmt: DataFormat, env_name: str = "gsm8k") ->
     """
     with tempfile.TemporaryDirectory() as tmp:
         quarantine = Path(tmp) / "bad.jsonl"
-        if fmt == "rl":
-            num_valid = len(load_rl_tasks(path, env_name, on_bad_row="quarantine", quarantine_path=quarantine).records)
-        else:
-            try:
-                num_valid = len(load_rows(path, fmt, on_bad_row="quarantine", quarantine_path=quarantine).records)
-            except DatasetError as err:
-                if err.field != "<file>":
-                    raise
-                num_valid = 0
+        try:
+            if fmt == "rl":
+                loaded = load_rl_tasks(path, env_name, on_bad_row="quarantine", quarantine_path=quarantine)
+            else:
+                loaded = load_rows(path, fmt, on_bad_row="quarantine", quarantine_path=quarantine)
+            num_valid = len(loaded.records)
+        except DatasetError as err:
+            if err.field != "<file>":
+                raise
+            num_valid = 0
         errors = []
         if quarantine.exists():
             for line in quarantine.read_text(encoding="utf-8").splitlines():

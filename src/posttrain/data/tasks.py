@@ -151,12 +151,69 @@ class RowSink:
         return TaskLoadResult(tasks, self.count, self.quarantine_path if self.count else None)
 
 
+MAX_ROW_BYTES = 8 * 2**20
+"""Longest row of a dataset file (bytes, newline excluded): 8 MiB. A longer row is a bad row (field
+``<row>``); it is skipped in 1 MiB pieces and never held in memory whole."""
+
+_SKIP_CHUNK = 2**20
+
+
+def _raw_lines(fh: BinaryIO, limit: int) -> Iterator[tuple[int, int, bytes | None, int]]:
+    """``(line_number, byte_offset, line_bytes, size)`` per line; ``line_bytes`` is None for a line over ``limit`` bytes.
+
+    Reads at most ``limit + 1`` bytes at a time, so memory stays bounded whatever the file holds;
+    ``size`` counts the line's bytes without its newline for an oversized line.
+    """
+    offset, lineno = 0, 0
+    while True:
+        line = fh.readline(limit + 1)
+        if not line:
+            return
+        lineno += 1
+        start, size = offset, len(line)
+        if size > limit and not line.endswith(b"\n"):
+            newline = 0
+            while True:  # skip the rest of the oversized line
+                chunk = fh.readline(_SKIP_CHUNK)
+                size += len(chunk)
+                if chunk.endswith(b"\n"):
+                    newline = 1
+                if not chunk or newline:
+                    break
+            offset += size
+            yield lineno, start, None, size - newline
+            continue
+        offset += size
+        yield lineno, start, line, size
+
+
 def jsonl_rows(path: Path, sink: RowSink) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line_number, object)`` for each non-blank line; bad JSON goes to ``sink``."""
+    """``(line_number, object)`` for each non-blank line, read as a stream; bad lines go to ``sink``.
+
+    A line that is not UTF-8 (field ``<utf-8>``: the byte, its offset in the file and its column),
+    longer than ``MAX_ROW_BYTES`` (field ``<row>``), not JSON, or not a JSON object is a bad row.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a file.
+        DatasetError: a bad line with ``on_bad_row="stop"``.
+    """
     if not path.is_file():
         raise FileNotFoundError(f"task file {path} does not exist")
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    limit = MAX_ROW_BYTES
+    with path.open("rb") as fh:
+        for lineno, offset, raw, size in _raw_lines(fh, limit):
+            if raw is None:
+                sink.bad(DatasetError(path, lineno, "<row>", f"row is {size} bytes, over the limit of {limit} bytes "
+                                      "(posttrain.data.tasks.MAX_ROW_BYTES)"), f"<{size} bytes, not kept>")
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                byte = raw[exc.start : exc.start + 1].hex()
+                sink.bad(DatasetError(path, lineno, "<utf-8>", f"not UTF-8: byte 0x{byte} at byte offset "
+                                      f"{offset + exc.start} of the file (byte {exc.start + 1} of the line)"),
+                         raw.decode("utf-8", errors="replace").rstrip("\n"))
+                continue
             if not line.strip():
                 continue
             try:
@@ -199,6 +256,10 @@ def _metadata(obj: dict[str, Any], path: Path, lineno: int) -> dict[str, str]:
     return out
 
 
+TASK_FIELDS = ("task_id", "prompt", "reference", "metadata")
+"""The fields of a generic RL task row; any other key is a bad row (a typo must not drop data)."""
+
+
 def read_tasks_jsonl(
     path: Path | str,
     env_name: str,
@@ -210,7 +271,8 @@ def read_tasks_jsonl(
     """Read a generic RL task file (see the module docstring for the row format).
 
     ``task_id`` defaults to ``<file stem>-<line number>``; ids must be unique within the file.
-    ``reference`` may be a JSON number (converted to its string).
+    ``reference`` may be a JSON number (converted to its string). A key outside ``TASK_FIELDS`` is
+    a bad row (field: the key). The file is read as a stream (``jsonl_rows``).
 
     Args:
         path: The JSONL file.
@@ -225,7 +287,8 @@ def read_tasks_jsonl(
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        DatasetError: a bad row with ``on_bad_row="stop"``.
+        DatasetError: a bad row with ``on_bad_row="stop"``; or no valid task at all (line 0, field
+            ``<file>``), so an empty file is refused at load time instead of starving generators.
         ValueError: bad ``on_bad_row`` / missing ``quarantine_path``.
     """
     p = Path(path)
@@ -234,6 +297,9 @@ def read_tasks_jsonl(
     seen: set[str] = set()
     for lineno, obj in jsonl_rows(p, sink):
         try:
+            for key in obj:
+                if key not in TASK_FIELDS:
+                    raise DatasetError(p, lineno, key, f"unknown field (allowed: {', '.join(TASK_FIELDS)})")
             task_id = obj.get("task_id", f"{p.stem}-{lineno}")
             if not isinstance(task_id, str) or not task_id:
                 raise DatasetError(p, lineno, "task_id", f"expected a non-empty string, got {task_id!r}")
@@ -252,7 +318,10 @@ def read_tasks_jsonl(
             continue
         seen.add(task_id)
         tasks.append(task)
-    return sink.result(tasks)
+    result = sink.result(tasks)
+    if not tasks:  # an empty train file made every generator die in randrange and the run hang
+        raise DatasetError(p, 0, "<file>", f"no valid task ({result.num_quarantined} quarantined)")
+    return result
 
 
 def load_tasks_jsonl(

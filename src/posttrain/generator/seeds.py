@@ -12,13 +12,22 @@ its local generators, a cluster generator pod takes its JobSet job index
   (``t < 1000``), so no two requests of a run share a seed, whatever tasks they run.
 
 Seeds stay below 2**53, so the float ``Rollout.metrics["sampling_seed"]`` holds them exactly.
-Tested in ``tests/unit/generator/test_seeds.py``.
+
+A generator's position (its episode counter ``c``) survives a restart: counters are reserved in
+blocks of ``POSITION_BLOCK`` from the run's Redis (``HINCRBY`` on ``StreamKeys.generator_positions``,
+field = index), so a restarted generator, whose task order is also seeded by its first reserved
+counter, never replays the (task, seed) pairs of its earlier life (the audit saw every rollout of a
+restarted generator token-identical to one of its first life, and 8 of 44 trained twice). At most
+``POSITION_BLOCK - 1`` numbers are skipped per restart. The position lives as long as the run's
+Redis keeps its data (the cluster's Redis keeps an AOF on a volume, ``cluster.jobset``).
+Tested in ``tests/unit/generator/test_seeds.py`` and ``tests/integration/test_generator_restart.py``.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Callable
 
 MAX_GENERATORS = 1024
 """Generators of one run (``generator.num_processes`` and the JobSet's generator replicas are at most this)."""
@@ -29,6 +38,8 @@ EPISODE_NUMBER_BITS = 33
 _RUN_MIX = 0x9E3779B1
 """Odd constant: spreads run seeds over the episode-number ring so runs with nearby seeds differ."""
 _ID = re.compile(r"^g(\d+)$")
+POSITION_BLOCK = 64
+"""Episode counters a generator reserves from Redis at a time (one ``HINCRBY`` per 64 episodes)."""
 
 
 def generator_index(index: int | None, generator_id: str | None) -> int:
@@ -89,14 +100,46 @@ class EpisodeSeeds:
     Args:
         run_seed: The run config's ``seed``.
         index: The generator's index (``generator_index``).
+        reserve: ``reserve(n)`` reserves the next ``n`` episode counters of this generator for good
+            and returns the end of the reserved range (exclusive): the run's Redis in a generator
+            (``redis_reserve``), so a restart continues where the last life stopped. None: count
+            from 0 in this process only.
+        block: Counters reserved per ``reserve`` call (``>= 1``).
+
+    Attributes:
+        start: The first counter of this life (0 without ``reserve``): seeds the generator's task order.
+
+    Raises:
+        ValueError: ``index`` out of range, ``block < 1``, or ``reserve`` returned an end below ``block``.
     """
 
-    def __init__(self, run_seed: int, index: int) -> None:
+    def __init__(self, run_seed: int, index: int, reserve: Callable[[int], int] | None = None,
+                 block: int = POSITION_BLOCK) -> None:
         episode_seed(run_seed, index, 0)  # validates
+        if block < 1:
+            raise ValueError(f"block: must be >= 1, got {block}")
         self.run_seed = run_seed
         self.index = index
-        self._counter = itertools.count()
+        self._reserve = reserve
+        self._block = block
+        self._counter: itertools.count[int] | None = None if reserve is not None else itertools.count()
+        self._next = self._end = 0
+        if reserve is not None:
+            self._take_block()
+        self.start = self._next
+
+    def _take_block(self) -> None:
+        assert self._reserve is not None
+        end = int(self._reserve(self._block))
+        if end < self._block:
+            raise ValueError(f"reserve: returned end {end}, below the block of {self._block} just reserved")
+        self._next, self._end = end - self._block, end
 
     def next(self) -> int:
-        """The next episode's seed."""
-        return episode_seed(self.run_seed, self.index, next(self._counter))
+        """The next episode's seed (reserving the next block from ``reserve`` when this one is used up)."""
+        if self._counter is not None:
+            return episode_seed(self.run_seed, self.index, next(self._counter))
+        if self._next >= self._end:
+            self._take_block()
+        counter, self._next = self._next, self._next + 1
+        return episode_seed(self.run_seed, self.index, counter)

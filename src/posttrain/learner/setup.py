@@ -14,6 +14,7 @@ published after its last checkpoint, and the version key is set.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,13 +49,15 @@ from posttrain.rollout.admission import (
     StalenessStats,
     batch_staleness_metrics,
 )
-from posttrain.rollout.queue import PolicyVersionStore, QueueEntry, RolloutQueue
+from posttrain.rollout.queue import PolicyVersionStore, QueueEntry, RolloutLimits, RolloutQueue
 from posttrain.rollout.redis_streams import RedisPolicyVersionStore, RedisStreamQueue
 from posttrain.rollout.telemetry import read_generator_stats
 from posttrain.runtime import RunContext
 from posttrain.weight_sync.announce import announce_weights
 from posttrain.weight_sync.factory import open_weight_store
 from posttrain.weight_sync.store import WeightStore
+
+log = logging.getLogger("posttrain.learner")
 
 
 @dataclass
@@ -229,6 +232,29 @@ class Learner:
                               self.counters)
 
 
+def guard_transport(config: RunConfig, transport: LearnerTransport, model: nn.Module, policy_version: int) -> None:
+    """Make the transport safe for this learner before it reads anything (issue 23, items 7, 15, 17).
+
+    * Every delivered rollout is checked against the model's vocabulary (its input embedding's
+      rows) and the longest sequence the run's engines produce (``generator.max_episode_tokens +
+      generator.max_new_tokens``); one that does not fit is dead-lettered with the reason instead
+      of crashing the forward pass (and, pending, every restart after it).
+    * Dead-lettered entries give their admission places back (``admission.refund``).
+    * The admission counters are re-based on the resumed policy version (``admission.rebase``):
+      on a fresh Redis they restart at 0 while the learner is at version C, which granted C x B
+      surplus places that all went stale.
+    """
+    hf_model: Any = model  # a transformers model: input embeddings and config
+    vocab = int(getattr(hf_model.get_input_embeddings(), "num_embeddings", 0) or hf_model.config.vocab_size)
+    gen = config.generator
+    transport.queue.set_limits(RolloutLimits(vocab, gen.max_episode_tokens + gen.max_new_tokens),
+                               transport.admission.refund)
+    added = transport.admission.rebase(policy_version)
+    if added:
+        log.warning("admission counters were behind the checkpoint's policy version %d (a fresh Redis?): "
+                    "counted %d rollouts of the versions they never saw as consumed", policy_version, added)
+
+
 def critic_optimizer_steps(sao: SAOConfig) -> int:
     """Optimizer steps the critic takes over a run: K per iteration, warm-up iterations included.
 
@@ -310,6 +336,7 @@ def build_learner(config: RunConfig, transport: LearnerTransport | None, *, star
     counters = {"rollouts_trained": 0.0, "stale_dropped": 0.0, "skipped_nonfinite": 0.0, **state.counters}
     publisher, inner, flags = None, None, b""
     if transport is not None and world.is_main:
+        guard_transport(config, transport, policy.model, state.policy_version)
         latest = transport.store.latest_version()
         resumed = resumed_policy.checkpoint is not None or (latest is not None and latest > 0)
         if state.consumed_entry_ids:  # the checkpoint covers them: acknowledge, never train on them again

@@ -72,6 +72,14 @@ class StreamKeys:
         return f"{self.base}:generator_stats"
 
     @property
+    def generator_positions(self) -> str:
+        """Hash of generator index -> episode counters reserved so far (``posttrain.generator.seeds``).
+
+        A restarted generator continues its episode numbering there instead of replaying its seeds.
+        """
+        return f"{self.base}:generator_positions"
+
+    @property
     def stop(self) -> str:
         """String key whose presence tells the run's generators to finish."""
         return f"{self.base}:stop"
@@ -95,6 +103,7 @@ class StreamKeys:
             "admission": self.admission,
             "admission_leases": self.admission_leases,
             "generator_stats": self.generator_stats,
+            "generator_positions": self.generator_positions,
             "stop": self.stop,
             "weights": self.weights,
         }

@@ -22,7 +22,9 @@ from posttrain.records import RecordError, Rollout, encode_rollout
 from posttrain.rollout.queue import (
     PAYLOAD_FIELD,
     DeadLetter,
+    DeadLetterHook,
     QueueEntry,
+    RolloutLimits,
     check_batch_args,
     check_version,
     decode_entry,
@@ -106,6 +108,9 @@ class MemoryRolloutQueue:
         self.consumer = consumer
         self._recovering = True  # first read this consumer's own pending entries (Redis id "0")
         self._delivered: set[int] = set()  # handed out by this object and not acked
+        self.limits: RolloutLimits | None = None
+        self._on_dead_letter: DeadLetterHook | None = None
+        self._dead_unreported = 0  # dead-lettered entries (not trimmed ones) not yet told to the hook
 
     def put(self, rollout: Rollout) -> str:
         """Validate, encode and append ``rollout``; return its entry id.
@@ -116,10 +121,24 @@ class MemoryRolloutQueue:
         payload = encode_rollout(rollout)
         return self.stream.add(entry_fields(rollout, payload))
 
+    def set_limits(self, limits: RolloutLimits | None, on_dead_letter: DeadLetterHook | None = None) -> None:
+        """Check delivered rollouts against ``limits``; tell ``on_dead_letter`` how many a read dead-lettered."""
+        self.limits = limits
+        self._on_dead_letter = on_dead_letter
+
+    def _report_dead(self) -> None:
+        """Call the dead-letter hook with the entries this object's reads dead-lettered (outside the lock)."""
+        dead, self._dead_unreported = self._dead_unreported, 0
+        if dead > 0 and self._on_dead_letter is not None:
+            self._on_dead_letter(dead)
+
     def _take(self, seq: int, fields: Mapping[str, bytes] | None, out: list[QueueEntry]) -> None:
         """Decode one delivered entry into ``out`` or dead-letter it (caller holds the lock)."""
         try:
             rollout = decode_entry(fields)
+            problem = self.limits.problem(rollout) if self.limits is not None else None
+            if problem is not None:
+                raise RecordError(problem)
         except RecordError as exc:
             payload = b"" if not fields else fields.get(PAYLOAD_FIELD, b"")
             st = self.stream
@@ -133,6 +152,8 @@ class MemoryRolloutQueue:
                 )
             )
             st.pel.pop(seq, None)
+            if fields:  # an entry trimmed before ack was delivered before: no admission place to give back
+                self._dead_unreported += 1
             return
         self._delivered.add(seq)
         out.append(QueueEntry(entry_id=_fmt(seq), rollout=rollout))
@@ -163,6 +184,12 @@ class MemoryRolloutQueue:
             ValueError: ``n < 1`` or ``timeout_s < 0``.
         """
         check_batch_args(n, timeout_s)
+        try:
+            return self._get_batch(n, timeout_s)
+        finally:
+            self._report_dead()
+
+    def _get_batch(self, n: int, timeout_s: float) -> list[QueueEntry]:
         deadline = time.monotonic() + timeout_s
         out: list[QueueEntry] = []
         st = self.stream
@@ -217,6 +244,7 @@ class MemoryRolloutQueue:
                 p = st.pel[seq]
                 p.consumer, p.delivered_at, p.deliveries = self.consumer, now, p.deliveries + 1
                 self._take(seq, st.entries.get(seq), out)
+        self._report_dead()
         return out
 
     def pending(self) -> list[str]:

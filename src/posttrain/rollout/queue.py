@@ -9,7 +9,12 @@ group) and ``memory_queue.MemoryRolloutQueue`` (an in-process twin for tests). B
 * no poison entries: an entry that does not decode to a valid ``Rollout`` never reaches the
   learner and is never dropped silently: it moves to the dead-letter stream with the reason
   and its raw bytes, and the original is acked;
-* no pickle: the payload is ``posttrain.records.encode_rollout`` msgpack.
+* no pickle: the payload is ``posttrain.records.encode_rollout`` msgpack;
+* fits the model: once the learner has called ``set_limits``, a rollout whose token ids fall
+  outside the model's vocabulary or that is longer than the model takes is dead-lettered with the
+  reason before any forward pass (an out-of-vocabulary id crash-looped the learner: every restart
+  re-read the pending entry); ``on_dead_letter`` then hears how many entries went, so the learner
+  gives their admission places back.
 
 This module holds only types; import it anywhere (no Redis needed). Run the tests with
 ``.venv/bin/python -m pytest -q tests/contracts tests/unit/rollout tests/integration/test_redis_stream.py``.
@@ -17,7 +22,7 @@ This module holds only types; import it anywhere (no Redis needed). Run the test
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -71,6 +76,51 @@ class DeadLetter:
     consumer: str
 
 
+@dataclass(frozen=True)
+class RolloutLimits:
+    """What the learner's model can take; every decoded rollout is checked against it.
+
+    Attributes:
+        vocab_size: V; every token id must be in ``[0, V)`` (the embedding's rows).
+        max_tokens: Longest rollout in tokens (the model's ``max_position_embeddings``, or the
+            generators' ``max_episode_tokens + max_new_tokens``); None: no length limit.
+
+    Raises:
+        ValueError: ``vocab_size < 1`` or ``max_tokens < 1``.
+    """
+
+    vocab_size: int
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < 1:
+            raise ValueError(f"vocab_size: must be >= 1, got {self.vocab_size}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens: must be >= 1 or None, got {self.max_tokens}")
+
+    def problem(self, rollout: Rollout) -> str | None:
+        """Why ``rollout`` does not fit the model (the field, index and bound), or None.
+
+        ``token_ids`` may be a list or a ``[T] int32`` numpy array (``decode_rollout(arrays=True)``).
+        """
+        ids = rollout.token_ids
+        n = len(ids)
+        if self.max_tokens is not None and n > self.max_tokens:
+            return f"token_ids: {n} tokens, more than the learner's limit of {self.max_tokens}"
+        if n == 0:
+            return None
+        top = int(ids.max()) if hasattr(ids, "max") else max(ids)
+        if top >= self.vocab_size:
+            at = next(i for i, t in enumerate(ids) if int(t) >= self.vocab_size)
+            return (f"token_ids[{at}]: id {int(ids[at])} is outside the model's vocabulary "
+                    f"(vocab_size {self.vocab_size})")
+        return None
+
+
+DeadLetterHook = Callable[[int], object]
+"""Called with the number of entries a read dead-lettered (not counting entries trimmed before ack)."""
+
+
 @runtime_checkable
 class RolloutQueue(Protocol):
     """A rollout stream seen by one consumer (the learner) and any number of producers (generators)."""
@@ -122,6 +172,15 @@ class RolloutQueue(Protocol):
 
     def lag(self) -> int:
         """Entries appended but not yet delivered to the consumer group."""
+        ...
+
+    def set_limits(self, limits: RolloutLimits | None, on_dead_letter: DeadLetterHook | None = None) -> None:
+        """Check every rollout delivered from now on against ``limits`` (None: no check).
+
+        A rollout that fails is dead-lettered with ``limits.problem``'s reason, like an
+        undecodable entry; ``on_dead_letter(n)`` is called after each read that dead-lettered
+        ``n > 0`` entries for either reason.
+        """
         ...
 
 

@@ -38,9 +38,11 @@ from posttrain.rollout.keys import StreamKeys
 from posttrain.rollout.queue import (
     PAYLOAD_FIELD,
     DeadLetter,
+    DeadLetterHook,
     QueueConnectionError,
     QueueEntry,
     QueueError,
+    RolloutLimits,
     check_batch_args,
     check_version,
     decode_entry,
@@ -198,6 +200,8 @@ class RedisStreamQueue:
         self.arrays = arrays
         self._cursor: str | None = "0"  # own-pending recovery cursor; None once drained
         self._delivered: set[str] = set()  # handed out by this object and not acked
+        self.limits: RolloutLimits | None = None
+        self._on_dead_letter: DeadLetterHook | None = None
         if create_group:
             self.ensure_group()
 
@@ -272,7 +276,13 @@ class RedisStreamQueue:
 
         self._call(f"dead-letter {entry_id} to {self.keys.dead_letter}", move)
 
+    def set_limits(self, limits: RolloutLimits | None, on_dead_letter: DeadLetterHook | None = None) -> None:
+        """Check delivered rollouts against ``limits``; tell ``on_dead_letter`` how many a read dead-lettered."""
+        self.limits = limits
+        self._on_dead_letter = on_dead_letter
+
     def _take(self, entries: list[tuple[str, dict[str, bytes] | None]], out: list[QueueEntry]) -> None:
+        dead = 0
         for entry_id, fields in entries:
             if entry_id in self._delivered:
                 continue
@@ -280,9 +290,17 @@ class RedisStreamQueue:
                 rollout = decode_entry(fields, arrays=self.arrays)
             except RecordError as exc:
                 self._dead_letter(entry_id, fields, str(exc))
+                dead += int(bool(fields))  # a trimmed entry (no fields) was delivered before: nothing to give back
+                continue
+            problem = self.limits.problem(rollout) if self.limits is not None else None
+            if problem is not None:
+                self._dead_letter(entry_id, fields, problem)
+                dead += 1
                 continue
             self._delivered.add(entry_id)
             out.append(QueueEntry(entry_id=entry_id, rollout=rollout))
+        if dead and self._on_dead_letter is not None:
+            self._on_dead_letter(dead)
 
     def get_batch(self, n: int, timeout_s: float) -> list[QueueEntry]:
         """Deliver up to ``n`` valid rollouts: own pending entries (id ``0``) first, then new ones (``>``).

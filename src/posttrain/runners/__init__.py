@@ -30,15 +30,19 @@ generator). Run: ``posttrain run configs/sao_demo_cpu.yaml`` (or ``sft_cpu``, ``
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
-from posttrain.config import RunConfig
+from posttrain.config import ConfigError, RunConfig
+from posttrain.config.roles import uses_async_runtime
+from posttrain.config.sections import redis_url_problem
 from posttrain.parallel.world import init_world, shutdown_world
 from posttrain.runners.common import RunSummary, check_ranks
 from posttrain.runners.dpo import run_dpo
 from posttrain.runners.grpo import run_grpo
 from posttrain.runners.sao import run_sao
 from posttrain.runners.sft import run_cpt, run_sft
+from posttrain.runtime import check_model_dir, check_output_writable
 
 TECHNIQUES: dict[str, Callable[[RunConfig], RunSummary]] = {
     "sao": run_sao,
@@ -62,9 +66,19 @@ def run(config: RunConfig) -> RunSummary:
         posttrain.runners.common.TechniqueConfigError: a required field of the technique's section is missing.
         posttrain.data.tasks.DatasetError: a bad data row under ``data.on_bad_row: stop``.
         posttrain.parallel.world.DeviceError: ``learner.device`` is ``cuda`` and there is none.
+        FileNotFoundError: a local ``model.path`` that holds no model or tokenizer (``check_model_dir``).
+        posttrain.config.ConfigError: the run directory cannot be written (``check_output_writable``), or
+            ``REDIS_URL`` is not a Redis URL (asynchronous techniques).
     """
     if config.technique not in TECHNIQUES:
         raise ValueError(f"technique: no runner for {config.technique!r}; known: {sorted(TECHNIQUES)}")
+    # Inputs and outputs a run needs are checked before any work: one line each, not a traceback later.
+    if config.model.path and "://" not in config.model.path:
+        check_model_dir(config.model.path)
+    env_url = os.environ.get("REDIS_URL")
+    if env_url and not config.queue.redis_url and uses_async_runtime(config) and redis_url_problem(env_url):
+        raise ConfigError(f"REDIS_URL: {redis_url_problem(env_url)}")  # was a ValueError after the model was prepared
+    check_output_writable(config)
     world = init_world(config.learner)
     try:
         check_ranks(config, world)

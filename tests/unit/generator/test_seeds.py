@@ -55,3 +55,55 @@ def test_an_index_out_of_range_is_refused(index: int) -> None:
 def test_the_generator_command_takes_an_index() -> None:
     args = build_parser().parse_args(["generator", "--config", "c.yaml", "--generator-index", "5"])
     assert generator_identity(2, args.generator_index, args.generator_id, args.seed) == (5, "g5", 2005)
+
+
+def test_a_restarted_generator_continues_its_episode_numbering_from_the_reserved_position() -> None:
+    """Issue 23, item 18: a restart replayed the first life's seeds. Two lives of generator 2 on one
+    reserve counter (Redis HINCRBY in a generator; a dict here), blocks of 4: life 1 uses counters
+    0-5 (reserving 0-7), life 2 starts at 8; their seeds are disjoint, and ``start`` tells them apart."""
+    positions = {2: 0}
+
+    def reserve(n: int) -> int:
+        positions[2] += n
+        return positions[2]
+
+    first = EpisodeSeeds(0, 2, reserve=reserve, block=4)
+    life1 = [first.next() for _ in range(6)]
+    second = EpisodeSeeds(0, 2, reserve=reserve, block=4)
+    life2 = [second.next() for _ in range(6)]
+    assert (first.start, second.start) == (0, 8)
+    assert life1 == [episode_seed(0, 2, c) for c in range(6)]
+    assert life2 == [episode_seed(0, 2, c) for c in range(8, 14)]
+    assert not set(life1) & set(life2)
+    assert positions[2] == 16
+
+
+def test_a_reserve_that_returns_less_than_it_reserved_is_refused() -> None:
+    with pytest.raises(ValueError, match="reserve"):
+        EpisodeSeeds(0, 0, reserve=lambda n: n - 1, block=4)
+    with pytest.raises(ValueError, match="block"):
+        EpisodeSeeds(0, 0, reserve=lambda n: n, block=0)
+
+
+def test_engines_sample_with_distinct_32_bit_seeds_for_distinct_episodes() -> None:
+    """CPU generators keep only the low 32 bits of a seed; episode seeds are multiples of 2**20.
+
+    Unfolded, generator 0's episodes 0 and 4 had the same low 32 bits (4 * 1024 * 2**20 = 2**32),
+    so every 4th episode sampled the same tokens (measured: a restarted generator's 8 rollouts
+    held only 4 distinct token sequences, all equal to first-life ones). The folded seeds of 8
+    generators x 300 episodes x 4 group members are all distinct, and torch samples them apart.
+    """
+    import torch
+
+    from posttrain.generator.seeds import episode_seed as seed_of
+    from posttrain.inference.base import GenerationRequest
+    from posttrain.inference.hf import fold_seed, request_seed
+
+    assert seed_of(0, 0, 0) % 2**32 == seed_of(0, 0, 4) % 2**32  # the trap
+    folded = {fold_seed(seed_of(7, i, c) + 1000 * k) for i in range(8) for c in range(300) for k in range(4)}
+    assert len(folded) == 8 * 300 * 4 and max(folded) < 2**32
+    request = GenerationRequest(prompt_token_ids=[1], max_new_tokens=1, seed=seed_of(0, 0, 4))
+    assert request_seed(0, 0, request) == fold_seed(seed_of(0, 0, 4)) != fold_seed(seed_of(0, 0, 0))
+    draws = {int(torch.multinomial(torch.ones(400), 1, generator=torch.Generator().manual_seed(fold_seed(
+        seed_of(0, 0, c)))).item()) for c in (0, 4, 8, 12)}
+    assert len(draws) > 1

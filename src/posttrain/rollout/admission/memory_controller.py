@@ -59,7 +59,9 @@ class MemoryAdmissionController:
         self._leases: dict[str, float] = {}  # ticket_id -> expiry, clock() seconds
         self._open = OpenTickets()
         self._consumed = 0
-        self._totals = {"granted": 0, "released": 0, "expired": 0, "refunded": 0, "late": 0}
+        self._totals = {"granted": 0, "released": 0, "expired": 0, "refunded": 0, "late": 0, "unticketed": 0,
+                        "rebased": 0}
+        self._base_version = 0
 
     def _expire(self, now: float) -> None:
         dead = [t for t, exp in self._leases.items() if exp <= now]
@@ -114,16 +116,39 @@ class MemoryAdmissionController:
                 self._totals["released"] += 1
 
     def refund(self, count: int) -> None:
-        """Give back the slots of ``count`` consumed rollouts the learner dropped.
+        """Give back the slots of ``count`` consumed rollouts the learner dropped (at most ``consumed``).
+
+        Refunds beyond ``consumed`` (entries put without a ticket) are counted in ``unticketed_total``.
 
         Raises:
-            ValueError: ``count < 0`` or more than are consumed.
+            ValueError: ``count < 0``.
         """
+        if count < 0:
+            raise ValueError(f"count: must be >= 0, got {count}")
         with self._lock:
-            if count < 0 or count > self._consumed:
-                raise ValueError(f"count: must be in [0, consumed={self._consumed}], got {count}")
-            self._consumed -= count
-            self._totals["refunded"] += count
+            back = min(count, self._consumed)
+            self._consumed -= back
+            self._totals["refunded"] += back
+            self._totals["unticketed"] += count - back
+
+    def rebase(self, learner_version: int) -> int:
+        """Count the versions the counters never saw as consumed batches (``AdmissionController.rebase``).
+
+        Raises:
+            ValueError: ``learner_version < 0``.
+        """
+        if learner_version < 0:
+            raise ValueError(f"learner_version: must be >= 0, got {learner_version}")
+        known = self.version_store.get()
+        with self._lock:
+            known = max(known, self._base_version)
+            if learner_version <= known:
+                return 0
+            added = (learner_version - known) * self.batch_size
+            self._consumed += added
+            self._totals["rebased"] += added
+            self._base_version = learner_version
+            return added
 
     def state(self) -> AdmissionState:
         """Current counters."""

@@ -67,24 +67,43 @@ if live == 1 then redis.call('HINCRBY', KEYS[1], 'released_total', 1) end
 return live
 """
 
-# KEYS[1] admission hash; ARGV[1] count. Returns consumed after the refund, or -1 if count > consumed.
+# KEYS[1] admission hash; ARGV[1] count. Refunds at most consumed; the rest counts as unticketed.
+# Returns consumed after the refund.
 _REFUND_LUA = """
 local consumed = tonumber(redis.call('HGET', KEYS[1], 'consumed') or '0')
 local n = tonumber(ARGV[1])
-if n > consumed then return -1 end
-redis.call('HINCRBY', KEYS[1], 'consumed', -n)
-redis.call('HINCRBY', KEYS[1], 'refunded_total', n)
-return consumed - n
+local back = math.min(n, consumed)
+redis.call('HINCRBY', KEYS[1], 'consumed', -back)
+redis.call('HINCRBY', KEYS[1], 'refunded_total', back)
+if n > back then redis.call('HINCRBY', KEYS[1], 'unticketed_total', n - back) end
+return consumed - back
 """
 
-# KEYS[1] admission hash, KEYS[2] lease zset. Returns {consumed, in_flight, granted, released, expired, refunded, late}.
+# KEYS[1] admission hash, KEYS[2] policy version key; ARGV learner_version, batch_size.
+# Returns the rollouts added to consumed (0 when the counters already cover learner_version).
+_REBASE_LUA = """
+local raw = redis.call('GET', KEYS[2])
+local known = tonumber(raw or '0') or 0
+local base = tonumber(redis.call('HGET', KEYS[1], 'base_version') or '0')
+if base > known then known = base end
+local v = tonumber(ARGV[1])
+if v <= known then return 0 end
+local added = (v - known) * tonumber(ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'consumed', added)
+redis.call('HINCRBY', KEYS[1], 'rebased_total', added)
+redis.call('HSET', KEYS[1], 'base_version', v)
+return added
+"""
+
+# KEYS[1] admission hash, KEYS[2] lease zset.
+# Returns {consumed, in_flight, granted, released, expired, refunded, late, unticketed, rebased}.
 _STATE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local function h(f) return tonumber(redis.call('HGET', KEYS[1], f) or '0') end
 local live = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
 return {h('consumed'), live, h('granted_total'), h('released_total'), h('expired_total'),
-        h('refunded_total'), h('late_total')}
+        h('refunded_total'), h('late_total'), h('unticketed_total'), h('rebased_total')}
 """
 
 
@@ -127,6 +146,7 @@ class RedisAdmissionController:
         self._consume = self.client.register_script(_CONSUME_LUA)
         self._release = self.client.register_script(_RELEASE_LUA)
         self._refund = self.client.register_script(_REFUND_LUA)
+        self._rebase = self.client.register_script(_REBASE_LUA)
         self._state = self.client.register_script(_STATE_LUA)
 
     def _run(self, op: str, fn: Callable[[], object]) -> object:
@@ -191,17 +211,32 @@ class RedisAdmissionController:
         )
 
     def refund(self, count: int) -> None:
-        """Give back the slots of ``count`` consumed rollouts the learner dropped.
+        """Give back the slots of ``count`` consumed rollouts the learner dropped (at most ``consumed``).
+
+        Refunds beyond ``consumed`` (entries put without a ticket) are counted in ``unticketed_total``;
+        they used to raise and crash the learner's warm-up refund.
 
         Raises:
-            ValueError: ``count < 0`` or more than are consumed.
+            ValueError: ``count < 0``.
             QueueConnectionError: the server stayed unreachable.
         """
         if count < 0:
             raise ValueError(f"count: must be >= 0, got {count}")
-        left = int(self._run("refund", lambda: self._refund(keys=[self.keys.admission], args=[count])))  # type: ignore[call-overload]
-        if left < 0:
-            raise ValueError(f"count: {count} is more than the consumed rollouts in {self.keys.admission}")
+        self._run("refund", lambda: self._refund(keys=[self.keys.admission], args=[count]))
+
+    def rebase(self, learner_version: int) -> int:
+        """Count the versions the counters never saw as consumed batches, in one script (``AdmissionController.rebase``).
+
+        Raises:
+            ValueError: ``learner_version < 0``.
+            QueueError: the version key holds a non-integer.
+            QueueConnectionError: the server stayed unreachable.
+        """
+        if learner_version < 0:
+            raise ValueError(f"learner_version: must be >= 0, got {learner_version}")
+        k = self.keys
+        return int(self._run("rebase", lambda: self._rebase(  # type: ignore[call-overload]
+            keys=[k.admission, k.policy_version], args=[learner_version, self.batch_size])))
 
     def state(self) -> AdmissionState:
         """Current counters (one script call plus one GET of the version).
@@ -212,7 +247,8 @@ class RedisAdmissionController:
         """
         k = self.keys
         raw = self._run("state", lambda: self._state(keys=[k.admission, k.admission_leases]))
-        consumed, in_flight, granted, released, expired, refunded, late = (int(x) for x in raw)  # type: ignore[attr-defined]
+        consumed, in_flight, granted, released, expired, refunded, late, unticketed, rebased = (
+            int(x) for x in raw)  # type: ignore[attr-defined]
         raw_version = self._run("state", lambda: self.client.get(k.policy_version))
         text = raw_version.decode() if isinstance(raw_version, bytes) else "0"
         if not text.isdigit():
@@ -230,5 +266,7 @@ class RedisAdmissionController:
             expired_total=expired,
             refunded_total=refunded,
             late_total=late,
+            unticketed_total=unticketed,
+            rebased_total=rebased,
         )
 

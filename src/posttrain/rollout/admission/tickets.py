@@ -64,6 +64,9 @@ class AdmissionState:
         in_flight: Tickets granted, unexpired, not yet consumed or released.
         granted_total, released_total, expired_total, refunded_total, late_total: Running totals;
             ``late_total`` counts consumes whose lease had already expired.
+        unticketed_total: Refunds beyond the consumed count (entries that reached the stream
+            without a ticket, from a producer outside admission); nothing was given back for them.
+        rebased_total: Rollouts counted as consumed by ``rebase`` after the counters were lost.
     """
 
     learner_version: int
@@ -75,6 +78,8 @@ class AdmissionState:
     expired_total: int
     refunded_total: int
     late_total: int
+    unticketed_total: int = 0
+    rebased_total: int = 0
 
     @property
     def started(self) -> int:
@@ -105,7 +110,26 @@ class AdmissionController(Protocol):
         ...
 
     def refund(self, count: int) -> None:
-        """The learner dropped ``count`` consumed rollouts (stale, dead-lettered): give their slots back."""
+        """The learner dropped ``count`` consumed rollouts (stale, dead-lettered): give their slots back.
+
+        At most ``consumed`` slots come back; the rest (entries that came without a ticket) is
+        counted in ``unticketed_total``. Raises ValueError for ``count < 0``.
+        """
+        ...
+
+    def rebase(self, learner_version: int) -> int:
+        """Re-base the counters on a learner resumed at ``learner_version`` (issue 23, item 17).
+
+        The counters assume ``consumed`` holds every batch that made a version. When they were lost
+        (a fresh Redis: the key of the policy version is gone or behind the learner's checkpoint),
+        the versions the counters never saw, ``learner_version - max(key version, last re-base)``,
+        are added as ``B`` consumed rollouts each, so capacity ``(v + tau + 1) * B`` again bounds
+        the rollouts admitted after the loss instead of granting ``C * B`` surplus slots, which
+        went stale (70% of consumed rollouts at C = 8). Idempotent for one ``learner_version``.
+
+        Returns:
+            Rollouts added to ``consumed`` (0 when nothing was lost).
+        """
         ...
 
     def state(self) -> AdmissionState:

@@ -1,0 +1,119 @@
+"""The learner against poisoned entries, ticketless entries and lost admission counters (issue 23, items 7, 15, 17).
+
+Same harness as ``test_loop.py``: the real learner loop in one process on the in-memory queue,
+admission and version key, fed by its scripted generator (tiny model, B = 4).
+
+Run: ``python -m pytest -q tests/unit/learner/test_learner_faults.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from test_loop import _prepared, _trained_entry_ids, _transport
+
+from posttrain.config import RunConfig
+from posttrain.learner.loop import run_learner
+from posttrain.learner.setup import LearnerTransport
+from posttrain.rollout.admission import MemoryAdmissionController
+from posttrain.rollout.memory_queue import MemoryPolicyVersionStore, MemoryStream
+
+
+def test_an_out_of_vocabulary_entry_is_dead_lettered_and_the_learner_goes_on(tmp_path, tiny_model):
+    """The audit's crash loop: one rollout with token id vocab + 100 put with a ticket, as a generator would.
+
+    Before: ``IndexError: index out of range in self`` in the forward pass, the entry left pending.
+    Now: it is dead-lettered with the reason, its admission place comes back (refunded 4 warm-up + 1),
+    and the run trains its 3 versions on 16 other rollouts.
+    """
+    config = _prepared(tmp_path, "sao", tiny_model)
+    versions = MemoryPolicyVersionStore()
+    admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=2)
+    stream = MemoryStream()
+    transport, generator = _transport(tmp_path, config, tiny_model, stream, admission, versions)
+    poison = generator.rollout(0, None, reward=1.0)
+    poison.token_ids[3] = tiny_model.vocab_size + 100
+    ticket = admission.acquire(0)
+    assert ticket is not None
+    poison_id = generator.queue.put(poison)
+    admission.consume(ticket)
+
+    summary = run_learner(config, transport, start_model_dir=tiny_model.path, progress=False)
+
+    assert summary.policy_version == 3
+    ids = _trained_entry_ids(config)
+    assert len(ids) == len(set(ids)) == 16 and poison_id not in ids
+    [dead] = transport.queue.dead_letters()
+    assert dead.original_id == poison_id
+    assert dead.reason == (f"token_ids[3]: id {tiny_model.vocab_size + 100} is outside the model's vocabulary "
+                           f"(vocab_size {tiny_model.vocab_size})")
+    assert admission.state().refunded_total == 5
+    assert transport.queue.pending() == []
+
+
+def test_entries_without_admission_tickets_do_not_crash_the_warmup_refund(tmp_path, tiny_model):
+    """4 entries from a producer outside admission; the critic warm-up batch refunds 4 with nothing consumed.
+
+    Before: ``ValueError: count: must be in [0, consumed=0], got 4`` killed the learner. Now the
+    refund is counted as unticketed and the iteration is recorded.
+    """
+    config = _prepared(tmp_path, "sao", tiny_model)
+    versions = MemoryPolicyVersionStore()
+    admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=2)
+    stream = MemoryStream()
+    transport, generator = _transport(tmp_path, config, tiny_model, stream, admission, versions)
+    transport.announce = lambda version: None  # no generator: only the external producer
+    for k in range(4):
+        generator.queue.put(generator.rollout(k, None, reward=float(k % 2)))
+
+    summary = run_learner(config, transport, start_model_dir=tiny_model.path, progress=False, max_iterations=1)
+
+    assert summary.iterations == 1
+    state = admission.state()
+    assert (state.consumed, state.refunded_total, state.unticketed_total) == (0, 0, 4)
+
+
+def _fresh_transport(tmp_path: Path, config: RunConfig, tiny_model) -> tuple[LearnerTransport, MemoryAdmissionController]:
+    """A new stream, admission counters and version key: what a Redis recreated with an emptyDir holds."""
+    versions = MemoryPolicyVersionStore()
+    admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=1)
+    transport, _ = _transport(tmp_path, config, tiny_model, MemoryStream(), admission, versions)
+    return transport, admission
+
+
+def test_a_learner_resumed_on_a_fresh_redis_wastes_no_rollouts_as_stale(tmp_path, tiny_model):
+    """Audit row 4c at small scale: B = 4, tau = 1, checkpoint every 2 versions; stop at version 4, resume on fresh state.
+
+    On fresh counters capacity at version 4 is (4 + 1 + 1) x 4 = 24 rollouts against 0 consumed: the
+    generator starts 24 at once, 16 more than tau allows, and the learner then drops the ones that
+    fall more than 1 version behind (measured before the fix: ``stale_dropped`` 16, against 16
+    trained). Re-based, the counters hold 4 x 4 = 16 consumed: 8 start, and nothing is dropped over
+    versions 5-8.
+    """
+    config = _prepared(tmp_path, "sao", tiny_model)
+    config = RunConfig.model_validate({**config.model_dump(), "sao": {
+        **config.sao.model_dump(), "steps": 8, "max_staleness": 1, "checkpoint_every": 2}})
+    first, _ = _fresh_transport(tmp_path, config, tiny_model)
+    stopped = run_learner(config, first, start_model_dir=tiny_model.path, progress=False, max_iterations=5)
+    assert stopped.policy_version == 4 and stopped.counters["stale_dropped"] == 0
+
+    second, admission = _fresh_transport(tmp_path, config, tiny_model)
+    summary = run_learner(config, second, start_model_dir=tiny_model.path, progress=False)
+
+    assert summary.policy_version == 8
+    assert summary.counters["stale_dropped"] == 0
+    assert admission.state().rebased_total == 16
+    assert second.queue.pending() == []
+
+
+def test_a_resume_on_the_same_redis_is_not_rebased(tmp_path, tiny_model):
+    """Counters that survived (same stream, admission, key) are left alone: re-basing them would starve generators."""
+    config = _prepared(tmp_path, "sao", tiny_model)
+    versions = MemoryPolicyVersionStore()
+    admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=2)
+    stream = MemoryStream()
+    first, _ = _transport(tmp_path, config, tiny_model, stream, admission, versions)
+    run_learner(config, first, start_model_dir=tiny_model.path, progress=False, max_iterations=2)
+    second, _ = _transport(tmp_path, config, tiny_model, stream, admission, versions)
+    summary = run_learner(config, second, start_model_dir=tiny_model.path, progress=False)
+    assert summary.policy_version == 3 and admission.state().rebased_total == 0

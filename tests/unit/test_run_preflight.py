@@ -1,0 +1,74 @@
+"""``posttrain run`` checks its model directory and its output directory before any work (issue 23, items 10, 11).
+
+The audit saw a 34-line traceback about sentencepiece for an empty ``model.path`` directory, and a
+``PermissionError`` traceback for a read-only ``output_dir`` after the model had been prepared.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from posttrain.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+SFT = ["run", str(REPO / "configs" / "sft_cpu.yaml")]
+
+
+def test_empty_model_directory_is_one_line_naming_it_and_the_expected_files(tmp_path: Path, capsys) -> None:
+    empty = tmp_path / "model"
+    empty.mkdir()
+    assert main([*SFT, f"model.path={empty}", f"output_dir={tmp_path / 'runs'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err and "sentencepiece" not in err
+    assert f"model.path: {empty} has no model or tokenizer (missing: config.json, weights, tokenizer)" in err
+    assert "expected config.json, weights (model.safetensors" in err and "tokenizer.json or tokenizer_config.json" in err
+    assert not (tmp_path / "runs").exists()  # refused before the run directory was made
+
+
+def test_model_directory_with_config_but_no_tokenizer_names_what_is_missing(tmp_path: Path, capsys) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}", encoding="utf-8")
+    (model / "model.safetensors").write_bytes(b"")
+    assert main([*SFT, f"model.path={model}", f"output_dir={tmp_path / 'runs'}"]) == 2
+    assert "(missing: tokenizer)" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root without setpriv")
+def test_read_only_output_dir_is_one_line_naming_the_path_before_any_work(tmp_path: Path) -> None:
+    """Root ignores file modes, so as root the command runs without CAP_DAC_OVERRIDE (as the audit did)."""
+    out = tmp_path / "readonly"
+    out.mkdir()
+    out.chmod(0o555)
+    cmd = [sys.executable, "-m", "posttrain.cli", *SFT, f"output_dir={out}", "sft.steps=1"]
+    if os.geteuid() == 0:
+        cmd = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--inh-caps",
+               "-dac_override,-dac_read_search", *cmd]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    out.chmod(0o755)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("posttrain:")]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert f"output_dir: cannot write the run directory {out / 'sft-cpu'}" in lines[0]
+    assert "Permission denied" in lines[0]
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("url", ["http://x", "redis://host:notaport"])
+def test_malformed_redis_url_in_the_environment_is_one_line_before_any_work(tmp_path: Path, capsys,
+                                                                             monkeypatch, url: str) -> None:
+    """Audit: ``REDIS_URL=http://x`` failed with a ValueError traceback after 14 s of preparing the model."""
+    monkeypatch.setenv("REDIS_URL", url)
+    assert main(["run", str(REPO / "configs" / "sao_demo_cpu.yaml"), f"output_dir={tmp_path / 'runs'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posttrain: config error: REDIS_URL: ") and "\n" not in err
+    assert not (tmp_path / "runs").exists()
+    assert main(["learner", str(REPO / "configs" / "sao_demo_cpu.yaml")]) == 2
+    assert "REDIS_URL: " in capsys.readouterr().err
