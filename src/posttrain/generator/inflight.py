@@ -1,8 +1,10 @@
 """Episodes in flight on one generator, and cancelling those the learner can no longer train.
 
-SAO (arXiv 2607.07508) drops a rollout whose oldest generating policy version lags the learner
-by more than tau (``sao.max_staleness``; ``posttrain.rollout.admission.is_stale``). The learner's
-version only grows, so once an episode's oldest version ``o`` and the learner's latest published
+Used only under ``sao.staleness_rule: episode`` (and by asynchronous GRPO), where the learner
+drops a rollout whose oldest generating policy version lags the learner by more than tau
+(``sao.max_staleness``; ``posttrain.rollout.admission.is_stale``); under the default token rule
+the next turn samples with the newest weights and trains, so nothing is cancelled
+(``generator.worker.abort_stale_episodes``). The learner's version only grows, so once an episode's oldest version ``o`` and the learner's latest published
 version ``v`` satisfy ``v - o > tau``, the rollout it will produce is already dropped: every further
 turn, tool call and second in its episode slot is wasted. On long-tailed agentic workloads these
 are the longest episodes, and they hold their slot and admission ticket through their remaining

@@ -154,7 +154,7 @@ class Learner:
         """
         lags = [self.staleness.observe(e.rollout.policy_version, self.state.policy_version) for e in entries]
         t0 = time.monotonic()
-        result = self.step(entries, self.state.iteration, self.world)
+        result = self.step(entries, self.state.iteration, self.world, self.state.policy_version)
         self.last_step_s = time.monotonic() - t0
         result.metrics.update(batch_staleness_metrics(lags, self.settings.max_staleness))
         return result

@@ -134,3 +134,16 @@ def test_errors_of_the_unit_propagate() -> None:
 
     with pytest.raises(ValueError, match="malformed"):
         asyncio.run(go())
+
+
+@pytest.mark.parametrize(("overrides", "cancels"), [
+    ([], False),  # sao.staleness_rule: token (the default): later turns are fresh, nothing is cancelled
+    (["sao.staleness_rule=episode"], True),
+    (["sao.staleness_rule=episode", "generator.abort_stale_episodes=false"], False),
+    (["technique=grpo", "grpo.async=true", "grpo.loss.dis_mask=true"], True),  # groups keep the episode rule
+])
+def test_generators_cancel_old_episodes_only_under_the_episode_rule(overrides, cancels):
+    from posttrain.config import load_config
+    from posttrain.generator.worker import abort_stale_episodes
+
+    assert abort_stale_episodes(load_config(None, overrides)) is cancels
