@@ -181,7 +181,8 @@ class Learner:
         if self.world.is_main:
             append_ledger(self.ctx.run_dir / LEDGER_NAME, ledger_line(
                 self.state.iteration, version, [e.rollout for e in entries], [e.entry_id for e in entries],
-                self.source.drops.take_for_ledger()))
+                self.source.drops.take_for_ledger(), learner_version=self.state.policy_version,
+                max_staleness=self.settings.max_staleness, row_tokens=result.row_tokens))
         self.counters["rollouts_trained"] += len(entries)
         self.counters["action_tokens_trained"] = self.counters.get("action_tokens_trained", 0.0) + (
             result.action_tokens_trained)
