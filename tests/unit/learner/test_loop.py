@@ -38,6 +38,7 @@ from posttrain.losses.logprobs import token_logprobs
 from posttrain.models.hf import load_policy
 from posttrain.records import Rollout
 from posttrain.rollout.admission import MemoryAdmissionController
+from posttrain.rollout.lengths import length_metrics
 from posttrain.rollout.memory_queue import MemoryPolicyVersionStore, MemoryRolloutQueue, MemoryStream
 from posttrain.runtime import RunContext
 from posttrain.weight_sync.store import FilesystemWeightStore
@@ -364,6 +365,10 @@ def test_the_ledger_shows_no_token_trained_more_than_tau_versions_after_it_was_s
     assert sum(r["trained_tokens"] for r in rescued) > 0
     assert all(r["trained_version_min"] >= line["learner_version"] - 1 for line in lines for r in line["rollouts"]
                if r["trained_tokens"])
+    # the run's length accounting: 16 one-call episodes started and trained; 8 x 3 of 80 update tokens stale
+    lengths = length_metrics(summary.counters)
+    assert (lengths["length/started_calls_0-2"], lengths["length/trained_calls_0-2"]) == (16, 16)
+    assert lengths["tokens/stale_masked_share"] == pytest.approx(24 / 80)
 
 
 def test_a_ledger_line_with_a_token_trained_past_tau_is_reported():
