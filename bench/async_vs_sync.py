@@ -245,14 +245,15 @@ def rule_result(run: MethodRun, ctx: Any, rewards: dict[int, float], target: flo
             "staleness_violations": len(staleness_violations(read_ledger(ctx.run_dir / LEDGER_NAME)))}
 
 
-def done_when(lengths: dict[str, float]) -> dict[str, float | None]:
-    """Issue 21's two length criteria of one run: the longest tool-call bucket's trained share over the shortest's
-    (target >= 0.8; None without episodes in either) and mean tool calls trained over started (target >= 0.9)."""
-    names = labels(CALL_BUCKETS)
-    short, long = (lengths[f"length/trained_share_calls_{b}"] for b in (names[0], names[-1]))
-    started = [lengths[f"length/started_calls_{b}"] for b in (names[0], names[-1])]
+def done_when(lengths: dict[str, float]) -> dict[str, Any]:
+    """Issue 21's two length criteria of one run: the trained share of the longest tool-call bucket that has started
+    episodes over the shortest such bucket's (target >= 0.8; None with fewer than two such buckets), which buckets
+    those are, and mean tool calls trained over started (target >= 0.9; None without episodes)."""
+    names = [b for b in labels(CALL_BUCKETS) if lengths[f"length/started_calls_{b}"]]
+    short, long = (lengths[f"length/trained_share_calls_{b}"] for b in (names[0], names[-1])) if names else (0.0, 0.0)
     mean_started = lengths["length/calls_mean_started"]
-    return {"share_ratio": long / short if all(started) and short else None,
+    return {"share_ratio": long / short if len(names) > 1 and short else None,
+            "buckets": f"{names[-1]} / {names[0]}" if len(names) > 1 else None,
             "calls_ratio": lengths["length/calls_mean_trained"] / mean_started if mean_started else None}
 
 
@@ -276,7 +277,8 @@ def render_rules(files: Sequence[dict[str, Any]]) -> str:
             ("cancelled in flight (in started)", lambda x: f"{x['lengths']['length/cancelled']:.0f}"),
             ("mean tool calls started / trained", lambda x: f"{x['lengths']['length/calls_mean_started']:.2f} / "
                                                              f"{x['lengths']['length/calls_mean_trained']:.2f}"),
-            ("longest / shortest bucket's trained share (>= 0.8)", lambda x: _ratio(done_when(x["lengths"])["share_ratio"])),
+            ("longest / shortest bucket with episodes, trained share (>= 0.8)",
+             lambda x: f"{_ratio(done_when(x['lengths'])['share_ratio'])} ({done_when(x['lengths'])['buckets']} calls)"),
             ("mean calls trained / started (>= 0.9)", lambda x: _ratio(done_when(x["lengths"])["calls_ratio"])),
             ("update tokens masked: staleness / DIS", lambda x: f"{x['lengths']['tokens/stale_masked_share']:.3f} / "
                                                                 f"{x['lengths']['tokens/dis_masked_share']:.3f}"),

@@ -201,7 +201,8 @@ def test_only_synchronous_runs_keep_their_episodes_in_the_results() -> None:
 
 def test_the_rules_table_shows_each_rules_buckets_and_the_issue_21_ratios(tmp_path: Path) -> None:
     """Token rule: 0-2 calls 10/10 trained, 9+ 4/5 (share 0.8, ratio 0.8); episode rule: 0-2 9/10, 9+ 1/5 plus 3
-    cancelled (1/8 = 0.125 -> ratio 0.139). Mean calls: token started (10*1 + 5*10) / 15 = 4, trained (10 + 40) / 14
+    cancelled (1/8 = 0.125 -> ratio 0.139). The ratio compares the longest and shortest buckets that have episodes
+    (none with only one). Mean calls: token started (10*1 + 5*10) / 15 = 4, trained (10 + 40) / 14
     = 3.57 -> 0.89."""
     def lengths(short: tuple[int, int], long: tuple[int, int], cancelled: int = 0) -> dict[str, float]:
         return length_metrics({
@@ -220,5 +221,8 @@ def test_the_rules_table_shows_each_rules_buckets_and_the_issue_21_ratios(tmp_pa
          "rules": {"token": [{**run, "lengths": token}], "episode": [{**run, "lengths": episode}]}}
     text = render_rules([f])
     assert "| tool calls 9+ | 4 / 5 (0.80) | 1 / 8 (0.12) |" in text
-    assert "| longest / shortest bucket's trained share (>= 0.8) | 0.80 | 0.14 |" in text
+    assert "| longest / shortest bucket with episodes, trained share (>= 0.8) | 0.80 (9+ / 0-2 calls) | 0.14 (9+ / 0-2 " \
+           "calls) |" in text
+    short_only = lengths((10, 10), (0, 0))
+    assert done_when(short_only)["share_ratio"] is None and done_when(short_only)["buckets"] is None
     assert "| rollouts trained past tau (ledger check) | 0 | 0 |" in text
