@@ -9,6 +9,13 @@ Per run: ``busy_fraction``, ``trained_action_tokens_per_s`` (GRPO: kept groups o
 the first and the last policy update, ``time_to_target_s`` (the first run's snapshots every ``--eval-every``
 versions against the warm start's held-out reward + ``TARGET_GAIN``) and an ``engine_probe`` before and after.
 
+Staleness rules side by side (SAO; ``sao.staleness_rule``): ``--rules token,episode`` trains the method once per
+rule in the same command (same warm start, seeds and overrides; snapshots of each evaluated on the same held-out
+tasks) and writes ``<setting>/rules/<method>.json``: per rule, episodes started and trained by tool-call and
+action-token bucket (``posttrain.rollout.lengths``, from the learner's counters and the generators' cancellations),
+mean tool calls started against trained, the shares of update tokens masked by staleness and by DIS, the ledger's
+staleness check (``posttrain.learner.ledger.staleness_violations``), throughput and held-out reward.
+
 Run (31 minutes for the four methods on 2 cores, plus 8 of warm start once): ``.venv/bin/python -m
 bench.async_vs_sync sao --repeats 3``; compute-bound: ``... sao --repeats 3 data.env_args.tool_latency_median_s=0
 generator.episodes_in_flight=64 sao.max_staleness=4 generator.abort_stale_episodes=false``; smoke: ``... sao
@@ -32,7 +39,8 @@ from bench import common
 from bench.sim.model import method_kind
 from posttrain.envs.synthetic.longtail import summarise_calls
 from posttrain.eval.heldout import evaluate_policy
-from posttrain.learner.ledger import LEDGER_NAME, read_ledger
+from posttrain.learner.ledger import LEDGER_NAME, read_ledger, staleness_violations
+from posttrain.rollout.lengths import CALL_BUCKETS, TOKEN_BUCKETS, labels, length_metrics
 from posttrain.runtime import RunContext
 
 RESULTS = common.RESULTS_DIR / "async_vs_sync"
@@ -40,6 +48,8 @@ RESULTS = common.RESULTS_DIR / "async_vs_sync"
 METHODS = ("sao", "grpo_sync_g4", "grpo_sync_g8", "grpo_async_g8")
 """The methods, in the order the tables show them."""
 SETTINGS = ("tool_latency", "compute_bound")
+RULES = ("token", "episode")
+"""``sao.staleness_rule`` values ``--rules`` accepts."""
 TARGET_GAIN = 0.05
 """The held-out target: the warm start's reward + this."""
 load_method = partial(common.load_method, "async_vs_sync")
@@ -65,6 +75,7 @@ def settings_of(config: Any, eval_every: int, repeats: int) -> dict[str, Any]:
             "eval_samples": config.eval.samples_per_task, "eval_every": eval_every, "sft_steps": config.warm_start.steps,
             "lr": tech.optim.lr, "max_staleness": tech.max_staleness, "micro_batch_size": tech.micro_batch_size,
             "critic_warmup": config.sao.critic.warmup_steps, "seed": config.seed,
+            "staleness_rule": config.sao.staleness_rule if config.technique == "sao" else "episode",
             "keep_stale_episodes": not gen.abort_stale_episodes, "repeats": repeats}
 
 
@@ -225,6 +236,75 @@ def summarise(run: MethodRun, rewards: dict[int, float], target: float) -> dict[
     }
 
 
+def rule_result(run: MethodRun, ctx: Any, rewards: dict[int, float], target: float) -> dict[str, Any]:
+    """One rule's run: ``summarise`` plus its length accounting and the ledger's staleness check.
+
+    ``lengths`` is ``length_metrics`` of the run's counters (the learner's ``length/*`` and ``tokens/*`` with the
+    generators' cancellations); ``staleness_violations`` counts rollouts the ledger shows trained past tau."""
+    return {**summarise(run, rewards, target), "lengths": length_metrics(run.counters),
+            "staleness_violations": len(staleness_violations(read_ledger(ctx.run_dir / LEDGER_NAME)))}
+
+
+def done_when(lengths: dict[str, float]) -> dict[str, Any]:
+    """Issue 21's two length criteria of one run: the trained share of the longest tool-call bucket that has started
+    episodes over the shortest such bucket's (target >= 0.8; None with fewer than two such buckets), which buckets
+    those are, and mean tool calls trained over started (target >= 0.9; None without episodes)."""
+    names = [b for b in labels(CALL_BUCKETS) if lengths[f"length/started_calls_{b}"]]
+    short, long = (lengths[f"length/trained_share_calls_{b}"] for b in (names[0], names[-1])) if names else (0.0, 0.0)
+    mean_started = lengths["length/calls_mean_started"]
+    return {"share_ratio": long / short if len(names) > 1 and short else None,
+            "buckets": f"{names[-1]} / {names[0]}" if len(names) > 1 else None,
+            "calls_ratio": lengths["length/calls_mean_trained"] / mean_started if mean_started else None}
+
+
+def render_rules(files: Sequence[dict[str, Any]]) -> str:
+    """The side-by-side staleness-rule table(s) of a setting (``--rules``): by bucket, then the run's totals."""
+    out: list[str] = []
+    for f in files:
+        rules = list(f["rules"])
+        first = {r: f["rules"][r][0] for r in rules}
+        head = ["", *[f"{r}: trained / started (share)" for r in rules]]
+        rows = []
+        for kind, buckets, unit in (("calls", CALL_BUCKETS, "tool calls"), ("tokens", TOKEN_BUCKETS, "action tokens")):
+            for b in labels(buckets):
+                cells = []
+                for r in rules:
+                    m = first[r]["lengths"]
+                    cells.append(f"{m[f'length/trained_{kind}_{b}']:.0f} / {m[f'length/started_{kind}_{b}']:.0f} "
+                                 f"({m[f'length/trained_share_{kind}_{b}']:.2f})")
+                rows.append([f"{unit} {b}", *cells])
+        for label, fn in (
+            ("cancelled in flight (in started)", lambda x: f"{x['lengths']['length/cancelled']:.0f}"),
+            ("mean tool calls started / trained", lambda x: f"{x['lengths']['length/calls_mean_started']:.2f} / "
+                                                             f"{x['lengths']['length/calls_mean_trained']:.2f}"),
+            ("longest / shortest bucket with episodes, trained share (>= 0.8)",
+             lambda x: f"{_ratio(done_when(x['lengths'])['share_ratio'])} ({done_when(x['lengths'])['buckets']} calls)"),
+            ("mean calls trained / started (>= 0.9)", lambda x: _ratio(done_when(x["lengths"])["calls_ratio"])),
+            ("update tokens masked: staleness / DIS", lambda x: f"{x['lengths']['tokens/stale_masked_share']:.3f} / "
+                                                                f"{x['lengths']['tokens/dis_masked_share']:.3f}"),
+            ("rollouts trained past tau (ledger check)", lambda x: str(x["staleness_violations"])),
+            ("trained action tokens/s", lambda x: f"{x['trained_action_tokens_per_s']:.1f}"),
+            ("rollouts/s", lambda x: f"{x['rollouts_per_s']:.2f}"),
+            ("busy fraction", lambda x: f"{x['busy_fraction']:.2f}" if x["busy_fraction"] is not None else "-"),
+            ("wall s", lambda x: f"{x['wall_s']:.0f}"),
+            ("held-out reward at snapshots", lambda x: common.joined(x["heldout_reward"].values())),
+        ):
+            rows.append([label, *[fn(first[r]) for r in rules]])
+        s = f["settings"]
+        out += [f"**Staleness rules side by side** (`{f['method']}`; token: stale tokens masked, a rollout dropped only "
+                "when its newest turn is past tau, nothing cancelled; episode: dropped by its oldest turn, cancelled in "
+                f"flight). tau = {s['max_staleness']}, {s['steps']} versions of {s['batch_rollouts']} rollouts, "
+                f"{s['episodes_in_flight']} slots; episodes still running when the run stopped are in neither column. "
+                f"Held-out reward of the warm start: {f['start_reward']:.3f}.", "",
+                common.machine_line(f["machine"]), "",
+                common.markdown_table(head, rows), "", f"Command: `{f['command']}` ({f['when']})."]
+    return "\n".join(out)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def setting_order(names: Iterable[str]) -> list[str]:
     """Setting names in display order: tool latency, compute-bound, then any other, sorted."""
     return sorted(names, key=lambda n: (SETTINGS.index(n) if n in SETTINGS else len(SETTINGS), n))
@@ -292,7 +372,11 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
            f"episodes in flight, staleness bound tau = {s['max_staleness']} (SAO and asynchronous GRPO; synchronous GRPO: one "
            f"engine in the learner's process running each batch's {s['batch_rollouts']} episodes at once), learner "
            f"micro-batches of {s['micro_batch_size']} rollouts in length order (every method), tiny Qwen2-shaped model after "
-           f"{s['sft_steps']} SFT steps; " + ("generators let an episode that became too stale to train run to its end for the learner to drop."
+           f"{s['sft_steps']} SFT steps; staleness rule `{s.get('staleness_rule', 'episode')}` (`sao.staleness_rule`; "
+           "results written before it existed ran `episode`); " + (
+              "SAO masks tokens older than tau and generators cancel no episode for its age."
+              if s.get("staleness_rule", "episode") == "token" else
+              "generators let an episode that became too stale to train run to its end for the learner to drop."
               if s["keep_stale_episodes"] else "generators cancel an episode in flight once the learner is more than tau "
               "versions past its oldest version (the learner would drop it)."), "",
            common.markdown_table(["method", "busy fraction", "trained action tokens/s", "rollouts/s", "learner s/step", "wall s",
@@ -342,6 +426,9 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
                                 "busy fraction", "rollouts/s", "trained action tokens/s", "stale-dropped share",
                                 "cancelled in flight per run", "max in flight", "held-out reward (first run)"], srows), "",
                 "Commands:", "", *[f"* `{f['command']}`" for f in sweep]]
+    rules = [common.read_json(p) for p in sorted((results / name).glob("rules/*.json"))]
+    if rules:
+        out += ["", render_rules(rules)]
     return "\n".join(out)
 
 
@@ -358,15 +445,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. sao.max_staleness=4")
     p.add_argument("--repeats", type=int, default=1, help="runs (seeds seed, seed + 1, ...); the first is evaluated")
     p.add_argument("--eval-every", type=int, default=4, help="snapshot every this many versions (first run)")
+    p.add_argument("--rules", default="", help=f"comma-separated sao.staleness_rule values ({', '.join(RULES)}) to run "
+                   "side by side in this command; writes <setting>/rules/<method>.json")
     args = p.parse_intermixed_args(argv)
     if args.repeats < 1 or args.eval_every < 1:
         p.error(f"--repeats and --eval-every: must be >= 1, got {args.repeats} and {args.eval_every}")
+    rules = [r for r in args.rules.split(",") if r]
+    if any(r not in RULES for r in rules) or len(set(rules)) != len(rules):
+        p.error(f"--rules: comma-separated distinct values of {', '.join(RULES)}, got {args.rules!r}")
     config = load_method(args.method, args.overrides, p)
+    if rules and config.technique != "sao":
+        p.error(f"--rules: sao.staleness_rule is an SAO setting; method {args.method!r} runs {config.technique}")
     import torch
 
     torch.set_num_threads(1)  # learner and in-process engine; generator processes use 1 too
     base, sft = shared_warm_start(config)
     snaps = Path(config.output_dir) / "snapshots" / args.method
+    if rules:
+        return compare_rules(config, args, argv, rules, base, sft, snaps)
     runs = [run_method(config.model_copy(update={"seed": config.seed + i, "run_name": f"{args.method}_r{i}"}), args.method,
                        base, sft, snaps / f"r{i}", args.eval_every if i == 0 else 10**9) for i in range(args.repeats)]
     start, rewards = evaluate_snapshots(base, sft, runs[:1])
@@ -381,6 +477,33 @@ def main(argv: list[str] | None = None) -> int:
     common.publish_result(args.out or RESULTS / setting / f"{args.method}.json", result, "async_vs_sync", render,
                           docs=not args.no_docs)
     print(json.dumps({q: cell(result, q, 3) for q in ("busy_fraction", "trained_action_tokens_per_s", "rollouts_per_s")}))
+    return 0
+
+
+def compare_rules(config: Any, args: Any, argv: list[str] | None, rules: list[str], base: Any, sft: Path,
+                  snaps: Path) -> int:
+    """``--rules``: the method once per staleness rule (``--repeats`` runs each), evaluated alike, in one results file."""
+    runs: dict[str, list[tuple[MethodRun, Any]]] = {}
+    for rule in rules:
+        for i in range(args.repeats):
+            cfg = config.model_copy(update={"seed": config.seed + i, "run_name": f"{args.method}_{rule}_r{i}",
+                                            "sao": config.sao.model_copy(update={"staleness_rule": rule})})
+            run = run_method(cfg, f"{args.method} rule={rule}", base, sft, snaps / rule / f"r{i}",
+                             args.eval_every if i == 0 else 10**9)
+            runs.setdefault(rule, []).append((run, RunContext(cfg)))
+    start, rewards = evaluate_snapshots(base, sft, [rs[0][0] for rs in runs.values()])
+    target = round(start + TARGET_GAIN, 3)
+    setting = setting_of(config)
+    result = {"setting": setting, "method": args.method, "command": common.command_line("bench.async_vs_sync", argv),
+              "machine": common.machine_info(), "when": common.utc_now(),
+              "settings": settings_of(config, args.eval_every, args.repeats), "start_reward": start, "target": target,
+              "rules": {rule: [{**rule_result(run, ctx, rewards[run.method] if i == 0 else {}, target),
+                                "seed": config.seed + i} for i, (run, ctx) in enumerate(rs)]
+                        for rule, rs in runs.items()}}
+    common.publish_result(args.out or RESULTS / setting / "rules" / f"{args.method}.json", result, "async_vs_sync", render,
+                          docs=not args.no_docs)
+    for rule, rs in result["rules"].items():
+        print(json.dumps({"rule": rule, **done_when(rs[0]["lengths"]), "violations": rs[0]["staleness_violations"]}))
     return 0
 
 

@@ -74,8 +74,11 @@ class Rollout(msgspec.Struct, kw_only=True):
             Consumers that only take ``len()``, index, slice or build tensors accept both.
         reward: Scalar reward of the whole episode (SAO places it on the last action token).
         policy_version: The *oldest* policy version (count of weight publications) that sampled
-            any token of this rollout; staleness is measured from it.
-        turn_policy_versions: Policy version used for each turn, in order.
+            any token of this rollout; per-rollout staleness is measured from it.
+        turn_policy_versions: Policy version used for each turn, in order: entry ``k`` sampled the
+            ``k``-th maximal run of action tokens (``token_policy_versions``), so when it is not
+            empty it has one entry per such run. Empty means every token came from
+            ``policy_version``.
         num_turns: Number of model generations in the episode.
         finish_reason: ``stop``, ``length``, ``tool_error`` or ``timeout``.
         group_id: GRPO group id; ``None`` for SAO (one rollout per prompt).
@@ -118,12 +121,37 @@ class Rollout(msgspec.Struct, kw_only=True):
 
         Raises:
             RecordError: unequal lengths, a non-finite logprob or reward, no action token,
-                a negative policy version, or an unknown schema version. The message names
-                the field.
+                a negative policy version, ``turn_policy_versions`` without one entry per run of
+                action tokens, or an unknown schema version. The message names the field.
         """
-        _check_arrays(*_arrays(self))
+        tokens, logprobs, mask = _arrays(self)
+        _check_arrays(tokens, logprobs, mask)
         _check_scalars(self)
+        _check_turns(mask, self.turn_policy_versions)
         return self
+
+    def token_policy_versions(self) -> np.ndarray:
+        """The policy version that sampled each token: ``[T]`` int64.
+
+        Action token ``t`` in the ``k``-th maximal run of True in ``action_mask`` (the ``k``-th
+        turn's generation) gets ``turn_policy_versions[k]``; every other token (prompt,
+        observations), and every token of a rollout without ``turn_policy_versions``, gets
+        ``policy_version``. Per-token staleness (SAO's ``staleness_rule: token``) is measured
+        from these.
+
+        Raises:
+            RecordError: ``turn_policy_versions`` is not empty and its length differs from the
+                number of action runs.
+        """
+        mask = _mask(self.action_mask)
+        versions = np.full(mask.shape[0], self.policy_version, dtype=np.int64)
+        if not self.turn_policy_versions:
+            return versions
+        starts = _check_turns(mask, self.turn_policy_versions)
+        run = np.cumsum(starts) - 1  # index of the action run each position belongs to (after its start)
+        turn = np.asarray(self.turn_policy_versions, dtype=np.int64)
+        versions[mask] = turn[run[mask]]
+        return versions
 
     def to_arrays(self) -> Rollout:
         """Validate once and return a copy whose per-token fields are numpy arrays of the wire dtypes.
@@ -167,6 +195,23 @@ def _check_arrays(tokens: np.ndarray, logprobs: np.ndarray, mask: np.ndarray) ->
         raise RecordError(f"behaviour_logprobs[{t}]: a log-probability must be <= 0, got {logprobs[t]}")
     if not mask.any():
         raise RecordError("action_mask: no action token")
+
+
+def _check_turns(mask: np.ndarray, turn_policy_versions: list[int]) -> np.ndarray:
+    """``[T]`` bool, True where a maximal run of action tokens starts; checks it against the turns.
+
+    Raises:
+        RecordError: ``turn_policy_versions`` is not empty and has not one entry per action run.
+    """
+    starts = mask.copy()
+    starts[1:] &= ~mask[:-1]
+    runs = int(np.count_nonzero(starts))
+    if turn_policy_versions and runs != len(turn_policy_versions):
+        raise RecordError(
+            f"turn_policy_versions: {len(turn_policy_versions)} entries, but action_mask has {runs} runs of "
+            "action tokens (one per turn)"
+        )
+    return starts
 
 
 def _check_scalars(r: Rollout) -> None:
@@ -271,6 +316,7 @@ def _checked_arrays(rollout: Rollout) -> tuple[np.ndarray, np.ndarray, np.ndarra
     tokens, logprobs, mask = _arrays(rollout)
     _check_arrays(tokens, logprobs, mask)
     _check_scalars(rollout)
+    _check_turns(mask, rollout.turn_policy_versions)
     if tokens.dtype.itemsize > 4 and tokens.size and tokens.max() > np.iinfo(np.int32).max:
         raise RecordError(f"token_ids: id {int(tokens.max())} does not fit int32")
     return tokens, logprobs, mask
@@ -362,4 +408,5 @@ def decode_rollout(payload: bytes, *, arrays: bool = False) -> Rollout:
             token_ids=tokens.tolist(), behaviour_logprobs=logprobs.tolist(), action_mask=mask.tolist(), **scalars
         )
     _check_scalars(rollout)
+    _check_turns(mask, rollout.turn_policy_versions)
     return rollout

@@ -163,3 +163,27 @@ def test_to_arrays_converts_once_to_the_wire_dtypes_and_validates():
         _rollout(behaviour_logprobs=[0.0, -0.5, 0.0, math.nan, -0.1]).to_arrays()
     with pytest.raises(RecordError, match="does not fit int32"):
         _rollout(token_ids=[5, 6, 2**31, 8, 9]).to_arrays()
+
+
+def test_each_action_token_carries_the_version_of_the_turn_that_sampled_it():
+    """Mask F T F T T: turn 0 is token 1 (version 3), turn 1 is tokens 3-4 (version 4); the prompt
+    and the observation get the rollout's oldest version, 3."""
+    r = _rollout()
+    assert r.token_policy_versions().tolist() == [3, 3, 3, 4, 4]
+    arrays = decode_rollout(encode_rollout(r), arrays=True)
+    assert arrays.token_policy_versions().tolist() == [3, 3, 3, 4, 4]
+
+
+def test_a_rollout_without_turn_versions_gives_every_token_its_policy_version():
+    r = _rollout(turn_policy_versions=[], num_turns=1, policy_version=6)
+    assert r.token_policy_versions().tolist() == [6] * 5
+
+
+def test_turn_versions_that_do_not_match_the_action_runs_are_refused_naming_the_field():
+    r = _rollout(turn_policy_versions=[3, 4, 5], num_turns=3)
+    with pytest.raises(RecordError, match="turn_policy_versions: 3 entries, but action_mask has 2 runs"):
+        r.validate()
+    with pytest.raises(RecordError, match="turn_policy_versions"):
+        encode_rollout(r)
+    with pytest.raises(RecordError, match="turn_policy_versions"):
+        decode_rollout(pack_rollout_unvalidated(r))

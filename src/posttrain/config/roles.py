@@ -36,6 +36,10 @@ class AsyncRLSettings:
         batch_rollouts: Rollouts per learner batch; the admission capacity's B
             (``sao.batch_size`` / ``grpo.prompts_per_step * grpo.group_size``).
         max_staleness: tau, in policy versions (``sao.max_staleness`` / ``grpo.max_staleness``).
+        staleness_rule: ``token`` (per-token staleness: stale tokens masked, a rollout dropped
+            only when none of its action tokens is fresh, no generator cancellations) or
+            ``episode`` (drop by the oldest turn, cancel in flight); ``sao.staleness_rule``;
+            asynchronous GRPO keeps ``episode`` (a group is dropped whole when a member is stale).
         group_size: Rollouts per prompt a generator runs together (1 for SAO, G for GRPO).
         groups_per_batch: Prompts per learner batch (``batch_rollouts / group_size``).
         checkpoint_every: Policy versions between learner checkpoints.
@@ -50,6 +54,7 @@ class AsyncRLSettings:
     steps: int
     batch_rollouts: int
     max_staleness: int
+    staleness_rule: Literal["token", "episode"]
     group_size: int
     groups_per_batch: int
     checkpoint_every: int
@@ -74,14 +79,14 @@ def async_rl_settings(config: RunConfig) -> AsyncRLSettings:
         sao = config.sao
         return AsyncRLSettings(
             technique="sao", steps=sao.steps, batch_rollouts=sao.batch_size, max_staleness=sao.max_staleness,
-            group_size=1, groups_per_batch=sao.batch_size, checkpoint_every=sao.checkpoint_every,
+            staleness_rule=sao.staleness_rule, group_size=1, groups_per_batch=sao.batch_size, checkpoint_every=sao.checkpoint_every,
             optim=sao.optim, policy_optimizer_steps=sao.steps, max_nonfinite_iterations=sao.max_nonfinite_iterations,
         )
     if config.technique == "grpo" and config.grpo.async_:
         grpo = config.grpo
         return AsyncRLSettings(
             technique="grpo", steps=grpo.steps, batch_rollouts=grpo.batch_rollouts,
-            max_staleness=grpo.max_staleness, group_size=grpo.group_size, groups_per_batch=grpo.prompts_per_step,
+            max_staleness=grpo.max_staleness, staleness_rule="episode", group_size=grpo.group_size, groups_per_batch=grpo.prompts_per_step,
             checkpoint_every=grpo.checkpoint_every, optim=grpo.optim,
             policy_optimizer_steps=grpo.steps * grpo.mini_batches,
             max_nonfinite_iterations=grpo.max_nonfinite_iterations,

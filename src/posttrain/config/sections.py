@@ -148,7 +148,17 @@ class SAOConfig(_Strict):
     micro_batch_size: int = Field(16, ge=1, le=65536)
     """Rollouts per forward/backward; gradients accumulate, normalised by the global action-token count."""
     max_staleness: int = Field(4, ge=0, le=1000)
-    """tau: drop (and never admit) rollouts whose oldest policy version lags by more than this."""
+    """tau (policy versions): how far behind the learner a token's or rollout's policy version may
+    be and still train (``staleness_rule``); admission control never starts more than this allows."""
+    staleness_rule: Literal["token", "episode"] = "token"
+    """token: each action token trains only if the policy version that sampled it is within
+    ``max_staleness`` of the learner's; older tokens are masked like DIS-masked ones (counted in
+    ``mask/frac_stale``), the episode's fresh turns train and the critic learns from the whole
+    episode; a rollout is dropped only when none of its action tokens is fresh, and generators
+    never cancel an episode in flight (they load new weights between turns, so later turns are
+    fresh). episode: the first rule, kept for side-by-side runs: a rollout whose *oldest* turn
+    lags by more than ``max_staleness`` is dropped whole, and generators cancel it in flight
+    (``generator.abort_stale_episodes``)."""
     loss: SAOLossConfig = Field(default_factory=SAOLossConfig)
     """DIS band."""
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-6))
@@ -194,9 +204,10 @@ class GeneratorConfig(_Strict):
     """An admission ticket not used within this many seconds expires, so a killed generator's
     tickets return to the pool; keep it above ``episode_timeout_s``."""
     abort_stale_episodes: bool = True
-    """Cancel an episode in flight as soon as its oldest policy version is more than
-    ``sao.max_staleness`` versions behind the learner's latest: the learner would drop its rollout
-    anyway. Its slot and admission ticket go to a new episode, and it is counted in the generator's
+    """With ``staleness_rule: episode`` (``sao`` section; asynchronous GRPO always), cancel an
+    episode in flight as soon as its oldest policy version is more than ``max_staleness`` versions
+    behind the learner's latest: the learner would drop its rollout anyway. Ignored under
+    ``sao.staleness_rule: token``, where no episode is cancelled for its age. Its slot and admission ticket go to a new episode, and it is counted in the generator's
     ``stale_aborted``. False lets it finish, and the learner drops it (``stale_dropped``)."""
     temperature: float = Field(1.0, gt=0.0, le=10.0)
     """Sampling temperature; SAO training requires 1.0."""

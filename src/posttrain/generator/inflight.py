@@ -1,8 +1,10 @@
 """Episodes in flight on one generator, and cancelling those the learner can no longer train.
 
-SAO (arXiv 2607.07508) drops a rollout whose oldest generating policy version lags the learner
-by more than tau (``sao.max_staleness``; ``posttrain.rollout.admission.is_stale``). The learner's
-version only grows, so once an episode's oldest version ``o`` and the learner's latest published
+Used only under ``sao.staleness_rule: episode`` (and by asynchronous GRPO), where the learner
+drops a rollout whose oldest generating policy version lags the learner by more than tau
+(``sao.max_staleness``; ``posttrain.rollout.admission.is_stale``); under the default token rule
+the next turn samples with the newest weights and trains, so nothing is cancelled
+(``generator.worker.abort_stale_episodes``). The learner's version only grows, so once an episode's oldest version ``o`` and the learner's latest published
 version ``v`` satisfy ``v - o > tau``, the rollout it will produce is already dropped: every further
 turn, tool call and second in its episode slot is wasted. On long-tailed agentic workloads these
 are the longest episodes, and they hold their slot and admission ticket through their remaining
@@ -37,18 +39,20 @@ T = TypeVar("T")
 
 
 class _Unit:
-    """One episode or group in flight: its task and the oldest policy version any of its turns used."""
+    """One episode or group in flight: its task, the oldest policy version any of its turns used, its turns."""
 
-    __slots__ = ("aborted", "oldest", "task")
+    __slots__ = ("aborted", "oldest", "task", "turns")
 
     def __init__(self) -> None:
         self.oldest: int | None = None
         self.aborted = False
         self.task: asyncio.Future[object] | None = None
+        self.turns = 0
 
     def saw(self, policy_version: int) -> None:
         """Record one turn's policy version (the engine's, when it sampled the turn)."""
         self.oldest = policy_version if self.oldest is None else min(self.oldest, policy_version)
+        self.turns += 1
 
 
 class InFlightEpisodes:
@@ -67,13 +71,16 @@ class InFlightEpisodes:
     def __len__(self) -> int:
         return len(self._units)
 
-    async def run(self, start: Callable[[Callable[[int], None]], Awaitable[T]]) -> T | None:
+    async def run(self, start: Callable[[Callable[[int], None]], Awaitable[T]],
+                  on_abort: Callable[[int], None] | None = None) -> T | None:
         """Run one unit as its own task and return its result, or None when ``abort_stale`` cancelled it.
 
         Args:
             start: Called once with the keyword ``on_turn``, the callback ``on_turn(policy_version)``
                 the episode calls after each turn's generation (``run_episode(on_turn=...)``, e.g.
                 ``functools.partial(run_episode, engine, ...)``); returns the awaitable to run.
+            on_abort: Called with the turns the unit had sampled (over its members) when
+                ``abort_stale`` cancels it, before ``run`` returns None (length accounting).
 
         Returns:
             The awaitable's result; None when the unit was cancelled as stale.
@@ -91,6 +98,8 @@ class InFlightEpisodes:
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if unit.aborted and (current is None or current.cancelling() == 0):
+                if on_abort is not None:
+                    on_abort(unit.turns)
                 return None
             raise
         finally:

@@ -14,7 +14,8 @@ One slot type serves both techniques on the asynchronous runtime. A slot with gr
 
 Every ticket ends consumed (rollout sent) or released, and each outcome is counted in the
 generator's stats: a failed episode or group (``failed += 1``; for G = 1 an invalid record is
-``rejected += 1`` instead), one cancelled as stale (``stale_aborted += G``), one cancelled by a stop
+``rejected += 1`` instead), one cancelled as stale (``stale_aborted += G``, and each of its episodes
+in ``stale_aborted_calls_<bucket>`` by the tool calls it had begun), one cancelled by a stop
 (released, then the cancellation propagates).
 
 ``run_until_stopped`` runs the slots beside the weight watcher until the generator stops.
@@ -42,6 +43,7 @@ from posttrain.inference.base import InferenceEngine
 from posttrain.inference.metering import GeneratorStats
 from posttrain.records import RecordError, Rollout, Task
 from posttrain.rollout.admission import AdmissionController, AsyncTicketGate, Ticket
+from posttrain.rollout.lengths import CALL_BUCKETS, bucket_label
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -204,7 +206,8 @@ class EpisodeSlot:
         for _ in tickets:
             self.stats.episode_started()
         try:
-            rollouts = await self.running.run(functools.partial(self.work.run, task, seed))
+            rollouts = await self.running.run(functools.partial(self.work.run, task, seed),
+                                              on_abort=functools.partial(self._aborted, len(tickets)))
         except asyncio.CancelledError:  # stopping: give the tickets back before unwinding
             _release(self.admission, tickets)
             raise
@@ -219,6 +222,15 @@ class EpisodeSlot:
             _release(self.admission, tickets)
             return
         await self.sender.send_shielded(list(zip(tickets, rollouts, strict=True)))
+
+    def _aborted(self, episodes: int, turns: int) -> None:
+        """Count ``episodes`` cancelled as stale by their tool calls begun (``turns`` over all of them).
+
+        Each turn of an unfinished episode made a tool call; a group's turns are shared evenly.
+        """
+        calls = turns // max(episodes, 1)
+        for _ in range(episodes):
+            self.stats.episode_aborted(calls, bucket_label(calls, CALL_BUCKETS))
 
     def _failed(self, task: Task, tickets: Sequence[Ticket], exc: BaseException) -> None:
         """Count the failure, release the tickets, log it."""

@@ -12,7 +12,7 @@ run's Redis; each generator of a run needs its own index: ``generator.seeds``). 
   ``WEIGHT_WAIT_S``, reloads the engine in place when the store has new weights (between
   requests; a reload between two turns of one episode is allowed, the rollout then carries the
   oldest version), cancels episodes in flight that became too stale to train
-  (``generator.inflight``), nudges the admission gate, publishes the stats, checks the stop key.
+  (``generator.inflight``; only under ``staleness_rule: episode``, see ``abort_stale_episodes``), nudges the admission gate, publishes the stats, checks the stop key.
 
 Waiting never parks threads: tickets come through ``AsyncTicketGate`` (one poller per process,
 backoff on the event loop), and the ``hf`` engine runs its batches on its own thread, so an
@@ -60,6 +60,19 @@ class GeneratorSummary:
 
     generator_id: str
     stats: dict[str, float]
+
+
+def abort_stale_episodes(config: RunConfig) -> bool:
+    """Whether the generator cancels episodes in flight for their age (``generator.inflight``).
+
+    Only under ``staleness_rule: episode`` with ``generator.abort_stale_episodes``: that rule drops
+    a rollout by its oldest turn, so an episode past the bound can no longer train. Under the
+    token rule the next turn is sampled with the newest weights and trains, so nothing is cancelled.
+
+    Raises:
+        posttrain.config.ConfigError: the technique does not use the asynchronous runtime.
+    """
+    return config.generator.abort_stale_episodes and async_rl_settings(config).staleness_rule == "episode"
 
 
 async def _first_version(store: WeightStore, where: object) -> int:
@@ -131,7 +144,7 @@ async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int,
              for _ in range(slot_count(gen.episodes_in_flight, settings.group_size))]
     watcher = WeightWatcher(
         engine, store, version, client, ctx.keys, announcements, gate, running, stats, generator_id,
-        max_staleness=settings.max_staleness, abort_stale_episodes=gen.abort_stale_episodes, stopping=stopping,
+        max_staleness=settings.max_staleness, abort_stale_episodes=abort_stale_episodes(config), stopping=stopping,
     )
     try:
         await run_until_stopped(slots, watcher.run(), stopping)

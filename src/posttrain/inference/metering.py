@@ -80,6 +80,8 @@ class GeneratorStats:
     engine_batch_rows: int = 0
     engine_batch_padded_tokens: int = 0
     engine_batch_cpu_s: float = 0.0
+    _aborted_calls: dict[str, int] = field(default_factory=dict)
+    _aborted_calls_sum: int = 0
     _active: int = 0
     _busy_since: float = 0.0
     _engine_clock: Callable[[], float] | None = None
@@ -126,6 +128,14 @@ class GeneratorStats:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
 
+    def episode_aborted(self, tool_calls: int, bucket: str) -> None:
+        """Count one episode cancelled as stale by the tool calls it had begun (``stale_aborted_calls_<bucket>``).
+
+        ``stale_aborted`` itself is counted by the caller, as before.
+        """
+        self._aborted_calls[bucket] = self._aborted_calls.get(bucket, 0) + 1
+        self._aborted_calls_sum += tool_calls
+
     def episode_finished(self) -> None:
         """Mark an episode ending (sent, rejected or failed)."""
         self.in_flight -= 1
@@ -141,6 +151,9 @@ class GeneratorStats:
         (engine thread, event loop, environments, Redis client) and their share of wall time (can
         exceed 1 with several busy threads); ``host_cpu_s = cpu_s - engine_batch_cpu_s`` is the
         CPU spent outside the engine's batches (event loop, environments, Redis, weight reloads).
+        ``stale_aborted_calls_<bucket>`` counts the episodes cancelled as stale by the tool calls
+        they had begun (``episode_aborted``; ``posttrain.rollout.lengths`` buckets) and
+        ``stale_aborted_calls_sum`` adds up those calls.
         """
         wall = max(time.time() - self.started_at, 1e-9)
         busy = self.busy_seconds()
@@ -157,7 +170,9 @@ class GeneratorStats:
             cpu_s=(cpu := time.process_time() - self.cpu_started_at),
             cpu_fraction=cpu / wall,
             host_cpu_s=cpu - self.engine_batch_cpu_s,
+            stale_aborted_calls_sum=float(self._aborted_calls_sum),
         )
+        out.update({f"stale_aborted_calls_{b}": float(n) for b, n in self._aborted_calls.items()})
         return out
 
 

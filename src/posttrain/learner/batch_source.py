@@ -3,9 +3,12 @@
 Two sources share one contract, ``next_batch(learner_version) -> list[QueueEntry] | None``:
 
 * ``SingleRolloutSource`` (SAO): buffers rollouts as they arrive until ``batch_rollouts`` fresh
-  ones are held; a rollout whose oldest policy version lags the learner by more than
-  ``max_staleness`` is dropped, on arrival and again while it waits in the buffer (a read can
-  bring more than a batch, e.g. the entries a dead learner left pending).
+  ones are held; a rollout that cannot train is dropped, on arrival and again while it waits in
+  the buffer (a read can bring more than a batch, e.g. the entries a dead learner left pending).
+  Which rollout cannot train follows ``sao.staleness_rule`` (``trainable``): under ``token``, one
+  whose *newest* turn lags the learner by more than ``max_staleness`` (no action token of it could
+  get gradient; the stale tokens of the others are masked in the loss); under ``episode``, one
+  whose *oldest* turn does.
 * ``GroupSource`` (asynchronous GRPO): releases only complete groups (``posttrain.learner.groups``),
   ``groups_per_batch`` of them at a time; a group with any stale member is dropped whole.
 
@@ -102,34 +105,63 @@ def _read(queue: RolloutQueue, n: int, claim_idle_ms: int, block_s: float) -> li
     return arrived
 
 
+DROP_REASONS = {"token": "no fresh token", "episode": "stale"}
+"""The ledger's ``reason`` of a rollout SAO drops for its age, by ``sao.staleness_rule``."""
+
+
+def trainable(rollout: Rollout, learner_version: int, max_staleness: int, rule: str) -> bool:
+    """Whether ``rollout`` can still give policy gradient at ``learner_version`` under ``rule``.
+
+    ``token``: its newest turn's version (``max(turn_policy_versions)``, else ``policy_version``) is
+    within ``max_staleness`` of the learner's, so at least one action token is fresh. ``episode``:
+    its oldest version (``policy_version``) is.
+
+    Raises:
+        ValueError: ``rule`` is neither ``token`` nor ``episode``.
+    """
+    if rule == "token":
+        newest = max(rollout.turn_policy_versions) if rollout.turn_policy_versions else rollout.policy_version
+        return not is_stale(newest, learner_version, max_staleness)
+    if rule == "episode":
+        return not is_stale(rollout.policy_version, learner_version, max_staleness)
+    raise ValueError(f"staleness_rule: expected 'token' or 'episode', got {rule!r}")
+
+
 class SingleRolloutSource:
-    """SAO's batches: ``batch_rollouts`` rollouts of any prompts, each fresh when its batch is released.
+    """SAO's batches: ``batch_rollouts`` rollouts of any prompts, each trainable when its batch is released.
 
     Args:
         queue: Stream consumer.
-        drops: Where stale rollouts go.
+        drops: Where rollouts that cannot train go.
         batch_rollouts: Rollouts per batch (>= 1).
         max_staleness: tau (policy versions).
         claim_idle_ms: Reclaim entries pending this long on another consumer (milliseconds).
         block_s: Longest wait for new entries per call (seconds).
+        staleness_rule: ``token`` or ``episode`` (``trainable``).
+
+    Raises:
+        ValueError: an unknown ``staleness_rule``.
     """
 
     def __init__(
         self, queue: RolloutQueue, drops: DropRecorder, *, batch_rollouts: int, max_staleness: int,
-        claim_idle_ms: int, block_s: float,
+        claim_idle_ms: int, block_s: float, staleness_rule: str = "token",
     ) -> None:
+        if staleness_rule not in DROP_REASONS:
+            raise ValueError(f"staleness_rule: expected 'token' or 'episode', got {staleness_rule!r}")
         self._queue = queue
         self.drops = drops
         self._batch = batch_rollouts
         self._tau = max_staleness
+        self._rule = staleness_rule
         self._claim_idle_ms = claim_idle_ms
         self._block_s = block_s
         self._buffer: list[QueueEntry] = []
 
     def next_batch(self, learner_version: int) -> list[QueueEntry] | None:
-        """Read what is needed to fill the buffer; return a full batch of fresh rollouts, or None.
+        """Read what is needed to fill the buffer; return a full batch of trainable rollouts, or None.
 
-        Staleness is checked on arrival and again for every buffered rollout when a batch is
+        Staleness (``trainable``) is checked on arrival and again for every buffered rollout when a batch is
         released: a read can bring more than a batch (``claim_stale`` returns every idle entry,
         thousands after a learner restart), and a rollout that waits in the buffer while the
         learner publishes versions must not be trained more than ``max_staleness`` behind.
@@ -140,8 +172,8 @@ class SingleRolloutSource:
         fresh: list[QueueEntry] = []
         stale: list[QueueEntry] = []
         for entry in self._buffer:
-            (stale if is_stale(entry.rollout.policy_version, learner_version, self._tau) else fresh).append(entry)
-        self.drops.drop(stale, ["stale"] * len(stale))
+            (fresh if trainable(entry.rollout, learner_version, self._tau, self._rule) else stale).append(entry)
+        self.drops.drop(stale, [DROP_REASONS[self._rule]] * len(stale))
         self._buffer = fresh
         if len(self._buffer) < self._batch:
             return None
@@ -193,7 +225,8 @@ def make_batch_source(
         return GroupSource(queue, drops, group_size=settings.group_size, groups_per_batch=settings.groups_per_batch,
                            max_staleness=settings.max_staleness, claim_idle_ms=claim_idle_ms, block_s=block_s)
     return SingleRolloutSource(queue, drops, batch_rollouts=settings.batch_rollouts,
-                               max_staleness=settings.max_staleness, claim_idle_ms=claim_idle_ms, block_s=block_s)
+                               max_staleness=settings.max_staleness, claim_idle_ms=claim_idle_ms, block_s=block_s,
+                               staleness_rule=settings.staleness_rule)
 
 
 class _NoDrops:

@@ -25,6 +25,8 @@ class RolloutBatch:
         behaviour_logprobs: ``[B, T] float32``. Generator logprobs (0 on non-actions).
         rewards: ``[B] float32``. Scalar reward per rollout.
         policy_versions: ``[B] int64``. Oldest policy version of each rollout.
+        token_versions: ``[B, T] int64``. Policy version that sampled each token
+            (``Rollout.token_policy_versions``; the rollout's oldest on non-actions and padding).
     """
 
     token_ids: torch.Tensor
@@ -33,6 +35,7 @@ class RolloutBatch:
     behaviour_logprobs: torch.Tensor
     rewards: torch.Tensor
     policy_versions: torch.Tensor
+    token_versions: torch.Tensor
 
     @property
     def num_action_tokens(self) -> int:
@@ -42,7 +45,8 @@ class RolloutBatch:
     def to(self, device: torch.device) -> RolloutBatch:
         """The same batch on ``device`` (no copy when it is already there)."""
         return RolloutBatch(*(getattr(self, f).to(device) for f in (
-            "token_ids", "attention_mask", "action_mask", "behaviour_logprobs", "rewards", "policy_versions")))
+            "token_ids", "attention_mask", "action_mask", "behaviour_logprobs", "rewards", "policy_versions",
+            "token_versions")))
 
     def rows(self, index: slice | torch.Tensor) -> RolloutBatch:
         """The rows in ``index`` (a slice, or an int64 index tensor that may reorder), trimmed to their longest real sequence."""
@@ -55,6 +59,7 @@ class RolloutBatch:
             behaviour_logprobs=self.behaviour_logprobs[index, :width],
             rewards=self.rewards[index],
             policy_versions=self.policy_versions[index],
+            token_versions=self.token_versions[index, :width],
         )
 
 
@@ -63,6 +68,8 @@ def collate_rollouts(rollouts: Sequence[Rollout], pad_token_id: int) -> RolloutB
 
     Raises:
         ValueError: if ``rollouts`` is empty.
+        posttrain.records.RecordError: a rollout's ``turn_policy_versions`` does not match its
+            runs of action tokens.
     """
     if not rollouts:
         raise ValueError("collate_rollouts: empty list of rollouts")
@@ -72,12 +79,15 @@ def collate_rollouts(rollouts: Sequence[Rollout], pad_token_id: int) -> RolloutB
     attention = torch.zeros((b, width), dtype=torch.bool)
     action = torch.zeros((b, width), dtype=torch.bool)
     behaviour = torch.zeros((b, width), dtype=torch.float32)
+    versions = torch.zeros((b, width), dtype=torch.long)
     for i, r in enumerate(rollouts):
         n = len(r.token_ids)
         token_ids[i, :n] = torch.tensor(r.token_ids, dtype=torch.long)
         attention[i, :n] = True
         action[i, :n] = torch.tensor(r.action_mask, dtype=torch.bool)
         behaviour[i, :n] = torch.tensor(r.behaviour_logprobs, dtype=torch.float32)
+        versions[i, :n] = torch.from_numpy(r.token_policy_versions())
+        versions[i, n:] = r.policy_version
     return RolloutBatch(
         token_ids=token_ids,
         attention_mask=attention,
@@ -85,6 +95,7 @@ def collate_rollouts(rollouts: Sequence[Rollout], pad_token_id: int) -> RolloutB
         behaviour_logprobs=behaviour,
         rewards=torch.tensor([r.reward for r in rollouts], dtype=torch.float32),
         policy_versions=torch.tensor([r.policy_version for r in rollouts], dtype=torch.long),
+        token_versions=versions,
     )
 
 

@@ -3,11 +3,18 @@
 ``<run>/learner_ledger.jsonl`` is an audit trail of a run. Each line is one learner iteration:
 
 * ``iteration`` (1-based count of iterations done) and ``policy_version`` after it;
+* ``learner_version``: the policy version the batch trained at (the one its update moved from)
+  and ``max_staleness`` (tau), so per-token staleness can be checked from the ledger alone
+  (``staleness_violations``);
 * ``entry_ids``: the stream entries it trained on (asynchronous runs; after a restart, iterations
   past the last checkpoint appear again with their re-delivered entries);
-* ``rollouts``: one ``rollout_summary`` per rollout of the batch, in batch order;
+* ``rollouts``: one ``rollout_summary`` per rollout of the batch, in batch order, with (SAO) its
+  token accounting from the train step (``learner.token_metrics.ROW_TOKEN_KEYS``): action tokens
+  that got policy gradient, that the staleness bound masked, that the DIS band masked, and the
+  oldest and newest policy version among those that got gradient (null when none did);
 * ``dropped``: one ``rollout_summary`` per rollout dropped while the batch was assembled, with its
-  ``reason``: ``stale`` (SAO: its oldest policy version lagged the learner by more than tau), or
+  ``reason``: ``no fresh token`` (SAO, ``staleness_rule: token``: even its newest turn lagged the
+  learner by more than tau), ``stale`` (SAO, ``staleness_rule: episode``: its oldest turn did), or
   for asynchronous GRPO's groups ``GroupAssembler.drop_reason`` (``stale group``, ``surplus
   member``, ``no group id``).
 
@@ -21,7 +28,7 @@ Example: ``tests/unit/learner/test_ledger.py``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,14 +79,15 @@ def rollout_summary(rollout: Rollout) -> dict[str, Any]:
 
     Returns:
         ``rollout_id``, ``task_id``, ``group_id``, ``generator_id``, ``policy_version`` (the oldest
-        that sampled it), ``reward``, ``finish_reason``, ``started_at`` / ``finished_at`` (Unix
+        that sampled it), ``turn_policy_versions`` (one per turn), ``reward``, ``finish_reason``, ``started_at`` / ``finished_at`` (Unix
         seconds), ``prompt_tokens``, ``action_tokens`` and ``observation_tokens`` (per turn,
         ``turn_lengths``) and the environment's ``metrics`` (floats).
     """
     prompt, actions, observations = turn_lengths(rollout.action_mask)
     return {
         "rollout_id": rollout.rollout_id, "task_id": rollout.task_id, "group_id": rollout.group_id,
-        "generator_id": rollout.generator_id, "policy_version": rollout.policy_version, "reward": rollout.reward,
+        "generator_id": rollout.generator_id, "policy_version": rollout.policy_version,
+        "turn_policy_versions": list(rollout.turn_policy_versions), "reward": rollout.reward,
         "finish_reason": rollout.finish_reason, "started_at": rollout.started_at, "finished_at": rollout.finished_at,
         "prompt_tokens": prompt, "action_tokens": actions, "observation_tokens": observations,
         "metrics": dict(rollout.metrics),
@@ -87,7 +95,9 @@ def rollout_summary(rollout: Rollout) -> dict[str, Any]:
 
 
 def ledger_line(iteration: int, policy_version: int, rollouts: Iterable[Rollout],
-                entry_ids: Sequence[str] | None = None, dropped: Iterable[tuple[Rollout, str]] = ()) -> str:
+                entry_ids: Sequence[str] | None = None, dropped: Iterable[tuple[Rollout, str]] = (), *,
+                learner_version: int | None = None, max_staleness: int | None = None,
+                row_tokens: Sequence[Mapping[str, float | None]] | None = None) -> str:
     """One ledger line (JSON, newline-terminated) for an iteration (module docstring).
 
     Args:
@@ -96,11 +106,27 @@ def ledger_line(iteration: int, policy_version: int, rollouts: Iterable[Rollout]
         rollouts: The batch, in order.
         entry_ids: Stream entry ids of the batch (asynchronous runs); ``None`` leaves the key out.
         dropped: ``(rollout, reason)`` of each rollout dropped while the batch was assembled.
+        learner_version: The version the batch trained at; ``None`` leaves the key out.
+        max_staleness: tau (policy versions); ``None`` leaves the key out.
+        row_tokens: Per rollout of the batch, its token accounting (``TrainStepResult.row_tokens``),
+            merged into its summary; ``None`` adds nothing.
+
+    Raises:
+        ValueError: ``row_tokens`` and ``rollouts`` differ in length.
     """
     line: dict[str, Any] = {"iteration": iteration, "policy_version": policy_version}
+    if learner_version is not None:
+        line["learner_version"] = learner_version
+    if max_staleness is not None:
+        line["max_staleness"] = max_staleness
     if entry_ids is not None:
         line["entry_ids"] = list(entry_ids)
     line["rollouts"] = [rollout_summary(r) for r in rollouts]
+    if row_tokens is not None:
+        if len(row_tokens) != len(line["rollouts"]):
+            raise ValueError(f"row_tokens: expected {len(line['rollouts'])} like rollouts, got {len(row_tokens)}")
+        for summary, tokens in zip(line["rollouts"], row_tokens, strict=True):
+            summary.update(tokens)
     line["dropped"] = [{**rollout_summary(r), "reason": reason} for r, reason in dropped]
     return json.dumps(line) + "\n"
 
@@ -132,4 +158,38 @@ def read_ledger(path: Path) -> list[dict[str, Any]]:
             if not isinstance(line, dict) or "iteration" not in line:
                 raise ValueError(f"{path}:{number}: expected an object with 'iteration'")
             out.append(line)
+    return out
+
+
+def staleness_violations(lines: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Rollouts whose tokens got policy gradient more than tau versions after they were sampled.
+
+    For every line with ``learner_version`` and ``max_staleness`` and every rollout of its batch
+    that trained: the oldest version among its tokens that got policy gradient
+    (``trained_version_min``) must be at least ``learner_version - max_staleness``. A rollout
+    without token accounting (asynchronous GRPO) is held to its oldest version
+    (``policy_version``), which bounds every token of it. Rollouts no token of which got gradient
+    (a critic-only iteration) and lines written before these keys existed are skipped.
+
+    Args:
+        lines: ``read_ledger`` lines.
+
+    Returns:
+        One message per violation (iteration, rollout id, versions); empty when the bound held.
+    """
+    out: list[str] = []
+    for line in lines:
+        if "learner_version" not in line or "max_staleness" not in line:
+            continue
+        floor = int(line["learner_version"]) - int(line["max_staleness"])
+        for r in line["rollouts"]:
+            if "trained_tokens" in r:
+                if not r["trained_tokens"]:
+                    continue
+                oldest = r["trained_version_min"]
+            else:
+                oldest = r["policy_version"]
+            if oldest is None or oldest < floor:
+                out.append(f"iteration {line['iteration']}: rollout {r['rollout_id']} trained a token of version "
+                           f"{oldest} at learner version {line['learner_version']} (tau {line['max_staleness']})")
     return out

@@ -7,7 +7,9 @@ from ``batch_staleness_metrics``); ``generator/<id>/*`` and ``generator/busy_fra
 ``learner/iteration``, ``learner/skipped_nonfinite`` (optimizer steps skipped for a non-finite
 gradient norm over the run); ``throughput/rollouts_per_s`` and ``throughput/trained_action_tokens_per_s``
 (cumulative since this process started), ``throughput/action_tokens_per_s`` (this batch's action
-tokens over its step time); ``queue/dead_letters``, ``queue/length``; ``rollouts/correct_mean``.
+tokens over its step time); ``queue/dead_letters``, ``queue/length``; ``rollouts/correct_mean``;
+the run's length accounting so far (``posttrain.rollout.lengths.length_metrics``: ``length/*``
+started and trained by bucket, ``tokens/stale_masked_share``, ``tokens/dis_masked_share``).
 The names match synchronous GRPO's, so runs of either compare directly.
 """
 
@@ -17,8 +19,9 @@ from collections.abc import Mapping, Sequence
 
 from posttrain.learner.types import TrainStepResult
 from posttrain.rollout.admission import StalenessStats
+from posttrain.rollout.lengths import length_metrics
 from posttrain.rollout.queue import QueueEntry, RolloutQueue
-from posttrain.rollout.telemetry import generator_metrics
+from posttrain.rollout.telemetry import generator_counters, generator_metrics
 
 
 def learner_metrics(
@@ -39,7 +42,8 @@ def learner_metrics(
         result: The train step's result.
         entries: The batch.
         iteration: Learner iterations done, this one included.
-        counters: Cumulative ``rollouts_trained``, ``action_tokens_trained`` and ``skipped_nonfinite``.
+        counters: Cumulative ``rollouts_trained``, ``action_tokens_trained``, ``skipped_nonfinite``
+            and the length accounting (``rollout.lengths.count_batch``).
         staleness: Staleness statistics of consumed and dropped rollouts.
         queue: The stream consumer (dead letters, length).
         generator_stats: Generator id -> its latest stats snapshot.
@@ -50,6 +54,7 @@ def learner_metrics(
     metrics = dict(result.metrics)
     metrics.update(staleness.as_metrics())
     metrics.update(generator_metrics(generator_stats))
+    metrics.update(length_metrics({**counters, **generator_counters(generator_stats)}))
     action_tokens = sum(e.rollout.num_action_tokens for e in entries)
     metrics.update({
         "learner/step_s": step_s,

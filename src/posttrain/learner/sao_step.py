@@ -6,6 +6,10 @@ skips observation tokens (λ_policy = 1 − 1/(α·l), λ_critic = 1), and the D
 −sg(f(r))·A·log π_θ with r = π_θ/π_behav hard-masked outside (1 − ε_low, 1 + ε_high).
 Every loss is a sum divided by the global action-token count of the step, so the micro-batch
 size does not change the gradient.
+
+Per-token staleness (``stale_tokens``): an action token sampled more than ``sao.max_staleness``
+versions before the learner's version gets no policy gradient (``losses.sao``, counted in
+``mask/frac_stale``); the critic and the advantages still use every token of the episode.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from posttrain.config import SAOConfig
 from posttrain.learner.batching import RolloutBatch, length_order, select_rows
 from posttrain.learner.optim import clip_and_step
 from posttrain.learner.rank_rows import rank_micro_batches, reduce_means, reduce_moments
-from posttrain.learner.token_metrics import PolicyTokenStats
+from posttrain.learner.token_metrics import PolicyTokenStats, RowTokenStats, empty_rows
 from posttrain.learner.types import Trainable, TrainStepResult
 from posttrain.losses import PolicyLossInputs, sao_loss
 from posttrain.losses.logprobs import token_logprobs
@@ -51,6 +55,24 @@ def policy_logprobs(policy: nn.Module, batch: RolloutBatch) -> tuple[torch.Tenso
     return logits, token_logprobs(logits, batch.token_ids)
 
 
+def stale_tokens(action_mask: torch.Tensor, token_versions: torch.Tensor, learner_version: int | None,
+                 max_staleness: int) -> torch.Tensor:
+    """Action tokens too old to get policy gradient: ``learner_version - token_version > max_staleness``.
+
+    Args:
+        action_mask: [B, T] bool. Tokens sampled by the policy.
+        token_versions: [B, T] int64. Policy version that sampled each token (``RolloutBatch.token_versions``).
+        learner_version: The learner's policy version when it trains the batch; None: no token is stale.
+        max_staleness: tau (policy versions, >= 0).
+
+    Returns:
+        [B, T] bool, False off the action tokens.
+    """
+    if learner_version is None:
+        return torch.zeros_like(action_mask)
+    return action_mask & (learner_version - token_versions > max_staleness)
+
+
 def sao_train_step(
     *,
     policy: Trainable,
@@ -60,6 +82,7 @@ def sao_train_step(
     iteration: int,
     baseline: RunningMeanBaseline | None = None,
     world: World | None = None,
+    learner_version: int | None = None,
 ) -> TrainStepResult:
     """Run one learner iteration on a batch of rollouts.
 
@@ -75,6 +98,10 @@ def sao_train_step(
         baseline: Running-mean baseline state for ``advantage == "running_mean"``.
         world: The learner's ranks (one when None). Each rank trains every N-th row of the length
             order (``learner.rank_rows``); losses are scaled so N ranks make one rank's update.
+        learner_version: The learner's policy version (the one this step would move from): action
+            tokens sampled more than ``config.max_staleness`` versions before it get no policy
+            gradient (``stale_tokens``). None masks no token for its age (tests, benchmarks of the
+            step alone).
 
     Returns:
         ``TrainStepResult`` with ``policy_updated`` and the step's metrics (over all ranks), among
@@ -86,6 +113,10 @@ def sao_train_step(
 
         A critic or policy step whose gradient norm is not finite is skipped (``clip_and_step``)
         and counted in ``skipped_nonfinite``; a skipped policy step makes no version.
+        ``row_tokens`` holds each rollout's trained / stale-masked / DIS-masked token counts and
+        the version range of its trained tokens (all zero in a critic-only warm-up iteration);
+        ``staleness/token_lag_mean`` and ``/token_lag_max`` are over the batch's action tokens,
+        ``mask/frac_stale`` over those of the policy update.
 
     Raises:
         ValueError: if the configured advantage needs a critic/baseline that was not given.
@@ -101,6 +132,10 @@ def sao_train_step(
     padded, real = world.sum([float(mine.padded_tokens()), float(local.attention_mask.sum()) if mine.rows else 0.0])
     metrics["batch/padded_tokens"], metrics["batch/real_tokens"] = padded, real
     action_lengths = batch.action_mask.sum(dim=1)
+    if learner_version is not None:
+        lags = (learner_version - batch.token_versions)[batch.action_mask].double()
+        metrics["staleness/token_lag_mean"] = float(lags.mean()) if lags.numel() else 0.0
+        metrics["staleness/token_lag_max"] = float(lags.max()) if lags.numel() else 0.0
     skipped = 0  # optimizer steps skipped for a non-finite gradient norm
 
     # 1. Advantages (and critic targets) of this rank's rows.
@@ -169,23 +204,28 @@ def sao_train_step(
     warm = config.advantage == "gae" and iteration < config.critic.warmup_steps
     if warm:
         return TrainStepResult(policy_updated=False, metrics=metrics, rows_trained=0,
-                               action_tokens_trained=float(batch.num_action_tokens), skipped_nonfinite=skipped)
+                               action_tokens_trained=float(batch.num_action_tokens), skipped_nonfinite=skipped,
+                               row_tokens=empty_rows(int(batch.token_ids.shape[0])))
     policy.model.train()
     parts, weights = [], []
     tokens = PolicyTokenStats(config.loss.log_ratio_clamp)
+    per_row = RowTokenStats(int(batch.token_ids.shape[0]))
     for p in pieces:
         logits, logprobs = policy_logprobs(policy.model, p.batch)
+        stale = stale_tokens(p.batch.action_mask, p.batch.token_versions, learner_version, config.max_staleness)
         inputs = PolicyLossInputs(
             logprobs=logprobs,
             behaviour_logprobs=p.batch.behaviour_logprobs,
             advantages=advantages[p.lo : p.hi, : p.width],
             action_mask=p.batch.action_mask,
+            stale_mask=stale,
         )
         out = sao_loss(inputs, config.loss)
         if p.weight:  # entropy and the masked / unmasked mismatch of the tokens that train
             band = dis_band(logprobs, p.batch.behaviour_logprobs, p.batch.action_mask, config.loss.mask_eps_low,
-                            config.loss.mask_eps_high, config.loss.log_ratio_clamp)
+                            config.loss.mask_eps_high, config.loss.log_ratio_clamp, stale)
             tokens.add(logits, logprobs, p.batch.behaviour_logprobs, p.batch.action_mask, band)
+            per_row.add(mine.rows[p.lo : p.hi], band, p.batch.token_versions)
         del logits
         (out.loss_sum * (scale * p.weight)).backward()
         parts.append({**out.metrics, "loss/policy": float(out.loss_sum.detach()) / max(out.num_tokens, 1)})
@@ -200,4 +240,4 @@ def sao_train_step(
     return TrainStepResult(policy_updated=stepped, metrics=metrics,
                            rows_trained=int(batch.token_ids.shape[0]) if stepped else 0,
                            action_tokens_trained=float(batch.num_action_tokens),
-                           skipped_nonfinite=skipped + int(not stepped))
+                           skipped_nonfinite=skipped + int(not stepped), row_tokens=per_row.rows(world))

@@ -49,6 +49,7 @@ from posttrain.rollout.admission import (
     StalenessStats,
     batch_staleness_metrics,
 )
+from posttrain.rollout.lengths import count_batch
 from posttrain.rollout.queue import PolicyVersionStore, QueueEntry, RolloutLimits, RolloutQueue
 from posttrain.rollout.redis_streams import RedisPolicyVersionStore, RedisStreamQueue
 from posttrain.rollout.telemetry import read_generator_stats
@@ -157,7 +158,7 @@ class Learner:
         """
         lags = [self.staleness.observe(e.rollout.policy_version, self.state.policy_version) for e in entries]
         t0 = time.monotonic()
-        result = self.step(entries, self.state.iteration, self.world)
+        result = self.step(entries, self.state.iteration, self.world, self.state.policy_version)
         self.last_step_s = time.monotonic() - t0
         result.metrics.update(batch_staleness_metrics(lags, self.settings.max_staleness))
         return result
@@ -176,15 +177,22 @@ class Learner:
             self.transport.admission.refund(len(entries))
 
     def record(self, entries: Sequence[QueueEntry], result: TrainStepResult) -> None:
-        """Count the iteration (skipped steps too), keep its entries for the next checkpoint, append its ledger line."""
+        """Count the iteration (skipped steps too), keep its entries for the next checkpoint, append its ledger line.
+
+        Rank 0 also adds the batch and its drops to the length accounting (``rollout.lengths``,
+        ``length/*`` and ``tokens/*`` counters, checkpointed with the others).
+        """
         self.state.iteration += 1
         self.iterations_here += 1
         self.state.consumed_entry_ids.extend(e.entry_id for e in entries)
         version = self.state.policy_version + int(result.policy_updated)
         if self.world.is_main:
+            dropped = self.source.drops.take_for_ledger()
             append_ledger(self.ctx.run_dir / LEDGER_NAME, ledger_line(
                 self.state.iteration, version, [e.rollout for e in entries], [e.entry_id for e in entries],
-                self.source.drops.take_for_ledger()))
+                dropped, learner_version=self.state.policy_version,
+                max_staleness=self.settings.max_staleness, row_tokens=result.row_tokens))
+            count_batch(self.counters, [e.rollout for e in entries], [r for r, _ in dropped], result.row_tokens)
         self.counters["rollouts_trained"] += len(entries)
         self.counters["action_tokens_trained"] = self.counters.get("action_tokens_trained", 0.0) + (
             result.action_tokens_trained)

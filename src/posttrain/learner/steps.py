@@ -28,10 +28,11 @@ from posttrain.rollout.queue import QueueEntry
 class TrainStep(Protocol):
     """One learner iteration on a batch of stream entries."""
 
-    def __call__(self, entries: list[QueueEntry], iteration: int, world: World) -> TrainStepResult:
+    def __call__(self, entries: list[QueueEntry], iteration: int, world: World, learner_version: int) -> TrainStepResult:
         """Train on ``entries`` (iteration counts learner iterations done before this one).
 
         Every rank passes the same entries; each trains its share of the rows (``learner.rank_rows``).
+        ``learner_version`` is the learner's policy version (per-token staleness is measured from it).
         """
         ...
 
@@ -51,11 +52,16 @@ class SAOStep:
                  baseline: RunningMeanBaseline | None, pad_token_id: int) -> None:
         self.policy, self.critic, self.config, self.baseline, self.pad = policy, critic, config, baseline, pad_token_id
 
-    def __call__(self, entries: list[QueueEntry], iteration: int, world: World) -> TrainStepResult:
-        """``sao_train_step`` on the collated batch; a critic-only warm-up iteration makes no version."""
+    def __call__(self, entries: list[QueueEntry], iteration: int, world: World, learner_version: int) -> TrainStepResult:
+        """``sao_train_step`` on the collated batch; a critic-only warm-up iteration makes no version.
+
+        Action tokens more than ``sao.max_staleness`` versions behind ``learner_version`` get no
+        policy gradient (``sao_step.stale_tokens``).
+        """
         batch = collate_rollouts([e.rollout for e in entries], self.pad)
         return sao_train_step(policy=self.policy, critic=self.critic, batch=batch, config=self.config,
-                              iteration=iteration, baseline=self.baseline, world=world)
+                              iteration=iteration, baseline=self.baseline, world=world,
+                              learner_version=learner_version)
 
 
 class GRPOStep:
@@ -74,8 +80,12 @@ class GRPOStep:
         self.policy, self.config, self.reference, self.temperature, self.pad = (
             policy, config, reference, temperature, pad_token_id)
 
-    def __call__(self, entries: list[QueueEntry], iteration: int, world: World) -> TrainStepResult:
-        """``grpo_train_step`` on the collated groups; groups whose rewards are all equal train nothing."""
+    def __call__(self, entries: list[QueueEntry], iteration: int, world: World, learner_version: int) -> TrainStepResult:
+        """``grpo_train_step`` on the collated groups; groups whose rewards are all equal train nothing.
+
+        ``learner_version`` is not read: asynchronous GRPO drops a group with any stale member
+        before it gets here (``staleness_rule: episode``).
+        """
         batch = collate_rollouts([e.rollout for e in entries], self.pad)
         return grpo_train_step(policy=self.policy, batch=batch, group_ids=[str(e.rollout.group_id) for e in entries],
                                config=self.config, reference=self.reference, temperature=self.temperature,

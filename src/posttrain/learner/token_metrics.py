@@ -14,9 +14,15 @@
 Each micro-batch adds sums and counts (``PolicyTokenStats.add``); ``metrics`` sums them over the
 ranks (``world.sum``) and divides once, so the values do not depend on the micro-batch size or
 the number of ranks.
+
+``RowTokenStats`` keeps the same split per rollout of the batch, for the learner's ledger: action
+tokens that got policy gradient, that the staleness bound masked and that the DIS band masked,
+and the oldest and newest policy version among the tokens that got gradient.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -25,6 +31,10 @@ from posttrain.losses.kl import k3_kl
 from posttrain.losses.logprobs import selected_entropies
 from posttrain.losses.sao import DISBand
 from posttrain.parallel.world import World
+
+ROW_TOKEN_KEYS = ("trained_tokens", "stale_masked_tokens", "dis_masked_tokens", "trained_version_min",
+                  "trained_version_max")
+"""Keys of each ``RowTokenStats.rows`` entry (the ledger's per-rollout token accounting)."""
 
 
 class PolicyTokenStats:
@@ -79,3 +89,60 @@ class PolicyTokenStats:
             "mismatch/logprob_abs_diff_unmasked": mean(diff_kept, n_kept),
             "mismatch/logprob_abs_diff_masked": mean(diff_masked, n_masked),
         }
+
+
+class RowTokenStats:
+    """Per-rollout token accounting of one policy update, over every rank's micro-batches.
+
+    Args:
+        rows: B, the rollouts of the whole batch.
+    """
+
+    def __init__(self, rows: int) -> None:
+        self.counts = torch.zeros((rows, 3), dtype=torch.float64)  # trained, stale-masked, DIS-masked
+        self.oldest = torch.full((rows,), -torch.inf, dtype=torch.float64)  # -(min version); -inf: none
+        self.newest = torch.full((rows,), -torch.inf, dtype=torch.float64)
+
+    def add(self, batch_rows: Sequence[int], band: DISBand, token_versions: Tensor) -> None:
+        """Add one micro-batch (a filler's must not be added).
+
+        Args:
+            batch_rows: The batch row of each of the micro-batch's rows (``len == b``).
+            band: The DIS band of the micro-batch (``keep`` [b, T]: tokens that get policy gradient;
+                ``stale``; ``below`` / ``above``: DIS-masked fresh tokens).
+            token_versions: [b, T] int64. Policy version that sampled each token.
+        """
+        with torch.no_grad():
+            index = torch.tensor(list(batch_rows), dtype=torch.long)
+            keep = band.keep.cpu()
+            versions = token_versions.cpu().double()
+            self.counts[index, 0] += keep.sum(dim=1).double()
+            self.counts[index, 1] += band.stale.cpu().sum(dim=1).double()
+            self.counts[index, 2] += (band.below | band.above).cpu().sum(dim=1).double()
+            oldest = torch.where(keep, -versions, torch.full_like(versions, -torch.inf)).amax(dim=1)
+            newest = torch.where(keep, versions, torch.full_like(versions, -torch.inf)).amax(dim=1)
+            self.oldest[index] = torch.maximum(self.oldest[index], oldest)
+            self.newest[index] = torch.maximum(self.newest[index], newest)
+
+    def rows(self, world: World) -> list[dict[str, float | None]]:
+        """One dict per batch row (``ROW_TOKEN_KEYS``; versions None without a trained token), over all ranks.
+
+        Every rank must call it (one ``world.sum`` and one ``world.max_floats``).
+        """
+        counts = world.sum(self.counts.flatten().tolist())
+        extremes = world.max_floats(torch.cat([self.oldest, self.newest]).tolist())
+        b = self.counts.shape[0]
+        out: list[dict[str, float | None]] = []
+        for i in range(b):
+            trained, stale, dis = counts[3 * i : 3 * i + 3]
+            oldest, newest = extremes[i], extremes[b + i]
+            out.append({"trained_tokens": trained, "stale_masked_tokens": stale, "dis_masked_tokens": dis,
+                        "trained_version_min": -oldest if trained else None,
+                        "trained_version_max": newest if trained else None})
+        return out
+
+
+def empty_rows(rows: int) -> list[dict[str, float | None]]:
+    """``RowTokenStats.rows`` of a batch no token of which got policy gradient (the critic warm-up)."""
+    return [{"trained_tokens": 0.0, "stale_masked_tokens": 0.0, "dis_masked_tokens": 0.0, "trained_version_min": None,
+             "trained_version_max": None} for _ in range(rows)]

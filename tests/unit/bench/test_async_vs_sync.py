@@ -8,15 +8,19 @@ from pathlib import Path
 import pytest
 from bench.async_vs_sync import (
     cell,
+    done_when,
     load_method,
     main,
     ratios,
     render,
+    render_rules,
     render_setting,
     setting_of,
     settings_of,
     targets,
 )
+
+from posttrain.rollout.lengths import length_metrics
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -24,6 +28,9 @@ from bench.async_vs_sync import (
     (["sao", "sao.steps=0"], "override 'sao.steps=0': sao.steps: Input should be greater than or equal to 1"),
     (["sao", "sao.stepz=3"], "sao.stepz: unknown field"),
     (["sao", "--repeats", "0"], "--repeats and --eval-every: must be >= 1, got 0 and 4"),
+    (["sao", "--rules", "token,turn"], "--rules: comma-separated distinct values of token, episode, got 'token,turn'"),
+    (["sao", "--rules", "token,token"], "--rules: comma-separated distinct values of token, episode"),
+    (["grpo_sync_g4", "--rules", "token"], "--rules: sao.staleness_rule is an SAO setting; method 'grpo_sync_g4' runs grpo"),
 ])
 def test_bad_arguments_fail_in_one_line_before_the_warm_start(tmp_path, capsys, argv, message):
     """Checked right after parsing (the SFT warm start takes minutes): exit 2, one error line, nothing written."""
@@ -61,11 +68,15 @@ def test_the_committed_results_were_run_with_these_configs() -> None:
         result = json.loads(path.read_text())
         args = shlex.split(result["command"])[3:]
         overrides = [a for a in args if "=" in a and not a.startswith("-")]
+        recorded = dict(result["settings"])
+        if "staleness_rule" not in recorded:  # written before sao.staleness_rule existed: the episode rule ran
+            recorded["staleness_rule"] = "episode"
+            overrides += ["sao.staleness_rule=episode"] if result["method"] == "sao" else []
         config = load_method(result["method"], overrides)
-        expected = settings_of(config, result["settings"]["eval_every"], len(result["runs"]))
+        expected = settings_of(config, recorded["eval_every"], len(result.get("runs", [])))
         assert setting_of(config) == result["setting"] == path.relative_to(RESULTS_DIR / "async_vs_sync").parts[0]
         assert {k: v for k, v in expected.items() if k != "repeats"} == \
-            {k: v for k, v in result["settings"].items() if k != "repeats"}, path
+            {k: v for k, v in recorded.items() if k != "repeats"}, path
 
 
 def summary(busy: float, tokens: float, rollouts: float, step_s: float, **extra) -> dict:
@@ -186,3 +197,32 @@ def test_only_synchronous_runs_keep_their_episodes_in_the_results() -> None:
         out = summarise(MethodRun(method, wall_s=3.0, steps=steps, episodes=episodes), {}, 1.0)
         assert out["episodes_recorded"] == 2
         assert ("episodes" in out) is stored and (not stored or out["episodes"] == episodes)
+
+
+def test_the_rules_table_shows_each_rules_buckets_and_the_issue_21_ratios(tmp_path: Path) -> None:
+    """Token rule: 0-2 calls 10/10 trained, 9+ 4/5 (share 0.8, ratio 0.8); episode rule: 0-2 9/10, 9+ 1/5 plus 3
+    cancelled (1/8 = 0.125 -> ratio 0.139). The ratio compares the longest and shortest buckets that have episodes
+    (none with only one). Mean calls: token started (10*1 + 5*10) / 15 = 4, trained (10 + 40) / 14
+    = 3.57 -> 0.89."""
+    def lengths(short: tuple[int, int], long: tuple[int, int], cancelled: int = 0) -> dict[str, float]:
+        return length_metrics({
+            "length/trained_calls_0-2": short[0], "length/dropped_calls_0-2": short[1] - short[0],
+            "length/trained_calls_9+": long[0], "length/dropped_calls_9+": long[1] - long[0],
+            "length/trained_calls_sum": short[0] * 1 + long[0] * 10,
+            "length/dropped_calls_sum": (short[1] - short[0]) + (long[1] - long[0]) * 10,
+            "generator_stale_aborted_calls_9+": cancelled, "generator_stale_aborted_calls_sum": cancelled * 10})
+
+    token, episode = lengths((10, 10), (4, 5)), lengths((9, 10), (1, 5), cancelled=3)
+    assert done_when(token)["share_ratio"] == pytest.approx(0.8)
+    assert done_when(token)["calls_ratio"] == pytest.approx((50 / 14) / 4)
+    assert done_when(episode)["share_ratio"] == pytest.approx((1 / 8) / 0.9)
+    run = summary(0.9, 100.0, 2.0, 1.0, heldout_reward={"12": 0.2}, staleness_violations=0)
+    f = {**method_file("sao", run), "when": "2026-12-02T05:00:00Z",
+         "rules": {"token": [{**run, "lengths": token}], "episode": [{**run, "lengths": episode}]}}
+    text = render_rules([f])
+    assert "| tool calls 9+ | 4 / 5 (0.80) | 1 / 8 (0.12) |" in text
+    assert "| longest / shortest bucket with episodes, trained share (>= 0.8) | 0.80 (9+ / 0-2 calls) | 0.14 (9+ / 0-2 " \
+           "calls) |" in text
+    short_only = lengths((10, 10), (0, 0))
+    assert done_when(short_only)["share_ratio"] is None and done_when(short_only)["buckets"] is None
+    assert "| rollouts trained past tau (ledger check) | 0 | 0 |" in text

@@ -182,3 +182,10 @@ def test_a_bad_resource_value_is_one_line_naming_the_field(tmp_path, capsys, yam
     assert str(err.value) == f"{p}: {expected}"
     assert main(["validate-config", str(p)]) == 2
     assert capsys.readouterr().err.strip() == f"posttrain: config error: {p}: {expected}"
+
+
+def test_staleness_rule_is_token_or_episode_and_a_wrong_value_names_the_field_and_the_choices():
+    assert load_config(None, []).sao.staleness_rule == "token"
+    assert load_config(None, ["sao.staleness_rule=episode"]).sao.staleness_rule == "episode"
+    with pytest.raises(ConfigError, match=r"sao.staleness_rule.*'token' or 'episode'"):
+        load_config(None, ["sao.staleness_rule=turn"])

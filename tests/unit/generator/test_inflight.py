@@ -134,3 +134,43 @@ def test_errors_of_the_unit_propagate() -> None:
 
     with pytest.raises(ValueError, match="malformed"):
         asyncio.run(go())
+
+
+@pytest.mark.parametrize(("overrides", "cancels"), [
+    ([], False),  # sao.staleness_rule: token (the default): later turns are fresh, nothing is cancelled
+    (["sao.staleness_rule=episode"], True),
+    (["sao.staleness_rule=episode", "generator.abort_stale_episodes=false"], False),
+    (["technique=grpo", "grpo.async=true", "grpo.loss.dis_mask=true"], True),  # groups keep the episode rule
+])
+def test_generators_cancel_old_episodes_only_under_the_episode_rule(overrides, cancels):
+    from posttrain.config import load_config
+    from posttrain.generator.worker import abort_stale_episodes
+
+    assert abort_stale_episodes(load_config(None, overrides)) is cancels
+
+
+def test_a_cancelled_unit_reports_the_turns_it_had_sampled() -> None:
+    """Three turns (versions 0, 1, 1), cancelled at learner 4 with tau 2: ``on_abort(3)``; a kept one reports nothing."""
+
+    async def go() -> tuple[list[int], list[str | None]]:
+        running, release, seen = InFlightEpisodes(), asyncio.Event(), []
+        runs = [asyncio.create_task(running.run(episode(vs, name, release), on_abort=seen.append))
+                for vs, name in (([0, 1, 1], "old"), ([3], "new"))]
+        await asyncio.sleep(0.05)
+        running.abort_stale(learner_version=4, max_staleness=2)
+        release.set()
+        return seen, list(await asyncio.gather(*runs))
+
+    seen, results = asyncio.run(go())
+    assert seen == [3] and results == [None, "new"]
+
+
+def test_generator_stats_count_cancelled_episodes_by_tool_call_bucket() -> None:
+    from posttrain.inference.metering import GeneratorStats
+
+    stats = GeneratorStats()
+    for calls, bucket in ((1, "0-2"), (9, "9+"), (12, "9+")):
+        stats.episode_aborted(calls, bucket)
+    snap = stats.snapshot()
+    assert (snap["stale_aborted_calls_0-2"], snap["stale_aborted_calls_9+"], snap["stale_aborted_calls_sum"]) == (
+        1.0, 2.0, 22.0)

@@ -64,3 +64,15 @@ def test_a_malformed_ledger_line_names_the_file_and_line(tmp_path):
         read_ledger(path)
     with pytest.raises(FileNotFoundError):
         read_ledger(tmp_path / "missing.jsonl")
+
+
+def test_a_line_records_the_training_version_tau_and_each_rollouts_token_accounting():
+    r = rollout([False, True, False, True, True])
+    tokens = {"trained_tokens": 2.0, "stale_masked_tokens": 1.0, "dis_masked_tokens": 0.0,
+              "trained_version_min": 4.0, "trained_version_max": 4.0}
+    line = json.loads(ledger_line(3, 6, [r], learner_version=5, max_staleness=1, row_tokens=[tokens]))
+    assert (line["learner_version"], line["max_staleness"]) == (5, 1)
+    assert line["rollouts"][0]["turn_policy_versions"] == [3, 4]
+    assert {k: line["rollouts"][0][k] for k in tokens} == tokens
+    with pytest.raises(ValueError, match="row_tokens: expected 1 like rollouts, got 0"):
+        ledger_line(3, 6, [r], row_tokens=[])

@@ -24,19 +24,21 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 
 import posttrain.learner.setup as learner_setup
 from posttrain.config import RunConfig
 from posttrain.learner.checkpoint import latest_checkpoint
-from posttrain.learner.ledger import LEDGER_NAME, read_ledger
+from posttrain.learner.ledger import LEDGER_NAME, read_ledger, staleness_violations
 from posttrain.learner.loop import run_learner
 from posttrain.learner.setup import LearnerTransport
 from posttrain.losses.logprobs import token_logprobs
 from posttrain.models.hf import load_policy
 from posttrain.records import Rollout
 from posttrain.rollout.admission import MemoryAdmissionController
+from posttrain.rollout.lengths import length_metrics
 from posttrain.rollout.memory_queue import MemoryPolicyVersionStore, MemoryRolloutQueue, MemoryStream
 from posttrain.runtime import RunContext
 from posttrain.weight_sync.store import FilesystemWeightStore
@@ -311,3 +313,71 @@ def test_a_batch_smaller_than_the_ranks_is_refused_with_the_field_before_anythin
     with pytest.raises(ConfigError, match=r"sao.batch_size: a batch of 4 rollouts cannot feed 8 learner ranks"):
         run_learner(config, transport, start_model_dir=tiny_model.path, progress=False, world=World(size=8))
     assert transport.store.latest_version() is None and generator.announced == []
+
+
+class TwoTurnGenerator(ScriptedGenerator):
+    """Puts two-turn rollouts: turn 0 (3 tokens) sampled ``lag`` versions before the current one
+    (at least version 0), an observation token, turn 1 (2 tokens) at the current version: a long
+    episode whose weights changed between its turns."""
+
+    lag = 3
+
+    def rollout(self, k: int, group_id: str | None, reward: float) -> Rollout:
+        r = super().rollout(k, group_id, reward)
+        mask = [False] * PROMPT_LEN + [True] * 3 + [False] + [True] * 2
+        lp = [float(x) if m else 0.0 for x, m in zip(self.logprobs[k % len(self.sequences)].tolist(), mask, strict=True)]
+        now = self.versions.get()
+        old = max(0, now - self.lag)
+        return msgspec.structs.replace(r, action_mask=mask, behaviour_logprobs=lp, policy_version=old,
+                                       turn_policy_versions=[old, now], num_turns=2)
+
+
+def test_the_ledger_shows_no_token_trained_more_than_tau_versions_after_it_was_sampled(tmp_path, tiny_model):
+    """SAO, tau = 1, B = 4, no critic warm-up, four versions. Rollouts put at version v have turns at
+    versions (max(0, v - 3), v); the learner reads them in order, so at learner version 2 and 3 it
+    trains rollouts put at versions 1 and 2, whose first turn (version 0) lags 2-3 > tau: those
+    tokens are masked, their second turns (lag 1) train. Read from the ledger alone: every token
+    that got policy gradient was sampled at most tau versions before the version that trained it;
+    8 rollouts whose oldest turn was too old still trained their fresh turn (the old rule dropped
+    them), with 3 of their 5 action tokens masked for staleness (the other 2 train unless the DIS band
+    masks them: the policy moves between versions)."""
+    config = _config(tmp_path, "sao").model_copy(deep=True)
+    config.sao.steps, config.sao.max_staleness, config.sao.critic.warmup_steps = 4, 1, 0
+    shutil.copytree(tiny_model.path, RunContext(config).tokenizer_dir)
+    versions = MemoryPolicyVersionStore()
+    admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=1)
+    queue = MemoryRolloutQueue(MemoryStream(), consumer="learner-0")
+    generator = TwoTurnGenerator(tiny_model.path, MemoryRolloutQueue(queue.stream, consumer="generator"), admission,
+                                 versions, tiny_model.vocab_size)
+    transport = LearnerTransport(queue=queue, admission=admission, versions=versions,
+                                 store=FilesystemWeightStore(RunContext(config).weights_dir),
+                                 announce=generator.announce, generator_stats=dict)
+
+    summary = run_learner(config, transport, start_model_dir=tiny_model.path, progress=False)
+
+    assert summary.policy_version == 4 and summary.counters["stale_dropped"] == 0
+    lines = read_ledger(RunContext(config).run_dir / LEDGER_NAME)
+    assert [(line["learner_version"], line["max_staleness"]) for line in lines] == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    assert staleness_violations(lines) == []
+    rescued = [r for line in lines for r in line["rollouts"] if line["learner_version"] - r["policy_version"] > 1]
+    assert len(rescued) == 8
+    assert all(r["stale_masked_tokens"] == 3.0 and r["trained_tokens"] + r["dis_masked_tokens"] == 2.0 for r in rescued)
+    assert sum(r["trained_tokens"] for r in rescued) > 0
+    assert all(r["trained_version_min"] >= line["learner_version"] - 1 for line in lines for r in line["rollouts"]
+               if r["trained_tokens"])
+    # the run's length accounting: 16 one-call episodes started and trained; 8 x 3 of 80 update tokens stale
+    lengths = length_metrics(summary.counters)
+    assert (lengths["length/started_calls_0-2"], lengths["length/trained_calls_0-2"]) == (16, 16)
+    assert lengths["tokens/stale_masked_share"] == pytest.approx(24 / 80)
+
+
+def test_a_ledger_line_with_a_token_trained_past_tau_is_reported():
+    """The check itself: learner version 5, tau 2, a rollout whose oldest trained token is of version 2 (lag 3)."""
+    line = {"iteration": 7, "learner_version": 5, "max_staleness": 2, "rollouts": [
+        {"rollout_id": "ok", "policy_version": 1, "trained_tokens": 4.0, "trained_version_min": 3.0},
+        {"rollout_id": "late", "policy_version": 2, "trained_tokens": 1.0, "trained_version_min": 2.0},
+        {"rollout_id": "warm-up", "policy_version": 0, "trained_tokens": 0.0, "trained_version_min": None},
+        {"rollout_id": "grpo", "policy_version": 2}]}
+    problems = staleness_violations([line])
+    assert len(problems) == 2 and "rollout late trained a token of version 2.0 at learner version 5" in problems[0]
+    assert "rollout grpo" in problems[1]

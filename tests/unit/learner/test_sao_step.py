@@ -7,6 +7,7 @@ gradients give equal updates.
 import copy
 import math
 
+import msgspec
 import pytest
 import torch
 
@@ -194,3 +195,45 @@ def test_entropy_and_mismatch_are_split_by_the_dis_mask_whatever_the_micro_batch
         assert m["mismatch/logprob_abs_diff_unmasked"] == pytest.approx(0.0, abs=1e-5)
         assert m["mismatch/k3_kl_masked"] == pytest.approx(math.exp(2) - 3, rel=1e-4)
         assert m["mismatch/logprob_abs_diff_masked"] == pytest.approx(2.0, rel=1e-5)
+
+
+def _two_turn_rollout(model, versions, seed=3):
+    """Prompt 3, turn 0 (4 tokens), observation 2, turn 1 (3 tokens); on-policy behaviour logprobs."""
+    gen = torch.Generator().manual_seed(seed)
+    mask = [False] * PROMPT + [True] * 4 + [False] * 2 + [True] * 3
+    ids = torch.randint(5, 300, (len(mask),), generator=gen)
+    with torch.no_grad():
+        lp = token_logprobs(model(input_ids=ids[None], use_cache=False).logits, ids[None])[0]
+    return Rollout(rollout_id="long", task_id="t-long", env_name="synthetic_arith", token_ids=ids.tolist(),
+                   behaviour_logprobs=[float(lp[t]) if m else 0.0 for t, m in enumerate(mask)], action_mask=mask,
+                   reward=1.0, policy_version=min(versions), turn_policy_versions=versions, num_turns=2)
+
+
+def test_stale_turns_get_no_policy_gradient_while_the_critic_learns_from_the_whole_episode(policy_model, critic_model):
+    """Learner at version 5, tau = 2. Rollout ``long``: turn 0 sampled at version 0 (lag 5, stale: 4
+    tokens), turn 1 at version 5 (lag 0: 3 tokens); ``r0`` one turn at version 5 (2 tokens). On-policy
+    behaviour logprobs keep every fresh token in the DIS band, so: ``long`` trains 3 tokens, all of
+    version 5, and masks 4 for staleness; ``mask/frac_stale`` = 4 / 9. The critic sees the same batch
+    with or without the staleness mask (identical parameters after the step); the policy does not."""
+    config = _config(max_staleness=2)
+    rollouts = [_two_turn_rollout(policy_model, [0, 5]), *(
+        msgspec.structs.replace(r, policy_version=5, turn_policy_versions=[5]) for r in _rollouts(policy_model, [(2, 0.0)]))]
+    batch = collate_rollouts(rollouts, pad_token_id=0)
+    models = {}
+    for version in (5, None):
+        policy, critic = _trainable(copy.deepcopy(policy_model), 0.1), _trainable(copy.deepcopy(critic_model), 0.1)
+        result = sao_train_step(policy=policy, critic=critic, batch=batch, config=config, iteration=0,
+                                learner_version=version)
+        models[version] = (policy.model, critic.model, result)
+    masked = models[5][2]
+    assert masked.metrics["mask/frac_stale"] == pytest.approx(4 / 9)
+    assert masked.metrics["staleness/token_lag_max"] == 5.0
+    long, short = masked.row_tokens
+    assert (long["trained_tokens"], long["stale_masked_tokens"], long["dis_masked_tokens"]) == (3.0, 4.0, 0.0)
+    assert long["trained_version_min"] == long["trained_version_max"] == 5.0
+    assert (short["trained_tokens"], short["stale_masked_tokens"], short["trained_version_min"]) == (2.0, 0.0, 5.0)
+    assert models[None][2].row_tokens[0]["trained_tokens"] == 7.0  # no learner version: nothing masked for age
+    for a, b in zip(models[5][1].parameters(), models[None][1].parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert any(not torch.equal(a, b) for a, b in zip(models[5][0].parameters(), models[None][0].parameters(),
+                                                     strict=True))

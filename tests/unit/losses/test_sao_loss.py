@@ -204,3 +204,45 @@ def test_sao_nan_log_ratio_from_two_minus_infs_raises():
     inputs = _inputs([[float("-inf")]], [[float("-inf")]], [[1.0]], [[True]])
     with pytest.raises(ValueError, match="logprobs - behaviour_logprobs: NaN at action token"):
         sao_loss(inputs, SAOLossConfig())
+
+
+def test_stale_tokens_get_no_gradient_and_are_counted_apart_from_the_dis_band():
+    """Row: 4 action tokens, all ratio 1 (in the band), A = (1, 2, 3, 4); tokens 0 and 2 are stale.
+
+    Fresh tokens 1 and 3 train: loss_sum = -(1*2*lp1 + 1*4*lp3) with lp = -1 -> 2 + 4 = 6; gradient
+    -A on them (-2, -4), 0 on the stale ones. num_tokens stays 4 (the divisor does not move).
+    mask/frac_stale = 2/4, frac_low = frac_high = 0, frac_total = 0.5. A stale token outside the
+    band (token 0 again, ratio e^-3) counts as stale only.
+    """
+    inputs = _inputs([[-1.0] * 4], [[-1.0] * 4], [[1.0, 2.0, 3.0, 4.0]], [[True] * 4])
+    inputs.stale_mask = torch.tensor([[True, False, True, False]])
+    out = sao_loss(inputs, SAOLossConfig())
+    out.loss_sum.backward()
+    assert out.loss_sum.item() == pytest.approx(6.0)
+    assert inputs.logprobs.grad.tolist() == [[0.0, -2.0, 0.0, -4.0]]
+    assert out.num_tokens == 4
+    m = out.metrics
+    assert (m["mask/frac_stale"], m["mask/frac_low"], m["mask/frac_high"], m["mask/frac_total"]) == (0.5, 0.0, 0.0, 0.5)
+
+    outside = _inputs([[-4.0, -1.0]], [[-1.0, -1.0]], [[1.0, 1.0]], [[True, True]])
+    outside.stale_mask = torch.tensor([[True, False]])
+    m = sao_loss(outside, SAOLossConfig()).metrics
+    assert (m["mask/frac_stale"], m["mask/frac_low"], m["mask/frac_total"]) == (0.5, 0.0, 0.5)
+
+
+def test_all_stale_gives_finite_zero_and_backward_works():
+    inputs = _inputs([[-1.0, -2.0]], [[-1.0, -2.0]], [[1.0, -1.0]], [[True, True]])
+    inputs.stale_mask = torch.ones((1, 2), dtype=torch.bool)
+    out = sao_loss(inputs, SAOLossConfig())
+    out.loss_sum.backward()
+    assert out.loss_sum.item() == 0.0 and inputs.logprobs.grad.abs().sum().item() == 0.0
+    assert out.metrics["mask/frac_stale"] == 1.0
+
+
+def test_stale_mask_must_be_bool_of_the_logprobs_shape():
+    with pytest.raises(ValueError, match="stale_mask: expected dtype torch.bool"):
+        PolicyLossInputs(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool),
+                         stale_mask=torch.zeros(1, 2))
+    with pytest.raises(ValueError, match="stale_mask: expected shape"):
+        PolicyLossInputs(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool),
+                         stale_mask=torch.zeros(1, 3, dtype=torch.bool))

@@ -28,6 +28,8 @@ from posttrain.records import Rollout
 
 # Five rollouts (odd, so one rank holds a filler micro-batch), of different lengths and rewards.
 SPECS = [(5, 7, 1.0), (3, 4, 0.0), (6, 9, 1.0), (4, 2, 0.0), (2, 6, 1.0)]
+LEARNER_VERSION, STALE_VERSION = 2, 0
+"""The step trains at version 2 with tau 1: rollout 1 (version 0, 4 action tokens) is masked for staleness."""
 
 
 def rollouts(model_dir: Path) -> list[Rollout]:
@@ -44,7 +46,7 @@ def rollouts(model_dir: Path) -> list[Rollout]:
         lp = (own + 0.2 * (torch.rand(n_action, generator=g) - 0.5)).tolist()
         out.append(Rollout(rollout_id=f"r{i}", task_id=f"t{i}", env_name="synthetic_arith", token_ids=ids,
                            behaviour_logprobs=[0.0] * n_prompt + lp, action_mask=[False] * n_prompt + [True] * n_action,
-                           reward=reward, policy_version=0))
+                           reward=reward, policy_version=STALE_VERSION if i == 1 else LEARNER_VERSION))
     return out
 
 
@@ -54,17 +56,19 @@ def main(model_dir: Path, out_dir: Path) -> None:
     learner = LearnerConfig(device="cpu")
     world = init_world(learner)
     config = SAOConfig(micro_batch_size=2, critic={"warmup_steps": 0, "updates_per_step": 2, "lr": 1e-3},
-                       optim={"lr": 1e-3})
+                       optim={"lr": 1e-3}, max_staleness=1)
     policy_model = prepare_model(load_policy(model_dir), world, learner)
     critic_model = prepare_model(CriticModel.from_policy_path(model_dir), world, learner)
     policy = Trainable(policy_model, *build_optimizer(policy_model, config.optim, 10))
     critic = Trainable(critic_model, *build_optimizer(critic_model, config.optim.model_copy(update={"lr": 1e-3}), 10))
     batch = collate_rollouts(rollouts(model_dir), 0)
-    result = sao_train_step(policy=policy, critic=critic, batch=batch, config=config, iteration=0, world=world)
+    result = sao_train_step(policy=policy, critic=critic, batch=batch, config=config, iteration=0, world=world,
+                            learner_version=LEARNER_VERSION)
     weights = {name: full_state_dict(t.model, world) for name, t in (("policy", policy), ("critic", critic))}
     if world.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "metrics.json").write_text(json.dumps(result.metrics), encoding="utf-8")
+        (out_dir / "rows.json").write_text(json.dumps(result.row_tokens), encoding="utf-8")
         for name, sd in weights.items():
             save_file({k: v.contiguous() for k, v in sd.items()}, str(out_dir / f"{name}.safetensors"))
     shutdown_world()

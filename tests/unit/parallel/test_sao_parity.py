@@ -50,6 +50,10 @@ def test_two_fsdp2_ranks_make_the_sao_update_of_one_rank(tmp_path: Path) -> None
                 "batch/real_tokens", "mismatch/k3_kl", "ratio/max", "ratio/min", "ratio/mean",
                 "value/explained_variance", "policy/entropy", "mismatch/k3_kl_unmasked"):
         assert two_m[key] == pytest.approx(one_m[key], rel=1e-6, abs=1e-9), key
+    # the per-rollout token accounting (rows dealt over the ranks, gathered back) is the same; rollout 1 is stale
+    rows_one, rows_two = (json.loads((tmp_path / d / "rows.json").read_text()) for d in ("one", "two"))
+    assert rows_one == rows_two and rows_one[1]["stale_masked_tokens"] == 4 and rows_one[1]["trained_tokens"] == 0
+    assert two_m["mask/frac_stale"] == pytest.approx(one_m["mask/frac_stale"]) == pytest.approx(4 / 28)
     for name in ("policy", "critic"):
         assert one[name].keys() == two[name].keys()
         diffs = torch.cat([(two[name][k] - one[name][k]).abs().flatten() for k in one[name]])

@@ -2,8 +2,10 @@
 
 ``is_stale`` is the rule, ``StalenessStats`` the run's histogram, ``batch_staleness_metrics`` a batch's.
 
-Staleness is ``learner_version - rollout.policy_version``; SAO drops a rollout whose staleness
-exceeds tau (``max_staleness``). Admission control keeps most rollouts inside the bound, but the
+Staleness is ``learner_version - version``: of a rollout's oldest turn (``rollout.policy_version``;
+the histograms, and SAO's drop under ``staleness_rule: episode``), of its newest turn (the drop
+under the token rule, ``learner.batch_source.trainable``), or of one token (the loss's mask,
+``learner.sao_step.stale_tokens``); each is bounded by tau (``max_staleness``). Admission control keeps most rollouts inside the bound, but the
 learner still checks each one, because a generator's engine may lag the version key.
 
 Example: ``is_stale(rollout_policy_version=3, learner_version=5, max_staleness=1)`` is True.
@@ -15,7 +17,7 @@ from collections.abc import Sequence
 
 
 def is_stale(rollout_policy_version: int, learner_version: int, max_staleness: int) -> bool:
-    """True when ``learner_version - rollout_policy_version > max_staleness`` (SAO drops the rollout).
+    """True when ``learner_version - rollout_policy_version > max_staleness`` (too old to train).
 
     A rollout newer than the learner (negative staleness, e.g. after a learner restarted from an
     older checkpoint) is not stale.
