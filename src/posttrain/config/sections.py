@@ -252,7 +252,7 @@ class QueueConfig(_Strict):
     block_ms: int = Field(1000, ge=1, le=600_000)
     """XREADGROUP block (milliseconds)."""
     claim_idle_ms: int = Field(30_000, ge=1)
-    """Pending entries idle this long (milliseconds) are reclaimed with XAUTOCLAIM."""
+    """Pending entries idle this long (milliseconds) are reclaimed from other consumers (XPENDING IDLE + XCLAIM)."""
 
 
 class TrackingConfig(_Strict):

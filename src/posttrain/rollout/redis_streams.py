@@ -4,7 +4,7 @@ Generators ``XADD`` encoded rollouts (approximate ``MAXLEN``); the learner reads
 consumer group (``XREADGROUP``) and ``XACK``s only when the optimizer step that used an entry has
 been checkpointed, or the entry was deliberately dropped. A restarted learner with the same
 consumer name first re-reads its own pending entries (``XREADGROUP`` id ``0``), then new ones
-(``>``); ``claim_stale`` takes over idle entries of dead consumers (``XAUTOCLAIM``). Entries that
+(``>``); ``claim_stale`` takes over idle entries of other, dead consumers (``XPENDING IDLE`` + ``XCLAIM``). Entries that
 do not decode go to the dead-letter stream (``reason``, ``original_id``, ``payload``) and are
 acked, in one MULTI/EXEC.
 
@@ -332,15 +332,17 @@ class RedisStreamQueue:
         return acked
 
     def claim_stale(self, min_idle_ms: int, max_entries: int = 10_000) -> list[QueueEntry]:
-        """``XAUTOCLAIM`` entries idle >= ``min_idle_ms`` ms from other consumers of the group.
+        """Claim entries idle >= ``min_idle_ms`` ms that are pending on *other* consumers of the group.
 
-        Entries this object already handed out are claimed too (which only refreshes their idle
-        time) but not returned twice. Entries deleted from the stream while pending are
-        dead-lettered with reason "deleted before ack".
+        ``XPENDING ... IDLE`` lists the idle entries; those of other consumers are taken with
+        ``XCLAIM`` (which re-checks the idle time, so two claimers never both get an entry). Entries
+        pending on this consumer's own name (an earlier incarnation of it) are left to
+        ``get_batch``, which hands them back in order (the queue contract). Entries deleted from
+        the stream while pending are dead-lettered with reason "deleted before ack".
 
         Args:
             min_idle_ms: Idle time (milliseconds) since last delivery, ``>= 0``.
-            max_entries: Upper bound on entries scanned in this call (bounded loop).
+            max_entries: Upper bound on pending entries scanned in this call (bounded loop).
 
         Raises:
             ValueError: ``min_idle_ms < 0``.
@@ -350,34 +352,40 @@ class RedisStreamQueue:
             raise ValueError(f"min_idle_ms: must be >= 0, got {min_idle_ms}")
         stream = self.keys.rollouts
         out: list[QueueEntry] = []
-        start = "0-0"
+        start = "-"
         scanned = 0
         while scanned < max_entries:
             count = min(100, max_entries - scanned)
-            reply: Any = self._call(
-                f"XAUTOCLAIM {stream}",
-                partial(
-                    self.client.xautoclaim,
-                    stream,
-                    self.group,
-                    self.consumer,
-                    min_idle_ms,
-                    start_id=start,
-                    count=count,
-                ),
+            rows: Any = self._call(
+                f"XPENDING {stream} IDLE {min_idle_ms}",
+                partial(self.client.xpending_range, stream, self.group, min=start, max="+", count=count,
+                        idle=min_idle_ms),
             )
-            next_id, claimed = _s(reply[0]), reply[1]
-            deleted = reply[2] if len(reply) > 2 else []
-            scanned += len(claimed) + len(deleted)
-            self._take([(_s(eid), _str_fields(f)) for eid, f in claimed], out)
-            for eid in deleted:
-                self._dead_letter(
-                    _s(eid), None, "entry deleted from the stream before ack (trimmed by maxlen?)"
+            scanned += len(rows)
+            others = [_s(r["message_id"]) for r in rows if _s(r["consumer"]) != self.consumer]
+            if others:
+                claimed: Any = self._call(
+                    f"XCLAIM {stream}",
+                    partial(self.client.xclaim, stream, self.group, self.consumer, min_idle_ms, others),
                 )
-            if next_id == "0-0":
+                got = [(_s(eid), _str_fields(f)) for eid, f in claimed]
+                self._take([(eid, f) for eid, f in got if f is not None], out)
+                found = {eid for eid, f in got if f is not None}
+                for eid in others:
+                    if eid not in found and not self._exists(eid):
+                        self._dead_letter(eid, None, "entry deleted from the stream before ack (trimmed by maxlen?)")
+            if len(rows) < count:
                 break
-            start = next_id
+            start = "(" + _s(rows[-1]["message_id"])
         return out
+
+    def _exists(self, entry_id: str) -> bool:
+        """Whether the stream still holds ``entry_id`` (``XRANGE id id``)."""
+        rows: Any = self._call(
+            f"XRANGE {self.keys.rollouts} {entry_id}",
+            lambda: self.client.xrange(self.keys.rollouts, min=entry_id, max=entry_id),
+        )
+        return bool(rows)
 
     def pending(self) -> list[str]:
         """Ids pending on this consumer name (``XPENDING`` range), oldest first.

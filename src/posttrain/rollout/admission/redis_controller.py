@@ -77,12 +77,15 @@ redis.call('HINCRBY', KEYS[1], 'refunded_total', n)
 return consumed - n
 """
 
-# KEYS[1] admission hash, KEYS[2] lease zset. Returns {consumed, in_flight, granted, released, expired, refunded, late}.
+# KEYS[1] admission hash, KEYS[2] lease zset. Expires leases that ran out (as acquire does), so the
+# counters add up at once. Returns {consumed, in_flight, granted, released, expired, refunded, late}.
 _STATE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local expired = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if expired > 0 then redis.call('HINCRBY', KEYS[1], 'expired_total', expired) end
 local function h(f) return tonumber(redis.call('HGET', KEYS[1], f) or '0') end
-local live = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
+local live = redis.call('ZCARD', KEYS[2])
 return {h('consumed'), live, h('granted_total'), h('released_total'), h('expired_total'),
         h('refunded_total'), h('late_total')}
 """
@@ -204,7 +207,7 @@ class RedisAdmissionController:
             raise ValueError(f"count: {count} is more than the consumed rollouts in {self.keys.admission}")
 
     def state(self) -> AdmissionState:
-        """Current counters (one script call plus one GET of the version).
+        """Current counters (one script call plus one GET of the version); leases that ran out count as expired.
 
         Raises:
             QueueError: the version key holds a non-integer.
