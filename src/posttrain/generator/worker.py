@@ -24,6 +24,7 @@ are sent first.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import signal
 import time
@@ -43,12 +44,17 @@ from posttrain.inference.factory import make_engine
 from posttrain.inference.metering import GeneratorStats, MeteredEngine
 from posttrain.models.hf import load_tokenizer
 from posttrain.rollout.admission import AsyncTicketGate, RedisAdmissionController
-from posttrain.rollout.redis_streams import RedisStreamQueue
+from posttrain.rollout.keys import StreamKeys
+from posttrain.rollout.liveness import beat, farewell
+from posttrain.rollout.redis_streams import RedisStreamQueue, check_reachable, connect
 from posttrain.rollout.telemetry import publish_generator_stats
 from posttrain.runtime import RunContext
 from posttrain.weight_sync.announce import WeightAnnouncements
 from posttrain.weight_sync.factory import open_weight_store
 from posttrain.weight_sync.store import WeightStore
+from posttrain.weight_sync.timed import acall
+
+log = logging.getLogger("posttrain.generator")
 
 FIRST_WEIGHTS_TIMEOUT_S = 600.0
 """Longest wait (seconds) at start for the learner's first published weights."""
@@ -62,16 +68,26 @@ class GeneratorSummary:
     stats: dict[str, float]
 
 
-async def _first_version(store: WeightStore, where: object) -> int:
-    """The store's latest version, polled every 0.5 s for up to ``FIRST_WEIGHTS_TIMEOUT_S`` seconds."""
-    version = store.latest_version()
+async def _first_version(store: WeightStore, where: object, timeout_s: float, stopping: asyncio.Event) -> int | None:
+    """The store's latest version, polled every 0.5 s for up to ``FIRST_WEIGHTS_TIMEOUT_S`` seconds.
+
+    Each read has the store's deadline (``timeout_s``); None when ``stopping`` is set first (SIGTERM).
+
+    Raises:
+        TimeoutError: nothing published in time (``WeightStoreTimeout`` when a read hung).
+    """
     deadline = time.monotonic() + FIRST_WEIGHTS_TIMEOUT_S
-    while version is None:
+    while not stopping.is_set():
+        version = await acall("read LATEST", store.latest_version, timeout_s, stopping)
+        if version is not None:
+            return version
         if time.monotonic() > deadline:
             raise TimeoutError(f"no weights published in {where} after {FIRST_WEIGHTS_TIMEOUT_S:.0f} s")
-        await asyncio.sleep(0.5)
-        version = store.latest_version()
-    return version
+        try:
+            await asyncio.wait_for(stopping.wait(), timeout=0.5)
+        except TimeoutError:
+            pass
+    return None
 
 
 async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int,
@@ -90,14 +106,25 @@ async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int,
         The generator's final stats.
 
     Raises:
-        TimeoutError: no weights published within ``FIRST_WEIGHTS_TIMEOUT_S`` seconds.
+        posttrain.rollout.queue.RedisUnreachableError: ``redis_url`` does not answer within
+            ``queue.reconnect_window_s`` (checked first, before any wait).
+        TimeoutError: no weights published within ``FIRST_WEIGHTS_TIMEOUT_S`` seconds, or a
+            weight-store access passed ``weights_timeout_s`` (``WeightStoreTimeout``).
         The first error of a slot or the watcher.
     """
     ctx, settings, gen = RunContext(config), async_rl_settings(config), config.generator
     seeds = EpisodeSeeds(config.seed, generator_index(index, generator_id))
-    client = redis.Redis.from_url(redis_url)
+    # Every command retries over queue.reconnect_window_s (the client's own backoff); the objects add no retries.
+    client = connect(redis_url, reconnect_window_s=config.queue.reconnect_window_s)
+    check_reachable(client, redis_url, config.queue.reconnect_window_s)  # before any wait: a wrong URL fails now
+    beat(client, ctx.keys, generator_id, gen.heartbeat_ttl_s)
+    stopping = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
     store = open_weight_store(ctx)
-    version = await _first_version(store, ctx.weights_dir)
+    version = await _first_version(store, ctx.weights_dir, config.weights_timeout_s, stopping)
+    if version is None:  # SIGTERM before the first weights: nothing taken, nothing to give back
+        farewell(client, ctx.keys, generator_id)
+        return GeneratorSummary(generator_id, GeneratorStats().snapshot())
     stats = GeneratorStats()
     engine = MeteredEngine(make_engine(
         gen.engine, store.path_for(version), policy_version=version, seed=seed,
@@ -111,14 +138,14 @@ async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int,
         generator_id=generator_id, group_size=settings.group_size, temperature=gen.temperature, top_p=gen.top_p,
     )
     rng = random.Random(seed)
-    queue = RedisStreamQueue(client, ctx.keys, consumer=f"generator-{generator_id}", maxlen=config.queue.maxlen)
+    queue = RedisStreamQueue(client, ctx.keys, consumer=f"generator-{generator_id}", maxlen=config.queue.maxlen,
+                             retries=0)
     admission = RedisAdmissionController(client, ctx.keys, batch_size=settings.batch_rollouts,
-                                         max_staleness=settings.max_staleness, lease_s=gen.admission_lease_s)
+                                         max_staleness=settings.max_staleness, lease_s=gen.admission_lease_s,
+                                         retries=0, owner=generator_id)
     gate = AsyncTicketGate(admission)
     announcements = WeightAnnouncements(redis_url, ctx.keys)
     await announcements.subscribe()
-    stopping = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
     stats.mark_started()
 
     running = InFlightEpisodes()
@@ -129,15 +156,29 @@ async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int,
     watcher = WeightWatcher(
         engine, store, version, client, ctx.keys, announcements, gate, running, stats, generator_id,
         max_staleness=settings.max_staleness, abort_stale_episodes=gen.abort_stale_episodes, stopping=stopping,
+        heartbeat_ttl_s=gen.heartbeat_ttl_s, store_timeout_s=config.weights_timeout_s,
     )
     try:
         await run_until_stopped(slots, watcher.run(), stopping)
     finally:
         await sender.drain()
-        publish_generator_stats(client, ctx.keys, generator_id, stats.snapshot())
         await announcements.close()
         engine.close()
+        _say_goodbye(client, ctx.keys, generator_id, stats)
     return GeneratorSummary(generator_id, stats.snapshot())
+
+
+def _say_goodbye(client: redis.Redis, keys: StreamKeys, generator_id: str, stats: GeneratorStats) -> None:
+    """Publish the final stats and delete the heartbeat; with Redis gone, log one line instead of raising.
+
+    The error that stopped the generator (a Redis outage longer than the window, most often) is
+    the one the caller must see; a second one from this cleanup would hide it.
+    """
+    try:
+        publish_generator_stats(client, keys, generator_id, stats.snapshot())
+        farewell(client, keys, generator_id)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        log.warning("generator %s: final stats not published (Redis unreachable: %s)", generator_id, exc)
 
 
 def run_generator(config: RunConfig, generator_id: str, redis_url: str, seed: int = 0,
