@@ -19,7 +19,7 @@ import pytest
 
 from posttrain.rollout.admission import RedisAdmissionController
 from posttrain.rollout.keys import StreamKeys
-from posttrain.rollout.liveness import beat, farewell, live_generators
+from posttrain.rollout.liveness import Heartbeat, beat, farewell, live_generators
 from posttrain.rollout.queue import RedisUnreachableError
 from posttrain.rollout.redis_streams import (
     RedisPolicyVersionStore,
@@ -86,6 +86,17 @@ def test_heartbeats_lapse_by_ttl_and_farewell_ends_them_at_once(server) -> None:
     deadline = time.monotonic() + 30
     while live_generators(client, keys) and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert live_generators(client, keys) == []
+
+
+def test_the_heartbeat_thread_keeps_a_generator_alive_past_its_ttl_and_farewell_ends_it(server) -> None:
+    """TTL 1 s, renewed every 0.25 s: alive after 4 TTLs (at least 4 renewals), gone at once after stop()."""
+    keys = _keys()
+    client = connect(server.url)
+    heartbeat = Heartbeat(client, keys, "g0", ttl_s=1.0).start()
+    time.sleep(4.0)  # 4 TTLs: without renewals the key would be gone
+    assert live_generators(client, keys) == ["g0"] and heartbeat.beats >= 4 and heartbeat.misses == 0
+    heartbeat.stop()
     assert live_generators(client, keys) == []
 
 

@@ -4,7 +4,7 @@ The watcher waits for the learner's new-weights announcement (``WeightAnnounceme
 pub/sub) for at most ``WEIGHT_WAIT_S`` seconds, then reads the weight store's latest version
 either way, so a missed announcement costs at most that long. At each wake-up it:
 
-0. renews the generator's heartbeat (``posttrain.rollout.liveness``) and checks the run's stop key;
+0. checks the run's stop key;
 1. cancels the episodes in flight that the latest version made too stale to train
    (``generator.abort_stale_episodes``; ``InFlightEpisodes.abort_stale``);
 2. reloads the engine's weights in place when the store's (version, directory mtime) stamp
@@ -30,7 +30,6 @@ from posttrain.inference.base import InferenceEngine
 from posttrain.inference.metering import GeneratorStats
 from posttrain.rollout.admission import AsyncTicketGate
 from posttrain.rollout.keys import StreamKeys
-from posttrain.rollout.liveness import beat
 from posttrain.rollout.telemetry import publish_generator_stats
 from posttrain.weight_sync.announce import WeightAnnouncements
 from posttrain.weight_sync.store import WeightStore
@@ -60,7 +59,6 @@ class WeightWatcher:
         abort_stale_episodes: Cancel stale episodes in flight (``generator.abort_stale_episodes``).
         stopping: Set on stop; the watcher sets it when the stop key is set or it ends.
         wait_s: Longest wait for an announcement (seconds).
-        heartbeat_ttl_s: TTL of the heartbeat renewed at every wake-up (``generator.heartbeat_ttl_s``).
         store_timeout_s: Deadline of each weight-store access (``weights_timeout_s``).
 
     Raises:
@@ -71,7 +69,7 @@ class WeightWatcher:
                  keys: StreamKeys, announcements: WeightAnnouncements, gate: AsyncTicketGate,
                  running: InFlightEpisodes, stats: GeneratorStats, generator_id: str, max_staleness: int,
                  abort_stale_episodes: bool, stopping: asyncio.Event, wait_s: float = WEIGHT_WAIT_S,
-                 heartbeat_ttl_s: float = 30.0, store_timeout_s: float = 300.0) -> None:
+                 store_timeout_s: float = 300.0) -> None:
         self.engine = engine
         self.store = store
         self.client = client
@@ -85,7 +83,6 @@ class WeightWatcher:
         self.abort_stale_episodes = abort_stale_episodes
         self.stopping = stopping
         self.wait_s = wait_s
-        self.heartbeat_ttl_s = heartbeat_ttl_s
         self.store_timeout_s = store_timeout_s
         self.served = self.stamp(served_version)
 
@@ -108,7 +105,7 @@ class WeightWatcher:
             self.stopping.set()
 
     async def check(self) -> bool:
-        """One wake-up: renew the heartbeat, check the stop key, cancel stale episodes, reload new weights, publish stats.
+        """One wake-up: check the stop key, cancel stale episodes, reload new weights, publish stats.
 
         Every weight-store access runs off the loop with a deadline (``weights_timeout_s``) and is
         abandoned when ``stopping`` is set, so a hung store never keeps the generator from its
@@ -121,7 +118,6 @@ class WeightWatcher:
             posttrain.weight_sync.timed.WeightStoreTimeout: a store access passed its deadline.
             OSError: the store cannot be read (``PermissionError`` on ``LATEST``...).
         """
-        beat(self.client, self.keys, self.generator_id, self.heartbeat_ttl_s)
         if self.client.exists(self.keys.stop):
             self.stopping.set()
             return False

@@ -24,6 +24,7 @@ are sent first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import signal
@@ -45,7 +46,7 @@ from posttrain.inference.metering import GeneratorStats, MeteredEngine
 from posttrain.models.hf import load_tokenizer
 from posttrain.rollout.admission import AsyncTicketGate, RedisAdmissionController
 from posttrain.rollout.keys import StreamKeys
-from posttrain.rollout.liveness import beat, farewell
+from posttrain.rollout.liveness import Heartbeat
 from posttrain.rollout.redis_streams import RedisStreamQueue, check_reachable, connect
 from posttrain.rollout.telemetry import publish_generator_stats
 from posttrain.runtime import RunContext
@@ -112,18 +113,28 @@ async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int,
             weight-store access passed ``weights_timeout_s`` (``WeightStoreTimeout``).
         The first error of a slot or the watcher.
     """
-    ctx, settings, gen = RunContext(config), async_rl_settings(config), config.generator
-    seeds = EpisodeSeeds(config.seed, generator_index(index, generator_id))
+    ctx = RunContext(config)
     # Every command retries over queue.reconnect_window_s (the client's own backoff); the objects add no retries.
     client = connect(redis_url, reconnect_window_s=config.queue.reconnect_window_s)
     check_reachable(client, redis_url, config.queue.reconnect_window_s)  # before any wait: a wrong URL fails now
-    beat(client, ctx.keys, generator_id, gen.heartbeat_ttl_s)
+    heartbeat = Heartbeat(client, ctx.keys, generator_id, config.generator.heartbeat_ttl_s).start()
+    try:
+        return await _serve(config, ctx, generator_id, redis_url, seed, index, client)
+    finally:
+        with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):  # the first error is the one to show
+            heartbeat.stop()  # the learner sees this generator gone at once
+
+
+async def _serve(config: RunConfig, ctx: RunContext, generator_id: str, redis_url: str, seed: int,
+                 index: int | None, client: redis.Redis) -> GeneratorSummary:
+    """``serve`` once Redis answers and the heartbeat runs."""
+    settings, gen = async_rl_settings(config), config.generator
+    seeds = EpisodeSeeds(config.seed, generator_index(index, generator_id))
     stopping = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
     store = open_weight_store(ctx)
     version = await _first_version(store, ctx.weights_dir, config.weights_timeout_s, stopping)
     if version is None:  # SIGTERM before the first weights: nothing taken, nothing to give back
-        farewell(client, ctx.keys, generator_id)
         return GeneratorSummary(generator_id, GeneratorStats().snapshot())
     stats = GeneratorStats()
     engine = MeteredEngine(make_engine(
@@ -156,7 +167,7 @@ async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int,
     watcher = WeightWatcher(
         engine, store, version, client, ctx.keys, announcements, gate, running, stats, generator_id,
         max_staleness=settings.max_staleness, abort_stale_episodes=gen.abort_stale_episodes, stopping=stopping,
-        heartbeat_ttl_s=gen.heartbeat_ttl_s, store_timeout_s=config.weights_timeout_s,
+        store_timeout_s=config.weights_timeout_s,
     )
     try:
         await run_until_stopped(slots, watcher.run(), stopping)
@@ -169,14 +180,13 @@ async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int,
 
 
 def _say_goodbye(client: redis.Redis, keys: StreamKeys, generator_id: str, stats: GeneratorStats) -> None:
-    """Publish the final stats and delete the heartbeat; with Redis gone, log one line instead of raising.
+    """Publish the final stats; with Redis gone, log one line instead of raising.
 
     The error that stopped the generator (a Redis outage longer than the window, most often) is
     the one the caller must see; a second one from this cleanup would hide it.
     """
     try:
         publish_generator_stats(client, keys, generator_id, stats.snapshot())
-        farewell(client, keys, generator_id)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         log.warning("generator %s: final stats not published (Redis unreachable: %s)", generator_id, exc)
 

@@ -1,9 +1,9 @@
 """The learner's watch on its generators: return dead ones' tickets, report, and stop when none is alive.
 
-While the learner waits for rollouts (``next_batch`` gave nothing), ``GeneratorWatch.check`` reads
-the generators' heartbeats (``posttrain.rollout.liveness``). Each check first returns the admission
+At every learner iteration ``GeneratorWatch.check`` reads the generators' heartbeats
+(``posttrain.rollout.liveness``; three Redis round trips). Each check first returns the admission
 tickets of generators whose heartbeat lapsed, so a dead generator never stalls a run for its lease
-time. With no live generator it logs a status line (when the silence starts, then every
+time. While the learner waits for rollouts (``next_batch`` gave nothing) with no live generator, it logs a status line (when the silence starts, then every
 ``status_every_s`` seconds), and after ``timeout_s`` seconds without one it returns the reason the
 learner must stop; the learner then checkpoints and ends with ``LearnerStopped`` (one line).
 
@@ -63,15 +63,20 @@ class GeneratorWatch:
         self.leases_returned = 0
         self.status_lines = 0
 
-    def check(self) -> str | None:
-        """Return dead generators' tickets, then the stop reason if none has been alive for ``timeout_s``, else None."""
+    def check(self, waiting: bool = True) -> str | None:
+        """Return dead generators' tickets, then the stop reason if none has been alive for ``timeout_s``, else None.
+
+        Args:
+            waiting: The learner found no batch. A learner still training (on a backlog of
+                entries) is not waiting for generators: its silence clock restarts.
+        """
         returned = self._return_dead()
         if returned:
             self.leases_returned += returned
             log.warning("learner: returned %d admission tickets of generators whose heartbeat lapsed", returned)
         alive = self._live()
         now = self._clock()
-        if alive:
+        if alive or not waiting:
             if self._none_since is not None and self.status_lines:
                 log.warning("learner: %d generator(s) alive again (%s)", len(alive), ", ".join(alive))
             self._none_since = None

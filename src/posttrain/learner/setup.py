@@ -175,15 +175,16 @@ class Learner:
         """Why the learner must stop now (SIGTERM, or no live generator for too long), the same on every rank.
 
         Args:
-            waiting: The last ``next_batch`` gave nothing; only then are the heartbeats read
-                (``GeneratorWatch.check``: dead generators' tickets are returned at the same time).
+            waiting: The last ``next_batch`` gave nothing: only then does the time without a live
+                generator count (``GeneratorWatch.check``, which returns dead generators' tickets
+                at every call).
 
         Returns:
             The reason (one line), or None to go on.
         """
         reason = self.stop_requested
-        if reason is None and waiting and self.watch is not None:
-            reason = self.watch.check()
+        if reason is None and self.watch is not None:
+            reason = self.watch.check(waiting)
         if self.world.distributed:
             flag = self.world.broadcast_bytes((reason or "").encode() if self.world.is_main else None)
             reason = flag.decode() or None

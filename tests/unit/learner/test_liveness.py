@@ -50,3 +50,17 @@ def test_each_check_returns_dead_generators_tickets_first() -> None:
     watch.check()
     watch.check()
     assert watch.leases_returned == 3
+
+
+def test_a_learner_busy_on_a_backlog_is_not_waiting_for_generators() -> None:
+    """No generator alive for 100 s while batches still come (waiting=False): no reason; the clock starts when it waits."""
+    clock = Clock()
+    watch = GeneratorWatch(lambda: [], lambda: 0, timeout_s=60.0, clock=clock)
+    clock.now = 100.0
+    assert watch.check(waiting=False) is None
+    clock.now = 159.0
+    assert watch.check(waiting=True) is None
+    clock.now = 160.0
+    assert watch.check(waiting=True) is None
+    clock.now = 220.0
+    assert watch.check(waiting=True) is not None
