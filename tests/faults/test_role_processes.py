@@ -146,3 +146,44 @@ def test_a_redis_restart_within_the_reconnect_window_loses_nothing(tmp_path):
     assert not pending
     state = json.loads((latest_checkpoint(ctx.checkpoints_dir) / "state.json").read_text())["state"]
     assert state["policy_version"] == 8
+
+
+def test_the_embedded_redis_dying_under_posttrain_run_ends_with_the_first_cause_as_the_last_line(tmp_path):
+    """SIGKILL the ``valkey-server`` that ``posttrain run`` started: the output's last line is the Redis error,
+    naming the URL (before: 151 lines, 5-6 chained tracebacks, the last one a second error from stop_generators)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import psutil
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "sao_demo_cpu.yaml"
+    log = tmp_path / "run.log"
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    with log.open("wb") as out:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "posttrain.cli", "run", str(config), f"output_dir={tmp_path}", "run_name=dies",
+             "generator.engine=hf", "generator.num_processes=1", "generator.episodes_in_flight=4",
+             "generator.max_new_tokens=8", "generator.max_episode_tokens=64", "model.tiny.vocab_size=400",
+             "warm_start.steps=0", "sao.steps=40", "sao.batch_size=4", "sao.micro_batch_size=4",
+             "sao.critic.warmup_steps=1", "eval.num_tasks=2", "eval.samples_per_task=1", "data.num_eval_tasks=8",
+             "queue.reconnect_window_s=2", "tracking.register_final=false"],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )
+    ledger = tmp_path / "dies" / "learner_ledger.jsonl"
+    try:
+        _wait(lambda: run.poll() is not None or (ledger.exists() and len(ledger.read_text().splitlines()) >= 2),
+              400, "2 ledger lines")
+        assert run.poll() is None, log.read_text(errors="replace")[-3000:]
+        servers = [p for p in psutil.Process(run.pid).children(recursive=True) if "valkey" in p.name()]
+        assert len(servers) == 1
+        url = f"redis://127.0.0.1:{servers[0].net_connections(kind='tcp')[0].laddr.port}"
+        servers[0].kill()
+        assert run.wait(timeout=300) == 1
+    finally:
+        if run.poll() is None:
+            run.kill()
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    assert lines[-1].startswith(f"posttrain: Redis at {url} unreachable (retried for 2 s"), lines[-30:]
+    assert sum("Traceback" in line for line in lines) == 0
