@@ -25,10 +25,9 @@ the in-memory queue, admission and a temporary weight store.
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
@@ -79,50 +78,49 @@ def run_learner(
     learner = build_learner(config, transport, start_model_dir=start_model_dir, world=world)
     bar = tqdm(total=learner.settings.steps, initial=learner.state.policy_version, desc=learner.settings.technique,
                disable=not progress or not learner.world.is_main, leave=False)
+    previous = _stop_on_sigterm(learner)
     stop, waiting = None, False
-    with stop_on_sigterm(learner):
-        while not learner.finished(max_iterations):
-            if (stop := learner.stop_reason(waiting)) is not None:
-                break
-            entries = learner.source.next_batch(learner.state.policy_version)
-            waiting = entries is None
-            if entries is None:
-                continue
-            result = learner.train(entries)
-            learner.refund_untrained(entries, result)
-            learner.record(entries, result)
-            if result.policy_updated:
-                learner.publish_next_version()
-                bar.update(1)
-            if sink is not None and learner.world.is_main:
-                sink(learner.metrics(entries, result), learner.state.policy_version)
-            learner.checkpointer.maybe_save(result.policy_updated)
-            learner.stop_on_nonfinite(result)
-        bar.close()
-        learner.checkpointer.flush()
+    while not learner.finished(max_iterations):
+        if (stop := learner.stop_reason(waiting)) is not None:
+            break
+        entries = learner.source.next_batch(learner.state.policy_version)
+        waiting = entries is None
+        if entries is None:
+            continue
+        result = learner.train(entries)
+        learner.refund_untrained(entries, result)
+        learner.record(entries, result)
+        if result.policy_updated:
+            learner.publish_next_version()
+            bar.update(1)
+        if sink is not None and learner.world.is_main:
+            sink(learner.metrics(entries, result), learner.state.policy_version)
+        learner.checkpointer.maybe_save(result.policy_updated)
+        learner.stop_on_nonfinite(result)
+    bar.close()
+    learner.checkpointer.flush()
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
     if stop is not None:
         raise learner.stopped(stop)
     return learner.finish()
 
 
-@contextlib.contextmanager
-def stop_on_sigterm(learner: Learner) -> Iterator[None]:
-    """While the loop runs, SIGTERM asks it to stop at the next iteration boundary (then checkpoint, then exit).
+def _stop_on_sigterm(learner: Learner) -> signal.Handlers | Callable[..., object] | int | None:
+    """Make SIGTERM ask the loop to stop at the next iteration boundary (then checkpoint, then exit).
 
     Kubernetes sends SIGTERM and waits ``terminationGracePeriodSeconds``: the learner finishes the
     step in progress (or its ``block_s`` wait), writes a checkpoint covering what it trained, and
     ends with ``LearnerStopped`` (exit status 143). Only in the main thread (signal handlers can be
-    installed nowhere else); the previous handler comes back afterwards.
+    installed nowhere else).
+
+    Returns:
+        The previous handler, for the caller to put back; None outside the main thread.
     """
     if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+        return None
 
     def handler(signum: int, frame: object) -> None:
         learner.stop_requested = "SIGTERM received; stopped after a final checkpoint"
 
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return signal.signal(signal.SIGTERM, handler)

@@ -426,7 +426,7 @@ class RedisStreamQueue:
                         idle=min_idle_ms),
             )
             scanned += len(rows)
-            others = [_s(r["message_id"]) for r in rows if _s(r["consumer"]) != self.consumer]
+            others: list[Any] = [_s(r["message_id"]) for r in rows if _s(r["consumer"]) != self.consumer]
             if others:
                 claimed: Any = self._call(
                     f"XCLAIM {stream}",
