@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from posttrain.config import ConfigError, RunConfig, load_config
@@ -76,18 +77,48 @@ def _redis_url_from_env() -> str:
     return url
 
 
+def _check_redis_first(url: str, window_s: float) -> None:
+    """PING the role's Redis (retrying over ``window_s``) before any slow work; one line naming the URL if it fails."""
+    from posttrain.rollout.redis_streams import check_reachable, connect
+
+    client = connect(url, reconnect_window_s=window_s)
+    try:
+        check_reachable(client, url, window_s)
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def _redis_named(url: str, window_s: float) -> Iterator[None]:
+    """Turn a Redis that stopped answering into one ``RedisUnreachableError`` line naming the (redacted) URL."""
+    import redis
+
+    from posttrain.rollout.queue import QueueConnectionError, RedisUnreachableError
+    from posttrain.rollout.redis_streams import unreachable_message
+
+    try:
+        yield
+    except RedisUnreachableError:
+        raise
+    except (QueueConnectionError, redis.ConnectionError, redis.TimeoutError) as exc:
+        raise RedisUnreachableError(unreachable_message(url, window_s, exc)) from None
+
+
 def _cmd_generator(args: argparse.Namespace) -> int:
     from posttrain.cluster.role_inputs import generator_ready
     from posttrain.generator.seeds import generator_identity
     from posttrain.generator.worker import run_generator
 
     redis_url = _redis_url_from_env()  # a missing or malformed REDIS_URL is one line before any work
-    cfg = generator_ready(_config(args))  # cluster pods: s3:// inputs downloaded, tokenizer from the weight store
+    cfg = _config(args)
+    _check_redis_first(redis_url, cfg.queue.reconnect_window_s)  # unreachable: one line before any wait for inputs
+    cfg = generator_ready(cfg)  # cluster pods: s3:// inputs downloaded, tokenizer from the weight store
     try:
         index, generator_id, seed = generator_identity(cfg.seed, args.generator_index, args.generator_id, args.seed)
     except ValueError as exc:
         raise ConfigError(f"--generator-index: {exc}") from None
-    summary = run_generator(cfg, generator_id, redis_url, seed=seed, index=index)
+    with _redis_named(redis_url, cfg.queue.reconnect_window_s):
+        summary = run_generator(cfg, generator_id, redis_url, seed=seed, index=index)
     print(f"generator {summary.generator_id}: {summary.stats['rollouts']:.0f} rollouts, "
           f"busy fraction {summary.stats['busy_fraction']:.2f}")
     return 0
@@ -127,8 +158,10 @@ def _cmd_learner(args: argparse.Namespace) -> int:
     cfg = _config(args)
     world = init_world(cfg.learner)  # torchrun: one process per rank, FSDP2 over them
     try:
-        # Rank 0's REDIS_URL, missing or malformed: one line before the model is prepared.
+        # Rank 0's REDIS_URL, missing, malformed or unreachable: one line before the model is prepared.
         redis_url = _redis_url_from_env() if world.is_main else ""
+        if world.is_main:
+            _check_redis_first(redis_url, cfg.queue.reconnect_window_s)
         cfg, ctx, start = _learner_inputs(cfg, args.start_model, world)
         # Cluster pods get MLFLOW_TRACKING_URI from the tenant ConfigMap: metrics go to MLflow, into
         # the same run after a restart. Without a tracking URI they go to <run dir>/metrics.jsonl only.
@@ -137,8 +170,10 @@ def _cmd_learner(args: argparse.Namespace) -> int:
             from posttrain.tracking import Tracker
 
             tracker = Tracker.for_learner(cfg)
-        transport = redis_transport(cfg, redis_url) if world.is_main else None
-        with tracker if tracker is not None else contextlib.nullcontext():
+        with _redis_named(redis_url, cfg.queue.reconnect_window_s):
+            transport = redis_transport(cfg, redis_url) if world.is_main else None
+        with (tracker if tracker is not None else contextlib.nullcontext(),
+              _redis_named(redis_url, cfg.queue.reconnect_window_s)):
             summary = run_learner(
                 cfg, transport, start_model_dir=start, sink=metrics_sink(ctx, tracker) if world.is_main else None,
                 max_iterations=args.max_iterations, world=world,
@@ -213,6 +248,23 @@ def _learner_errors() -> tuple[type[Exception], ...]:
     return (DeviceError, CheckpointError, NonFiniteGradientError)
 
 
+def _stopped_error() -> type[BaseException]:
+    """The learner's early stop after a final checkpoint (SIGTERM, no live generator)."""
+    from posttrain.learner.liveness import LearnerStopped
+
+    return LearnerStopped
+
+
+def _outage_errors() -> tuple[type[BaseException], ...]:
+    """Errors of an unreachable Redis or weight store that deserve one line (the message names the URL or operation)."""
+    import redis
+
+    from posttrain.rollout.queue import QueueConnectionError
+    from posttrain.weight_sync.timed import WeightStoreTimeout
+
+    return (QueueConnectionError, redis.ConnectionError, redis.TimeoutError, WeightStoreTimeout, PermissionError)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``posttrain`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -259,6 +311,14 @@ def main(argv: list[str] | None = None) -> int:
         # too many non-finite gradient norms in a row.
         print(f"posttrain: {exc}", file=sys.stderr)
         return 2
+    except _stopped_error() as exc:
+        # SIGTERM (143) or no live generator (1): the learner checkpointed first.
+        print(f"posttrain: {exc}", file=sys.stderr)
+        return int(getattr(exc, "exit_code", 1))
+    except _outage_errors() as exc:
+        # Redis gone past queue.reconnect_window_s; a weight store that hangs or cannot be read.
+        print(f"posttrain: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -148,12 +148,7 @@ class RedisBackend:
             client.close()
 
 
-KNOWN_REDIS_DIVERGENCES = {
-    "test_state_counts_leases_that_ran_out_as_expired_at_once": (
-        "RedisAdmissionController.state() counts only live leases and leaves expired_total until the "
-        "next acquire removes them; the memory controller counts them in state()"
-    ),
-}
+KNOWN_REDIS_DIVERGENCES: dict[str, str] = {}
 """Contract checks the Redis backend is known to fail, with why: a strict xfail, so a fix shows."""
 
 

@@ -154,13 +154,7 @@ class RedisBackend:
             client.close()
 
 
-KNOWN_REDIS_DIVERGENCES = {
-    "test_claim_stale_leaves_entries_pending_on_its_own_name_to_get_batch": (
-        "RedisStreamQueue.claim_stale (XAUTOCLAIM) also claims idle entries pending on this "
-        "consumer's own name from an earlier incarnation; the protocol says claim_stale takes "
-        "entries of *other* consumers"
-    ),
-}
+KNOWN_REDIS_DIVERGENCES: dict[str, str] = {}
 """Contract checks the Redis backend is known to fail, with why: a strict xfail, so a fix shows."""
 
 

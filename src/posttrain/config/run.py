@@ -42,6 +42,10 @@ class RunConfig(_Strict):
     weights_uri: str | None = None
     """Weight store the learner publishes to and generators read: None is ``<run dir>/weights``; a path
     or ``file://`` URI is a shared directory; ``s3://bucket/prefix`` is an S3 store (cluster mode)."""
+    weights_timeout_s: float = Field(300.0, gt=0.0, le=86400.0)
+    """Longest time (seconds) one read or write of the weight store may take (a ``LATEST`` read, a
+    version lookup or download, a publish); past it the role stops with one line naming the
+    operation (a hung NFS mount, an S3 endpoint that stops answering)."""
     final_model_uri: str | None = None
     """Where the learner also uploads its final model (a path, ``file://`` or ``s3://`` URI); None: only
     ``<run dir>/final_model``."""

@@ -203,6 +203,10 @@ class GeneratorConfig(_Strict):
     admission_lease_s: float = Field(300.0, gt=0.0, le=7 * 86400.0)
     """An admission ticket not used within this many seconds expires, so a killed generator's
     tickets return to the pool; keep it above ``episode_timeout_s``."""
+    heartbeat_ttl_s: float = Field(30.0, ge=1.0, le=3600.0)
+    """A generator renews its heartbeat key in Redis about once a second with this TTL (seconds);
+    when it dies the key lapses within this time, the learner returns its admission tickets at once
+    and counts it as no longer alive (``learner.no_generator_timeout_s``)."""
     abort_stale_episodes: bool = True
     """With ``staleness_rule: episode`` (``sao`` section; asynchronous GRPO always), cancel an
     episode in flight as soon as its oldest policy version is more than ``max_staleness`` versions
@@ -249,6 +253,10 @@ class LearnerConfig(_Strict):
     nodes: int = Field(1, ge=1, le=MAX_LEARNER_NODES)
     """Learner pods of the SAO JobSet (cluster mode); pod i is torchrun's ``--node_rank`` i. ``posttrain
     run`` on one machine ignores it."""
+    no_generator_timeout_s: float = Field(600.0, ge=5.0, le=7 * 86400.0)
+    """Seconds the learner waits for rollouts with no live generator (no heartbeat within
+    ``generator.heartbeat_ttl_s``; counted from its start until the first one appears) before it
+    checkpoints and stops with one line; meanwhile it prints a status line every 30 s."""
     resources: PodResources = LEARNER_RESOURCES
     """What each learner pod asks for (cluster mode); fields left out keep this default. ``gpus`` is
     also torchrun's ``--nproc_per_node`` (1 when 0: one CPU process per pod)."""
@@ -274,7 +282,11 @@ class QueueConfig(_Strict):
     block_ms: int = Field(1000, ge=1, le=600_000)
     """XREADGROUP block (milliseconds)."""
     claim_idle_ms: int = Field(30_000, ge=1)
-    """Pending entries idle this long (milliseconds) are reclaimed with XAUTOCLAIM."""
+    """Pending entries idle this long (milliseconds) are reclaimed from other consumers (XPENDING IDLE + XCLAIM)."""
+    reconnect_window_s: float = Field(30.0, ge=0.0, le=3600.0)
+    """How long (seconds) every role keeps reconnecting to a Redis that stopped answering (backoff 0.2 s
+    doubling to 2 s) before it stops with one line naming the URL; an outage shorter than this is
+    survived. 0: no retries."""
 
     @field_validator("redis_url")
     @classmethod

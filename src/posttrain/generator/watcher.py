@@ -4,12 +4,13 @@ The watcher waits for the learner's new-weights announcement (``WeightAnnounceme
 pub/sub) for at most ``WEIGHT_WAIT_S`` seconds, then reads the weight store's latest version
 either way, so a missed announcement costs at most that long. At each wake-up it:
 
+0. checks the run's stop key;
 1. cancels the episodes in flight that the latest version made too stale to train
    (``generator.abort_stale_episodes``; ``InFlightEpisodes.abort_stale``);
 2. reloads the engine's weights in place when the store's (version, directory mtime) stamp
    differs from the one served: a restarted learner re-publishes versions past its checkpoint
    under the same number in a new directory;
-3. publishes the generator's stats (``publish_generator_stats``) and checks the run's stop key;
+3. publishes the generator's stats (``publish_generator_stats``);
 4. after an announcement, wakes the admission gate (a new version raises capacity).
 
 When the watcher ends, for any reason, it sets ``stopping``: a failing watcher stops the slots,
@@ -32,6 +33,7 @@ from posttrain.rollout.keys import StreamKeys
 from posttrain.rollout.telemetry import publish_generator_stats
 from posttrain.weight_sync.announce import WeightAnnouncements
 from posttrain.weight_sync.store import WeightStore
+from posttrain.weight_sync.timed import acall
 
 log = logging.getLogger("posttrain.generator")
 
@@ -57,6 +59,7 @@ class WeightWatcher:
         abort_stale_episodes: Cancel stale episodes in flight (``generator.abort_stale_episodes``).
         stopping: Set on stop; the watcher sets it when the stop key is set or it ends.
         wait_s: Longest wait for an announcement (seconds).
+        store_timeout_s: Deadline of each weight-store access (``weights_timeout_s``).
 
     Raises:
         FileNotFoundError: ``served_version`` has no directory in the store.
@@ -65,7 +68,8 @@ class WeightWatcher:
     def __init__(self, engine: InferenceEngine, store: WeightStore, served_version: int, client: redis.Redis,
                  keys: StreamKeys, announcements: WeightAnnouncements, gate: AsyncTicketGate,
                  running: InFlightEpisodes, stats: GeneratorStats, generator_id: str, max_staleness: int,
-                 abort_stale_episodes: bool, stopping: asyncio.Event, wait_s: float = WEIGHT_WAIT_S) -> None:
+                 abort_stale_episodes: bool, stopping: asyncio.Event, wait_s: float = WEIGHT_WAIT_S,
+                 store_timeout_s: float = 300.0) -> None:
         self.engine = engine
         self.store = store
         self.client = client
@@ -79,6 +83,7 @@ class WeightWatcher:
         self.abort_stale_episodes = abort_stale_episodes
         self.stopping = stopping
         self.wait_s = wait_s
+        self.store_timeout_s = store_timeout_s
         self.served = self.stamp(served_version)
 
     def stamp(self, version: int) -> tuple[int, int]:
@@ -100,26 +105,41 @@ class WeightWatcher:
             self.stopping.set()
 
     async def check(self) -> bool:
-        """One wake-up: cancel stale episodes, reload new weights, publish stats, check the stop key.
+        """One wake-up: check the stop key, cancel stale episodes, reload new weights, publish stats.
+
+        Every weight-store access runs off the loop with a deadline (``weights_timeout_s``) and is
+        abandoned when ``stopping`` is set, so a hung store never keeps the generator from its
+        stop key or SIGTERM.
 
         Returns:
-            False when the stop key is set (``stopping`` is then set), True otherwise.
+            False when the stop key is set or stopping began (``stopping`` is then set), True otherwise.
+
+        Raises:
+            posttrain.weight_sync.timed.WeightStoreTimeout: a store access passed its deadline.
+            OSError: the store cannot be read (``PermissionError`` on ``LATEST``...).
         """
-        latest = self.store.latest_version()
+        if self.client.exists(self.keys.stop):
+            self.stopping.set()
+            return False
+        latest = await acall("read LATEST", self.store.latest_version, self.store_timeout_s, self.stopping)
+        if self.stopping.is_set():
+            return False
         if latest is not None:
             if self.abort_stale_episodes:
                 self.running.abort_stale(latest, self.max_staleness)
             try:
-                current = self.stamp(latest)
+                current = await acall(f"stat v{latest}", lambda: self.stamp(latest), self.store_timeout_s,
+                                      self.stopping)
             except FileNotFoundError:  # pruned or being replaced right now; look again next wake-up
                 current = self.served
-            if current != self.served:
-                await self.engine.update_weights(self.store.path_for(latest), latest)
+            if current is not None and current != self.served:
+                path = await acall(f"find v{latest}", lambda: self.store.path_for(latest), self.store_timeout_s,
+                                   self.stopping)
+                if path is None:
+                    return False
+                await self.engine.update_weights(path, latest)
                 self.served = current
         publish_generator_stats(self.client, self.keys, self.generator_id, self.stats.snapshot())
-        if self.client.exists(self.keys.stop):
-            self.stopping.set()
-            return False
         return True
 
     async def wait(self) -> None:

@@ -24,6 +24,8 @@ are sent first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import random
 import signal
 import time
@@ -43,12 +45,17 @@ from posttrain.inference.factory import make_engine
 from posttrain.inference.metering import GeneratorStats, MeteredEngine
 from posttrain.models.hf import load_tokenizer
 from posttrain.rollout.admission import AsyncTicketGate, RedisAdmissionController
-from posttrain.rollout.redis_streams import RedisStreamQueue, with_retries
+from posttrain.rollout.keys import StreamKeys
+from posttrain.rollout.liveness import Heartbeat
+from posttrain.rollout.redis_streams import RedisStreamQueue, check_reachable, connect
 from posttrain.rollout.telemetry import publish_generator_stats
 from posttrain.runtime import RunContext
 from posttrain.weight_sync.announce import WeightAnnouncements
 from posttrain.weight_sync.factory import open_weight_store
 from posttrain.weight_sync.store import WeightStore
+from posttrain.weight_sync.timed import acall
+
+log = logging.getLogger("posttrain.generator")
 
 FIRST_WEIGHTS_TIMEOUT_S = 600.0
 """Longest wait (seconds) at start for the learner's first published weights."""
@@ -75,16 +82,26 @@ def abort_stale_episodes(config: RunConfig) -> bool:
     return config.generator.abort_stale_episodes and async_rl_settings(config).staleness_rule == "episode"
 
 
-async def _first_version(store: WeightStore, where: object) -> int:
-    """The store's latest version, polled every 0.5 s for up to ``FIRST_WEIGHTS_TIMEOUT_S`` seconds."""
-    version = store.latest_version()
+async def _first_version(store: WeightStore, where: object, timeout_s: float, stopping: asyncio.Event) -> int | None:
+    """The store's latest version, polled every 0.5 s for up to ``FIRST_WEIGHTS_TIMEOUT_S`` seconds.
+
+    Each read has the store's deadline (``timeout_s``); None when ``stopping`` is set first (SIGTERM).
+
+    Raises:
+        TimeoutError: nothing published in time (``WeightStoreTimeout`` when a read hung).
+    """
     deadline = time.monotonic() + FIRST_WEIGHTS_TIMEOUT_S
-    while version is None:
+    while not stopping.is_set():
+        version = await acall("read LATEST", store.latest_version, timeout_s, stopping)
+        if version is not None:
+            return version
         if time.monotonic() > deadline:
             raise TimeoutError(f"no weights published in {where} after {FIRST_WEIGHTS_TIMEOUT_S:.0f} s")
-        await asyncio.sleep(0.5)
-        version = store.latest_version()
-    return version
+        try:
+            await asyncio.wait_for(stopping.wait(), timeout=0.5)
+        except TimeoutError:
+            pass
+    return None
 
 
 async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int,
@@ -103,17 +120,38 @@ async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int,
         The generator's final stats.
 
     Raises:
-        TimeoutError: no weights published within ``FIRST_WEIGHTS_TIMEOUT_S`` seconds.
+        posttrain.rollout.queue.RedisUnreachableError: ``redis_url`` does not answer within
+            ``queue.reconnect_window_s`` (checked first, before any wait).
+        TimeoutError: no weights published within ``FIRST_WEIGHTS_TIMEOUT_S`` seconds, or a
+            weight-store access passed ``weights_timeout_s`` (``WeightStoreTimeout``).
         The first error of a slot or the watcher.
     """
-    ctx, settings, gen = RunContext(config), async_rl_settings(config), config.generator
-    client = redis.Redis.from_url(redis_url)
+    ctx = RunContext(config)
+    # Every command retries over queue.reconnect_window_s (the client's own backoff); the objects add no retries.
+    client = connect(redis_url, reconnect_window_s=config.queue.reconnect_window_s)
+    check_reachable(client, redis_url, config.queue.reconnect_window_s)  # before any wait: a wrong URL fails now
+    heartbeat = Heartbeat(client, ctx.keys, generator_id, config.generator.heartbeat_ttl_s).start()
+    try:
+        return await _serve(config, ctx, generator_id, redis_url, seed, index, client)
+    finally:
+        with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):  # the first error is the one to show
+            heartbeat.stop()  # the learner sees this generator gone at once
+
+
+async def _serve(config: RunConfig, ctx: RunContext, generator_id: str, redis_url: str, seed: int,
+                 index: int | None, client: redis.Redis) -> GeneratorSummary:
+    """``serve`` once Redis answers and the heartbeat runs."""
+    settings, gen = async_rl_settings(config), config.generator
     position = generator_index(index, generator_id)
-    seeds = EpisodeSeeds(config.seed, position, reserve=lambda n: with_retries(
-        f"HINCRBY {ctx.keys.generator_positions}",
-        lambda: client.hincrby(ctx.keys.generator_positions, str(position), n)))
+    # The client retries over queue.reconnect_window_s, so the reservation adds no retries of its own.
+    seeds = EpisodeSeeds(config.seed, position,
+                         reserve=lambda n: client.hincrby(ctx.keys.generator_positions, str(position), n))
+    stopping = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
     store = open_weight_store(ctx)
-    version = await _first_version(store, ctx.weights_dir)
+    version = await _first_version(store, ctx.weights_dir, config.weights_timeout_s, stopping)
+    if version is None:  # SIGTERM before the first weights: nothing taken, nothing to give back
+        return GeneratorSummary(generator_id, GeneratorStats().snapshot())
     stats = GeneratorStats()
     engine = MeteredEngine(make_engine(
         gen.engine, store.path_for(version), policy_version=version, seed=seed,
@@ -127,14 +165,14 @@ async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int,
         generator_id=generator_id, group_size=settings.group_size, temperature=gen.temperature, top_p=gen.top_p,
     )
     rng = random.Random(seed * 2**32 + seeds.start)  # a restarted generator draws a new task order too
-    queue = RedisStreamQueue(client, ctx.keys, consumer=f"generator-{generator_id}", maxlen=config.queue.maxlen)
+    queue = RedisStreamQueue(client, ctx.keys, consumer=f"generator-{generator_id}", maxlen=config.queue.maxlen,
+                             retries=0)
     admission = RedisAdmissionController(client, ctx.keys, batch_size=settings.batch_rollouts,
-                                         max_staleness=settings.max_staleness, lease_s=gen.admission_lease_s)
+                                         max_staleness=settings.max_staleness, lease_s=gen.admission_lease_s,
+                                         retries=0, owner=generator_id)
     gate = AsyncTicketGate(admission)
     announcements = WeightAnnouncements(redis_url, ctx.keys)
     await announcements.subscribe()
-    stopping = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
     stats.mark_started()
 
     running = InFlightEpisodes()
@@ -145,15 +183,28 @@ async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int,
     watcher = WeightWatcher(
         engine, store, version, client, ctx.keys, announcements, gate, running, stats, generator_id,
         max_staleness=settings.max_staleness, abort_stale_episodes=abort_stale_episodes(config), stopping=stopping,
+        store_timeout_s=config.weights_timeout_s,
     )
     try:
         await run_until_stopped(slots, watcher.run(), stopping)
     finally:
         await sender.drain()
-        publish_generator_stats(client, ctx.keys, generator_id, stats.snapshot())
         await announcements.close()
         engine.close()
+        _say_goodbye(client, ctx.keys, generator_id, stats)
     return GeneratorSummary(generator_id, stats.snapshot())
+
+
+def _say_goodbye(client: redis.Redis, keys: StreamKeys, generator_id: str, stats: GeneratorStats) -> None:
+    """Publish the final stats; with Redis gone, log one line instead of raising.
+
+    The error that stopped the generator (a Redis outage longer than the window, most often) is
+    the one the caller must see; a second one from this cleanup would hide it.
+    """
+    try:
+        publish_generator_stats(client, keys, generator_id, stats.snapshot())
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        log.warning("generator %s: final stats not published (Redis unreachable: %s)", generator_id, exc)
 
 
 def run_generator(config: RunConfig, generator_id: str, redis_url: str, seed: int = 0,

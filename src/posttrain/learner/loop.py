@@ -15,7 +15,9 @@ resumes from the newest checkpoint in ``<run>/checkpoints`` if there is one. Eac
 7. every ``checkpoint_every`` versions and at the end, **checkpoint, then acknowledge** the
    entries the checkpoint covers (``checkpointer``);
 8. **stop** after ``max_nonfinite_iterations`` iterations in a row that skipped an optimizer step
-   for a non-finite gradient norm (a skipped policy step makes no version; its batch is refunded).
+   for a non-finite gradient norm (a skipped policy step makes no version; its batch is refunded);
+   on SIGTERM, or with no live generator for ``learner.no_generator_timeout_s`` while waiting
+   (``learner.liveness``: dead generators' tickets are returned meanwhile), checkpoint, then stop.
 
 The loop takes its transport as an argument (``setup.LearnerTransport``), so a test runs it on
 the in-memory queue, admission and a temporary weight store.
@@ -23,12 +25,15 @@ the in-memory queue, admission and a temporary weight store.
 
 from __future__ import annotations
 
+import signal
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
 
 from posttrain.config import RunConfig
-from posttrain.learner.setup import LearnerTransport, build_learner
+from posttrain.learner.setup import Learner, LearnerTransport, build_learner
 from posttrain.learner.types import LearnerSummary
 from posttrain.parallel.world import World
 from posttrain.tracking import MetricsSink
@@ -67,12 +72,19 @@ def run_learner(
         posttrain.rollout.queue.QueueConnectionError: Redis unreachable after bounded retries.
         posttrain.learner.optim.NonFiniteGradientError: ``max_nonfinite_iterations`` iterations
             in a row skipped an optimizer step for a non-finite gradient norm.
+        posttrain.learner.liveness.LearnerStopped: SIGTERM, or no live generator for
+            ``learner.no_generator_timeout_s``; raised after the final checkpoint (one line).
     """
     learner = build_learner(config, transport, start_model_dir=start_model_dir, world=world)
     bar = tqdm(total=learner.settings.steps, initial=learner.state.policy_version, desc=learner.settings.technique,
                disable=not progress or not learner.world.is_main, leave=False)
+    previous = _stop_on_sigterm(learner)
+    stop, waiting = None, False
     while not learner.finished(max_iterations):
+        if (stop := learner.stop_reason(waiting)) is not None:
+            break
         entries = learner.source.next_batch(learner.state.policy_version)
+        waiting = entries is None
         if entries is None:
             continue
         result = learner.train(entries)
@@ -87,4 +99,28 @@ def run_learner(
         learner.stop_on_nonfinite(result)
     bar.close()
     learner.checkpointer.flush()
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+    if stop is not None:
+        raise learner.stopped(stop)
     return learner.finish()
+
+
+def _stop_on_sigterm(learner: Learner) -> signal.Handlers | Callable[..., object] | int | None:
+    """Make SIGTERM ask the loop to stop at the next iteration boundary (then checkpoint, then exit).
+
+    Kubernetes sends SIGTERM and waits ``terminationGracePeriodSeconds``: the learner finishes the
+    step in progress (or its ``block_s`` wait), writes a checkpoint covering what it trained, and
+    ends with ``LearnerStopped`` (exit status 143). Only in the main thread (signal handlers can be
+    installed nowhere else).
+
+    Returns:
+        The previous handler, for the caller to put back; None outside the main thread.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: object) -> None:
+        learner.stop_requested = "SIGTERM received; stopped after a final checkpoint"
+
+    return signal.signal(signal.SIGTERM, handler)

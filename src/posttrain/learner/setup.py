@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
 import torch
 from torch import nn
 
@@ -34,6 +33,7 @@ from posttrain.learner.checkpointer import Checkpointer
 from posttrain.learner.critic import CriticModel
 from posttrain.learner.export import save_final_model
 from posttrain.learner.ledger import LEDGER_NAME, append_ledger, ledger_line
+from posttrain.learner.liveness import GeneratorWatch, LearnerStopped
 from posttrain.learner.metrics import learner_metrics
 from posttrain.learner.optim import NonFiniteStreak, build_optimizer
 from posttrain.learner.publish import WeightPublisher
@@ -50,8 +50,14 @@ from posttrain.rollout.admission import (
     batch_staleness_metrics,
 )
 from posttrain.rollout.lengths import count_batch
+from posttrain.rollout.liveness import live_generators
 from posttrain.rollout.queue import PolicyVersionStore, QueueEntry, RolloutLimits, RolloutQueue
-from posttrain.rollout.redis_streams import RedisPolicyVersionStore, RedisStreamQueue
+from posttrain.rollout.redis_streams import (
+    RedisPolicyVersionStore,
+    RedisStreamQueue,
+    check_reachable,
+    connect,
+)
 from posttrain.rollout.telemetry import read_generator_stats
 from posttrain.runtime import RunContext
 from posttrain.weight_sync.announce import announce_weights
@@ -72,6 +78,10 @@ class LearnerTransport:
         store: The weight store generators load from.
         announce: Tells generators a version is published (``policy_version -> anything``).
         generator_stats: Returns generator id -> latest stats (empty when none reported).
+        live_generators: Returns the ids of generators with a live heartbeat; None: not watched
+            (in-memory tests), the learner then waits for rollouts without a deadline.
+        return_dead_leases: Returns the admission tickets of generators whose heartbeat lapsed
+            (returns how many); None with ``live_generators``.
     """
 
     queue: RolloutQueue
@@ -80,6 +90,8 @@ class LearnerTransport:
     store: WeightStore
     announce: Callable[[int], object]
     generator_stats: Callable[[], dict[str, dict[str, float]]]
+    live_generators: Callable[[], list[str]] | None = None
+    return_dead_leases: Callable[[], int] | None = None
 
 
 def redis_transport(config: RunConfig, redis_url: str) -> LearnerTransport:
@@ -90,18 +102,26 @@ def redis_transport(config: RunConfig, redis_url: str) -> LearnerTransport:
 
     Raises:
         posttrain.config.ConfigError: the technique does not use the asynchronous runtime.
+        posttrain.rollout.queue.RedisUnreachableError: no answer from ``redis_url`` within
+            ``queue.reconnect_window_s``.
     """
     ctx = RunContext(config)
     settings = async_rl_settings(config)
-    client = redis.Redis.from_url(redis_url)
+    # Every command retries over queue.reconnect_window_s (the client's own backoff), so the objects retry no more.
+    client = connect(redis_url, reconnect_window_s=config.queue.reconnect_window_s)
+    check_reachable(client, redis_url, config.queue.reconnect_window_s)
+    admission = RedisAdmissionController(client, ctx.keys, batch_size=settings.batch_rollouts,
+                                         max_staleness=settings.max_staleness, retries=0)
     return LearnerTransport(
-        queue=RedisStreamQueue(client, ctx.keys, consumer="learner-0", maxlen=config.queue.maxlen, arrays=True),
-        admission=RedisAdmissionController(client, ctx.keys, batch_size=settings.batch_rollouts,
-                                           max_staleness=settings.max_staleness),
-        versions=RedisPolicyVersionStore(client, ctx.keys),
+        queue=RedisStreamQueue(client, ctx.keys, consumer="learner-0", maxlen=config.queue.maxlen, arrays=True,
+                               retries=0),
+        admission=admission,
+        versions=RedisPolicyVersionStore(client, ctx.keys, retries=0),
         store=open_weight_store(ctx),
         announce=lambda version: announce_weights(client, ctx.keys, version),
         generator_stats=lambda: read_generator_stats(client, ctx.keys),
+        live_generators=lambda: live_generators(client, ctx.keys),
+        return_dead_leases=admission.return_leases_of_dead,
     )
 
 
@@ -125,6 +145,8 @@ class Learner:
         nonfinite: Iterations in a row that skipped a step for a non-finite gradient norm; stops
             the run at ``max_nonfinite_iterations``.
         world: The learner's ranks; only rank 0 touches the transport (it is None elsewhere).
+        watch: Rank 0's watch on generator heartbeats (None: not watched).
+        stop_requested: Set by the SIGTERM handler (the reason); the loop checkpoints and stops.
     """
 
     ctx: RunContext
@@ -141,6 +163,8 @@ class Learner:
     staleness: StalenessStats
     nonfinite: NonFiniteStreak
     world: World = field(default_factory=World)
+    watch: GeneratorWatch | None = None
+    stop_requested: str | None = None
     iterations_here: int = 0
     last_step_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
@@ -150,6 +174,31 @@ class Learner:
         if max_iterations is not None and self.iterations_here >= max_iterations:
             return True
         return self.state.policy_version >= self.settings.steps
+
+    def stop_reason(self, waiting: bool) -> str | None:
+        """Why the learner must stop now (SIGTERM, or no live generator for too long), the same on every rank.
+
+        Args:
+            waiting: The last ``next_batch`` gave nothing: only then does the time without a live
+                generator count (``GeneratorWatch.check``, which returns dead generators' tickets
+                at every call).
+
+        Returns:
+            The reason (one line), or None to go on.
+        """
+        reason = self.stop_requested
+        if reason is None and self.watch is not None:
+            reason = self.watch.check(waiting)
+        if self.world.distributed:
+            flag = self.world.broadcast_bytes((reason or "").encode() if self.world.is_main else None)
+            reason = flag.decode() or None
+        return reason
+
+    def stopped(self, reason: str) -> LearnerStopped:
+        """The error that ends a stopped learner (call after the final checkpoint); SIGTERM exits 143, else 1."""
+        self.counters["stopped_early"] = 1.0
+        return LearnerStopped(f"learner stopped at policy version {self.state.policy_version} of "
+                              f"{self.settings.steps}: {reason}", 143 if reason.startswith("SIGTERM") else 1)
 
     def train(self, entries: list[QueueEntry]) -> TrainStepResult:
         """Observe the batch's staleness and run the train step on it (timed in ``last_step_s``).
@@ -368,5 +417,8 @@ def build_learner(config: RunConfig, transport: LearnerTransport | None, *, star
                       checkpointer, staleness,
                       NonFiniteStreak(settings.max_nonfinite_iterations,
                                       f"{settings.technique}.max_nonfinite_iterations"), world)
+    if transport is not None and world.is_main and transport.live_generators is not None:
+        learner.watch = GeneratorWatch(transport.live_generators, transport.return_dead_leases or (lambda: 0),
+                                       timeout_s=config.learner.no_generator_timeout_s)
     learner.publish(state.policy_version, write_weights=write_weights)
     return learner

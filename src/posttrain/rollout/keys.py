@@ -67,6 +67,25 @@ class StreamKeys:
         return f"{self.base}:admission:leases"
 
     @property
+    def admission_owners(self) -> str:
+        """Hash of in-flight ticket id -> generator id, so a dead generator's leases can be returned at once."""
+        return f"{self.base}:admission:owners"
+
+    @property
+    def generators(self) -> str:
+        """Set of the generator ids that ever sent a heartbeat in this run."""
+        return f"{self.base}:generators"
+
+    @property
+    def heartbeat_prefix(self) -> str:
+        """Start of the per-generator heartbeat keys (``heartbeat(generator_id)``)."""
+        return f"{self.base}:alive:"
+
+    def heartbeat(self, generator_id: str) -> str:
+        """String key with a TTL that a live generator keeps renewing (``posttrain.rollout.liveness``)."""
+        return f"{self.heartbeat_prefix}{generator_id}"
+
+    @property
     def generator_stats(self) -> str:
         """Hash of generator id -> JSON stats (``posttrain.rollout.telemetry``); generators write, the learner reads."""
         return f"{self.base}:generator_stats"
@@ -102,6 +121,8 @@ class StreamKeys:
             "policy_version": self.policy_version,
             "admission": self.admission,
             "admission_leases": self.admission_leases,
+            "admission_owners": self.admission_owners,
+            "generators": self.generators,
             "generator_stats": self.generator_stats,
             "generator_positions": self.generator_positions,
             "stop": self.stop,

@@ -44,6 +44,10 @@ class QueueConnectionError(QueueError):
     """The queue server stayed unreachable after the bounded number of retries."""
 
 
+class RedisUnreachableError(QueueConnectionError):
+    """A role gave up on its Redis after ``queue.reconnect_window_s``; the message is one line naming the URL."""
+
+
 @dataclass(frozen=True)
 class QueueEntry:
     """One delivered rollout.

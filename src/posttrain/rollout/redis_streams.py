@@ -4,7 +4,7 @@ Generators ``XADD`` encoded rollouts (approximate ``MAXLEN``); the learner reads
 consumer group (``XREADGROUP``) and ``XACK``s only when the optimizer step that used an entry has
 been checkpointed, or the entry was deliberately dropped. A restarted learner with the same
 consumer name first re-reads its own pending entries (``XREADGROUP`` id ``0``), then new ones
-(``>``); ``claim_stale`` takes over idle entries of dead consumers (``XAUTOCLAIM``). Entries that
+(``>``); ``claim_stale`` takes over idle entries of other, dead consumers (``XPENDING IDLE`` + ``XCLAIM``). Entries that
 do not decode go to the dead-letter stream (``reason``, ``original_id``, ``payload``) and are
 acked, in one MULTI/EXEC.
 
@@ -28,9 +28,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
-from redis.backoff import NoBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
 from posttrain.records import RecordError, Rollout, encode_rollout
@@ -42,6 +43,7 @@ from posttrain.rollout.queue import (
     QueueConnectionError,
     QueueEntry,
     QueueError,
+    RedisUnreachableError,
     RolloutLimits,
     check_batch_args,
     check_version,
@@ -58,25 +60,87 @@ DEFAULT_BACKOFF_S = (0.1, 0.5, 2.0)
 _ACK_CHUNK = 1000
 
 
-def connect(url: str, socket_timeout_s: float = 30.0) -> redis.Redis:
-    """Open a redis-py client for ``url`` that returns raw bytes and does no retries of its own.
+DEFAULT_RECONNECT_WINDOW_S = 30.0
+"""Default time (seconds) a role's client keeps reconnecting to an unreachable Redis (``queue.reconnect_window_s``)."""
+_BACKOFF_BASE_S = 0.1
+_BACKOFF_CAP_S = 2.0
+
+
+def retries_for_window(window_s: float, base_s: float = _BACKOFF_BASE_S, cap_s: float = _BACKOFF_CAP_S) -> int:
+    """How many retries of ``ExponentialBackoff(cap_s, base_s)`` sleep at least ``window_s`` seconds in all.
+
+    redis-py sleeps ``min(cap, base * 2**k)`` before retry k (k = 1, 2, ...), so with the defaults
+    0.2, 0.4, 0.8, 1.6, 2, 2, ... seconds; the connection attempts themselves add to the time.
+
+    Example: ``retries_for_window(10.0) == 8`` (0.2 + 0.4 + 0.8 + 1.6 + 2 + 2 + 2 + 2 = 11 s).
+
+    Raises:
+        ValueError: ``window_s < 0`` or a non-positive ``base_s``/``cap_s``.
+    """
+    if window_s < 0 or base_s <= 0 or cap_s <= 0:
+        raise ValueError(f"window_s: must be >= 0 seconds (base/cap > 0), got {window_s} ({base_s}/{cap_s})")
+    slept, k = 0.0, 0
+    while slept < window_s:
+        k += 1
+        slept += min(cap_s, base_s * 2**k)
+    return k
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for error lines): ``redis://u:***@host:6379/0``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def connect(url: str, socket_timeout_s: float = 30.0, reconnect_window_s: float = 0.0) -> redis.Redis:
+    """Open a redis-py client for ``url`` that returns raw bytes.
 
     Args:
         url: ``redis://``, ``rediss://`` or ``unix://`` URL (credentials may be in it).
         socket_timeout_s: Read timeout (seconds); must exceed every ``XREADGROUP`` block.
+        reconnect_window_s: Every command of the client retries connection errors and timeouts
+            with exponential backoff (0.2 s doubling to 2 s) for at least this long (seconds)
+            before it raises ``redis.ConnectionError``/``redis.TimeoutError``; 0: no retries (the
+            callers' ``with_retries`` decides). A role gives ``queue.reconnect_window_s``, so a Redis
+            restart shorter than the window is survived and a longer one ends the role.
 
     Raises:
-        ValueError: ``url`` has another scheme (the message names ``url``).
+        ValueError: ``url`` has another scheme (the message names ``url``), or a negative window.
     """
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise ValueError(f"url: expected redis://, rediss:// or unix://, got {url!r}")
+    retry = (Retry(ExponentialBackoff(cap=_BACKOFF_CAP_S, base=_BACKOFF_BASE_S), retries_for_window(reconnect_window_s))
+             if reconnect_window_s > 0 else Retry(NoBackoff(), 0))
     return redis.Redis.from_url(
         url,
         decode_responses=False,
         socket_timeout=socket_timeout_s,
-        socket_connect_timeout=10.0,
-        retry=Retry(NoBackoff(), 0),
+        socket_connect_timeout=min(10.0, socket_timeout_s),
+        retry=retry,
     )
+
+
+def check_reachable(client: redis.Redis, url: str, window_s: float) -> None:
+    """``PING`` the server through ``client`` (which retries over its own window); one clear error if it fails.
+
+    Raises:
+        RedisUnreachableError: the server did not answer; the message names the redacted URL and
+            the window, with the last connection error.
+    """
+    try:
+        client.ping()
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise RedisUnreachableError(unreachable_message(url, window_s, exc)) from None
+
+
+def unreachable_message(url: str, window_s: float, exc: BaseException) -> str:
+    """One line: ``Redis at URL unreachable (retried for W s, queue.reconnect_window_s): cause``."""
+    cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return (f"Redis at {redact_url(url)} unreachable (retried for {window_s:g} s, "
+            f"queue.reconnect_window_s): {cause}")
 
 
 def as_client(client_or_url: redis.Redis | str, socket_timeout_s: float = 30.0) -> redis.Redis:
@@ -350,15 +414,17 @@ class RedisStreamQueue:
         return acked
 
     def claim_stale(self, min_idle_ms: int, max_entries: int = 10_000) -> list[QueueEntry]:
-        """``XAUTOCLAIM`` entries idle >= ``min_idle_ms`` ms from other consumers of the group.
+        """Claim entries idle >= ``min_idle_ms`` ms that are pending on *other* consumers of the group.
 
-        Entries this object already handed out are claimed too (which only refreshes their idle
-        time) but not returned twice. Entries deleted from the stream while pending are
-        dead-lettered with reason "deleted before ack".
+        ``XPENDING ... IDLE`` lists the idle entries; those of other consumers are taken with
+        ``XCLAIM`` (which re-checks the idle time, so two claimers never both get an entry). Entries
+        pending on this consumer's own name (an earlier incarnation of it) are left to
+        ``get_batch``, which hands them back in order (the queue contract). Entries deleted from
+        the stream while pending are dead-lettered with reason "deleted before ack".
 
         Args:
             min_idle_ms: Idle time (milliseconds) since last delivery, ``>= 0``.
-            max_entries: Upper bound on entries scanned in this call (bounded loop).
+            max_entries: Upper bound on pending entries scanned in this call (bounded loop).
 
         Raises:
             ValueError: ``min_idle_ms < 0``.
@@ -368,34 +434,40 @@ class RedisStreamQueue:
             raise ValueError(f"min_idle_ms: must be >= 0, got {min_idle_ms}")
         stream = self.keys.rollouts
         out: list[QueueEntry] = []
-        start = "0-0"
+        start = "-"
         scanned = 0
         while scanned < max_entries:
             count = min(100, max_entries - scanned)
-            reply: Any = self._call(
-                f"XAUTOCLAIM {stream}",
-                partial(
-                    self.client.xautoclaim,
-                    stream,
-                    self.group,
-                    self.consumer,
-                    min_idle_ms,
-                    start_id=start,
-                    count=count,
-                ),
+            rows: Any = self._call(
+                f"XPENDING {stream} IDLE {min_idle_ms}",
+                partial(self.client.xpending_range, stream, self.group, min=start, max="+", count=count,
+                        idle=min_idle_ms),
             )
-            next_id, claimed = _s(reply[0]), reply[1]
-            deleted = reply[2] if len(reply) > 2 else []
-            scanned += len(claimed) + len(deleted)
-            self._take([(_s(eid), _str_fields(f)) for eid, f in claimed], out)
-            for eid in deleted:
-                self._dead_letter(
-                    _s(eid), None, "entry deleted from the stream before ack (trimmed by maxlen?)"
+            scanned += len(rows)
+            others: list[Any] = [_s(r["message_id"]) for r in rows if _s(r["consumer"]) != self.consumer]
+            if others:
+                claimed: Any = self._call(
+                    f"XCLAIM {stream}",
+                    partial(self.client.xclaim, stream, self.group, self.consumer, min_idle_ms, others),
                 )
-            if next_id == "0-0":
+                got = [(_s(eid), _str_fields(f)) for eid, f in claimed]
+                self._take([(eid, f) for eid, f in got if f is not None], out)
+                found = {eid for eid, f in got if f is not None}
+                for eid in others:
+                    if eid not in found and not self._exists(eid):
+                        self._dead_letter(eid, None, "entry deleted from the stream before ack (trimmed by maxlen?)")
+            if len(rows) < count:
                 break
-            start = next_id
+            start = "(" + _s(rows[-1]["message_id"])
         return out
+
+    def _exists(self, entry_id: str) -> bool:
+        """Whether the stream still holds ``entry_id`` (``XRANGE id id``)."""
+        rows: Any = self._call(
+            f"XRANGE {self.keys.rollouts} {entry_id}",
+            lambda: self.client.xrange(self.keys.rollouts, min=entry_id, max=entry_id),
+        )
+        return bool(rows)
 
     def pending(self) -> list[str]:
         """Ids pending on this consumer name (``XPENDING`` range), oldest first.

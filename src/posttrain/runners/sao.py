@@ -30,12 +30,15 @@ import redis
 from posttrain.config import RunConfig
 from posttrain.eval.heldout import evaluate_policy
 from posttrain.learner.checkpoint import latest_checkpoint
+from posttrain.learner.liveness import LearnerStopped
 from posttrain.learner.loop import run_learner
 from posttrain.learner.setup import redis_transport
 from posttrain.learner.types import LearnerSummary
 from posttrain.models.hf import load_policy
 from posttrain.parallel.world import init_world
 from posttrain.rollout.lengths import length_metrics, summary_rows
+from posttrain.rollout.queue import QueueConnectionError, RedisUnreachableError
+from posttrain.rollout.redis_streams import connect, unreachable_message
 from posttrain.rollout.telemetry import generator_counters, read_generator_stats
 from posttrain.runners.common import RunSummary, metrics_sink, plot_reward_curve, prepare, warm_start
 from posttrain.runtime import RunContext
@@ -66,12 +69,20 @@ def start_generators(ctx: RunContext, redis_url: str, config_path: Path) -> list
 
 
 def stop_generators(ctx: RunContext, client: Any, procs: list[subprocess.Popen[bytes]], grace_s: float = 30.0) -> None:
-    """Set the run's stop key, wait ``grace_s`` for generators to exit, then terminate the rest."""
-    client.set(ctx.keys.stop, "1")
+    """Set the run's stop key, wait ``grace_s`` for generators to exit, then terminate the rest.
+
+    With Redis gone (the reason the run is stopping, often) the stop key cannot be set: the
+    generators get SIGTERM at once instead, and no second error hides the first.
+    """
+    try:
+        client.set(ctx.keys.stop, "1")
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        log.warning("stop key not set (Redis unreachable: %s); sending SIGTERM to the generators", exc)
+        grace_s = 0.0
     deadline = time.monotonic() + grace_s
     for p in procs:
         try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            p.wait(timeout=max(0.1, deadline - time.monotonic()) if grace_s > 0 else 0.01)
         except subprocess.TimeoutExpired:
             p.terminate()
             try:
@@ -130,7 +141,7 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> L
     """
     url, server = resolve_redis(ctx.config.queue.redis_url)
     try:
-        client = redis.Redis.from_url(url)
+        client = connect(url, reconnect_window_s=ctx.config.queue.reconnect_window_s)
         client.delete(ctx.keys.stop)
         config_path = ctx.save_resolved_config()
         store = open_weight_store(ctx)
@@ -144,6 +155,11 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> L
                 summary = run_learner(ctx.config, redis_transport(ctx.config, url), start_model_dir=start_model,
                                       sink=sink, world=init_world(ctx.config.learner))
             gen_stats = read_generator_stats(client, ctx.keys)
+        except (QueueConnectionError, redis.ConnectionError, redis.TimeoutError) as exc:
+            if isinstance(exc, RedisUnreachableError):
+                raise
+            # The first cause, in one line naming the URL; stop_generators below raises nothing more.
+            raise RedisUnreachableError(unreachable_message(url, ctx.config.queue.reconnect_window_s, exc)) from None
         finally:
             stop_generators(ctx, client, procs)
         summary.counters["generators"] = float(len(procs))
@@ -152,6 +168,22 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> L
     finally:
         if server is not None:
             server.stop()
+
+
+def _write_stopped_summary(ctx: RunContext, config: RunConfig, sft_accuracy: float, reason: str,
+                           elapsed_s: float) -> None:
+    """``summary.md`` of a run whose learner stopped early: what happened, and where it can resume from."""
+    latest = latest_checkpoint(ctx.checkpoints_dir)
+    result = RunSummary(ctx.run_dir)
+    result.rows = [
+        ("environment", config.data.env),
+        ("held-out accuracy after SFT", f"{sft_accuracy:.3f}"),
+        ("stopped early", reason),
+        ("latest checkpoint (a re-run resumes there)", str(latest) if latest is not None else "none"),
+        ("generator logs", str(ctx.run_dir / "logs")),
+        ("wall time (s)", f"{elapsed_s:.0f}"),
+    ]
+    (ctx.run_dir / "summary.md").write_text(result.table() + "\n", encoding="utf-8")
 
 
 def run_sao(config: RunConfig) -> RunSummary:
@@ -174,7 +206,11 @@ def run_sao(config: RunConfig) -> RunSummary:
         tracker.log_metrics({f"eval_sft/{k}": v for k, v in before.items()}, step=0)
         print(f"      accuracy after SFT: {before['accuracy']:.3f}", flush=True)
         print(f"[4/5] SAO: {config.generator.num_processes} generators + learner, {config.sao.steps} steps", flush=True)
-        summary = train_sao(ctx, sft_dir, sink)
+        try:
+            summary = train_sao(ctx, sft_dir, sink)
+        except LearnerStopped as exc:
+            _write_stopped_summary(ctx, config, before["accuracy"], str(exc), time.monotonic() - t0)
+            raise
         print("[5/5] held-out eval after SAO, registration", flush=True)
         after = evaluate_policy(ctx, summary.final_model_dir)
         tracker.log_metrics({f"eval_sao/{k}": v for k, v in after.items()}, step=summary.policy_version)

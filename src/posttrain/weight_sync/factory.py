@@ -27,6 +27,7 @@ from posttrain.runtime import RunContext
 from posttrain.storage import is_s3_uri, storage_for
 from posttrain.weight_sync.s3_store import S3WeightStore
 from posttrain.weight_sync.store import TOKENIZER_FILES, FilesystemWeightStore, WeightStore
+from posttrain.weight_sync.timed import TimedWeightStore
 
 WEIGHTS_CACHE_DIRNAME = "weights-cache"
 """Directory under the run directory where an S3 store keeps downloaded versions."""
@@ -43,18 +44,22 @@ def open_weight_store(run: RunContext | RunConfig) -> WeightStore:
         run: The run's context or config.
 
     Returns:
-        A ``FilesystemWeightStore`` or an ``S3WeightStore``.
+        A ``FilesystemWeightStore`` or an ``S3WeightStore``, each operation bounded by
+        ``weights_timeout_s`` (``posttrain.weight_sync.timed.TimedWeightStore``).
 
     Raises:
         ValueError: ``weights_uri`` is an invalid ``s3://`` URI (bucket name).
     """
     ctx = run if isinstance(run, RunContext) else RunContext(run)
     uri = ctx.config.weights_uri
+    store: WeightStore
     if uri is None:
-        return FilesystemWeightStore(ctx.weights_dir)
-    if is_s3_uri(uri):
-        return S3WeightStore(uri, ctx.run_dir / WEIGHTS_CACHE_DIRNAME)
-    return FilesystemWeightStore(_local_path(uri))
+        store = FilesystemWeightStore(ctx.weights_dir)
+    elif is_s3_uri(uri):
+        store = S3WeightStore(uri, ctx.run_dir / WEIGHTS_CACHE_DIRNAME)
+    else:
+        store = FilesystemWeightStore(_local_path(uri))
+    return TimedWeightStore(store, ctx.config.weights_timeout_s)
 
 
 def has_tokenizer(directory: Path) -> bool:

@@ -17,20 +17,20 @@ from posttrain.weight_sync.factory import fetch_tokenizer
 def test_no_weights_uri_means_the_run_directory(tmp_path: Path) -> None:
     ctx = RunContext(load_config(None, [f"output_dir={tmp_path}", "run_name=r"]))
     store = open_weight_store(ctx)
-    assert isinstance(store, FilesystemWeightStore) and store.root == tmp_path / "r" / "weights"
-    assert isinstance(open_weight_store(ctx.config), FilesystemWeightStore)
+    assert isinstance(store.inner, FilesystemWeightStore) and store.root == tmp_path / "r" / "weights"
+    assert isinstance(open_weight_store(ctx.config).inner, FilesystemWeightStore)
 
 
 def test_a_path_or_file_uri_is_a_shared_directory(tmp_path: Path) -> None:
     for uri in (str(tmp_path / "shared"), f"file://{tmp_path / 'shared'}"):
         store = open_weight_store(load_config(None, [f"output_dir={tmp_path}", f"weights_uri={uri}"]))
-        assert isinstance(store, FilesystemWeightStore) and store.root == tmp_path / "shared"
+        assert isinstance(store.inner, FilesystemWeightStore) and store.root == tmp_path / "shared"
 
 
 def test_an_s3_uri_is_an_s3_store_caching_under_the_run_directory(tmp_path: Path) -> None:
     cfg = load_config(None, [f"output_dir={tmp_path}", "run_name=r", "weights_uri=s3://team-a/runs/x/weights/"])
     store = open_weight_store(cfg)
-    assert isinstance(store, S3WeightStore)
+    assert isinstance(store.inner, S3WeightStore) and store.timeout_s == 300.0
     assert store.uri == "s3://team-a/runs/x/weights" and store.cache_dir == tmp_path / "r" / "weights-cache"
 
 

@@ -27,8 +27,9 @@ from posttrain.rollout.keys import StreamKeys
 from posttrain.rollout.queue import QueueError
 from posttrain.rollout.redis_streams import DEFAULT_RETRIES, as_client, with_retries
 
-# KEYS[1] admission hash, KEYS[2] policy version key, KEYS[3] lease zset.
-# ARGV: batch_size, max_staleness, lease_s, ticket_id. Returns {granted 0/1, version, started, capacity}.
+# KEYS[1] admission hash, KEYS[2] policy version key, KEYS[3] lease zset, KEYS[4] owners hash.
+# ARGV: batch_size, max_staleness, lease_s, ticket_id, owner ('' = none).
+# Returns {granted 0/1, version, started, capacity}.
 _ACQUIRE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -47,14 +48,16 @@ local started = consumed + redis.call('ZCARD', KEYS[3])
 local cap = (version + tonumber(ARGV[2]) + 1) * tonumber(ARGV[1])
 if started < cap then
   redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), ARGV[4])
+  if ARGV[5] ~= '' then redis.call('HSET', KEYS[4], ARGV[4], ARGV[5]) end
   redis.call('HINCRBY', KEYS[1], 'granted_total', 1)
   return {1, version, started + 1, cap}
 end
 return {0, version, started, cap}
 """
 
-# KEYS[1] admission hash, KEYS[2] lease zset; ARGV[1] ticket_id. Returns 1 if the lease was live.
+# KEYS[1] admission hash, KEYS[2] lease zset, KEYS[3] owners hash; ARGV[1] ticket_id. Returns 1 if the lease was live.
 _CONSUME_LUA = """
+redis.call('HDEL', KEYS[3], ARGV[1])
 local live = redis.call('ZREM', KEYS[2], ARGV[1])
 if live == 0 then redis.call('HINCRBY', KEYS[1], 'late_total', 1) end
 redis.call('HINCRBY', KEYS[1], 'consumed', 1)
@@ -62,9 +65,34 @@ return live
 """
 
 _RELEASE_LUA = """
+redis.call('HDEL', KEYS[3], ARGV[1])
 local live = redis.call('ZREM', KEYS[2], ARGV[1])
 if live == 1 then redis.call('HINCRBY', KEYS[1], 'released_total', 1) end
 return live
+"""
+
+# KEYS[1] admission hash, KEYS[2] lease zset, KEYS[3] owners hash; ARGV[1] heartbeat key prefix.
+# Removes the leases whose owner's heartbeat key is gone (counted as expired) and owner entries
+# of leases that ended otherwise. Returns the number of leases returned.
+_RETURN_DEAD_LUA = """
+local owners = redis.call('HGETALL', KEYS[3])
+local alive = {}
+local returned = 0
+for i = 1, #owners, 2 do
+  local ticket, owner = owners[i], owners[i + 1]
+  if redis.call('ZSCORE', KEYS[2], ticket) == false then
+    redis.call('HDEL', KEYS[3], ticket)
+  else
+    if alive[owner] == nil then alive[owner] = redis.call('EXISTS', ARGV[1] .. owner) end
+    if alive[owner] == 0 then
+      redis.call('ZREM', KEYS[2], ticket)
+      redis.call('HDEL', KEYS[3], ticket)
+      returned = returned + 1
+    end
+  end
+end
+if returned > 0 then redis.call('HINCRBY', KEYS[1], 'expired_total', returned) end
+return returned
 """
 
 # KEYS[1] admission hash; ARGV[1] count. Refunds at most consumed; the rest counts as unticketed.
@@ -95,13 +123,16 @@ redis.call('HSET', KEYS[1], 'base_version', v)
 return added
 """
 
-# KEYS[1] admission hash, KEYS[2] lease zset.
-# Returns {consumed, in_flight, granted, released, expired, refunded, late, unticketed, rebased}.
+# KEYS[1] admission hash, KEYS[2] lease zset. Expires leases that ran out (as acquire does), so the
+# counters add up at once. Returns {consumed, in_flight, granted, released, expired, refunded, late,
+# unticketed, rebased}.
 _STATE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local expired = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if expired > 0 then redis.call('HINCRBY', KEYS[1], 'expired_total', expired) end
 local function h(f) return tonumber(redis.call('HGET', KEYS[1], f) or '0') end
-local live = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
+local live = redis.call('ZCARD', KEYS[2])
 return {h('consumed'), live, h('granted_total'), h('released_total'), h('expired_total'),
         h('refunded_total'), h('late_total'), h('unticketed_total'), h('rebased_total')}
 """
@@ -118,6 +149,9 @@ class RedisAdmissionController:
         lease_s: Seconds after which an unconsumed ticket expires (``> 0``), by the server clock.
         poll_interval_s: Sleep between capacity checks while waiting (seconds, ``> 0``).
         retries: Retries per operation on connection errors.
+        owner: The generator id the tickets are taken for (recorded beside each lease, so
+            ``return_leases_of_dead`` can give them back as soon as its heartbeat lapses); None
+            for a controller that takes no tickets (the learner's).
 
     Raises:
         ValueError: an argument out of range (the message names it).
@@ -132,9 +166,11 @@ class RedisAdmissionController:
         lease_s: float = 3600.0,
         poll_interval_s: float = 0.05,
         retries: int = DEFAULT_RETRIES,
+        owner: str | None = None,
     ) -> None:
         check_controller_args(batch_size, max_staleness, lease_s, poll_interval_s)
         self.client = as_client(client_or_url)
+        self.owner = owner
         self.keys = keys
         self.batch_size = batch_size
         self.max_staleness = max_staleness
@@ -148,6 +184,7 @@ class RedisAdmissionController:
         self._refund = self.client.register_script(_REFUND_LUA)
         self._rebase = self.client.register_script(_REBASE_LUA)
         self._state = self.client.register_script(_STATE_LUA)
+        self._return_dead = self.client.register_script(_RETURN_DEAD_LUA)
 
     def _run(self, op: str, fn: Callable[[], object]) -> object:
         def call() -> object:
@@ -164,8 +201,8 @@ class RedisAdmissionController:
         reply = self._run(
             "acquire",
             lambda: self._acquire(
-                keys=[k.admission, k.policy_version, k.admission_leases],
-                args=[self.batch_size, self.max_staleness, repr(float(self.lease_s)), ticket_id],
+                keys=[k.admission, k.policy_version, k.admission_leases, k.admission_owners],
+                args=[self.batch_size, self.max_staleness, repr(float(self.lease_s)), ticket_id, self.owner or ""],
             ),
         )
         granted, version, started, cap = (int(x) for x in reply)  # type: ignore[attr-defined]
@@ -194,7 +231,8 @@ class RedisAdmissionController:
         self._open.close(ticket, "consumed")
         k = self.keys
         self._run(
-            "consume", lambda: self._consume(keys=[k.admission, k.admission_leases], args=[ticket.ticket_id])
+            "consume",
+            lambda: self._consume(keys=[k.admission, k.admission_leases, k.admission_owners], args=[ticket.ticket_id]),
         )
 
     def release(self, ticket: Ticket) -> None:
@@ -207,7 +245,8 @@ class RedisAdmissionController:
         self._open.close(ticket, "released")
         k = self.keys
         self._run(
-            "release", lambda: self._release(keys=[k.admission, k.admission_leases], args=[ticket.ticket_id])
+            "release",
+            lambda: self._release(keys=[k.admission, k.admission_leases, k.admission_owners], args=[ticket.ticket_id]),
         )
 
     def refund(self, count: int) -> None:
@@ -238,8 +277,29 @@ class RedisAdmissionController:
         return int(self._run("rebase", lambda: self._rebase(  # type: ignore[call-overload]
             keys=[k.admission, k.policy_version], args=[learner_version, self.batch_size])))
 
+    def return_leases_of_dead(self) -> int:
+        """Give back at once the in-flight tickets of generators whose heartbeat key has lapsed.
+
+        A generator that dies holding tickets would otherwise hold their capacity until the leases
+        run out (``generator.admission_lease_s``, 300 s by default), stalling a run at small tau.
+        The returned leases count in ``expired_total``. One script call; its work is one step per
+        in-flight ticket (at most the capacity). The learner calls it while it waits for rollouts.
+
+        Returns:
+            How many leases were returned.
+
+        Raises:
+            QueueConnectionError: the server stayed unreachable.
+        """
+        k = self.keys
+        return int(self._run(  # type: ignore[call-overload]
+            "return_leases_of_dead",
+            lambda: self._return_dead(keys=[k.admission, k.admission_leases, k.admission_owners],
+                                      args=[k.heartbeat_prefix]),
+        ))
+
     def state(self) -> AdmissionState:
-        """Current counters (one script call plus one GET of the version).
+        """Current counters (one script call plus one GET of the version); leases that ran out count as expired.
 
         Raises:
             QueueError: the version key holds a non-integer.

@@ -1,0 +1,96 @@
+"""The learner's watch on its generators: return dead ones' tickets, report, and stop when none is alive.
+
+At every learner iteration ``GeneratorWatch.check`` reads the generators' heartbeats
+(``posttrain.rollout.liveness``; three Redis round trips). Each check first returns the admission
+tickets of generators whose heartbeat lapsed, so a dead generator never stalls a run for its lease
+time. While the learner waits for rollouts (``next_batch`` gave nothing) with no live generator, it logs a status line (when the silence starts, then every
+``status_every_s`` seconds), and after ``timeout_s`` seconds without one it returns the reason the
+learner must stop; the learner then checkpoints and ends with ``LearnerStopped`` (one line).
+
+Example: ``GeneratorWatch(live=lambda: [], return_dead=lambda: 0, timeout_s=60).check()`` returns
+None at first and the stop reason once 60 s have passed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+log = logging.getLogger("posttrain.learner")
+
+
+class LearnerStopped(RuntimeError):
+    """The learner stopped before its last version, after a final checkpoint (the message is one line).
+
+    Attributes:
+        exit_code: Process exit status for the CLI (1: no live generator; 143: SIGTERM).
+    """
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class GeneratorWatch:
+    """Tracks how long the run has had no live generator (module docstring).
+
+    Args:
+        live: Returns the ids of live generators.
+        return_dead: Returns dead generators' tickets; returns how many.
+        timeout_s: Seconds with no live generator before the learner stops
+            (``learner.no_generator_timeout_s``).
+        status_every_s: Seconds between status lines while none is alive.
+        clock: Seconds clock (``time.monotonic``; tests pass a hand-driven one).
+
+    Attributes:
+        leases_returned: Tickets of dead generators returned so far.
+        status_lines: Status lines logged so far.
+
+    Raises:
+        ValueError: ``timeout_s`` or ``status_every_s`` not > 0.
+    """
+
+    def __init__(self, live: Callable[[], list[str]], return_dead: Callable[[], int], timeout_s: float,
+                 status_every_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        if not timeout_s > 0 or not status_every_s > 0:
+            raise ValueError(f"timeout_s/status_every_s: must be > 0 seconds, got {timeout_s}/{status_every_s}")
+        self._live, self._return_dead, self._clock = live, return_dead, clock
+        self.timeout_s, self.status_every_s = timeout_s, status_every_s
+        self._first_status_s = min(status_every_s, timeout_s / 2)
+        self._none_since: float | None = clock()  # no generator is known alive at start
+        self._next_status = self._none_since + self._first_status_s
+        self.leases_returned = 0
+        self.status_lines = 0
+
+    def check(self, waiting: bool = True) -> str | None:
+        """Return dead generators' tickets, then the stop reason if none has been alive for ``timeout_s``, else None.
+
+        Args:
+            waiting: The learner found no batch. A learner still training (on a backlog of
+                entries) is not waiting for generators: its silence clock restarts.
+        """
+        returned = self._return_dead()
+        if returned:
+            self.leases_returned += returned
+            log.warning("learner: returned %d admission tickets of generators whose heartbeat lapsed", returned)
+        alive = self._live()
+        now = self._clock()
+        if alive or not waiting:
+            if self._none_since is not None and self.status_lines:
+                log.warning("learner: %d generator(s) alive again (%s)", len(alive), ", ".join(alive))
+            self._none_since = None
+            self.status_lines = 0
+            return None
+        if self._none_since is None:
+            self._none_since, self._next_status = now, now + self._first_status_s
+        silent = now - self._none_since
+        if silent >= self.timeout_s:
+            return (f"no live generator for {silent:.0f} s (learner.no_generator_timeout_s={self.timeout_s:g}); "
+                    "stopped after a final checkpoint")
+        if now >= self._next_status:
+            self.status_lines += 1
+            self._next_status = now + self.status_every_s
+            print(f"learner: waiting for rollouts: no live generator for {silent:.0f} s; stopping at "
+                  f"{self.timeout_s:g} s (learner.no_generator_timeout_s)", flush=True)
+        return None
