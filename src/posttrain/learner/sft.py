@@ -92,7 +92,7 @@ def train_sft(
     model.train()
     last: dict[str, float] = {}
     for step in tqdm(range(config.steps), desc="sft", disable=not progress, leave=False):
-        batch = []
+        batch: list[TokenExample] = []
         while len(batch) < config.batch_size:
             if not order:
                 order = list(range(len(examples)))
