@@ -125,6 +125,9 @@ def test_post_training_sao_runs_generator_learner_and_redis_locally(tmp_path, kf
     assert version.tags["posttrain.promotion"].startswith("first champion: version 1 with eval.beyond_aime.accuracy=")
     assert (Path(version.checkpoint) / "posttrain_model.json").is_file()
     mlflow.set_tracking_uri(uri)
+    # The registration ran in a step's subprocess; an earlier in-process test may have left another
+    # registry URI set in this one (tracking.registry sets both), so name this run's registry too.
+    mlflow.set_registry_uri(uri)
     pipe = mlflow.transformers.load_model("models:/e2e-sao-policy@champion")
     assert pipe.model.config.vocab_size == len(pipe.tokenizer)
 
