@@ -16,7 +16,9 @@ import pytest
 from pydantic import ValidationError
 
 from posttrain.cluster.jobset import (
+    GENERATOR_TERMINATION_GRACE_S,
     ISTIO_INJECT,
+    LEARNER_TERMINATION_GRACE_S,
     MAX_NAME_LEN,
     PRIORITY_LABEL,
     RENDEZVOUS_PORT,
@@ -199,6 +201,15 @@ def test_gpus_are_requested_and_limited_and_tolerated():
 def test_pods_get_no_kubernetes_api_token():
     for rjob in rjobs(build()).values():
         assert rjob["template"]["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_learner_and_generators_get_time_to_stop_cleanly_after_sigterm():
+    """Issue 23, item 20: on SIGTERM the learner checkpoints and generators give tickets back; the
+    Kubernetes default of 30 s before SIGKILL is too short for a sharded checkpoint."""
+    pods = {name: r["template"]["spec"]["template"]["spec"] for name, r in rjobs(build()).items()}
+    assert pods["learner"]["terminationGracePeriodSeconds"] == LEARNER_TERMINATION_GRACE_S == 600
+    assert pods["generator"]["terminationGracePeriodSeconds"] == GENERATOR_TERMINATION_GRACE_S == 60
+    assert "terminationGracePeriodSeconds" not in pods["redis"]
 
 
 @pytest.mark.parametrize(

@@ -220,12 +220,22 @@ def _container_resources(res: PodResources) -> dict[str, Any]:
     return {"requests": requests, "limits": limits}
 
 
+LEARNER_TERMINATION_GRACE_S = 600
+"""Seconds Kubernetes waits after SIGTERM before SIGKILL on a learner pod: the learner writes a
+distributed checkpoint of its last trained iteration first (issue 23, item 20), which for a sharded
+multi-billion-parameter model takes minutes, not the default 30 s."""
+GENERATOR_TERMINATION_GRACE_S = 60
+"""Seconds a generator pod gets after SIGTERM: it stops sampling, sends what it finished and gives
+its admission tickets back (issue 23, item 20); the engine is not waited for."""
+
+
 def _pod_spec(
     container: dict[str, Any],
     res: PodResources,
     restart_policy: str,
     volumes: list[dict[str, Any]],
     security: dict[str, Any],
+    grace_s: int | None = None,
 ) -> dict[str, Any]:
     mounts = list(container.get("volumeMounts", []))
     if res.shm:
@@ -240,6 +250,8 @@ def _pod_spec(
         "securityContext": security,
         "containers": [container],
     }
+    if grace_s is not None:
+        spec["terminationGracePeriodSeconds"] = grace_s
     if volumes:
         spec["volumes"] = volumes
     if res.gpus:
@@ -456,9 +468,10 @@ def build_sao_jobset(
                         _pod_spec(redis, redis_resources, "OnFailure", redis_volumes, redis_security), 3, None,
                         *pod_meta),
         _replicated_job("learner", name, 1, learner_nodes,
-                        _pod_spec(learner, learner_resources, "Never", [], role_security), 0, "redis", *pod_meta),
+                        _pod_spec(learner, learner_resources, "Never", [], role_security, LEARNER_TERMINATION_GRACE_S), 0, "redis", *pod_meta),
         _replicated_job("generator", name, num_generators, 1,
-                        _pod_spec(generator, generator_resources, "OnFailure", [], role_security), 3, "redis",
+                        _pod_spec(generator, generator_resources, "OnFailure", [], role_security,
+                                  GENERATOR_TERMINATION_GRACE_S), 3, "redis",
                         *pod_meta),
     ]
     _check_generated_names(name, replicated_jobs)

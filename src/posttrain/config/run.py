@@ -136,6 +136,12 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
+        if self.learner.no_generator_timeout_s <= self.generator.heartbeat_ttl_s:
+            raise ValueError(
+                f"learner.no_generator_timeout_s ({self.learner.no_generator_timeout_s}) must be greater than "
+                f"generator.heartbeat_ttl_s ({self.generator.heartbeat_ttl_s}): a live generator refreshes its "
+                "heartbeat within one TTL, so a shorter wait would stop the learner beside working generators"
+            )
         if self.technique == "grpo" and self.grpo.async_ and self.generator.top_p != 1.0:
             raise ValueError(
                 "generator.top_p must be 1.0 with technique=grpo and grpo.async true (the DIS ratio needs "

@@ -116,3 +116,13 @@ def test_maxlen_that_cannot_hold_the_unacknowledged_window_is_refused_with_the_b
     with pytest.raises(ConfigError, match=r"grpo.prompts_per_step x grpo.group_size"):
         load_config(None, ["technique=grpo", "grpo.async=true", "grpo.prompts_per_step=8", "grpo.group_size=4",
                            "grpo.checkpoint_every=2", "grpo.loss.dis_mask=true", "queue.maxlen=100"])
+
+
+def test_a_no_generator_wait_shorter_than_the_heartbeat_ttl_is_refused() -> None:
+    """Issue 23 (item 1's settings): the learner must wait longer than one heartbeat TTL before it
+    calls every generator dead, or it stops beside generators that are alive."""
+    with pytest.raises(ConfigError, match=r"learner.no_generator_timeout_s \(20.0\) must be greater than "
+                                          r"generator.heartbeat_ttl_s \(30.0\)"):
+        load_config(None, ["learner.no_generator_timeout_s=20", "generator.heartbeat_ttl_s=30"])
+    cfg = load_config(None, ["learner.no_generator_timeout_s=31", "generator.heartbeat_ttl_s=30"])
+    assert cfg.learner.no_generator_timeout_s > cfg.generator.heartbeat_ttl_s
