@@ -54,6 +54,8 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
+from dockerfiles import args_of, instructions
+
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "images"
 COMPILED = ROOT / "pipelines" / "compiled"
@@ -75,18 +77,6 @@ ENTRY_MODULES = {
 STEP_ROLE = {"base": "base", "trainer": "trainer"}
 
 
-def instructions(role: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, argument) pairs of a Dockerfile, continuations joined, comments dropped."""
-    text = re.sub(r"\\\n", " ", (IMAGES / role / "Dockerfile").read_text())
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            word, _, rest = line.partition(" ")
-            out.append((word.upper(), rest.strip()))
-    return out
-
-
 def _expand(word: str, args: dict[str, str]) -> str:
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args.get(m.group(1) or m.group(2), m.group(0)), word)
 
@@ -98,7 +88,7 @@ def image_spec(role: str) -> list[Requirement]:
         import requirements as image_requirements  # images/requirements.py, as the Dockerfile runs it
     finally:
         sys.path.remove(str(IMAGES))
-    build_args = {k: v for k, _, v in (a.partition("=") for kind, a in instructions(role) if kind == "ARG")}
+    build_args = args_of(role)
     spec: list[str] = []
     for kind, arg in instructions(role):
         if kind != "RUN":

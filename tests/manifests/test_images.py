@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from dockerfiles import args_of, dockerfile, instructions
+
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "images"
 ROLES = ["base", "trainer", "generator", "sandbox"]
@@ -25,26 +27,6 @@ _spec = importlib.util.spec_from_file_location("image_requirements", IMAGES / "r
 assert _spec and _spec.loader
 req = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(req)
-
-
-def dockerfile(role: str) -> str:
-    return (IMAGES / role / "Dockerfile").read_text()
-
-
-def instructions(role: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, argument) pairs with line continuations joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", dockerfile(role))
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            word, _, rest = line.partition(" ")
-            out.append((word.upper(), rest.strip()))
-    return out
-
-
-def args_of(role: str) -> dict[str, str]:
-    return {k: v for k, _, v in (a[1].partition("=") for a in instructions(role) if a[0] == "ARG")}
 
 
 def requirements_calls(role: str) -> list[list[str]]:
