@@ -12,7 +12,8 @@ ENVIRONMENT_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "synthetic_arith": ("low", "high", "operators", "heldout_fraction", "unmarked_fraction"),
     "synthetic_tool": (
         "low", "high", "operators", "heldout_fraction", "no_tool_penalty", "max_malformed_actions",
-        "system_prompt", "unmarked_fraction",
+        "system_prompt", "unmarked_fraction", "tool_latency_median_s", "tool_latency_sigma", "tool_latency_max_s",
+        "tool_latency_seed",
     ),
     "synthetic_longtail": (
         "calls_median", "calls_sigma", "min_calls", "max_calls", "boxes", "heldout_fraction",
@@ -34,7 +35,8 @@ _KINDS = {"int": "an integer", "float": "a number", "str": "a string", "str?": "
 
 ENVIRONMENT_ARGUMENT_KINDS: dict[str, dict[str, str]] = {
     "synthetic_arith": {"low": "int", "high": "int", "operators": "list[str]", "heldout_fraction": "float",
-                        "unmarked_fraction": "float"},
+                        "unmarked_fraction": "float", "tool_latency_median_s": "float",
+                       "tool_latency_sigma": "float", "tool_latency_max_s": "float", "tool_latency_seed": "int"},
     "synthetic_tool": {"low": "int", "high": "int", "operators": "list[str]", "heldout_fraction": "float",
                        "no_tool_penalty": "float", "max_malformed_actions": "int", "system_prompt": "str?",
                        "unmarked_fraction": "float"},
