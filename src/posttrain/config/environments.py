@@ -35,11 +35,11 @@ _KINDS = {"int": "an integer", "float": "a number", "str": "a string", "str?": "
 
 ENVIRONMENT_ARGUMENT_KINDS: dict[str, dict[str, str]] = {
     "synthetic_arith": {"low": "int", "high": "int", "operators": "list[str]", "heldout_fraction": "float",
-                        "unmarked_fraction": "float", "tool_latency_median_s": "float",
-                       "tool_latency_sigma": "float", "tool_latency_max_s": "float", "tool_latency_seed": "int"},
+                        "unmarked_fraction": "float"},
     "synthetic_tool": {"low": "int", "high": "int", "operators": "list[str]", "heldout_fraction": "float",
                        "no_tool_penalty": "float", "max_malformed_actions": "int", "system_prompt": "str?",
-                       "unmarked_fraction": "float"},
+                       "unmarked_fraction": "float", "tool_latency_median_s": "float",
+                       "tool_latency_sigma": "float", "tool_latency_max_s": "float", "tool_latency_seed": "int"},
     "synthetic_longtail": {"calls_median": "float", "calls_sigma": "float", "min_calls": "int", "max_calls": "int",
                            "boxes": "int", "heldout_fraction": "float", "max_malformed_actions": "int",
                            "system_prompt": "str?", "tool_latency_median_s": "float", "tool_latency_sigma": "float",

@@ -151,3 +151,14 @@ def test_longtail_and_tool_draw_from_one_shared_implementation() -> None:
     assert isinstance(tool.tool_latency, ToolLatency) and isinstance(longtail.tool_latency, ToolLatency)
     t = task()
     assert tool.call_latency_s(t, 1) == ToolLatency(1.5, 0.5, 60.0, 2, "synthetic_tool").delay_s(f"{t.task_id}:1")
+
+
+def test_synthetic_tool_latency_env_args_pass_the_config_checks() -> None:
+    """``data.env_args`` for synthetic_tool accepts the four latency arguments and refuses a wrong kind by name."""
+    from posttrain.config import ConfigError, load_config
+
+    cfg = load_config(None, ["data.env=synthetic_tool", "data.env_args.tool_latency_median_s=0.5",
+                             "data.env_args.tool_latency_seed=3"])
+    assert cfg.data.env_args["tool_latency_median_s"] == 0.5
+    with pytest.raises(ConfigError, match="tool_latency_seed"):
+        load_config(None, ["data.env=synthetic_tool", "data.env_args.tool_latency_seed=abc"])
