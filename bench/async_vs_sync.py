@@ -9,6 +9,11 @@ Per run: ``busy_fraction``, ``trained_action_tokens_per_s`` (GRPO: kept groups o
 the first and the last policy update, ``time_to_target_s`` (the first run's snapshots every ``--eval-every``
 versions against the warm start's held-out reward + ``TARGET_GAIN``) and an ``engine_probe`` before and after.
 
+Equal resources (the headline, ``<setting>/equal/<method>.json`` via ``--out``): SAO and synchronous GRPO with the same
+episodes in flight (GRPO's batch of ``prompts_per_step x G`` fills SAO's slots); ``--steady-from V`` measures throughput
+over the iterations after version V and reports the mean required calls of the tasks trained there beside the train
+population's, so the window is past the short episodes that finish first. The targets table reads this ratio.
+
 Staleness rules side by side (SAO; ``sao.staleness_rule``): ``--rules token,episode`` trains the method once per
 rule in the same command (same warm start, seeds and overrides; snapshots of each evaluated on the same held-out
 tasks) and writes ``<setting>/rules/<method>.json``: per rule, episodes started and trained by tool-call and
@@ -85,7 +90,9 @@ def shared_warm_start(config: Any) -> tuple[Any, Path]:
 
     data = config.data.model_copy(update={"env_args": {k: v for k, v in config.data.env_args.items()
                                                        if not k.startswith("tool_latency")}})
-    base = RunContext(config.model_copy(update={"run_name": "base", "data": data}))
+    # One warm start for every method: the base run carries one technique whatever the method's (a run directory
+    # refuses a config of another technique, and the warm start does not depend on it).
+    base = RunContext(config.model_copy(update={"run_name": "base", "data": data, "technique": "sao"}))
     prepare(base)
     sft = warm_start(base)
     common.copy_missing(base.tokenizer_dir, sft)  # snapshots and evaluation load the tokenizer beside the weights
@@ -210,15 +217,35 @@ def run_episodes(ctx: Any, method: str) -> tuple[list[list[Any]], int]:
     return episodes, mismatched
 
 
-def summarise(run: MethodRun, rewards: dict[int, float], target: float) -> dict[str, Any]:
-    """One run's numbers in the results file; its throughputs are the iterations after the first policy update over
-    the seconds from it to the last update (zeros with fewer than two updates)."""
-    ups = [i for i, s in enumerate(run.steps) if s.updated]
+def trained_calls(ctx: Any, steady_from: int) -> dict[str, float | None]:
+    """Mean required tool calls (``synthetic_longtail``: codes per task) of the tasks a run trained on: over the whole
+    run (``all``) and over the iterations that made versions after ``steady_from`` (``steady``); None where no rollout
+    was trained. Set beside the train tasks' mean (``task_calls``) it shows whether the window's task mix matches the
+    population (early versions train the episodes that finish first, the short ones). Reads ``learner_ledger.jsonl``;
+    FileNotFoundError without it."""
+    from posttrain.envs.synthetic.longtail import codes_of
+
+    tasks = {t.task_id: t for t in ctx.tasks("train")}
+    lines = read_ledger(ctx.run_dir / LEDGER_NAME)
+
+    def mean(keep: Any) -> float | None:
+        calls = [len(codes_of(tasks[r["task_id"]])) for line in lines if keep(line) for r in line["rollouts"]]
+        return statistics.fmean(calls) if calls else None
+
+    return {"all": mean(lambda line: True), "steady": mean(lambda line: line["policy_version"] > steady_from)}
+
+
+def summarise(run: MethodRun, rewards: dict[int, float], target: float, steady_from: int = 1) -> dict[str, Any]:
+    """One run's numbers in the results file; its throughputs are the iterations after the update that made policy
+    version ``steady_from`` (default 1: the first update) over the seconds from it to the last update (zeros with
+    fewer than two updates in that window)."""
+    ups = [i for i, s in enumerate(run.steps) if s.updated and s.policy_version >= steady_from]
     updated, inside = [run.steps[i] for i in ups], run.steps[ups[0] + 1 : ups[-1] + 1] if len(ups) > 1 else []
     window = run.steps[ups[-1]].t - run.steps[ups[0]].t if inside else 0.0
     reached = [run.snapshots[v][0] for v in sorted(rewards) if rewards[v] >= target]
     return {
         "busy_fraction": run.counters.get("generator_busy_fraction"), "steady_window_s": window,
+        "steady_from_version": steady_from,
         **{f"{k}_per_s": sum(getattr(s, k) for s in inside) / window if inside else 0.0
            for k in ("trained_action_tokens", "action_tokens", "rollouts")}, "wall_s": run.wall_s,
         "policy_versions": max((s.policy_version for s in run.steps), default=0), "iterations": len(run.steps),
@@ -341,11 +368,72 @@ def ratios(files: Sequence[dict[str, Any]]) -> dict[str, float]:
     return {k: sao / v for k, v in rates.items() if k.startswith("grpo_sync") and sao and v}
 
 
+def read_equal(name: str, results: Path = RESULTS) -> list[dict[str, Any]]:
+    """A setting's equal-concurrency files (``<setting>/equal/<method>.json``, in ``METHODS`` order): each method run
+    with the same episodes in flight (synchronous GRPO's batch fills SAO's slots), throughput over a steady window."""
+    return [common.read_json(p) for p in sorted((results / name).glob("equal/*.json"), key=lambda p: (
+        METHODS.index(p.stem) if p.stem in METHODS else len(METHODS), p.stem))]
+
+
+def in_flight(result: dict[str, Any]) -> int:
+    """Episodes a method can have in flight: its slots (asynchronous), or its whole batch (synchronous GRPO runs each
+    batch's episodes at once and nothing else)."""
+    s = result["settings"]
+    return s["batch_rollouts"] if method_kind(result["method"]) == "grpo_sync" else s["episodes_in_flight"]
+
+
 def targets(results: Path = RESULTS) -> dict[str, float | None]:
-    """SAO's busy fraction and its throughput over the faster synchronous GRPO, tool-latency setting (means)."""
+    """SAO's busy fraction (tool-latency setting) and its throughput over the faster synchronous GRPO at equal episodes
+    in flight (``equal/``; means). The equal-batch ratio of the setting's main files is not a target: there SAO had
+    8x the episodes in flight."""
     files, _ = read_setting("tool_latency", results)
-    sao, by = next((f for f in files if f["method"] == "sao"), None), ratios(files)
+    sao, by = next((f for f in files if f["method"] == "sao"), None), ratios(read_equal("tool_latency", results))
     return {"busy": mean_of(sao, "busy_fraction") if sao else None, "ratio": min(by.values()) if by else None}
+
+
+def render_equal(name: str, results: Path = RESULTS) -> str:
+    """The equal-resources comparison of a setting: SAO beside synchronous GRPO at equal episodes in flight (the
+    headline; ``equal/``) and at equal learner batch (the setting's main files, where SAO has more in flight), with
+    each run's steady window and its trained task mix against the population's. Empty without ``equal/`` files."""
+    equal = read_equal(name, results)
+    if not equal:
+        return ""
+    main, _ = read_setting(name, results)
+    population = equal[0]["task_calls"]["train"]["mean"]
+
+    def mix(f: dict[str, Any]) -> str:
+        calls = [r["trained_calls"]["steady"] for r in f["runs"] if (r.get("trained_calls") or {}).get("steady")]
+        return f"{statistics.fmean(calls):.2f}" if calls else "-"
+
+    def row(f: dict[str, Any], comparison: str) -> list[Any]:
+        r0, s = f["runs"][0], f["settings"]
+        return [comparison, f["method"], in_flight(f), s["batch_rollouts"], s["steps"],
+                f"{r0.get('steady_from_version', 1) + 1}-{s['steps']}", f"{r0['steady_window_s']:.0f}",
+                cell(f, "trained_action_tokens_per_s", 1), cell(f, "rollouts_per_s", 2), mix(f),
+                " -> ".join(f"{x:.1f}" for x in r0.get("load_avg_start_end", [])) or "-", len(f["runs"])]
+
+    rows = [row(f, "equal episodes in flight") for f in equal]
+    rows += [row(f, "equal batch (SAO 8x in flight)") for f in main if f["method"] == "sao" or
+             method_kind(f["method"]) == "grpo_sync"]
+    eq, eb = ratios(equal), ratios(main)
+
+    def ratio_text(by: dict[str, float]) -> str:
+        return (f"**{min(by.values()):.2f}x**" + f" ({', '.join(f'{k}: {v:.2f}x' for k, v in by.items())})"
+                if by else "needs sao and a grpo_sync_g<G>")
+
+    return "\n".join([
+        "**Equal resources** (the headline): each ratio is SAO's trained action tokens/s over the faster synchronous "
+        "GRPO's, each measured over its steady window (the versions listed: the first versions train the episodes that "
+        "finish first, the short ones, so SAO's window starts late enough that its trained task mix is near the "
+        f"population's, {population:.2f} required calls per train task).", "",
+        common.machine_line(max((f["machine"] for f in equal), key=lambda m: m["when"])), "",
+        common.markdown_table(["comparison", "method", "episodes in flight", "rollouts per version", "versions",
+                               "steady versions", "steady window s", "trained action tokens/s", "rollouts/s",
+                               "mean required calls of trained tasks (steady)", "load average, start -> end (first run)",
+                               "runs"], rows), "",
+        f"SAO / synchronous GRPO at **equal episodes in flight**: {ratio_text(eq)}; at equal batch, with SAO holding 8x "
+        f"the episodes in flight: {ratio_text(eb)} (the earlier headline: most of it is concurrency, not asynchrony).",
+        "", "Commands:", "", *[f"* `{f['command']}` ({f['runs'][-1]['when']})" for f in equal]])
 
 
 def render_setting(name: str, results: Path = RESULTS) -> str:
@@ -426,6 +514,8 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
                                 "busy fraction", "rollouts/s", "trained action tokens/s", "stale-dropped share",
                                 "cancelled in flight per run", "max in flight", "held-out reward (first run)"], srows), "",
                 "Commands:", "", *[f"* `{f['command']}`" for f in sweep]]
+    if equal := render_equal(name, results):
+        out += ["", equal]
     rules = [common.read_json(p) for p in sorted((results / name).glob("rules/*.json"))]
     if rules:
         out += ["", render_rules(rules)]
@@ -445,15 +535,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. sao.max_staleness=4")
     p.add_argument("--repeats", type=int, default=1, help="runs (seeds seed, seed + 1, ...); the first is evaluated")
     p.add_argument("--eval-every", type=int, default=4, help="snapshot every this many versions (first run)")
+    p.add_argument("--steady-from", type=int, default=1, help="throughputs over the iterations after the update "
+                   "that made this policy version (default 1: all but the first); the trained task mix is reported for "
+                   "the same window")
     p.add_argument("--rules", default="", help=f"comma-separated sao.staleness_rule values ({', '.join(RULES)}) to run "
                    "side by side in this command; writes <setting>/rules/<method>.json")
     args = p.parse_intermixed_args(argv)
     if args.repeats < 1 or args.eval_every < 1:
         p.error(f"--repeats and --eval-every: must be >= 1, got {args.repeats} and {args.eval_every}")
+    if args.steady_from < 1:
+        p.error(f"--steady-from: a policy version >= 1, got {args.steady_from}")
     rules = [r for r in args.rules.split(",") if r]
     if any(r not in RULES for r in rules) or len(set(rules)) != len(rules):
         p.error(f"--rules: comma-separated distinct values of {', '.join(RULES)}, got {args.rules!r}")
     config = load_method(args.method, args.overrides, p)
+    if args.steady_from >= (versions := config.grpo.steps if config.technique == "grpo" else config.sao.steps):
+        p.error(f"--steady-from: must be below the run's {versions} policy versions, got {args.steady_from}")
     if rules and config.technique != "sao":
         p.error(f"--rules: sao.staleness_rule is an SAO setting; method {args.method!r} runs {config.technique}")
     import torch
@@ -472,8 +569,10 @@ def main(argv: list[str] | None = None) -> int:
               "machine": common.machine_info(), "settings": settings_of(config, args.eval_every, args.repeats),
               "task_calls": {split: summarise_calls(base.tasks(split)) for split in ("train", "eval")},
               "start_reward": start, "target": target,
-              "runs": [{**summarise(r, rewards[r.method] if i == 0 else {}, target), "seed": config.seed + i}
-                       for i, r in enumerate(runs)]}
+              "runs": [{**summarise(r, rewards[r.method] if i == 0 else {}, target, args.steady_from),
+                        "trained_calls": trained_calls(RunContext(config.model_copy(update={
+                            "seed": config.seed + i, "run_name": f"{args.method}_r{i}"})), args.steady_from),
+                        "seed": config.seed + i} for i, r in enumerate(runs)]}
     common.publish_result(args.out or RESULTS / setting / f"{args.method}.json", result, "async_vs_sync", render,
                           docs=not args.no_docs)
     print(json.dumps({q: cell(result, q, 3) for q in ("busy_fraction", "trained_action_tokens_per_s", "rollouts_per_s")}))

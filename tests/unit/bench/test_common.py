@@ -34,12 +34,14 @@ def test_markdown_table_aligns_numbers_right_and_checks_row_width() -> None:
 
 
 def test_targets_read_each_result_and_judge_it(tmp_path: Path) -> None:
-    """Busy 0.95 >= 0.9 met; ratio 60 / 50 = 1.2 < 1.5 not met; stream worst of 0.6 and 0.4 is 0.4 < 0.5; the
+    """Busy 0.95 >= 0.9 met; the throughput ratio read at equal episodes in flight (``equal/``, 60 / 50 = 1.2 < 1.5,
+    not met; the equal-batch files' 600 / 50 is not the target); stream worst of 0.6 and 0.4 is 0.4 < 0.5; the
     weight sync 1.85 <= 2 met; the simulator missing."""
     setting = tmp_path / "async_vs_sync" / "tool_latency"
-    setting.mkdir(parents=True)
-    for method, busy, tokens in (("sao", 0.95, 60.0), ("grpo_sync_g8", 0.1, 50.0)):
-        (setting / f"{method}.json").write_text(json.dumps(
+    (setting / "equal").mkdir(parents=True)
+    for where, method, busy, tokens in (("", "sao", 0.95, 600.0), ("", "grpo_sync_g8", 0.1, 50.0),
+                                        ("equal", "sao", 0.9, 60.0), ("equal", "grpo_sync_g8", 0.4, 50.0)):
+        (setting / where / f"{method}.json").write_text(json.dumps(
             {"method": method, "runs": [{"busy_fraction": busy, "trained_action_tokens_per_s": tokens}]}))
     (tmp_path / "weight_sync.json").write_text(json.dumps({"worst_ratio_over_raw": 1.85}))
     (tmp_path / "stream.json").write_text(json.dumps(
