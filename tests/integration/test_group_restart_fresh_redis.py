@@ -151,7 +151,8 @@ def test_a_group_restart_on_a_fresh_redis_never_replays_a_task_seed_pair_the_che
     then SIGKILL. Second life on an empty server: the same commands; it trains to version 4. Every
     rollout the second life consumed (trained or dropped) must carry a pair the first life did not
     train before its checkpoint. Before the fix the second life numbered its episodes from 0 again
-    with the same task order: 8 of its 8 consumed pairs were ones the checkpoint had trained.
+    with the same task order: 8 of its 8 consumed pairs were ones the checkpoint had trained; 8 of 8 too
+    with the positions restored but generators not waiting for the version key (they reserved first).
     """
     cfg = load_config(None, [*OVERRIDES, "sao.steps=4", "generator.episodes_in_flight=2", f"output_dir={tmp_path}",
                              "run_name=fresh-redis-positions"])
