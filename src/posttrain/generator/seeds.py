@@ -18,9 +18,12 @@ blocks of ``POSITION_BLOCK`` from the run's Redis (``HINCRBY`` on ``StreamKeys.g
 field = index), so a restarted generator, whose task order is also seeded by its first reserved
 counter, never replays the (task, seed) pairs of its earlier life (the audit saw every rollout of a
 restarted generator token-identical to one of its first life, and 8 of 44 trained twice). At most
-``POSITION_BLOCK - 1`` numbers are skipped per restart. The position lives as long as the run's
-Redis keeps its data (the cluster's Redis keeps an AOF on a volume, ``cluster.jobset``).
-Tested in ``tests/unit/generator/test_seeds.py`` and ``tests/integration/test_generator_restart.py``.
+``POSITION_BLOCK - 1`` numbers are skipped per restart. When Redis loses its data (a group restart
+on an empty emptyDir) the learner's checkpoint holds the positions and the resumed learner writes
+them back before it sets the version key; a generator reserves its first block only after that key
+exists (``posttrain.rollout.positions``, which also says what happens to counters reserved after
+the checkpoint). Tested in ``tests/unit/generator/test_seeds.py``,
+``tests/integration/test_generator_restart.py`` and ``tests/integration/test_group_restart_fresh_redis.py``.
 """
 
 from __future__ import annotations

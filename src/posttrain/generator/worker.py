@@ -14,6 +14,10 @@ run's Redis; each generator of a run needs its own index: ``generator.seeds``). 
   oldest version), cancels episodes in flight that became too stale to train
   (``generator.inflight``; only under ``staleness_rule: episode``, see ``abort_stale_episodes``), nudges the admission gate, publishes the stats, checks the stop key.
 
+Before its first episode a generator waits for the learner's first weights and for the policy-version
+key, and only then reserves its episode numbers (``generator.seeds``): a learner resumed on a Redis
+that lost its data first writes back the positions its checkpoint recorded (``rollout.positions``).
+
 Waiting never parks threads: tickets come through ``AsyncTicketGate`` (one poller per process,
 backoff on the event loop), and the ``hf`` engine runs its batches on its own thread, so an
 engine batch never queues behind blocked work in asyncio's default pool. On stop (the run's stop
@@ -47,6 +51,7 @@ from posttrain.models.hf import load_tokenizer
 from posttrain.rollout.admission import AsyncTicketGate, RedisAdmissionController
 from posttrain.rollout.keys import StreamKeys
 from posttrain.rollout.liveness import Heartbeat
+from posttrain.rollout.positions import learner_started
 from posttrain.rollout.redis_streams import RedisStreamQueue, check_reachable, connect
 from posttrain.rollout.telemetry import publish_generator_stats
 from posttrain.runtime import RunContext
@@ -104,6 +109,32 @@ async def _first_version(store: WeightStore, where: object, timeout_s: float, st
     return None
 
 
+async def _learner_started(client: redis.Redis, keys: StreamKeys, stopping: asyncio.Event) -> bool:
+    """Wait until the run's policy-version key exists (the learner set it, after restoring positions).
+
+    Polled every 0.5 s for up to ``FIRST_WEIGHTS_TIMEOUT_S`` seconds. False when ``stopping`` is
+    set (SIGTERM) or the run's stop key appears first.
+
+    Raises:
+        TimeoutError: no version key within ``FIRST_WEIGHTS_TIMEOUT_S`` seconds (no learner).
+        redis.ConnectionError: Redis stayed unreachable for ``queue.reconnect_window_s``.
+    """
+    deadline = time.monotonic() + FIRST_WEIGHTS_TIMEOUT_S
+    while not stopping.is_set():
+        if learner_started(client, keys):
+            return True
+        if client.exists(keys.stop):
+            return False
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no learner set {keys.policy_version} within {FIRST_WEIGHTS_TIMEOUT_S:.0f} s "
+                               f"(the generator reserves its episode numbers only after the learner is up)")
+        try:
+            await asyncio.wait_for(stopping.wait(), timeout=0.5)
+        except TimeoutError:
+            pass
+    return False
+
+
 async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int,
                 index: int | None = None) -> GeneratorSummary:
     """Build the generator's parts, run its slots and watcher until stopped, and clean up (module docstring).
@@ -122,8 +153,9 @@ async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int,
     Raises:
         posttrain.rollout.queue.RedisUnreachableError: ``redis_url`` does not answer within
             ``queue.reconnect_window_s`` (checked first, before any wait).
-        TimeoutError: no weights published within ``FIRST_WEIGHTS_TIMEOUT_S`` seconds, or a
-            weight-store access passed ``weights_timeout_s`` (``WeightStoreTimeout``).
+        TimeoutError: no weights published, or no policy-version key set by the learner, within
+            ``FIRST_WEIGHTS_TIMEOUT_S`` seconds, or a weight-store access passed
+            ``weights_timeout_s`` (``WeightStoreTimeout``).
         The first error of a slot or the watcher.
     """
     ctx = RunContext(config)
@@ -143,15 +175,17 @@ async def _serve(config: RunConfig, ctx: RunContext, generator_id: str, redis_ur
     """``serve`` once Redis answers and the heartbeat runs."""
     settings, gen = async_rl_settings(config), config.generator
     position = generator_index(index, generator_id)
-    # The client retries over queue.reconnect_window_s, so the reservation adds no retries of its own.
-    seeds = EpisodeSeeds(config.seed, position,
-                         reserve=lambda n: client.hincrby(ctx.keys.generator_positions, str(position), n))
     stopping = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
     store = open_weight_store(ctx)
     version = await _first_version(store, ctx.weights_dir, config.weights_timeout_s, stopping)
-    if version is None:  # SIGTERM before the first weights: nothing taken, nothing to give back
-        return GeneratorSummary(generator_id, GeneratorStats().snapshot())
+    # Reserve only once the learner has set the version key: a resumed learner first gives back the
+    # positions its checkpoint recorded (a fresh Redis has lost them; posttrain.rollout.positions).
+    if version is None or not await _learner_started(client, ctx.keys, stopping):
+        return GeneratorSummary(generator_id, GeneratorStats().snapshot())  # SIGTERM or stop key: nothing taken
+    # The client retries over queue.reconnect_window_s, so the reservation adds no retries of its own.
+    seeds = EpisodeSeeds(config.seed, position,
+                         reserve=lambda n: client.hincrby(ctx.keys.generator_positions, str(position), n))
     stats = GeneratorStats()
     engine = MeteredEngine(make_engine(
         gen.engine, store.path_for(version), policy_version=version, seed=seed,

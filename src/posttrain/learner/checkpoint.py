@@ -4,7 +4,8 @@ Layout of one checkpoint directory (``<run>/checkpoints/iter-000012/``)::
 
     dcp/                    DCP files: one ``__<rank>_0.distcp`` per rank that wrote it, ``.metadata``
                             (model and optimizer state of each part: ``policy``, ``critic``)
-    state.json              iteration, policy_version, consumed_entry_ids, baseline, counters (LearnerState),
+    state.json              iteration, policy_version, consumed_entry_ids, baseline, counters,
+                            generator positions (LearnerState),
                             LR scheduler states, the torch RNG, and the layout (ranks, parameter shapes)
     resolved_config.yaml    the run config that produced it
 
@@ -59,6 +60,9 @@ class LearnerState:
         consumed_entry_ids: Stream entry ids trained on since the previous acknowledgement.
         baseline_rewards: Running-mean baseline window (rewards), when used.
         counters: Cumulative counts (``rollouts_trained``, ``stale_dropped``...).
+        generator_positions: Generator index -> episode counters reserved, read from the run's
+            Redis when the checkpoint was written (``posttrain.rollout.positions``); a learner
+            resumed on a Redis that lost them writes them back. Empty in checkpoints from before.
     """
 
     iteration: int = 0
@@ -66,6 +70,7 @@ class LearnerState:
     consumed_entry_ids: list[str] = field(default_factory=list)
     baseline_rewards: list[float] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)
+    generator_positions: dict[str, int] = field(default_factory=dict)
 
 
 def latest_checkpoint(root: Path) -> Path | None:

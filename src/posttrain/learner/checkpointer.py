@@ -7,11 +7,19 @@ where a restarted pod looks), the stream entries it covers are acknowledged. A l
 between the two acknowledges them when it resumes instead of training on them again; entries
 consumed after the checkpoint stay pending and are delivered again. So no rollout is lost and
 none is trained twice.
+
+Rank 0 also records the generators' positions (``posttrain.rollout.positions``) in each checkpoint,
+read just before it is written, so a learner resumed on a Redis that lost its data can give the
+generators their positions back and no (task, seed) pair the checkpoint trained on is sampled again.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
+
+import redis
 
 from posttrain.advantages import RunningMeanBaseline
 from posttrain.learner.checkpoint import LearnerState, save_checkpoint
@@ -20,6 +28,8 @@ from posttrain.learner.types import Trainable
 from posttrain.parallel.world import World
 from posttrain.rollout.queue import RolloutQueue
 from posttrain.runtime import RunContext
+
+log = logging.getLogger("posttrain.learner")
 
 
 class Checkpointer:
@@ -36,12 +46,16 @@ class Checkpointer:
         last_version: The run's final policy version (always checkpointed).
         mirror_uri: ``s3://`` prefix the checkpoint is copied to before acknowledging, or None.
         world: The learner's ranks: every rank writes its shards; rank 0 mirrors and acknowledges.
+        positions: Returns the generators' positions (``posttrain.rollout.positions.read_positions``),
+            called by rank 0 before each checkpoint; None: not recorded (in-memory transports).
     """
 
     def __init__(self, ctx: RunContext, *, state: LearnerState, counters: dict[str, float],
                  parts: dict[str, Trainable], baseline: RunningMeanBaseline | None, queue: RolloutQueue | None,
-                 every: int, last_version: int, mirror_uri: str | None, world: World) -> None:
+                 every: int, last_version: int, mirror_uri: str | None, world: World,
+                 positions: Callable[[], dict[str, int]] | None = None) -> None:
         self.ctx, self.state, self.counters, self.parts = ctx, state, counters, parts
+        self.positions = positions
         self.baseline, self.queue, self.world = baseline, queue, world
         self.every, self.last_version, self.mirror_uri = every, last_version, mirror_uri
 
@@ -66,6 +80,8 @@ class Checkpointer:
         if self.baseline is not None:
             self.state.baseline_rewards = self.baseline.rewards()
         self.state.counters = dict(self.counters)
+        if self.world.is_main and self.positions is not None:
+            self._record_positions()
         saved = save_checkpoint(self.ctx.checkpoints_dir, state=self.state, parts=self.parts,
                                 resolved_config_yaml=self.ctx.resolved_config_yaml(), world=self.world)
         if self.world.is_main:
@@ -75,3 +91,21 @@ class Checkpointer:
                 self.queue.ack(self.state.consumed_entry_ids)
         self.state.consumed_entry_ids = []
         return saved
+
+    def _record_positions(self) -> None:
+        """Read the generators' positions into the state; with Redis unreachable keep the last ones read.
+
+        The checkpoint is worth more than fresh positions: it is still written, with the positions
+        of the previous checkpoint (or of the resume), and a warning says so. A later checkpoint
+        records them again. (With Redis gone the acknowledgement after the checkpoint fails anyway.)
+        """
+        assert self.positions is not None
+        try:
+            positions = self.positions()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            log.warning("generator positions not read for this checkpoint (Redis unreachable: %s); it keeps the "
+                        "positions of the previous one", exc)
+            return
+        for name, value in self.state.generator_positions.items():  # never record less than the resume restored
+            positions[name] = max(positions.get(name, 0), value)
+        self.state.generator_positions = positions

@@ -7,7 +7,8 @@ is an argument, so a test hands it the in-memory twins; ``redis_transport`` buil
 
 Resume (``learner.resume``): the newest checkpoint in ``<run>/checkpoints`` (or, when
 ``checkpoints_uri`` is set and the disk is empty, the one mirrored there) restores policy, critic,
-optimizers, baseline and counters. Entries the checkpoint covers are acknowledged at once, never trained again. The
+optimizers, baseline and counters, and gives the generators back their positions where Redis lost
+them (``posttrain.rollout.positions``). Entries the checkpoint covers are acknowledged at once, never trained again. The
 weights the learner starts from are (re)published, replacing versions a dead predecessor
 published after its last checkpoint, and the version key is set.
 """
@@ -51,6 +52,7 @@ from posttrain.rollout.admission import (
 )
 from posttrain.rollout.lengths import count_batch
 from posttrain.rollout.liveness import live_generators
+from posttrain.rollout.positions import read_positions, restore_positions
 from posttrain.rollout.queue import PolicyVersionStore, QueueEntry, RolloutLimits, RolloutQueue
 from posttrain.rollout.redis_streams import (
     RedisPolicyVersionStore,
@@ -82,6 +84,10 @@ class LearnerTransport:
             (in-memory tests), the learner then waits for rollouts without a deadline.
         return_dead_leases: Returns the admission tickets of generators whose heartbeat lapsed
             (returns how many); None with ``live_generators``.
+        read_positions: Returns the generators' positions (index -> episode counters reserved,
+            ``posttrain.rollout.positions``), recorded in each checkpoint; None: not recorded.
+        restore_positions: Raises the generators' positions to at least the given ones (never
+            lowers one) and returns the indexes it raised; None: nothing restored.
     """
 
     queue: RolloutQueue
@@ -92,6 +98,8 @@ class LearnerTransport:
     generator_stats: Callable[[], dict[str, dict[str, float]]]
     live_generators: Callable[[], list[str]] | None = None
     return_dead_leases: Callable[[], int] | None = None
+    read_positions: Callable[[], dict[str, int]] | None = None
+    restore_positions: Callable[[dict[str, int]], list[str]] | None = None
 
 
 def redis_transport(config: RunConfig, redis_url: str) -> LearnerTransport:
@@ -122,6 +130,8 @@ def redis_transport(config: RunConfig, redis_url: str) -> LearnerTransport:
         generator_stats=lambda: read_generator_stats(client, ctx.keys),
         live_generators=lambda: live_generators(client, ctx.keys),
         return_dead_leases=admission.return_leases_of_dead,
+        read_positions=lambda: read_positions(client, ctx.keys),
+        restore_positions=lambda positions: restore_positions(client, ctx.keys, positions),
     )
 
 
@@ -289,8 +299,9 @@ class Learner:
                               self.counters)
 
 
-def guard_transport(config: RunConfig, transport: LearnerTransport, model: nn.Module, policy_version: int) -> None:
-    """Make the transport safe for this learner before it reads anything (issue 23, items 7, 15, 17).
+def guard_transport(config: RunConfig, transport: LearnerTransport, model: nn.Module, policy_version: int,
+                    generator_positions: dict[str, int] | None = None) -> None:
+    """Make the transport safe for this learner before it reads anything (issue 23, items 7, 15, 17, 18).
 
     * Every delivered rollout is checked against the model's vocabulary (its input embedding's
       rows) and the longest sequence the run's engines produce (``generator.max_episode_tokens +
@@ -300,6 +311,12 @@ def guard_transport(config: RunConfig, transport: LearnerTransport, model: nn.Mo
     * The admission counters are re-based on the resumed policy version (``admission.rebase``):
       on a fresh Redis they restart at 0 while the learner is at version C, which granted C x B
       surplus places that all went stale.
+    * The generators' positions saved in the checkpoint (``generator_positions``) are written back
+      where Redis holds less (``posttrain.rollout.positions``): on a fresh Redis the generators
+      numbered their episodes from 0 again and replayed (task, seed) pairs the checkpoint had
+      trained on. This runs before the learner first sets the policy-version key, which generators
+      wait for before they reserve (``posttrain.generator.worker``), so none reserves from the
+      emptied hash.
     """
     hf_model: Any = model  # a transformers model: input embeddings and config
     vocab = int(getattr(hf_model.get_input_embeddings(), "num_embeddings", 0) or hf_model.config.vocab_size)
@@ -310,6 +327,12 @@ def guard_transport(config: RunConfig, transport: LearnerTransport, model: nn.Mo
     if added:
         log.warning("admission counters were behind the checkpoint's policy version %d (a fresh Redis?): "
                     "counted %d rollouts of the versions they never saw as consumed", policy_version, added)
+    if generator_positions and transport.restore_positions is not None:
+        raised = transport.restore_positions(dict(generator_positions))
+        if raised:
+            log.warning("generator positions were behind the checkpoint's (a fresh Redis?): restored them for "
+                        "generator index %s, so no (task, seed) pair trained before is sampled again",
+                        ", ".join(raised))
 
 
 def critic_optimizer_steps(sao: SAOConfig) -> int:
@@ -393,7 +416,7 @@ def build_learner(config: RunConfig, transport: LearnerTransport | None, *, star
     counters = {"rollouts_trained": 0.0, "stale_dropped": 0.0, "skipped_nonfinite": 0.0, **state.counters}
     publisher, inner, flags = None, None, b""
     if transport is not None and world.is_main:
-        guard_transport(config, transport, policy.model, state.policy_version)
+        guard_transport(config, transport, policy.model, state.policy_version, state.generator_positions)
         latest = transport.store.latest_version()
         resumed = resumed_policy.checkpoint is not None or (latest is not None and latest > 0)
         if state.consumed_entry_ids:  # the checkpoint covers them: acknowledge, never train on them again
@@ -410,6 +433,7 @@ def build_learner(config: RunConfig, transport: LearnerTransport | None, *, star
         ctx, state=state, counters=counters, parts=resumed_policy.parts, baseline=baseline,
         queue=transport.queue if transport is not None and world.is_main else None,
         every=settings.checkpoint_every, last_version=settings.steps, mirror_uri=config.checkpoints_uri, world=world,
+        positions=transport.read_positions if transport is not None and world.is_main else None,
     )
     learner = Learner(ctx, settings, transport if world.is_main else None, state, counters, policy, tokenizer,
                       RankBatchSource(world, inner),

@@ -94,7 +94,8 @@ class StreamKeys:
     def generator_positions(self) -> str:
         """Hash of generator index -> episode counters reserved so far (``posttrain.generator.seeds``).
 
-        A restarted generator continues its episode numbering there instead of replaying its seeds.
+        A restarted generator continues its episode numbering there instead of replaying its seeds;
+        the learner's checkpoints keep a copy for a Redis that loses its data (``posttrain.rollout.positions``).
         """
         return f"{self.base}:generator_positions"
 

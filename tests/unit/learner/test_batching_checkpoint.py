@@ -89,3 +89,31 @@ def test_only_complete_checkpoints_are_latest_and_old_ones_pruned(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("iter-*")) == ["iter-000003", "iter-000004"]
     (tmp_path / "LATEST").write_text("iter-999999")
     assert latest_checkpoint(tmp_path) is None
+
+
+def test_the_checkpointer_records_generator_positions_and_never_fewer_than_before(tmp_path):
+    """Issue 23 item 18. Reads give {0: 64}, a Redis outage, then {0: 32, 1: 64} (a Redis that lost its data and
+    a generator that reserved again from 0). The three checkpoints hold {0: 64}, {0: 64} (the outage keeps the last
+    positions and the checkpoint is still written) and {0: 64, 1: 64} (a position is never recorded lower)."""
+    from types import SimpleNamespace
+
+    import redis
+
+    from posttrain.learner.checkpointer import Checkpointer
+    from posttrain.parallel.world import World
+
+    reads: list = [{"0": 64}, redis.ConnectionError("Connection refused"), {"0": 32, "1": 64}]
+
+    def positions() -> dict[str, int]:
+        read = reads.pop(0)
+        if isinstance(read, Exception):
+            raise read
+        return dict(read)
+
+    ctx = SimpleNamespace(checkpoints_dir=tmp_path, resolved_config_yaml=lambda: "a: 1\n")
+    checkpointer = Checkpointer(ctx, state=LearnerState(), counters={}, parts={"critic": _part(0)}, baseline=None,
+                                queue=None, every=1, last_version=9, mirror_uri=None, world=World(),
+                                positions=positions)
+    saved = [json.loads((checkpointer.save() / "state.json").read_text())["state"]["generator_positions"]
+             for _ in range(3)]
+    assert saved == [{"0": 64}, {"0": 64}, {"0": 64, "1": 64}]

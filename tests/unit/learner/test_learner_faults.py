@@ -1,4 +1,6 @@
-"""The learner against poisoned entries, ticketless entries and lost admission counters (issue 23, items 7, 15, 17).
+"""The learner against poisoned entries, ticketless entries, lost admission counters and lost generator positions.
+
+Issue 23, items 7, 15, 17 and 18.
 
 Same harness as ``test_loop.py``: the real learner loop in one process on the in-memory queue,
 admission and version key, fed by its scripted generator (tiny model, B = 4).
@@ -8,15 +10,21 @@ Run: ``python -m pytest -q tests/unit/learner/test_learner_faults.py``.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import redis
 from test_loop import _prepared, _trained_entry_ids, _transport
 
 from posttrain.config import RunConfig
+from posttrain.learner.checkpoint import latest_checkpoint
 from posttrain.learner.loop import run_learner
 from posttrain.learner.setup import LearnerTransport
 from posttrain.rollout.admission import MemoryAdmissionController
 from posttrain.rollout.memory_queue import MemoryPolicyVersionStore, MemoryStream
+from posttrain.rollout.positions import read_positions, restore_positions
+from posttrain.runtime import RunContext
+from posttrain.services.embedded_redis import EmbeddedRedis
 
 
 def test_an_out_of_vocabulary_entry_is_dead_lettered_and_the_learner_goes_on(tmp_path, tiny_model):
@@ -117,3 +125,50 @@ def test_a_resume_on_the_same_redis_is_not_rebased(tmp_path, tiny_model):
     second, _ = _transport(tmp_path, config, tiny_model, stream, admission, versions)
     summary = run_learner(config, second, start_model_dir=tiny_model.path, progress=False)
     assert summary.policy_version == 3 and admission.state().rebased_total == 0
+
+
+def test_a_learner_resumed_on_a_fresh_redis_gives_the_generators_their_positions_back(tmp_path, tiny_model):
+    """Item 18 on a fresh Redis, the learner's side. The positions live in a real Valkey (the rest in memory).
+
+    Generators 0 and 3 have reserved 64 and 128 episode counters. The learner checkpoints at
+    version 2 (1 warm-up + 2 iterations) with ``{"0": 64, "3": 128}``; then the server loses its
+    data (FLUSHALL). The resumed learner writes both positions back before it first sets the
+    version key (the key generators wait for before they reserve), and its final checkpoint keeps
+    them. Before the fix the checkpoint held no positions and the hash stayed empty.
+    """
+    config = _prepared(tmp_path, "sao", tiny_model)
+    config = RunConfig.model_validate({**config.model_dump(), "sao": {
+        **config.sao.model_dump(), "steps": 4, "checkpoint_every": 2}})
+    ctx = RunContext(config)
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url)
+
+        def transport() -> LearnerTransport:
+            t, _ = _fresh_transport(tmp_path, config, tiny_model)
+            t.read_positions = lambda: read_positions(client, ctx.keys)
+            t.restore_positions = lambda positions: restore_positions(client, ctx.keys, positions)
+            return t
+
+        client.hset(ctx.keys.generator_positions, mapping={"0": 64, "3": 128})
+        stopped = run_learner(config, transport(), start_model_dir=tiny_model.path, progress=False, max_iterations=3)
+        assert stopped.policy_version == 2
+        saved = json.loads((latest_checkpoint(ctx.checkpoints_dir) / "state.json").read_text())["state"]
+        assert saved["generator_positions"] == {"0": 64, "3": 128}
+
+        client.flushall()  # the Redis pod recreated on an empty emptyDir
+        second = transport()
+        at_version_key: list[dict[str, int]] = []
+        set_version = second.versions.set
+
+        def set_and_record(version: int) -> None:
+            at_version_key.append(read_positions(client, ctx.keys))
+            set_version(version)
+
+        second.versions.set = set_and_record  # type: ignore[method-assign]
+        summary = run_learner(config, second, start_model_dir=tiny_model.path, progress=False)
+
+        assert summary.policy_version == 4
+        assert at_version_key[0] == {"0": 64, "3": 128}  # restored before generators may reserve
+        assert read_positions(client, ctx.keys) == {"0": 64, "3": 128}
+        final = json.loads((latest_checkpoint(ctx.checkpoints_dir) / "state.json").read_text())["state"]
+        assert final["generator_positions"] == {"0": 64, "3": 128}
