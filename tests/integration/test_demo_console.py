@@ -45,7 +45,8 @@ def test_a_short_demo_run_shows_its_stages_and_summary_and_sends_library_lines_t
                 "policy version 4/4: training reward", "| held-out accuracy after SAO", "| seconds per stage",
                 "| registered model version"):
         assert sum(row in line for line in lines) == 1, (row, lines)
-    noise = [line for line in lines if LIBRARY_LINE.search(line)]
+    # posttrain's own warnings stay (e.g. "generator(s) alive again" when the machine is slow to start them).
+    noise = [line for line in lines if LIBRARY_LINE.search(line) and not line.startswith("posttrain: WARNING posttrain.")]
     assert noise == [], noise
     run_dir = tmp_path / "sao-demo"
     assert f"library and engine messages go to {run_dir / 'logs' / 'run.log'}" in lines[0]
