@@ -44,7 +44,8 @@ def route_logs(run_dir: Path, verbose: bool = False) -> Path:
     """Send library log records and warnings to ``<run_dir>/logs/run.log``; keep the console for the run's own lines.
 
     Replaces the root logger's handlers with a file handler (INFO, or DEBUG with ``verbose``) and a
-    stderr handler behind ``ConsoleFilter``. Sets ``MLFLOW_CONFIGURE_LOGGING=false`` and
+    stderr handler behind ``ConsoleFilter`` (with ``verbose``, ``posttrain -v run``, unfiltered: every
+    record on the console as well). Sets ``MLFLOW_CONFIGURE_LOGGING=false`` and
     ``VLLM_CONFIGURE_LOGGING=0`` unless the environment sets them: both libraries otherwise attach
     their own stdout/stderr handlers when imported (call this before importing them). Generator
     processes inherit the two variables; their output goes to their own log files.
@@ -64,7 +65,8 @@ def route_logs(run_dir: Path, verbose: bool = False) -> Path:
     to_file.setLevel(logging.DEBUG if verbose else logging.INFO)
     to_file.setFormatter(logging.Formatter(_FORMAT))
     to_console = logging.StreamHandler(sys.stderr)
-    to_console.addFilter(ConsoleFilter())
+    if not verbose:
+        to_console.addFilter(ConsoleFilter())
     to_console.setFormatter(logging.Formatter("posttrain: %(levelname)s %(name)s: %(message)s"))
     root.addHandler(to_file)
     root.addHandler(to_console)

@@ -89,3 +89,10 @@ def test_an_error_inside_engine_output_to_log_propagates_with_the_console_restor
         raise RuntimeError("engine died")
     print("visible", flush=True)
     assert capfd.readouterr().out == "visible\n"
+
+
+def test_verbose_puts_every_record_on_the_console_too(tmp_path: Path, capsys, _restored_logging) -> None:
+    path = route_logs(tmp_path / "run", verbose=True)
+    logging.getLogger("mlflow.store.db.utils").debug("a debug line")
+    assert capsys.readouterr().err.splitlines() == ["posttrain: DEBUG mlflow.store.db.utils: a debug line"]
+    assert "mlflow.store.db.utils DEBUG a debug line" in path.read_text(encoding="utf-8")
