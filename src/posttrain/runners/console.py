@@ -18,6 +18,7 @@ Run the tests: ``python -m pytest -q tests/unit/runners/test_console.py``.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import sys
@@ -40,6 +41,21 @@ class ConsoleFilter(logging.Filter):
         return record.levelno >= (logging.WARNING if own else logging.ERROR)
 
 
+class _LazyFileHandler(logging.FileHandler):
+    """A ``FileHandler`` that creates its file, and the directories above it, at the first record only.
+
+    A run refused before any work (a missing data file found by the technique's runner) then leaves
+    no run directory behind.
+    """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, encoding="utf-8", delay=True)
+
+    def _open(self) -> io.TextIOWrapper:
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
+
+
 def route_logs(run_dir: Path, verbose: bool = False) -> Path:
     """Send library log records and warnings to ``<run_dir>/logs/run.log``; keep the console for the run's own lines.
 
@@ -51,17 +67,16 @@ def route_logs(run_dir: Path, verbose: bool = False) -> Path:
     processes inherit the two variables; their output goes to their own log files.
 
     Returns:
-        The log file's path (created with its directory; appended to by a re-run).
+        The log file's path (created with its directory at the first record; appended to by a re-run).
     """
     path = run_dir / RUN_LOG
-    path.parent.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
         handler.close()
-    to_file = logging.FileHandler(path, encoding="utf-8")
+    to_file = _LazyFileHandler(path)
     to_file.setLevel(logging.DEBUG if verbose else logging.INFO)
     to_file.setFormatter(logging.Formatter(_FORMAT))
     to_console = logging.StreamHandler(sys.stderr)

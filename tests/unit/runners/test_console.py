@@ -52,6 +52,7 @@ def test_library_records_and_python_warnings_go_to_the_run_log_and_posttrain_war
 
     path = route_logs(tmp_path / "run")
     assert path == tmp_path / "run" / RUN_LOG
+    assert not (tmp_path / "run").exists()  # made at the first record: a run refused before any work leaves none
     assert (os.environ["MLFLOW_CONFIGURE_LOGGING"], os.environ["VLLM_CONFIGURE_LOGGING"]) == ("false", "0")
     logging.getLogger("mlflow.store.db.utils").info("Creating initial MLflow database tables...")
     logging.getLogger("vllm.engine").warning("chunked prefill is not officially supported")
