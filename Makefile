@@ -34,8 +34,11 @@ $(STAMP): requirements.lock pyproject.toml
 
 setup: $(STAMP)
 
+# make demo [SEED=N]: the demo at seed N (model init, warm-start order, sampling), in runs/sao-demo-seedN.
+# One torch thread per process: the learner and two generator processes share the 2 cores.
+SEED ?= 0
 demo: setup
-	$(BIN)/posttrain run configs/sao_demo_cpu.yaml
+	OMP_NUM_THREADS=1 $(BIN)/posttrain run configs/sao_demo_cpu.yaml seed=$(SEED) run_name=sao-demo-seed$(SEED)
 
 # One intra-op thread per process: tests start several processes on a 2-core machine, and
 # oversubscribed torch threads made single steps 10-100x slower there.

@@ -56,9 +56,17 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from posttrain.runners import run
+    from pathlib import Path
+
+    from posttrain.runners import preflight, run
+    from posttrain.runners.console import route_logs
 
     cfg = _config(args)
+    preflight(cfg)  # bad inputs are one line each, before the log file (and so the run directory) is made
+    log_path = route_logs(Path(cfg.output_dir) / cfg.run_name, verbose=args.verbose)
+    if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 speaks for the run
+        print(f"posttrain run: {cfg.technique}, seed {cfg.seed}; library and engine messages go to {log_path}",
+              flush=True)
     summary = run(cfg)
     if summary.rows:  # ranks > 0 of a torchrun run report nothing; rank 0 prints the table
         print(summary.table())

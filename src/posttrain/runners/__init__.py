@@ -54,6 +54,29 @@ TECHNIQUES: dict[str, Callable[[RunConfig], RunSummary]] = {
 """Technique name (``RunConfig.technique``) -> its runner."""
 
 
+def preflight(config: RunConfig) -> None:
+    """The checks of a run's inputs and outputs that come before any work, each one line; nothing is created.
+
+    ``posttrain run`` calls it before it opens the run's log file (``posttrain.runners.console``), so a
+    refused run leaves no run directory behind.
+
+    Raises:
+        ValueError: a technique without a runner.
+        FileNotFoundError: a local ``model.path`` that holds no model or tokenizer (``check_model_dir``).
+        posttrain.config.ConfigError: the run directory cannot be written (``check_output_writable``), or
+            ``REDIS_URL`` is not a Redis URL (asynchronous techniques).
+    """
+    if config.technique not in TECHNIQUES:
+        raise ValueError(f"technique: no runner for {config.technique!r}; known: {sorted(TECHNIQUES)}")
+    # Inputs and outputs a run needs are checked before any work: one line each, not a traceback later.
+    if config.model.path and "://" not in config.model.path:
+        check_model_dir(config.model.path)
+    env_url = os.environ.get("REDIS_URL")
+    if env_url and not config.queue.redis_url and uses_async_runtime(config) and redis_url_problem(env_url):
+        raise ConfigError(f"REDIS_URL: {redis_url_problem(env_url)}")  # was a ValueError after the model was prepared
+    check_output_writable(config)
+
+
 def run(config: RunConfig) -> RunSummary:
     """Run ``config.technique`` end to end (see the module docstring) and return its summary.
 
@@ -70,15 +93,7 @@ def run(config: RunConfig) -> RunSummary:
         posttrain.config.ConfigError: the run directory cannot be written (``check_output_writable``), or
             ``REDIS_URL`` is not a Redis URL (asynchronous techniques).
     """
-    if config.technique not in TECHNIQUES:
-        raise ValueError(f"technique: no runner for {config.technique!r}; known: {sorted(TECHNIQUES)}")
-    # Inputs and outputs a run needs are checked before any work: one line each, not a traceback later.
-    if config.model.path and "://" not in config.model.path:
-        check_model_dir(config.model.path)
-    env_url = os.environ.get("REDIS_URL")
-    if env_url and not config.queue.redis_url and uses_async_runtime(config) and redis_url_problem(env_url):
-        raise ConfigError(f"REDIS_URL: {redis_url_problem(env_url)}")  # was a ValueError after the model was prepared
-    check_output_writable(config)
+    preflight(config)
     world = init_world(config.learner)
     try:
         check_ranks(config, world)

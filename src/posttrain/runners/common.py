@@ -115,8 +115,12 @@ def prepare(ctx: RunContext) -> None:
         tok.save_pretrained(str(ctx.base_model_dir))
 
 
-def warm_start(ctx: RunContext, sink: MetricsSink | None = None) -> Path:
-    """SFT the base model on reference episodes; returns the warm-started model directory."""
+def warm_start(ctx: RunContext, sink: MetricsSink | None = None, progress: bool = False) -> Path:
+    """SFT the base model on reference episodes; returns the warm-started model directory.
+
+    ``progress`` shows tqdm's per-step bar (off by default: in a log file or a pipeline step's output
+    it is a line per step); ``sink`` receives every step's ``warm_start/*`` metrics.
+    """
     from posttrain.learner.sft import train_sft
     from posttrain.models.hf import load_policy, load_tokenizer
 
@@ -133,7 +137,7 @@ def warm_start(ctx: RunContext, sink: MetricsSink | None = None) -> Path:
                 sink({f"warm_start/{k}": v for k, v in metrics.items()}, step)
 
         train_sft(model, examples, ctx.config.warm_start, pad_token_id=tok.pad_token_id, seed=ctx.config.seed,
-                  on_step=on_step)
+                  on_step=on_step, progress=progress)
     model.save_pretrained(str(out), safe_serialization=True)
     tok.save_pretrained(str(out))
     return out

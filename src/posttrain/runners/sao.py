@@ -41,6 +41,7 @@ from posttrain.rollout.queue import QueueConnectionError, RedisUnreachableError
 from posttrain.rollout.redis_streams import connect, unreachable_message
 from posttrain.rollout.telemetry import generator_counters, read_generator_stats
 from posttrain.runners.common import RunSummary, metrics_sink, plot_reward_curve, prepare, warm_start
+from posttrain.runners.console import RUN_LOG, engine_output_to_log
 from posttrain.runtime import RunContext
 from posttrain.services.embedded_redis import resolve_redis
 from posttrain.tracking import MetricsSink
@@ -153,7 +154,7 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> L
                 summary = run_learner_ranks(ctx, url, config_path, start_model)
             else:  # one rank in this process, on learner.device
                 summary = run_learner(ctx.config, redis_transport(ctx.config, url), start_model_dir=start_model,
-                                      sink=sink, world=init_world(ctx.config.learner))
+                                      sink=sink, world=init_world(ctx.config.learner), progress=False)
             gen_stats = read_generator_stats(client, ctx.keys)
         except (QueueConnectionError, redis.ConnectionError, redis.TimeoutError) as exc:
             if isinstance(exc, RedisUnreachableError):
@@ -186,33 +187,102 @@ def _write_stopped_summary(ctx: RunContext, config: RunConfig, sft_accuracy: flo
     (ctx.run_dir / "summary.md").write_text(result.table() + "\n", encoding="utf-8")
 
 
+class StageClock:
+    """Prints a run's numbered stages with the wall time since the start, and keeps each stage's duration.
+
+    ``begin(text)`` ends the stage before it; ``durations`` maps each stage's short name to its
+    wall-clock seconds (the summary's ``seconds per stage`` row).
+    """
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.started = time.monotonic()
+        self.durations: dict[str, float] = {}
+        self._current: tuple[str, float] | None = None
+
+    def begin(self, name: str, text: str) -> None:
+        """End the current stage and print ``[i/total] text (at N s)`` for stage ``name``."""
+        self.end()
+        now = time.monotonic()
+        self._current = (name, now)
+        print(f"[{len(self.durations) + 1}/{self.total}] {text}  (at {now - self.started:.0f} s)", flush=True)
+
+    def end(self) -> None:
+        """Record the current stage's duration (seconds); nothing when none is open."""
+        if self._current is not None:
+            name, since = self._current
+            self.durations[name] = time.monotonic() - since
+            self._current = None
+
+    def row(self) -> str:
+        """``prepare 12, warm start 40, ...``: each finished stage's wall-clock seconds."""
+        return ", ".join(f"{name} {seconds:.0f}" for name, seconds in self.durations.items())
+
+
+def progress_sink(sink: MetricsSink, total: int, every: int) -> MetricsSink:
+    """``sink``, plus a console line each ``every`` policy versions with the mean training reward since the last line.
+
+    ``(metrics, policy_version)`` calls whose metrics have no ``reward/mean`` (e.g. the warm start's)
+    pass through silently.
+    """
+    rewards: list[float] = []
+    marks = {"next": every, "t0": time.monotonic()}
+
+    def tee(metrics: dict[str, float], step: int) -> None:
+        sink(metrics, step)
+        if "reward/mean" not in metrics:
+            return
+        rewards.append(float(metrics["reward/mean"]))
+        if step >= marks["next"] or step >= total:
+            mean = sum(rewards) / len(rewards)
+            print(f"      policy version {step}/{total}: training reward {mean:.2f} (mean of the last "
+                  f"{len(rewards)} steps), {time.monotonic() - marks['t0']:.0f} s", flush=True)
+            rewards.clear()
+            while marks["next"] <= step:
+                marks["next"] += every
+
+    return tee
+
+
 def run_sao(config: RunConfig) -> RunSummary:
-    """Run the whole SAO flow of a config (see the module docstring) and return its summary."""
+    """Run the whole SAO flow of a config (see the module docstring) and return its summary.
+
+    The console gets the five stages, a progress line every ``sao.checkpoint_every`` versions and
+    the summary; the evaluations' engine output goes to ``<run>/logs/run.log``
+    (``posttrain.runners.console``).
+    """
     from posttrain.tracking import Tracker
 
     ctx = RunContext(config)
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
+    run_log = ctx.run_dir / RUN_LOG
+    clock = StageClock(5)
+    t0 = clock.started
     tracker = Tracker.for_run(config, ctx.run_dir)
     with tracker:
         tracker.log_params_from_config(config)
         sink = metrics_sink(ctx, tracker)
-        print(f"[1/5] prepare: tokenizer + base model in {ctx.run_dir}", flush=True)
+        clock.begin("prepare", f"prepare: tokenizer + base model in {ctx.run_dir}")
         prepare(ctx)
-        print(f"[2/5] SFT warm start ({config.warm_start.steps} steps)", flush=True)
+        clock.begin("warm start", f"SFT warm start ({config.warm_start.steps} steps)")
         sft_dir = warm_start(ctx, sink)
-        print("[3/5] held-out eval after SFT", flush=True)
-        before = evaluate_policy(ctx, sft_dir)
+        clock.begin("eval", f"held-out eval after SFT ({config.eval.num_tasks} tasks x "
+                            f"{config.eval.samples_per_task} samples, {config.generator.engine} engine)")
+        with engine_output_to_log(run_log):
+            before = evaluate_policy(ctx, sft_dir)
         tracker.log_metrics({f"eval_sft/{k}": v for k, v in before.items()}, step=0)
         print(f"      accuracy after SFT: {before['accuracy']:.3f}", flush=True)
-        print(f"[4/5] SAO: {config.generator.num_processes} generators + learner, {config.sao.steps} steps", flush=True)
+        clock.begin("SAO", f"SAO: {config.generator.num_processes} generators + learner, {config.sao.steps} "
+                           f"policy versions (generator logs: {ctx.run_dir / 'logs'})")
         try:
-            summary = train_sao(ctx, sft_dir, sink)
+            summary = train_sao(ctx, sft_dir, progress_sink(sink, config.sao.steps, config.sao.checkpoint_every))
         except LearnerStopped as exc:
             _write_stopped_summary(ctx, config, before["accuracy"], str(exc), time.monotonic() - t0)
             raise
-        print("[5/5] held-out eval after SAO, registration", flush=True)
-        after = evaluate_policy(ctx, summary.final_model_dir)
+        clock.begin("eval + register", "held-out eval after SAO, registration")
+        with engine_output_to_log(run_log):
+            after = evaluate_policy(ctx, summary.final_model_dir)
+        print(f"      accuracy after SAO: {after['accuracy']:.3f}", flush=True)
         tracker.log_metrics({f"eval_sao/{k}": v for k, v in after.items()}, step=summary.policy_version)
         quarantined = ctx.quarantined_rows()
         tracker.log_metrics({"data/quarantined_rows": float(quarantined)}, step=summary.policy_version)
@@ -227,6 +297,7 @@ def run_sao(config: RunConfig) -> RunSummary:
             tracker.register_model(summary.final_model_dir, technique="sao", scores={"heldout_accuracy": after["accuracy"]})
             if config.tracking.register_final else "not registered"
         )
+    clock.end()
     result = RunSummary(ctx.run_dir)
     result.rows = [
         ("environment", config.data.env),
@@ -246,6 +317,8 @@ def run_sao(config: RunConfig) -> RunSummary:
         ("max episodes in flight", f"{summary.counters['generator_max_in_flight']:.0f}"),
         ("registered model version", str(version)),
         ("reward curve", str(png)),
+        ("run log (library and engine messages)", str(run_log)),
+        ("seconds per stage", clock.row()),
         ("wall time (s)", f"{time.monotonic() - t0:.0f}"),
     ]
     (ctx.run_dir / "summary.md").write_text(result.table() + "\n", encoding="utf-8")

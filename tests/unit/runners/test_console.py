@@ -1,0 +1,99 @@
+"""``posttrain.runners.console``: library records and engine output go to the run log, the run's own lines stay on the console."""
+
+import logging
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from posttrain.runners.console import RUN_LOG, ConsoleFilter, engine_output_to_log, route_logs
+
+
+def _record(name: str, level: int) -> logging.LogRecord:
+    return logging.LogRecord(name, level, __file__, 1, "message", None, None)
+
+
+@pytest.mark.parametrize(("name", "level", "shown"), [
+    ("posttrain.runners.sao", logging.WARNING, True),
+    ("posttrain", logging.ERROR, True),
+    ("posttrain.learner", logging.INFO, False),
+    ("mlflow.store.db.utils", logging.INFO, False),
+    ("vllm.engine", logging.WARNING, False),
+    ("py.warnings", logging.WARNING, False),
+    ("transformers.modeling_utils", logging.ERROR, True),
+    ("posttrainer", logging.WARNING, False),  # another package whose name only starts alike
+])
+def test_the_console_shows_posttrain_warnings_and_every_error_only(name, level, shown):
+    assert ConsoleFilter().filter(_record(name, level)) is shown
+
+
+@pytest.fixture
+def _restored_logging(monkeypatch):
+    """Give the root logger back its handlers, level and warnings capture after the test."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    monkeypatch.delenv("MLFLOW_CONFIGURE_LOGGING", raising=False)
+    monkeypatch.delenv("VLLM_CONFIGURE_LOGGING", raising=False)
+    yield
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+    logging.captureWarnings(False)
+
+
+def test_library_records_and_python_warnings_go_to_the_run_log_and_posttrain_warnings_to_both(
+        tmp_path: Path, capsys, _restored_logging) -> None:
+    import os
+
+    path = route_logs(tmp_path / "run")
+    assert path == tmp_path / "run" / RUN_LOG
+    assert not (tmp_path / "run").exists()  # made at the first record: a run refused before any work leaves none
+    assert (os.environ["MLFLOW_CONFIGURE_LOGGING"], os.environ["VLLM_CONFIGURE_LOGGING"]) == ("false", "0")
+    logging.getLogger("mlflow.store.db.utils").info("Creating initial MLflow database tables...")
+    logging.getLogger("vllm.engine").warning("chunked prefill is not officially supported")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("a torch user warning", UserWarning, stacklevel=1)
+    logging.getLogger("posttrain.runners.sao").warning("stop key not set")
+    logging.getLogger("posttrain.learner").info("a learner info line")
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["posttrain: WARNING posttrain.runners.sao: stop key not set"]
+    log = path.read_text(encoding="utf-8")
+    for text in ("mlflow.store.db.utils INFO Creating initial MLflow database tables...",
+                 "vllm.engine WARNING chunked prefill is not officially supported", "a torch user warning",
+                 "posttrain.runners.sao WARNING stop key not set", "posttrain.learner INFO a learner info line"):
+        assert text in log, (text, log)
+
+
+def test_child_process_output_inside_engine_output_to_log_lands_in_the_file_and_the_console_comes_back(
+        tmp_path: Path, capfd) -> None:
+    """A child started inside (as vLLM's EngineCore is) writes to the log; the parent's console is restored after."""
+    path = tmp_path / "logs" / "run.log"
+    print("before", flush=True)
+    with engine_output_to_log(path):
+        subprocess.run([sys.executable, "-c", "import sys; print('child out'); sys.stderr.write('child warning\\n')"],
+                       check=True)
+    print("after", flush=True)
+    out, err = capfd.readouterr()
+    assert out.splitlines() == ["before", "after"]
+    assert err == ""
+    assert path.read_text(encoding="utf-8").splitlines() == ["child out", "child warning"]
+
+
+def test_an_error_inside_engine_output_to_log_propagates_with_the_console_restored(tmp_path: Path, capfd) -> None:
+    with pytest.raises(RuntimeError, match="engine died"), engine_output_to_log(tmp_path / "run.log"):
+        raise RuntimeError("engine died")
+    print("visible", flush=True)
+    assert capfd.readouterr().out == "visible\n"
+
+
+def test_verbose_puts_every_record_on_the_console_too(tmp_path: Path, capsys, _restored_logging) -> None:
+    path = route_logs(tmp_path / "run", verbose=True)
+    logging.getLogger("mlflow.store.db.utils").debug("a debug line")
+    assert capsys.readouterr().err.splitlines() == ["posttrain: DEBUG mlflow.store.db.utils: a debug line"]
+    assert "mlflow.store.db.utils DEBUG a debug line" in path.read_text(encoding="utf-8")
