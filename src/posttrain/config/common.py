@@ -29,7 +29,7 @@ class OptimConfig(_Strict):
 
 
 class SAOLossConfig(_Strict):
-    """DIS band of the SAO policy loss (arXiv 2607.07508): keep r in (1 - mask_eps_low, 1 + mask_eps_high)."""
+    """SAO policy loss (arXiv 2607.07508): DIS band (1 - mask_eps_low, 1 + mask_eps_high) and the correction mode."""
 
     mask_eps_low: float = Field(0.3, gt=0.0, le=1.0)
     """Lower half-width: tokens with ratio <= 1 - mask_eps_low get weight 0. Paper: 0.3 (math), 0.8 (SWE)."""
@@ -37,6 +37,12 @@ class SAOLossConfig(_Strict):
     """Upper half-width: tokens with ratio >= 1 + mask_eps_high get weight 0. Paper: 5.0 (math), 3.0 (SWE)."""
     log_ratio_clamp: float = Field(20.0, gt=0.0, le=80.0)
     """|log r| is clamped to this before exp, for finite numbers; the mask still applies."""
+    correction: Literal["dis", "tis", "none"] = "dis"
+    """Per-token off-policy correction f(r) (ablation of arXiv 2607.07508): ``dis`` f = r inside the band,
+    0 outside (the paper); ``tis`` truncated IS f = min(r, tis_cap), no band; ``none`` f = 1 (plain
+    policy gradient). Stale tokens get no gradient in every mode; band metrics are always reported."""
+    tis_cap: float = Field(2.0, gt=1.0, le=100.0)
+    """Upper truncation C of the ``tis`` weight min(r, C) (slime's default ``--tis-clip 2.0``); unused otherwise."""
 
 
 class GRPOLossConfig(_Strict):

@@ -12,7 +12,8 @@ ENVIRONMENT_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "synthetic_arith": ("low", "high", "operators", "heldout_fraction", "unmarked_fraction"),
     "synthetic_tool": (
         "low", "high", "operators", "heldout_fraction", "no_tool_penalty", "max_malformed_actions",
-        "system_prompt", "unmarked_fraction",
+        "system_prompt", "unmarked_fraction", "tool_latency_median_s", "tool_latency_sigma", "tool_latency_max_s",
+        "tool_latency_seed",
     ),
     "synthetic_longtail": (
         "calls_median", "calls_sigma", "min_calls", "max_calls", "boxes", "heldout_fraction",
@@ -37,7 +38,8 @@ ENVIRONMENT_ARGUMENT_KINDS: dict[str, dict[str, str]] = {
                         "unmarked_fraction": "float"},
     "synthetic_tool": {"low": "int", "high": "int", "operators": "list[str]", "heldout_fraction": "float",
                        "no_tool_penalty": "float", "max_malformed_actions": "int", "system_prompt": "str?",
-                       "unmarked_fraction": "float"},
+                       "unmarked_fraction": "float", "tool_latency_median_s": "float",
+                       "tool_latency_sigma": "float", "tool_latency_max_s": "float", "tool_latency_seed": "int"},
     "synthetic_longtail": {"calls_median": "float", "calls_sigma": "float", "min_calls": "int", "max_calls": "int",
                            "boxes": "int", "heldout_fraction": "float", "max_malformed_actions": "int",
                            "system_prompt": "str?", "tool_latency_median_s": "float", "tool_latency_sigma": "float",

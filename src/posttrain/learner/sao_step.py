@@ -33,7 +33,7 @@ from posttrain.learner.token_metrics import PolicyTokenStats, RowTokenStats, emp
 from posttrain.learner.types import Trainable, TrainStepResult
 from posttrain.losses import PolicyLossInputs, sao_loss
 from posttrain.losses.logprobs import token_logprobs
-from posttrain.losses.sao import dis_band
+from posttrain.losses.sao import applied_band, dis_band
 from posttrain.losses.value import explained_variance, explained_variance_sums, value_loss
 from posttrain.parallel.placement import loss_scale
 from posttrain.parallel.world import World
@@ -222,8 +222,9 @@ def sao_train_step(
         )
         out = sao_loss(inputs, config.loss)
         if p.weight:  # entropy and the masked / unmasked mismatch of the tokens that train
-            band = dis_band(logprobs, p.batch.behaviour_logprobs, p.batch.action_mask, config.loss.mask_eps_low,
-                            config.loss.mask_eps_high, config.loss.log_ratio_clamp, stale)
+            band = applied_band(dis_band(logprobs, p.batch.behaviour_logprobs, p.batch.action_mask,
+                                         config.loss.mask_eps_low, config.loss.mask_eps_high,
+                                         config.loss.log_ratio_clamp, stale), config.loss.correction)
             tokens.add(logits, logprobs, p.batch.behaviour_logprobs, p.batch.action_mask, band)
             per_row.add(mine.rows[p.lo : p.hi], band, p.batch.token_versions)
         del logits

@@ -1,5 +1,7 @@
 """SAO policy loss: Direct Double-Sided Importance Sampling (DIS), arXiv 2607.07508 §3.1, eqs. 1-3.
 
+Also, for ablations, truncated IS and no correction in its place (``sao.loss.correction``, below).
+
 Per action token t, with the behaviour log-probability returned by the generator while sampling::
 
     r_t  = exp(clamp(log pi_theta(a_t|s_t) - log pi_behav(a_t|s_t), -c, c))
@@ -15,6 +17,23 @@ version ``v_t`` lags the learner's ``v`` by more than tau (``v - v_t > max_stale
 in the same way, ``f = 0`` whatever its ratio, and counted apart (``mask/frac_stale``)::
 
     f_t = 0   if stale_t,   else f(r_t) as above
+
+Correction modes (``sao.loss.correction``, for the paper's ablation of DIS against no correction and
+against truncated IS; issue 22 (a)). ``f`` above is ``dis``, the default and the paper's method::
+
+    dis:   f(r) = r inside the open band, 0 outside   (hard mask)
+    tis:   f(r) = min(r, tis_cap)                     (truncated importance sampling, Ionides 2008;
+                                                       Yao et al. 2025, "Your efficient RL framework
+                                                       secretly brings you off-policy RL training",
+                                                       fengyao.notion.site/off-policy-rl; no band mask)
+    none:  f(r) = 1                                   (plain policy gradient: behaviour samples are
+                                                       treated as on-policy)
+
+In every mode a stale token gets ``f = 0`` (that is the tau bound, not the correction), and the band
+metrics (``mask/frac_low``, ``mask/frac_high``) are still computed, as diagnostics, on the same open
+band even where ``tis`` or ``none`` do not apply it; ``mask/frac_applied`` is the fraction of action
+tokens that actually get no gradient in the chosen mode (``mask/frac_total`` under ``dis``,
+``mask/frac_stale`` otherwise).
 
 The paper bounds staleness per trajectory by its oldest weight version (GLM-5's rule,
 research/sao_algorithm.md §0 "Staleness" and §6 item 9, ``w' - w_0 > tau``: drop). DIS already
@@ -209,30 +228,92 @@ def band_metrics(band: DISBand, action_mask: Tensor) -> dict[str, float]:
             "mask/frac_total": low + high + stale}
 
 
+CORRECTIONS = ("dis", "tis", "none")
+"""The values of ``sao.loss.correction`` (module docstring)."""
+
+
+def applied_band(band: DISBand, correction: str) -> DISBand:
+    """The tokens a correction mode actually trains, as a ``DISBand`` (for the learner's token stats).
+
+    Under ``dis`` this is ``band`` itself. Under ``tis`` and ``none`` no band applies: every fresh
+    action token is kept and ``below`` / ``above`` are empty; ``stale`` and ``ratio`` are unchanged.
+
+    Args:
+        band: Output of ``dis_band`` (band evaluated whatever the mode).
+        correction: ``"dis"``, ``"tis"`` or ``"none"``.
+
+    Returns:
+        A ``DISBand`` whose ``keep`` [B, T] bool marks the tokens with policy gradient.
+
+    Raises:
+        ValueError: an unknown correction.
+    """
+    if correction not in CORRECTIONS:
+        raise ValueError(f"correction: allowed values are {CORRECTIONS}, got {correction!r}")
+    if correction == "dis":
+        return band
+    none = torch.zeros_like(band.keep)
+    return DISBand(ratio=band.ratio, keep=band.keep | band.below | band.above, below=none, above=none,
+                   stale=band.stale)
+
+
+def correction_weight(band: DISBand, correction: str, tis_cap: float) -> tuple[Tensor, Tensor]:
+    """Per-token weight f(r) of a correction mode, and the tokens it trains (module docstring).
+
+    Args:
+        band: Output of ``dis_band``.
+        correction: ``"dis"`` (f = r in the band), ``"tis"`` (f = min(r, tis_cap)) or ``"none"`` (f = 1).
+        tis_cap: Truncation C (> 1) of the ``tis`` weight; read only under ``tis``.
+
+    Returns:
+        ``(weight, trains)``: [B, T] float32 detached weight, 0 where ``trains`` is False; [B, T]
+        bool, the action tokens with policy gradient (never a stale one).
+
+    Raises:
+        ValueError: an unknown correction, or ``tis_cap <= 1`` under ``tis``.
+    """
+    trains = applied_band(band, correction).keep
+    if correction == "dis":
+        weight = band.ratio
+    elif correction == "tis":
+        if not tis_cap > 1.0:
+            raise ValueError(f"tis_cap: must be > 1, got {tis_cap}")
+        weight = torch.clamp(band.ratio, max=tis_cap)
+    else:
+        weight = torch.ones_like(band.ratio)
+    return masked_fill_zero(weight, trains), trains
+
+
 def sao_loss(inputs: PolicyLossInputs, config: SAOLossConfig) -> LossOutput:
     """SAO's DIS policy loss, summed over action tokens (arXiv 2607.07508 eqs. 1-3; see module doc).
 
-    ``loss_sum = -sum_t sg(f(r_t)) * A_t * logprobs_t`` over action tokens, with
-    ``f(r) = r`` inside the open band ``(1 - mask_eps_low, 1 + mask_eps_high)`` and 0 outside,
-    and ``f = 0`` on a stale token (``inputs.stale_mask``; module docstring).
+    ``loss_sum = -sum_t sg(f(r_t)) * A_t * logprobs_t`` over action tokens. Under
+    ``config.correction == "dis"`` (default) ``f(r) = r`` inside the open band
+    ``(1 - mask_eps_low, 1 + mask_eps_high)`` and 0 outside; under ``"tis"`` ``f(r) = min(r, tis_cap)``
+    with no band; under ``"none"`` ``f = 1``. In every mode ``f = 0`` on a stale token
+    (``inputs.stale_mask``; module docstring), and the band metrics are computed as diagnostics
+    even where the band is not applied.
     ``ref_logprobs`` and ``old_logprobs`` are not used (SAO has no KL term and no pi_old).
 
     Args:
         inputs: ``logprobs`` [B, T] float32 with gradient; ``behaviour_logprobs`` [B, T] float32;
             ``advantages`` [B, T] float32 (detached here); ``action_mask`` [B, T] bool;
             ``stale_mask`` [B, T] bool or None (per-token staleness).
-        config: DIS band (``mask_eps_low``, ``mask_eps_high``) and ``log_ratio_clamp``.
+        config: DIS band (``mask_eps_low``, ``mask_eps_high``), ``log_ratio_clamp``, ``correction``
+            and ``tis_cap``.
 
     Returns:
         ``LossOutput`` with ``num_tokens`` = action tokens (kept or masked, stale ones too: the
         divisor does not change with the mask) and metrics ``mask/frac_low``, ``mask/frac_high``,
-        ``mask/frac_stale``, ``mask/frac_total``, ``ratio/mean``, ``ratio/max``,
+        ``mask/frac_stale``, ``mask/frac_total`` (band diagnostics, whatever the mode),
+        ``mask/frac_applied`` (action tokens without gradient in this mode), ``ratio/mean``, ``ratio/max``,
         ``ratio/min``, ``ratio/ess``, ``mismatch/logprob_abs_diff``, ``mismatch/k3_kl``,
         ``advantage/mean`` (python floats, 0.0 with no action token).
 
     Raises:
         ValueError: NaN at an action token in ``logprobs``, ``behaviour_logprobs``,
-            ``advantages`` or their log-ratio; a band parameter out of range.
+            ``advantages`` or their log-ratio; a band parameter, ``correction`` or ``tis_cap`` out
+            of range.
     """
     check_finite(inputs)
     band = dis_band(
@@ -244,13 +325,14 @@ def sao_loss(inputs: PolicyLossInputs, config: SAOLossConfig) -> LossOutput:
         config.log_ratio_clamp,
         inputs.stale_mask,
     )
-    weight = masked_fill_zero(band.ratio, band.keep)
-    advantages = masked_fill_zero(inputs.advantages.detach().float(), band.keep)
-    per_token = -(weight * advantages * masked_fill_zero(inputs.logprobs, band.keep))
-    loss_sum = masked_sum(per_token, band.keep)
+    weight, trains = correction_weight(band, config.correction, config.tis_cap)
+    advantages = masked_fill_zero(inputs.advantages.detach().float(), trains)
+    per_token = -(weight * advantages * masked_fill_zero(inputs.logprobs, trains))
+    loss_sum = masked_sum(per_token, trains)
     num_tokens = int(inputs.action_mask.sum())
     with torch.no_grad():
         metrics = band_metrics(band, inputs.action_mask)
+        metrics["mask/frac_applied"] = (num_tokens - int(trains.sum())) / max(num_tokens, 1)
         metrics.update(
             mismatch_metrics(
                 inputs.logprobs, inputs.behaviour_logprobs, inputs.action_mask, config.log_ratio_clamp

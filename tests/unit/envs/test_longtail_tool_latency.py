@@ -1,6 +1,6 @@
 """``synthetic_longtail`` tool latency: seeded per task, log-normal, spent with ``asyncio.sleep`` in ``step``.
 
-The sleeps are recorded (``asyncio.sleep`` of the module is wrapped to log its argument and
+The sleeps are recorded (``asyncio.sleep`` of the shared latency module is wrapped to log its argument and
 yield), so the tests count waits and seconds requested, never wall-clock time.
 """
 
@@ -12,7 +12,7 @@ import statistics
 
 import pytest
 
-from posttrain.envs.synthetic import longtail
+from posttrain.envs.synthetic import latency
 from posttrain.envs.synthetic.longtail import REFERENCE_CALL, SyntheticLongTailEnv
 from posttrain.records import Task
 
@@ -32,7 +32,7 @@ def sleeps(monkeypatch) -> list[float]:
         asked.append(seconds)
         await real_sleep(0)
 
-    monkeypatch.setattr(longtail.asyncio, "sleep", recording_sleep)
+    monkeypatch.setattr(latency.asyncio, "sleep", recording_sleep)  # the shared ToolLatency.wait sleeps
     return asked
 
 

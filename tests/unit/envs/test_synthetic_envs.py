@@ -71,7 +71,7 @@ def test_tool_reference_episode_calls_the_calculator_then_answers() -> None:
     assert not first.done and first.observation == '<tool_result name="calculator">\n61\n</tool_result>'
     last = step(episode, turns[1])
     assert (last.done, last.reward, last.finish_reason) == (True, 1.0, "stop")
-    assert last.metrics == {"correct": 1.0, "tool_calls": 1.0, "malformed_actions": 0.0}
+    assert last.metrics == {"correct": 1.0, "tool_calls": 1.0, "malformed_actions": 0.0, "tool_wait_s": 0.0}
 
 
 def test_tool_unmarked_reference_still_calls_the_calculator_but_earns_zero() -> None:
@@ -87,7 +87,7 @@ def test_tool_unmarked_reference_still_calls_the_calculator_but_earns_zero() -> 
     assert not first.done and first.observation == '<tool_result name="calculator">\n61\n</tool_result>'
     last = step(episode, turns[1])
     assert (last.done, last.reward, last.finish_reason) == (True, 0.0, "stop")
-    assert last.metrics == {"correct": 0.0, "tool_calls": 1.0, "malformed_actions": 0.0}
+    assert last.metrics == {"correct": 0.0, "tool_calls": 1.0, "malformed_actions": 0.0, "tool_wait_s": 0.0}
 
 
 def test_tool_unmarked_fraction_marks_only_training_tasks_the_same_for_every_seed() -> None:

@@ -115,6 +115,22 @@ def test_tokens_outside_the_dis_band_give_no_policy_gradient(policy_model, criti
     _same(policy_model, policy)
 
 
+@pytest.mark.parametrize("correction", ["tis", "none"])
+def test_tis_and_none_train_the_tokens_the_dis_band_would_mask(policy_model, critic_model, correction):
+    """Same batch as above (r = e^2 outside the band): under ``tis`` / ``none`` the band is only a
+    diagnostic (mask/frac_high = 1), no token loses its gradient (mask/frac_applied = 0), the policy
+    moves and the ledger counts every action token as trained, none as DIS-masked."""
+    rollouts = _rollouts(policy_model, [(2, 1.0), (3, 0.0)], seed=3, behaviour_shift=-2.0)
+    result, policy, _ = _run(policy_model, critic_model, rollouts, _config(loss={"correction": correction}))
+    assert result.policy_updated
+    assert result.metrics["mask/frac_high"] == pytest.approx(1.0)
+    assert result.metrics["mask/frac_applied"] == 0.0
+    assert _moved(policy_model, policy)
+    rows = result.row_tokens
+    assert [r["dis_masked_tokens"] for r in rows] == [0.0, 0.0]
+    assert sorted(r["trained_tokens"] for r in rows) == [2.0, 3.0]
+
+
 def test_gae_without_a_critic_is_refused(policy_model):
     batch = collate_rollouts(_rollouts(policy_model, [(2, 1.0)]), pad_token_id=0)
     with pytest.raises(ValueError, match="needs a critic"):

@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
-from posttrain.config import SAOLossConfig
+from posttrain.config import ConfigError, SAOLossConfig, load_config
 from posttrain.losses import POLICY_LOSSES, PolicyLossInputs, sao_loss
+from posttrain.losses.sao import applied_band, dis_band
 
 
 def _inputs(logprobs, behaviour, advantages, mask, requires_grad=True):
@@ -246,3 +247,88 @@ def test_stale_mask_must_be_bool_of_the_logprobs_shape():
     with pytest.raises(ValueError, match="stale_mask: expected shape"):
         PolicyLossInputs(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool),
                          stale_mask=torch.zeros(1, 3, dtype=torch.bool))
+
+
+# --- correction modes (sao.loss.correction; issue 22 ablation (a)) ---------------------------------
+
+def _mode_row():
+    """4 action tokens, behaviour 0, ratios r = (1, 2, 0.5, 8), A = (2, -1, 3, 1); band (0.7, 6.0)."""
+    ratios = [1.0, 2.0, 0.5, 8.0]
+    return _inputs([[math.log(r) for r in ratios]], [[0.0] * 4], [[2.0, -1.0, 3.0, 1.0]], [[True] * 4]), ratios
+
+
+@pytest.mark.parametrize(
+    ("correction", "weights"),
+    [
+        ("dis", [1.0, 2.0, 0.0, 0.0]),  # r inside (0.7, 6.0), 0 outside (0.5 below, 8 above)
+        ("tis", [1.0, 2.0, 0.5, 2.0]),  # min(r, 2): 8 truncated to 2, 0.5 kept as 0.5, no band
+        ("none", [1.0, 1.0, 1.0, 1.0]),  # f = 1 everywhere, band ignored
+    ],
+)
+def test_gradient_per_correction_is_minus_f_times_advantage(correction, weights):
+    """d loss_sum / d logprobs = -f(r) * A with A = (2, -1, 3, 1), by hand per mode."""
+    inputs, _ = _mode_row()
+    out = sao_loss(inputs, SAOLossConfig(correction=correction))
+    out.loss_sum.backward()
+    advantages = [2.0, -1.0, 3.0, 1.0]
+    expected = [-w * a for w, a in zip(weights, advantages, strict=True)]
+    torch.testing.assert_close(inputs.logprobs.grad, torch.tensor([expected]), atol=1e-5, rtol=0)
+    # The band diagnostics are the same in every mode: 0.5 below, 8 above.
+    assert (out.metrics["mask/frac_low"], out.metrics["mask/frac_high"]) == (0.25, 0.25)
+    assert out.metrics["mask/frac_total"] == 0.5
+    assert out.metrics["mask/frac_applied"] == (0.5 if correction == "dis" else 0.0)
+
+
+@pytest.mark.parametrize(("cap", "ratio", "weight"), [(2.0, 3.0, 2.0), (2.0, 1.9, 1.9), (10.0, 8.0, 8.0),
+                                                      (10.0, 50.0, 10.0), (1.5, 0.1, 0.1)])
+def test_tis_truncates_the_weight_at_the_cap(cap, ratio, weight):
+    """tis: f = min(r, tis_cap), gradient -f * A with A = 1; a ratio below the band is not masked."""
+    _, grad = _single_token(math.log(ratio), config=SAOLossConfig(correction="tis", tis_cap=cap))
+    assert grad.item() == pytest.approx(-weight, rel=1e-5)
+
+
+def test_none_ignores_the_band_even_far_outside_it():
+    """none: r = e^5 (148, far above 6) and e^-5 still train with gradient -A (DIS gives 0)."""
+    for log_ratio in (5.0, -5.0):
+        out, grad = _single_token(log_ratio, advantage=3.0, config=SAOLossConfig(correction="none"))
+        assert grad.item() == pytest.approx(-3.0)
+        assert out.metrics["mask/frac_total"] == 1.0 and out.metrics["mask/frac_applied"] == 0.0
+
+
+@pytest.mark.parametrize("correction", ["dis", "tis", "none"])
+def test_stale_tokens_are_masked_in_every_correction_mode(correction):
+    """Tokens 0 and 3 stale (ratio 1 and 8): no gradient whatever the mode; fresh tokens train as in the mode."""
+    inputs, _ = _mode_row()
+    inputs.stale_mask = torch.tensor([[True, False, False, True]])
+    out = sao_loss(inputs, SAOLossConfig(correction=correction))
+    out.loss_sum.backward()
+    grad = inputs.logprobs.grad[0].tolist()
+    assert grad[0] == 0.0 and grad[3] == 0.0
+    fresh = {"dis": [2.0, 0.0], "tis": [2.0, -1.5], "none": [1.0, -3.0]}[correction]  # -f*A on tokens 1, 2
+    assert grad[1:3] == pytest.approx(fresh, abs=1e-5)
+    assert out.metrics["mask/frac_stale"] == 0.5
+    assert out.metrics["mask/frac_applied"] == (0.75 if correction == "dis" else 0.5)
+
+
+def test_applied_band_keeps_every_fresh_token_without_dis():
+    inputs, _ = _mode_row()
+    band = dis_band(inputs.logprobs, inputs.behaviour_logprobs, inputs.action_mask, 0.3, 5.0, 20.0,
+                    torch.tensor([[False, False, False, True]]))
+    assert applied_band(band, "dis") is band
+    tis = applied_band(band, "tis")
+    assert tis.keep.tolist() == [[True, True, True, False]]
+    assert not tis.below.any() and not tis.above.any() and tis.stale.tolist() == band.stale.tolist()
+    with pytest.raises(ValueError, match=r"correction: allowed values are \('dis', 'tis', 'none'\), got 'is'"):
+        applied_band(band, "is")
+
+
+@pytest.mark.parametrize("cap", [1.0, 0.5, 100.5])
+def test_config_rejects_tis_cap_out_of_range_naming_the_field(cap):
+    with pytest.raises(ConfigError, match=r"sao\.loss\.tis_cap: Input should be"):
+        load_config(None, [f"sao.loss.tis_cap={cap}"])
+
+
+def test_config_rejects_an_unknown_correction_listing_the_allowed_values():
+    with pytest.raises(ConfigError, match=r"sao\.loss\.correction: allowed values are 'dis', 'tis' or 'none', got 'is'"):
+        load_config(None, ["sao.loss.correction=is"])
+    assert load_config(None, ["sao.loss.correction=tis", "sao.loss.tis_cap=3"]).sao.loss.correction == "tis"

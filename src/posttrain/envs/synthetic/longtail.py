@@ -41,7 +41,8 @@ Rules of an episode:
 Tool latency (wall time, no accelerator time): real agentic tools (a sandbox starting, a test
 suite running, a web request) take seconds of wall time while the model waits, and that latency,
 more than the token count, is what makes agentic rollouts long-tailed in wall time. With
-``tool_latency_median_s > 0`` each well-formed ``next`` call costs a wall-time delay spent with
+``tool_latency_median_s > 0`` each well-formed ``next`` call costs a wall-time delay
+(``posttrain.envs.synthetic.latency.ToolLatency``, shared with ``synthetic_tool``) spent with
 ``asyncio.sleep`` inside the async ``step`` (the event loop, and so the generator's other
 episodes and its engine, keep running)::
 
@@ -67,7 +68,6 @@ distribution of required calls and a few tasks.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random
 import statistics
@@ -76,6 +76,7 @@ from typing import Any
 
 from posttrain.envs.base import StepResult
 from posttrain.envs.synthetic.arith import Split, is_heldout, parse_integer_answer
+from posttrain.envs.synthetic.latency import ToolLatency
 from posttrain.envs.tool_calls import CLOSE_TAG, OPEN_TAG, ToolCallError, parse_tool_calls
 from posttrain.records import Task
 
@@ -168,16 +169,8 @@ class SyntheticLongTailEnv:
             raise ValueError(f"heldout_fraction: must lie in (0, 1), got {heldout_fraction}")
         if max_malformed_actions < 1:
             raise ValueError(f"max_malformed_actions: must be >= 1, got {max_malformed_actions}")
-        if not tool_latency_median_s >= 0:
-            raise ValueError(f"tool_latency_median_s: must be >= 0 seconds, got {tool_latency_median_s}")
-        if not tool_latency_sigma >= 0:
-            raise ValueError(f"tool_latency_sigma: must be >= 0, got {tool_latency_sigma}")
-        if not tool_latency_max_s > 0:
-            raise ValueError(f"tool_latency_max_s: must be > 0 seconds, got {tool_latency_max_s}")
-        self.tool_latency_median_s = float(tool_latency_median_s)
-        self.tool_latency_sigma = float(tool_latency_sigma)
-        self.tool_latency_max_s = float(tool_latency_max_s)
-        self.tool_latency_seed = int(tool_latency_seed)
+        self.tool_latency = ToolLatency(tool_latency_median_s, tool_latency_sigma, tool_latency_max_s,
+                                        tool_latency_seed, namespace=ENV_NAME)
         self.calls_median, self.calls_sigma = float(calls_median), float(calls_sigma)
         self.min_calls, self.max_calls = min_calls, max_calls
         self.boxes = boxes
@@ -232,16 +225,19 @@ class SyntheticLongTailEnv:
         Raises:
             ValueError: ``call_index < 0``.
         """
+        return self.tool_latency.delay_s(self.latency_key(task, call_index))
+
+    @staticmethod
+    def latency_key(task: Task, call_index: int) -> str:
+        """The ``ToolLatency`` key of the ``call_index``-th call (0-based) of an episode of ``task``.
+
+        Raises:
+            ValueError: ``call_index < 0``.
+        """
         if call_index < 0:
             raise ValueError(f"call_index: must be >= 0, got {call_index}")
-        if self.tool_latency_median_s == 0:
-            return 0.0
         meta = task.metadata
-        rng = random.Random(
-            f"{ENV_NAME}:latency:{self.tool_latency_seed}:{task.task_id}:{meta.get('box')}:{meta.get('codes')}:{call_index}"
-        )
-        z = rng.gauss(0.0, 1.0)
-        return min(self.tool_latency_max_s, self.tool_latency_median_s * math.exp(self.tool_latency_sigma * z))
+        return f"{task.task_id}:{meta.get('box')}:{meta.get('codes')}:{call_index}"
 
     def start(self, task: Task) -> CodeEpisode:
         """Begin an episode for ``task``.
@@ -320,10 +316,7 @@ class CodeEpisode:
             return self._malformed(f"error: the only tool is {TOOL_NAME!r} and it takes no arguments")
         lines = []
         for _ in calls:
-            wait = self.env.call_latency_s(self.task, self.tool_calls)
-            if wait > 0:
-                await asyncio.sleep(wait)  # models sandbox / test execution: wall time, no accelerator time
-                self.tool_wait_s += wait
+            self.tool_wait_s += await self.env.tool_latency.wait(self.env.latency_key(self.task, self.tool_calls))
             self.tool_calls += 1
             code = self.codes[min(self.tool_calls, len(self.codes)) - 1]
             lines.append(f"code {code}, left {self.left}")

@@ -19,7 +19,23 @@ Rules of an episode:
   Reward 1.0 if it equals the reference, minus ``no_tool_penalty`` (default 0.1) when the
   episode never called the calculator; 0.0 if wrong.
 
-Every step reports ``correct``, ``tool_calls`` and ``malformed_actions``.
+Every step reports ``correct``, ``tool_calls``, ``malformed_actions`` and ``tool_wait_s`` (seconds
+of tool latency so far).
+
+Tool latency (wall time, no accelerator time), as in ``synthetic_longtail`` and with the same four
+arguments: with ``tool_latency_median_s > 0`` each well-formed ``calculator`` call (also one whose
+expression is invalid) waits a log-normal delay (``posttrain.envs.synthetic.latency.ToolLatency``)
+with ``asyncio.sleep`` inside the async ``step``::
+
+    latency(task, i) = min(tool_latency_max_s, tool_latency_median_s * exp(tool_latency_sigma * z)),
+    z ~ N(0, 1) drawn from a generator seeded by (tool_latency_seed, task id, i)
+
+for the ``i``-th well-formed call (0-based) of an episode, so every method, generator and replay
+sees the same latencies for the same task. Several calls in one action wait in order (each
+well-formed one, also in an action that holds a malformed call and so counts as malformed); a
+malformed call runs no tool and waits nothing, and a final answer waits nothing. The default
+``tool_latency_median_s = 0`` makes every call instantaneous; ``call_latency_s(task, i)`` gives
+the delay without waiting.
 
 ``unmarked_fraction`` (default 0.0) makes the warm start imperfect on purpose, like
 ``synthetic_arith``'s argument of the same name: that share of training tasks (chosen by hashing
@@ -43,6 +59,7 @@ from typing import Any
 
 from posttrain.envs.base import StepResult
 from posttrain.envs.synthetic.arith import Split, is_heldout, parse_integer_answer, sample_from_pool
+from posttrain.envs.synthetic.latency import ToolLatency
 from posttrain.envs.tool_calls import (
     ToolCall,
     ToolCallError,
@@ -176,6 +193,12 @@ class SyntheticToolEnv:
         unmarked_fraction: Share of training tasks whose SFT reference answers ``= <value>``
             without the ``####`` marker, in [0, 1) (chosen by hashing the expression, so the same
             for every seed; held-out tasks are never marked this way).
+        tool_latency_median_s: Median wall-time latency of one calculator call (seconds, >= 0; 0
+            disables latency). See the module docstring.
+        tool_latency_sigma: Standard deviation of the latency's logarithm (>= 0; 0 gives every
+            call the median).
+        tool_latency_max_s: Cap on one call's latency (seconds, > 0).
+        tool_latency_seed: Seed of the per-task latency draws.
 
     Raises:
         ValueError: a bad range, operator, fraction, penalty or count; the message names it.
@@ -193,6 +216,10 @@ class SyntheticToolEnv:
         max_malformed_actions: int = 2,
         system_prompt: str | None = SYSTEM_PROMPT,
         unmarked_fraction: float = 0.0,
+        tool_latency_median_s: float = 0.0,
+        tool_latency_sigma: float = 1.0,
+        tool_latency_max_s: float = 60.0,
+        tool_latency_seed: int = 0,
     ) -> None:
         if high <= low:
             raise ValueError(f"high: must exceed low={low}, got {high}")
@@ -207,6 +234,8 @@ class SyntheticToolEnv:
             raise ValueError(f"max_malformed_actions: must be >= 1, got {max_malformed_actions}")
         if not 0.0 <= unmarked_fraction < 1.0:
             raise ValueError(f"unmarked_fraction: must lie in [0, 1), got {unmarked_fraction}")
+        self.tool_latency = ToolLatency(tool_latency_median_s, tool_latency_sigma, tool_latency_max_s,
+                                        tool_latency_seed, namespace=ENV_NAME)
         self.unmarked_fraction = unmarked_fraction
         self.low, self.high, self.operators = low, high, tuple(operators)
         self.heldout_fraction = heldout_fraction
@@ -255,6 +284,28 @@ class SyntheticToolEnv:
             for i, (prompt, fields) in enumerate(sample_from_pool(self._pool(split), n, seed))
         ]
 
+    def call_latency_s(self, task: Task, call_index: int) -> float:
+        """Wall-time latency (seconds) of the ``call_index``-th well-formed call (0-based) in an episode of ``task``.
+
+        Deterministic in (``tool_latency_seed``, task id, ``call_index``); 0.0 when
+        ``tool_latency_median_s`` is 0. Formula in the module docstring.
+
+        Raises:
+            ValueError: ``call_index < 0``.
+        """
+        return self.tool_latency.delay_s(self.latency_key(task, call_index))
+
+    @staticmethod
+    def latency_key(task: Task, call_index: int) -> str:
+        """The ``ToolLatency`` key of the ``call_index``-th well-formed call (0-based) of an episode of ``task``.
+
+        Raises:
+            ValueError: ``call_index < 0``.
+        """
+        if call_index < 0:
+            raise ValueError(f"call_index: must be >= 0, got {call_index}")
+        return f"{task.task_id}:{call_index}"
+
     def start(self, task: Task) -> ToolEpisode:
         """Begin an episode for ``task``."""
         return ToolEpisode(self, task)
@@ -267,6 +318,7 @@ class ToolEpisode:
         self.env, self.task = env, task
         self.tool_calls = 0
         self.malformed_actions = 0
+        self.tool_wait_s = 0.0
         self._malformed_in_a_row = 0
 
     def messages(self) -> list[dict[str, str]]:
@@ -279,15 +331,17 @@ class ToolEpisode:
             "correct": float(correct),
             "tool_calls": float(self.tool_calls),
             "malformed_actions": float(self.malformed_actions),
+            "tool_wait_s": self.tool_wait_s,
         }
 
-    def _run(self, call: ToolCall) -> tuple[str, bool]:
-        """Observation text for one call and whether the call was well formed."""
+    async def _run(self, call: ToolCall) -> tuple[str, bool]:
+        """Observation text for one call and whether the call was well formed (a well-formed one waits its latency)."""
         if call.name != TOOL_NAME:
             return format_tool_result(call.name, f"error: unknown tool {call.name!r}; the only tool is {TOOL_NAME!r}"), False
         expression = call.arguments.get("expression")
         if not isinstance(expression, str) or set(call.arguments) != {"expression"}:
             return format_tool_result(TOOL_NAME, "error: arguments must be {\"expression\": \"<arithmetic>\"}"), False
+        self.tool_wait_s += await self.env.tool_latency.wait(self.env.latency_key(self.task, self.tool_calls))
         self.tool_calls += 1
         try:
             return format_tool_result(TOOL_NAME, calculate(expression)), True
@@ -305,7 +359,7 @@ class ToolEpisode:
             correct = answer is not None and str(answer) == self.task.reference.strip()
             reward = (1.0 - (self.env.no_tool_penalty if self.tool_calls == 0 else 0.0)) if correct else 0.0
             return StepResult(done=True, reward=reward, finish_reason="stop", metrics=self._metrics(correct))
-        results = [self._run(call) for call in calls]
+        results = [await self._run(call) for call in calls]  # in order: each call waits its latency
         observation = "\n".join(text for text, _ in results)
         if not all(ok for _, ok in results):
             return self._malformed(observation)
