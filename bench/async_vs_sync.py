@@ -181,14 +181,14 @@ def run_method(config: Any, method: str, base: Any, sft: Path, snap_dir: Path, e
     return run
 
 
-def evaluate_snapshots(base: Any, sft: Path, runs: list[MethodRun],
-                       metric: str = "reward_mean") -> tuple[float, dict[str, dict[int, float]]]:
+def evaluate_snapshots(base: Any, sft: Path, runs: list[MethodRun], metric: str = "reward_mean",
+                       start: float | None = None) -> tuple[float, dict[str, dict[int, float]]]:
     """Held-out ``metric`` (``evaluate_policy``'s ``reward_mean`` or ``accuracy``; the same tasks and seeds) of the warm
-    start and of every snapshot of every run, keyed by ``MethodRun.key`` then policy version; ValueError for a key
-    shared by two runs."""
+    start (unless ``start`` gives it already) and of every snapshot of every run, keyed by ``MethodRun.key`` then
+    policy version; ValueError for a key shared by two runs."""
     if len({run.key for run in runs}) != len(runs):
         raise ValueError(f"evaluate_snapshots: runs need distinct keys (name or method), got {[r.key for r in runs]}")
-    start = evaluate_policy(base, sft, engine_kind="hf")[metric]
+    start = evaluate_policy(base, sft, engine_kind="hf")[metric] if start is None else start
     out: dict[str, dict[int, float]] = {run.key: {} for run in runs}
     for run in runs:
         for version, (_, path) in sorted(run.snapshots.items()):

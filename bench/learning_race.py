@@ -158,13 +158,17 @@ def run_record(run: MethodRun, seed: int, accuracy: dict[int, float], start: flo
     ups = {s.policy_version: s for s in run.steps if s.updated}
     curve = [[0, 0.0, 0, start]] + [[v, round(run.snapshots[v][0], 2), v * batch, a] for v, a in sorted(accuracy.items())]
     reached = [c for c in curve[1:] if c[3] >= target]
+    first = ups[min(ups)].t if ups else 0.0
     return {"seed": seed, "when": run.when, "wall_s": run.wall_s, "load_avg_start_end": run.load_avg,
             "policy_versions": max(ups, default=0), "accuracy_curve": curve,
             "final_accuracy": curve[-1][3] if len(curve) > 1 else None,
             "time_to_target_s": reached[0][1] if reached else None,
+            "time_to_target_after_first_version_s": reached[0][1] - first if reached else None,
             "rollouts_to_target": reached[0][2] if reached else None,
             **steady_rates(run, skip),
             "train_reward_by_version": [[v, ups[v].reward_mean] for v in sorted(ups)],
+            "version_times_s": [[v, round(ups[v].t, 2)] for v in sorted(ups)],
+            "first_version_s": ups[min(ups)].t if ups else None,
             "staleness_token_lag_mean": _mean_metric(run, "staleness/token_lag_mean"),
             "staleness_mean": _mean_metric(run, "staleness/mean"),
             "masked_fraction_mean": _mean_metric(run, "mask/frac_total"), **(mix or {}),
@@ -298,7 +302,9 @@ def render_training(result: dict[str, Any]) -> str:
         rs = d["runs"]
         row = [v, len(rs), mean_range([r["final_accuracy"] for r in rs])]
         if race:
-            row += [spread([r["time_to_target_s"] for r in rs], 0), spread([r["rollouts_to_target"] for r in rs], 0),
+            row += [spread([r["time_to_target_s"] for r in rs], 0),
+                    spread([r.get("time_to_target_after_first_version_s") for r in rs], 0),
+                    mean_range([r.get("first_version_s") for r in rs], 0), spread([r["rollouts_to_target"] for r in rs], 0),
                     mean_range([r["trained_action_tokens_per_s"] for r in rs], 1),
                     mean_range([r["rollouts_per_s"] for r in rs], 2), mean_range([r["kept_rollouts_per_s"] for r in rs], 2),
                     mean_range([r.get("trained_tool_wait_s_mean") for r in rs], 2)]
@@ -315,7 +321,7 @@ def render_training(result: dict[str, Any]) -> str:
                          "-" if e["max_staleness"] is None else e["max_staleness"], e["lr"], e["policy_versions"],
                          e["advantage"] or "group", e["correction"] or "none (on-policy)"])
     head = ["variant", "seeds", "final held-out accuracy"]
-    head += (["s to target (median, range)", "rollouts to target", "trained action tokens/s", "rollouts/s",
+    head += (["s to target (median, range)", "s to target after version 1", "s to version 1", "rollouts to target", "trained action tokens/s", "rollouts/s",
               "kept rollouts/s", "tool wait s per trained episode"] if race else
              ["training reward, last quarter", "token lag (mean)", "rollout staleness (mean)", "masked fraction"])
     head += ["wall s"]
@@ -337,6 +343,8 @@ def render_training(result: dict[str, Any]) -> str:
                                   "tau", "lr", "versions", "advantage", "correction"], res_rows), "",
            common.markdown_table(head, rows), "",
            "Cells: mean (min-max) over seeds; time and rollouts to target: median (min-max) over the seeds that reached it."
+           + (" Seconds count from the run's start: starting a generator process and the first batch are in 's to "
+              "version 1' (synchronous GRPO runs its engine in the learner's process)." if race else "")
            + (f" Rates and the trained mix: versions after {result['steady_from_version']}; the population's mean tool "
               f"wait per call is {pop:.2f} s (each task needs one call)." if race and (pop := _population(result)) else ""),
            "", f"Command: `{result['command']}`"]
@@ -447,11 +455,12 @@ def render_stability(result: dict[str, Any]) -> str:
         f"Command: `{result['command']}`", "", f"![stability](results/{NAME}_stability.png)"])
 
 
-def publish(study: str, result: dict[str, Any], out_dir: Path, plots: Path, docs: bool) -> Path:
-    """Write ``<out_dir>/<study>.json`` and the PNGs under ``plots``; with ``docs``, rewrite the study's section."""
+def publish(study: str, result: dict[str, Any], out_dir: Path, plots: Path, docs: bool, write: bool = True) -> Path:
+    """Write ``<out_dir>/<study>.json`` (unless ``write`` is False) and the PNGs under ``plots``; with ``docs``, rewrite
+    the study's section."""
     result["plots"] = [common.display_path(p) for p in (plot_stability(result, plots) if study == "stability"
                                                           else plot_study(result, plots))]
-    path = common.write_result(out_dir / f"{study}.json", result)
+    path = common.write_result(out_dir / f"{study}.json", result) if write else out_dir / f"{study}.json"
     if docs:
         text = render_stability(result) if study == "stability" else render_training(result)
         common.update_docs_section(f"{NAME}_{study}", text, DOCS)
@@ -475,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", type=Path, default=None, help="results folder (default bench/results/learning_race; "
                    "--quick: a temporary folder); with --quick the plots and runs go there too")
     p.add_argument("--no-docs", action="store_true", help="write the results and plots only")
+    p.add_argument("--render", action="store_true", help="only redraw the plots and the docs section from the study's "
+                   "results file")
     args = p.parse_intermixed_args(argv)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -492,6 +503,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         seeds, args.versions, args.eval_every = seeds[:1], 2, 1
         overrides = [*QUICK, f"output_dir={out_dir / 'runs'}", *overrides]
+    if args.render:
+        result = common.read_json(out_dir / f"{args.study}.json")
+        publish(args.study, result, out_dir, plots, docs, write=False)
+        return 0
     command = common.command_line(f"bench.{NAME}", argv)
     if args.from_run is not None:  # results carry the run's name, not this machine's path to it
         command = command.replace(str(args.from_run), common.display_path(args.from_run) if args.from_run.resolve()

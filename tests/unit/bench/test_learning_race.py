@@ -104,6 +104,9 @@ def quick_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("study", ["race", "correction", "baseline", "grid"])
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(1800)  # each SAO run starts a generator process and an embedded server: ~2 min at load 20
 def test_quick_training_study_writes_its_json_and_plots(quick_dir: Path, study: str) -> None:
     """``--quick``: every variant once (seed 0), 2 versions, snapshots at versions 1 and 2 graded with the warm start;
     the plots exist; docs untouched."""
@@ -115,13 +118,18 @@ def test_quick_training_study_writes_its_json_and_plots(quick_dir: Path, study: 
         (run,) = variant["runs"]
         assert [c[0] for c in run["accuracy_curve"]] == [0, 1, 2] and run["policy_versions"] == 2
         assert all(0.0 <= c[3] <= 1.0 for c in run["accuracy_curve"])
-        assert [v for v, _ in run["train_reward_by_version"]] == [1, 2]
+        assert [v for v, _ in run["train_reward_by_version"]] == [1, 2] == [v for v, _ in run["version_times_s"]]
+        assert run["first_version_s"] == pytest.approx(run["version_times_s"][0][1], abs=0.01)
+        assert run["accuracy_curve"][1][1] == pytest.approx(run["first_version_s"], abs=0.01)
     names = {"race": ["learning_race_race_seconds.png", "learning_race_race_rollouts.png"]}.get(
         study, [f"learning_race_{study}.png"])
     assert [Path(p).name for p in result["plots"]] == names
     assert all((quick_dir / "plots" / n).stat().st_size > 0 for n in names)
 
 
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(1800)  # each SAO run starts a generator process and an embedded server: ~2 min at load 20
 def test_quick_stability_runs_two_versions_and_reads_them_back(quick_dir: Path) -> None:
     """The stability config for 2 versions, then the reader: 2 versions logged of 2, one window per version, the plot."""
     assert main(["stability", "--quick", "--out-dir", str(quick_dir)]) == 0
