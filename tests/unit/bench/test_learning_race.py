@@ -138,3 +138,41 @@ def test_quick_stability_runs_two_versions_and_reads_them_back(quick_dir: Path) 
     assert [w["count"] for w in result["windows"]] == [1, 1]
     assert set(result["series"]) == set(STABILITY_METRICS)
     assert (quick_dir / "plots" / "learning_race_stability.png").stat().st_size > 0
+
+
+def race_result(seeds: list[int], planned: list[int]) -> dict:
+    """A race results file: SAO reaching 0.6 at 100 s (seed 0) and 300 s (seed 1); G=8 never; version 1 at 40 s."""
+    def run(seed: int, t_target: float | None, final: float) -> dict:
+        curve = [[0, 0.0, 0, 0.5], [4, t_target or 200.0, 128, final]]
+        return {"seed": seed, "when": "2026-12-02T08:00:00Z", "wall_s": 400.0, "load_avg_start_end": [10.0, 12.0],
+                "policy_versions": 4, "accuracy_curve": curve, "final_accuracy": final, "time_to_target_s": t_target,
+                "time_to_target_after_first_version_s": None if t_target is None else t_target - 40.0,
+                "first_version_s": 40.0, "rollouts_to_target": None if t_target is None else 128,
+                "trained_action_tokens_per_s": 100.0, "rollouts_per_s": 2.0, "kept_rollouts_per_s": 2.0,
+                "trained_tool_wait_s_mean": 1.2, "population_first_call_latency_s_mean": 1.6,
+                "train_reward_by_version": [[v, 0.5] for v in range(1, 5)], "staleness_token_lag_mean": 1.0,
+                "staleness_mean": 1.0, "masked_fraction_mean": 0.0}
+    res = {m: equal_resources(load_variant("race", m, 4)) for m in ("sao", "grpo_sync_g8")}
+    return {"study": "race", "question": "q", "machine": {"when": "x", "load_avg": [1, 1, 1]}, "when": "x",
+            "seeds": seeds, "seeds_planned": planned, "versions": 4, "eval_every": 4, "eval": {"tasks": 100,
+            "samples_per_task": 1}, "env": "synthetic_tool", "env_args": {"tool_latency_median_s": 1.0},
+            "start_accuracy": 0.5, "target_accuracy": 0.6, "steady_from_version": 1, "command": "c",
+            "variants": {"sao": {"resources": res["sao"], "runs": [run(s, 100.0 + 200 * s, 0.7) for s in seeds]},
+                         "grpo_sync_g8": {"resources": res["grpo_sync_g8"], "runs": [run(s, None, 0.55) for s in seeds]}}}
+
+
+def test_the_race_section_states_equal_resources_spreads_and_missing_seeds(tmp_path: Path) -> None:
+    """Two of three seeds done: the section says so; SAO's time to target is the median 200 (100-300), G=8's is not
+    reached (0/2); both rows show 32 episodes in flight; the plots are drawn per method."""
+    from bench.learning_race import plot_study, render_training
+
+    result = race_result([0, 1], [0, 1, 2])
+    text = render_training(result)
+    assert "**2 of the 3 planned seeds 0, 1, 2 done**" in text
+    assert "| sao | 32 | 32 | 32 x 1 | 1 | 2 |" in text and "| grpo_sync_g8 | 32 | 32 | 4 x 8 | 1 | - |" in text
+    sao_row = next(line for line in text.splitlines() if line.startswith("| sao | 2 |"))
+    assert "200 (100-300)" in sao_row and "160 (60-260)" in sao_row
+    assert "not reached (0/2)" in next(line for line in text.splitlines() if line.startswith("| grpo_sync_g8 | 2 |"))
+    paths = plot_study(result, tmp_path)
+    assert [p.name for p in paths] == ["learning_race_race_seconds.png", "learning_race_race_rollouts.png"]
+    assert "planned" not in render_training(race_result([0, 1, 2], [0, 1, 2])).split("(run seed-major)")[0]
