@@ -432,7 +432,8 @@ def plot_stability(result: dict[str, Any], out_dir: Path) -> list[Path]:
             ax.plot(xs, ys, color="C0", alpha=0.3, linewidth=0.7, label="raw")
             ax.plot(xs, smooth(ys, 25), color="C0", linewidth=2.0, label="25-version mean")
         ax.set(xlabel="policy version", title=label)
-    axes.flat[0].legend(fontsize=8)
+    if axes.flat[0].get_legend_handles_labels()[0]:
+        axes.flat[0].legend(fontsize=8)
     fig.suptitle(f"stability: SAO, {result['run_name']} (versions {result['covered_versions']} of "
                  f"{result['planned_versions']})")
     fig.tight_layout()
