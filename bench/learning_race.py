@@ -391,6 +391,18 @@ def smooth(values: Sequence[float], window: int) -> list[float]:
     return out
 
 
+def summary_rows(path: Path) -> dict[str, str]:
+    """The ``| metric | value |`` rows of a run's ``summary.md``, leaving out values that are absolute paths (results carry
+    no machine's paths)."""
+    rows: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0] not in ("metric", "") and not set(cells[0]) <= {"-"} \
+                and not cells[1].startswith(("/", "~")):
+            rows[cells[0]] = cells[1]
+    return rows
+
+
 def stability_result(run_dir: Path, planned: int, windows: int = 10) -> dict[str, Any]:
     """The stability study's numbers from a run directory: per quantity the per-version series and a table by version
     window (``windows`` equal windows of the ``planned`` versions; the last window may be partial or empty); the
@@ -408,10 +420,10 @@ def stability_result(run_dir: Path, planned: int, windows: int = 10) -> dict[str
                       **{k: (statistics.fmean(x for r in inside if math.isfinite(x := float(r.get(k, math.nan))))
                              if any(math.isfinite(float(r.get(k, math.nan))) for r in inside) else None)
                          for k in STABILITY_METRICS}})
-    summary = (run_dir / "summary.md").read_text(encoding="utf-8") if (run_dir / "summary.md").exists() else ""
+    summary = summary_rows(run_dir / "summary.md") if (run_dir / "summary.md").exists() else {}
     return {"study": "stability", "run_name": run_dir.name, "planned_versions": planned,
             "covered_versions": [versions[0], versions[-1]] if versions else None, "versions_logged": len(versions),
-            "finished": bool(versions) and versions[-1] >= planned, "summary_md": summary.strip() or None,
+            "finished": bool(versions) and versions[-1] >= planned, "summary": summary,
             "series": {k: [[v, rows[v].get(k)] for v in versions] for k in STABILITY_METRICS}, "windows": table,
             "machine": common.machine_info(), "when": common.utc_now()}
 
@@ -451,7 +463,11 @@ def render_stability(result: dict[str, Any]) -> str:
     return "\n".join([
         f"Run `{result['run_name']}` read {result['when']}: versions {cov[0]}-{cov[1]} of {result['planned_versions']} "
         f"logged ({result['versions_logged']} versions){'' if result['finished'] else ', **still running**'}."
-        if cov else f"Run `{result['run_name']}`: no policy version logged yet.", "", common.machine_line(result["machine"]),
+        if cov else f"Run `{result['run_name']}`: no policy version logged yet.", "",
+        *([f"Held-out accuracy (the run's summary): {sm.get('held-out accuracy after SFT', '-')} after SFT, "
+           f"{sm.get('held-out accuracy after SAO', '-')} after SAO; {sm.get('optimizer steps skipped (non-finite gradient)', '-')}"
+           f" optimizer steps skipped for a non-finite gradient; wall time {sm.get('wall time (s)', '-')} s.", ""]
+          if (sm := result.get("summary")) else []), common.machine_line(result["machine"]),
         "", common.markdown_table(["versions", "logged", *STABILITY_METRICS.values()], rows), "",
         f"Command: `{result['command']}`", "", f"![stability](results/{NAME}_stability.png)"])
 
