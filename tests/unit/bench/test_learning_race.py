@@ -78,6 +78,10 @@ def test_the_stability_reader_skips_warm_start_lines_and_tables_by_window(tmp_pa
     assert result["windows"][0]["reward/mean"] == pytest.approx(0.55)
     assert result["windows"][0]["mask/frac_total"] is None and result["covered_versions"] == [1, 15]
     assert result["run_name"] == tmp_path.name and str(tmp_path) not in json.dumps(result["windows"])
+    (tmp_path / "summary.md").write_text("| metric | value |\n|---|---|\n| held-out accuracy after SAO | 0.255 |\n"
+                                         f"| reward curve | {tmp_path}/reward_curve.png |\n| masked | 0.000 / 0.008 |\n")
+    summary = stability_result(tmp_path, 20, windows=2)["summary"]
+    assert summary == {"held-out accuracy after SAO": "0.255", "masked": "0.000 / 0.008"}
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.1}\nnot json\n')
     with pytest.raises(ValueError, match="metrics.jsonl:2: not JSON"):
         read_metrics(tmp_path)
