@@ -111,6 +111,8 @@ class StepRecord:
     action_tokens: float
     step_s: float
     reward_mean: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Every metric the learner reported for this iteration (``staleness/token_lag_mean``, ``grpo/rollouts_kept``...)."""
 
 
 @dataclass
@@ -128,10 +130,21 @@ class MethodRun:
     engine_probe: list[dict[str, Any]] = field(default_factory=list)
     episodes: list[list[Any]] = field(default_factory=list)
     episode_wait_mismatches: int = 0
+    name: str = ""
+    """A label distinct among the runs evaluated together (``evaluate_snapshots`` keys by it); ``method`` when empty."""
+
+    @property
+    def key(self) -> str:
+        """``name``, or ``method`` when no name was given."""
+        return self.name or self.method
 
 
-def run_method(config: Any, method: str, base: Any, sft: Path, snap_dir: Path, eval_every: int) -> MethodRun:
-    """Train one method from ``sft``; snapshot every ``eval_every``-th version and the last into ``snap_dir`` (emptied)."""
+def run_method(config: Any, method: str, base: Any, sft: Path, snap_dir: Path, eval_every: int, *, name: str = "",
+               episodes: bool = True) -> MethodRun:
+    """Train one method from ``sft``; snapshot every ``eval_every``-th version and the last into ``snap_dir`` (emptied).
+
+    ``name`` labels the run among others evaluated together (``MethodRun.key``); ``episodes`` False skips reading the
+    ledger's episodes with their tool waits (``run_episodes``: environments with ``call_latency_s`` only)."""
     from bench.sim.collect import engine_probe
     from posttrain.runners.grpo_sync import run_grpo_sync
     from posttrain.runners.sao import train_sao
@@ -144,7 +157,7 @@ def run_method(config: Any, method: str, base: Any, sft: Path, snap_dir: Path, e
     ctx.save_resolved_config()
     grpo = config.technique == "grpo"
     steps, batch = (config.grpo.steps, config.grpo.batch_rollouts) if grpo else (config.sao.steps, config.sao.batch_size)
-    run = MethodRun(method, engine_probe=[engine_probe(sft, config.generator.max_new_tokens)], load_avg=[os.getloadavg()[0]])
+    run = MethodRun(method, name=name, engine_probe=[engine_probe(sft, config.generator.max_new_tokens)], load_avg=[os.getloadavg()[0]])
     t0, store = time.monotonic(), FilesystemWeightStore(ctx.weights_dir)
 
     def snapshot(version: int, t: float) -> None:
@@ -156,7 +169,7 @@ def run_method(config: Any, method: str, base: Any, sft: Path, snap_dir: Path, e
         generated = metrics.get("response/action_tokens_mean", 0.0) * batch
         tokens = metrics.get("grpo/action_tokens_kept", generated)  # GRPO trains kept groups only
         run.steps.append(StepRecord(now, version, updated, float(batch), tokens if updated else 0.0, generated,
-                                    metrics.get("learner/step_s", 0.0), metrics.get("reward/mean", 0.0)))
+                                    metrics.get("learner/step_s", 0.0), metrics.get("reward/mean", 0.0), dict(metrics)))
         run.batch_gen_s += [metrics["generator/batch_s"]] if "generator/batch_s" in metrics else []
         if updated and (version % eval_every == 0 or version == steps):
             snapshot(version, now)
@@ -167,22 +180,28 @@ def run_method(config: Any, method: str, base: Any, sft: Path, snap_dir: Path, e
     run.wall_s, run.when, run.counters = time.monotonic() - t0, common.utc_now(), dict(summary.counters)
     run.load_avg.append(os.getloadavg()[0])
     run.engine_probe.append(engine_probe(sft, config.generator.max_new_tokens))
-    run.episodes, run.episode_wait_mismatches = run_episodes(ctx, method)
+    if episodes:
+        run.episodes, run.episode_wait_mismatches = run_episodes(ctx, method)
     updated = [s for s in run.steps if s.updated]
     if updated and updated[-1].policy_version not in run.snapshots:  # GRPO may skip a batch: keep the last version
         snapshot(updated[-1].policy_version, updated[-1].t)
     return run
 
 
-def evaluate_snapshots(base: Any, sft: Path, runs: list[MethodRun]) -> tuple[float, dict[str, dict[int, float]]]:
-    """Held-out reward of the warm start and of every snapshot (``evaluate_policy``: the same tasks and seeds)."""
-    start = evaluate_policy(base, sft, engine_kind="hf")["reward_mean"]
-    out: dict[str, dict[int, float]] = {run.method: {} for run in runs}
+def evaluate_snapshots(base: Any, sft: Path, runs: list[MethodRun], metric: str = "reward_mean",
+                       start: float | None = None) -> tuple[float, dict[str, dict[int, float]]]:
+    """Held-out ``metric`` (``evaluate_policy``'s ``reward_mean`` or ``accuracy``; the same tasks and seeds) of the warm
+    start (unless ``start`` gives it already) and of every snapshot of every run, keyed by ``MethodRun.key`` then
+    policy version; ValueError for a key shared by two runs."""
+    if len({run.key for run in runs}) != len(runs):
+        raise ValueError(f"evaluate_snapshots: runs need distinct keys (name or method), got {[r.key for r in runs]}")
+    start = evaluate_policy(base, sft, engine_kind="hf")[metric] if start is None else start
+    out: dict[str, dict[int, float]] = {run.key: {} for run in runs}
     for run in runs:
         for version, (_, path) in sorted(run.snapshots.items()):
             common.copy_missing(base.tokenizer_dir, path)
-            out[run.method][version] = evaluate_policy(base, path, engine_kind="hf")["reward_mean"]
-            print(f"  eval reward {run.method} v{version}: {out[run.method][version]:.3f}", flush=True)
+            out[run.key][version] = evaluate_policy(base, path, engine_kind="hf")[metric]
+            print(f"  eval {metric} {run.key} v{version}: {out[run.key][version]:.3f}", flush=True)
     return start, out
 
 

@@ -1,0 +1,182 @@
+"""``bench.learning_race``: equal resources, the steady window, the stability reader and every study's ``--quick`` run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from bench.async_vs_sync import MethodRun, StepRecord
+from bench.learning_race import (
+    METHODS,
+    STABILITY_METRICS,
+    STUDY_VARIANTS,
+    equal_resources,
+    load_variant,
+    main,
+    read_metrics,
+    spread,
+    stability_result,
+    steady_rates,
+)
+
+
+def test_every_race_method_has_the_same_slots_batch_versions_generators_and_warm_start() -> None:
+    """32 episodes in flight (sync G=4: 8 x 4, G=8: 4 x 8, SAO and async GRPO: 32 slots), 32 rollouts per version,
+    one engine, the same versions and lr; only the shape of the batch and the correction differ."""
+    res = {m: equal_resources(load_variant("race", m, 20)) for m in METHODS}
+    for key in ("episodes_in_flight", "batch_rollouts", "generators", "policy_versions", "engine", "lr"):
+        assert len({r[key] for r in res.values()}) == 1, key
+    assert res["sao"]["episodes_in_flight"] == 32 == res["grpo_sync_g4"]["batch_rollouts"]
+    assert [(res[m]["prompts_per_version"], res[m]["group_size"]) for m in METHODS] == [(32, 1), (8, 4), (4, 8), (4, 8)]
+    assert [res[m]["asynchronous"] for m in METHODS] == [True, False, False, True]
+    assert {load_variant("race", m, 20).warm_start.steps for m in METHODS} == {400}
+
+
+def test_each_ablation_changes_only_its_own_setting() -> None:
+    """Within a study the variants' resources differ only in the studied setting (grid: tau and lr)."""
+    own = {"correction": {"correction"}, "baseline": {"advantage"}, "grid": {"max_staleness", "lr"}}
+    for study, keys in own.items():
+        res = [equal_resources(load_variant(study, v, 20)) for v in STUDY_VARIANTS[study]]
+        changed = {k for k in res[0] if len({json.dumps(r[k]) for r in res}) > 1}
+        assert changed == keys, study
+    assert equal_resources(load_variant("correction", "tis", 20))["episodes_in_flight"] == 96
+
+
+def step(t: float, version: int, rollouts: float = 32.0, tokens: float = 100.0, **metrics: float) -> StepRecord:
+    """A learner iteration that made ``version``."""
+    return StepRecord(t, version, True, rollouts, tokens, tokens, 0.1, 0.5, dict(metrics))
+
+
+def test_the_steady_window_starts_at_the_skip_version_and_counts_the_updates_after_it() -> None:
+    """Versions 1..5 at 10, 20, 30, 40, 50 s; skip 2: window 20 -> 50 s = 30 s holding versions 3, 4, 5: 3 x 32 / 30
+    = 3.2 rollouts/s, 3 x 100 / 30 = 10 tokens/s; GRPO kept 16 of each: 1.6 kept/s. One update in the window: None."""
+    run = MethodRun("grpo_sync_g8", steps=[step(10.0 * v, v, **{"grpo/rollouts_kept": 16.0}) for v in range(1, 6)])
+    rates = steady_rates(run, 2)
+    assert rates["window_s"] == pytest.approx(30.0) and rates["window_versions"] == [2, 5]
+    assert rates["rollouts_per_s"] == pytest.approx(3.2) and rates["trained_action_tokens_per_s"] == pytest.approx(10.0)
+    assert rates["kept_rollouts_per_s"] == pytest.approx(1.6)
+    assert steady_rates(run, 5)["rollouts_per_s"] is None
+
+
+def test_spread_gives_the_median_and_range_and_says_how_many_seeds_reached() -> None:
+    """Times 30, 10, 20: median 20 (10-30); one of three None: 2/3 reached; all None: not reached."""
+    assert spread([30.0, 10.0, 20.0], 0) == "20 (10-30)"
+    assert spread([30.0, None, 10.0], 0) == "20 (10-30), 2/3 reached"
+    assert spread([None, None], 0) == "not reached (0/2)"
+
+
+def test_the_stability_reader_skips_warm_start_lines_and_tables_by_window(tmp_path: Path) -> None:
+    """SFT lines (no reward) are skipped; versions 1..15 of 20 planned, windows of 10: 1-10 holds 10 versions with
+    mean reward (0.1 + ... + 1.0) / 10 = 0.55, 11-20 holds 5, not finished; a bad line names file and line."""
+    lines = [{"step": s, "warm_start/loss": 1.0} for s in range(1, 4)]
+    lines += [{"step": v, "reward/mean": v / 10, "policy/entropy": 1.0} for v in range(1, 16)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert sorted(read_metrics(tmp_path)) == list(range(1, 16))
+    result = stability_result(tmp_path, 20, windows=2)
+    assert [w["count"] for w in result["windows"]] == [10, 5] and not result["finished"]
+    assert result["windows"][0]["reward/mean"] == pytest.approx(0.55)
+    assert result["windows"][0]["mask/frac_total"] is None and result["covered_versions"] == [1, 15]
+    assert result["run_name"] == tmp_path.name and str(tmp_path) not in json.dumps(result["windows"])
+    (tmp_path / "summary.md").write_text("| metric | value |\n|---|---|\n| held-out accuracy after SAO | 0.255 |\n"
+                                         f"| reward curve | {tmp_path}/reward_curve.png |\n| masked | 0.000 / 0.008 |\n")
+    summary = stability_result(tmp_path, 20, windows=2)["summary"]
+    assert summary == {"held-out accuracy after SAO": "0.255", "masked": "0.000 / 0.008"}
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.1}\nnot json\n')
+    with pytest.raises(ValueError, match="metrics.jsonl:2: not JSON"):
+        read_metrics(tmp_path)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["race", "--seeds", "1,1"], "--seeds distinct"),
+    (["race", "--target", "1.5"], "--target: an accuracy in (0, 1], got 1.5"),
+    (["grid", "--from-run", "x"], "--from-run: only for the stability study, not 'grid'"),
+    (["race", "sao.stepz=3"], "sao.stepz: unknown field"),
+])
+def test_bad_arguments_fail_in_one_line_before_the_warm_start(tmp_path, capsys, argv, message):
+    """Exit 2 with one error line, nothing written."""
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, f"output_dir={tmp_path / 'w'}", "--no-docs", "--out-dir", str(tmp_path / "r")])
+    assert exc.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "w").exists() and not (tmp_path / "r").exists()
+
+
+@pytest.fixture(scope="module")
+def quick_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for every study's ``--quick`` run: they share its warm start."""
+    return tmp_path_factory.mktemp("learning_race_quick")
+
+
+@pytest.mark.parametrize("study", ["race", "correction", "baseline", "grid"])
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(1800)  # each SAO run starts a generator process and an embedded server: ~2 min at load 20
+def test_quick_training_study_writes_its_json_and_plots(quick_dir: Path, study: str) -> None:
+    """``--quick``: every variant once (seed 0), 2 versions, snapshots at versions 1 and 2 graded with the warm start;
+    the plots exist; docs untouched."""
+    assert main([study, "--quick", "--out-dir", str(quick_dir)]) == 0
+    result = json.loads((quick_dir / f"{study}.json").read_text())
+    assert result["quick"] and result["seeds"] == [0] and result["versions"] == 2
+    assert list(result["variants"]) == list(STUDY_VARIANTS[study])
+    for variant in result["variants"].values():
+        (run,) = variant["runs"]
+        assert [c[0] for c in run["accuracy_curve"]] == [0, 1, 2] and run["policy_versions"] == 2
+        assert all(0.0 <= c[3] <= 1.0 for c in run["accuracy_curve"])
+        assert [v for v, _ in run["train_reward_by_version"]] == [1, 2] == [v for v, _ in run["version_times_s"]]
+        assert run["first_version_s"] == pytest.approx(run["version_times_s"][0][1], abs=0.01)
+        assert run["accuracy_curve"][1][1] == pytest.approx(run["first_version_s"], abs=0.01)
+    names = {"race": ["learning_race_race_seconds.png", "learning_race_race_rollouts.png"]}.get(
+        study, [f"learning_race_{study}.png"])
+    assert [Path(p).name for p in result["plots"]] == names
+    assert all((quick_dir / "plots" / n).stat().st_size > 0 for n in names)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(1800)  # each SAO run starts a generator process and an embedded server: ~2 min at load 20
+def test_quick_stability_runs_two_versions_and_reads_them_back(quick_dir: Path) -> None:
+    """The stability config for 2 versions, then the reader: 2 versions logged of 2, one window per version, the plot."""
+    assert main(["stability", "--quick", "--out-dir", str(quick_dir)]) == 0
+    result = json.loads((quick_dir / "stability.json").read_text())
+    assert result["covered_versions"] == [1, 2] and result["finished"] and result["run_name"] == "stability-sao"
+    assert [w["count"] for w in result["windows"]] == [1, 1]
+    assert set(result["series"]) == set(STABILITY_METRICS)
+    assert (quick_dir / "plots" / "learning_race_stability.png").stat().st_size > 0
+
+
+def race_result(seeds: list[int], planned: list[int]) -> dict:
+    """A race results file: SAO reaching 0.6 at 100 s (seed 0) and 300 s (seed 1); G=8 never; version 1 at 40 s."""
+    def run(seed: int, t_target: float | None, final: float) -> dict:
+        curve = [[0, 0.0, 0, 0.5], [4, t_target or 200.0, 128, final]]
+        return {"seed": seed, "when": "2026-12-02T08:00:00Z", "wall_s": 400.0, "load_avg_start_end": [10.0, 12.0],
+                "policy_versions": 4, "accuracy_curve": curve, "final_accuracy": final, "time_to_target_s": t_target,
+                "time_to_target_after_first_version_s": None if t_target is None else t_target - 40.0,
+                "first_version_s": 40.0, "rollouts_to_target": None if t_target is None else 128,
+                "trained_action_tokens_per_s": 100.0, "rollouts_per_s": 2.0, "kept_rollouts_per_s": 2.0,
+                "trained_tool_wait_s_mean": 1.2, "population_first_call_latency_s_mean": 1.6,
+                "train_reward_by_version": [[v, 0.5] for v in range(1, 5)], "staleness_token_lag_mean": 1.0,
+                "staleness_mean": 1.0, "masked_fraction_mean": 0.0}
+    res = {m: equal_resources(load_variant("race", m, 4)) for m in ("sao", "grpo_sync_g8")}
+    return {"study": "race", "question": "q", "machine": {"when": "x", "load_avg": [1, 1, 1]}, "when": "x",
+            "seeds": seeds, "seeds_planned": planned, "versions": 4, "eval_every": 4, "eval": {"tasks": 100,
+            "samples_per_task": 1}, "env": "synthetic_tool", "env_args": {"tool_latency_median_s": 1.0},
+            "start_accuracy": 0.5, "target_accuracy": 0.6, "steady_from_version": 1, "command": "c",
+            "variants": {"sao": {"resources": res["sao"], "runs": [run(s, 100.0 + 200 * s, 0.7) for s in seeds]},
+                         "grpo_sync_g8": {"resources": res["grpo_sync_g8"], "runs": [run(s, None, 0.55) for s in seeds]}}}
+
+
+def test_the_race_section_states_equal_resources_spreads_and_missing_seeds(tmp_path: Path) -> None:
+    """Two of three seeds done: the section says so; SAO's time to target is the median 200 (100-300), G=8's is not
+    reached (0/2); both rows show 32 episodes in flight; the plots are drawn per method."""
+    from bench.learning_race import plot_study, render_training
+
+    result = race_result([0, 1], [0, 1, 2])
+    text = render_training(result)
+    assert "**2 of the 3 planned seeds 0, 1, 2 done**" in text
+    assert "| sao | 32 | 32 | 32 x 1 | 1 | 2 |" in text and "| grpo_sync_g8 | 32 | 32 | 4 x 8 | 1 | - |" in text
+    sao_row = next(line for line in text.splitlines() if line.startswith("| sao | 2 |"))
+    assert "200 (100-300)" in sao_row and "160 (60-260)" in sao_row
+    assert "not reached (0/2)" in next(line for line in text.splitlines() if line.startswith("| grpo_sync_g8 | 2 |"))
+    paths = plot_study(result, tmp_path)
+    assert [p.name for p in paths] == ["learning_race_race_seconds.png", "learning_race_race_rollouts.png"]
+    assert "planned" not in render_training(race_result([0, 1, 2], [0, 1, 2])).split("(run seed-major)")[0]
