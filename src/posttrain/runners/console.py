@@ -56,6 +56,10 @@ class _LazyFileHandler(logging.FileHandler):
         return super()._open()
 
 
+_SELF_CONFIGURING = ("mlflow", "vllm")
+"""Libraries that attach their own console handler to their logger (and stop propagation) when imported."""
+
+
 def route_logs(run_dir: Path, verbose: bool = False) -> Path:
     """Send library log records and warnings to ``<run_dir>/logs/run.log``; keep the console for the run's own lines.
 
@@ -63,7 +67,8 @@ def route_logs(run_dir: Path, verbose: bool = False) -> Path:
     stderr handler behind ``ConsoleFilter`` (with ``verbose``, ``posttrain -v run``, unfiltered: every
     record on the console as well). Sets ``MLFLOW_CONFIGURE_LOGGING=false`` and
     ``VLLM_CONFIGURE_LOGGING=0`` unless the environment sets them: both libraries otherwise attach
-    their own stdout/stderr handlers when imported (call this before importing them). Generator
+    their own stdout/stderr handlers when imported; if they were imported already, their loggers' own
+    handlers are removed and they propagate to the root again. Generator
     processes inherit the two variables; their output goes to their own log files.
 
     Returns:
@@ -76,6 +81,11 @@ def route_logs(run_dir: Path, verbose: bool = False) -> Path:
     for handler in list(root.handlers):
         root.removeHandler(handler)
         handler.close()
+    for name in _SELF_CONFIGURING:  # already imported (a component, a test): undo their own console handlers
+        if isinstance(logger := logging.Logger.manager.loggerDict.get(name), logging.Logger):
+            for handler in list(logger.handlers):
+                logger.removeHandler(handler)
+            logger.propagate, logger.level = True, logging.NOTSET
     to_file = _LazyFileHandler(path)
     to_file.setLevel(logging.DEBUG if verbose else logging.INFO)
     to_file.setFormatter(logging.Formatter(_FORMAT))

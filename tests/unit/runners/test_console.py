@@ -97,3 +97,29 @@ def test_verbose_puts_every_record_on_the_console_too(tmp_path: Path, capsys, _r
     logging.getLogger("mlflow.store.db.utils").debug("a debug line")
     assert capsys.readouterr().err.splitlines() == ["posttrain: DEBUG mlflow.store.db.utils: a debug line"]
     assert "mlflow.store.db.utils DEBUG a debug line" in path.read_text(encoding="utf-8")
+
+
+def test_a_library_imported_before_the_routing_loses_its_own_console_handler(
+        tmp_path: Path, capsys, _restored_logging) -> None:
+    """MLflow imported earlier (a component, an earlier test) has put its own stderr handler on ``mlflow`` and stopped
+    propagation: the full suite printed ``INFO mlflow.store.db.utils`` on the console while this file alone passed.
+    After ``route_logs`` the record goes to the run log only, and the library's logger propagates again."""
+    import sys
+
+    own = logging.getLogger("mlflow")
+    before = (list(own.handlers), own.propagate, own.level)
+    handler = logging.StreamHandler(sys.stderr)
+    own.addHandler(handler)
+    own.propagate, own.level = False, logging.INFO
+    try:
+        path = route_logs(tmp_path / "run")
+        logging.getLogger("mlflow.store.db.utils").info("Creating initial MLflow database tables...")
+        assert capsys.readouterr().err == ""
+        assert "Creating initial MLflow database tables" in path.read_text(encoding="utf-8")
+        assert own.propagate and handler not in own.handlers
+    finally:
+        for h in list(own.handlers):
+            own.removeHandler(h)
+        for h in before[0]:
+            own.addHandler(h)
+        own.propagate, own.level = before[1], before[2]
