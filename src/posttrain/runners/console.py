@@ -96,6 +96,9 @@ def route_logs(run_dir: Path, verbose: bool = False) -> Path:
     root.addHandler(to_file)
     root.addHandler(to_console)
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    # Off, then on: an earlier routing in this process may have been undone by a ``warnings.catch_warnings``
+    # block restoring ``showwarning`` behind logging's back, and ``captureWarnings(True)`` alone then does nothing.
+    logging.captureWarnings(False)
     logging.captureWarnings(True)
     return path
 

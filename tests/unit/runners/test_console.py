@@ -123,3 +123,18 @@ def test_a_library_imported_before_the_routing_loses_its_own_console_handler(
         for h in before[0]:
             own.addHandler(h)
         own.propagate, own.level = before[1], before[2]
+
+
+def test_warnings_are_captured_again_after_an_earlier_capture_was_undone(tmp_path: Path, _restored_logging) -> None:
+    """An earlier run in the same process turned the capture on, and a ``warnings.catch_warnings`` block around it
+    (pytest's, per test) put the original ``showwarning`` back without telling ``logging``: CI's full suite then lost
+    the warning from the run log while this file alone passed. ``route_logs`` must install the capture anew."""
+    original = warnings.showwarning
+    with warnings.catch_warnings():
+        logging.captureWarnings(True)  # the earlier run's routing, undone at the block's end
+    assert warnings.showwarning is original
+    path = route_logs(tmp_path / "run")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("a warning after the undone capture", UserWarning, stacklevel=1)
+    assert "a warning after the undone capture" in path.read_text(encoding="utf-8")
