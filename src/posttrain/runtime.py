@@ -191,6 +191,35 @@ def check_model_dir(path: Path | str, field: str = "model.path") -> None:
                                 f"expected {MODEL_FILES}")
 
 
+INPUT_FILE_FIELDS = ("data.train_path", "data.eval_path", "sft.data_path", "dpo.data_path")
+"""Dotted config fields that name a JSONL input file (``check_input_files``)."""
+
+
+def check_input_files(config: RunConfig) -> None:
+    """Check, before any work starts, that each local input file the config names exists, is a file and is not empty.
+
+    Reads ``INPUT_FILE_FIELDS``; unset fields and ``s3://`` URIs (downloaded by the role that needs them) are
+    skipped. Only the file's metadata is read: its rows are checked where they are loaded. A missing
+    ``data.train_path`` was refused only after the model had been prepared, and left the run directory behind.
+
+    Raises:
+        posttrain.config.ConfigError: one line naming the field and the path: it does not exist, is not a file,
+            or is empty (0 bytes).
+    """
+    for dotted in INPUT_FILE_FIELDS:
+        section, name = dotted.split(".")
+        value = getattr(getattr(config, section, None), name, None)
+        if not value or "://" in value:
+            continue
+        path = Path(value)
+        if not path.exists():
+            raise ConfigError(f"{dotted}: {path} does not exist")
+        if not path.is_file():
+            raise ConfigError(f"{dotted}: {path} is not a file")
+        if path.stat().st_size == 0:
+            raise ConfigError(f"{dotted}: {path} is empty (no rows)")
+
+
 def check_output_writable(config: RunConfig) -> Path:
     """Check, before any work starts, that ``<output_dir>/<run_name>`` can be created and written; return it.
 

@@ -72,3 +72,32 @@ def test_malformed_redis_url_in_the_environment_is_one_line_before_any_work(tmp_
     assert not (tmp_path / "runs").exists()
     assert main(["learner", str(REPO / "configs" / "sao_demo_cpu.yaml")]) == 2
     assert "REDIS_URL: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("config", "field"), [
+    ("sao_demo_cpu.yaml", "data.train_path"),
+    ("sao_demo_cpu.yaml", "data.eval_path"),
+    ("dpo_cpu.yaml", "dpo.data_path"),
+])
+def test_a_missing_input_file_is_one_line_naming_the_field_before_any_work(tmp_path: Path, capsys,
+                                                                          config: str, field: str) -> None:
+    """A new user's check: a missing ``data.train_path`` was refused only after stage 1 (the model prepared), and
+    left the run directory with its config and log behind."""
+    missing = tmp_path / "nope.jsonl"
+    assert main(["run", str(REPO / "configs" / config), f"{field}={missing}", f"output_dir={tmp_path / 'runs'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert f"{field}: {missing} does not exist" in err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("make", ["empty", "directory"])
+def test_an_empty_task_file_or_a_directory_is_refused_before_any_work(tmp_path: Path, capsys, make: str) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.mkdir() if make == "directory" else path.write_bytes(b"")
+    assert main(["run", str(REPO / "configs" / "sao_demo_cpu.yaml"), f"data.train_path={path}",
+                 f"output_dir={tmp_path / 'runs'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert f"data.train_path: {path} " + ("is empty (no rows)" if make == "empty" else "is not a file") in err
+    assert not (tmp_path / "runs").exists()

@@ -88,21 +88,35 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _describe(err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "<root>"
-    msg = first["msg"]
-    ctx = first.get("ctx") or {}
-    if first["type"] == "extra_forbidden":
+SHOWN_ERRORS = 5
+"""Validation errors named in a config error's one line; the rest are counted."""
+
+
+def _describe_one(error: Any) -> str:
+    """``field: reason[, got value]`` for one pydantic error (``ValidationError.errors()`` item)."""
+    loc = ".".join(str(p) for p in error["loc"]) or "<root>"
+    msg = error["msg"]
+    ctx = error.get("ctx") or {}
+    if error["type"] == "extra_forbidden":
         msg = "unknown field"
-    elif first["type"] == "literal_error" and "expected" in ctx:
+    elif error["type"] == "literal_error" and "expected" in ctx:
         msg = f"allowed values are {ctx['expected']}"
-    elif first["type"] == "value_error":
+    elif error["type"] == "value_error":
         msg = msg.removeprefix("Value error, ")  # our validators' own sentence, without pydantic's label
-    given = first.get("input")
-    more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
-    shown = "" if isinstance(given, dict) or first["type"] == "extra_forbidden" else f", got {given!r}"
-    return f"{loc}: {msg}{shown}{more}"
+    given = error.get("input")
+    shown = "" if isinstance(given, dict) or error["type"] == "extra_forbidden" else f", got {given!r}"
+    return f"{loc}: {msg}{shown}"
+
+
+def _describe(err: ValidationError) -> str:
+    """Every error of ``err`` on one line (``; ``-separated), the first ``SHOWN_ERRORS`` named and the rest counted.
+
+    Two misspelt fields were reported as the first one ``(and 1 more)``: a user fixed one and ran again.
+    """
+    errors = err.errors()
+    named = "; ".join(_describe_one(error) for error in errors[:SHOWN_ERRORS])
+    more = f" (and {len(errors) - SHOWN_ERRORS} more)" if len(errors) > SHOWN_ERRORS else ""
+    return f"{named}{more}"
 
 
 def load_config(path: Path | str | None, overrides: list[str] | None = None) -> RunConfig:

@@ -42,7 +42,7 @@ from posttrain.runners.dpo import run_dpo
 from posttrain.runners.grpo import run_grpo
 from posttrain.runners.sao import run_sao
 from posttrain.runners.sft import run_cpt, run_sft
-from posttrain.runtime import check_model_dir, check_output_writable
+from posttrain.runtime import check_input_files, check_model_dir, check_output_writable
 
 TECHNIQUES: dict[str, Callable[[RunConfig], RunSummary]] = {
     "sao": run_sao,
@@ -63,14 +63,16 @@ def preflight(config: RunConfig) -> None:
     Raises:
         ValueError: a technique without a runner.
         FileNotFoundError: a local ``model.path`` that holds no model or tokenizer (``check_model_dir``).
-        posttrain.config.ConfigError: the run directory cannot be written (``check_output_writable``), or
-            ``REDIS_URL`` is not a Redis URL (asynchronous techniques).
+        posttrain.config.ConfigError: a named input file is missing, not a file or empty (``check_input_files``),
+            the run directory cannot be written (``check_output_writable``), or ``REDIS_URL`` is not a Redis URL
+            (asynchronous techniques).
     """
     if config.technique not in TECHNIQUES:
         raise ValueError(f"technique: no runner for {config.technique!r}; known: {sorted(TECHNIQUES)}")
     # Inputs and outputs a run needs are checked before any work: one line each, not a traceback later.
     if config.model.path and "://" not in config.model.path:
         check_model_dir(config.model.path)
+    check_input_files(config)
     env_url = os.environ.get("REDIS_URL")
     if env_url and not config.queue.redis_url and uses_async_runtime(config) and redis_url_problem(env_url):
         raise ConfigError(f"REDIS_URL: {redis_url_problem(env_url)}")  # was a ValueError after the model was prepared

@@ -43,6 +43,26 @@ def test_unknown_key_is_an_error_not_ignored():
         load_config(None, ["sao.stepz=3"])
 
 
+def test_every_misspelt_field_is_named_in_the_one_line(tmp_path):
+    """A new user's check: two misspelt fields gave ``saoo: unknown field (and 1 more)``, naming the first only."""
+    path = tmp_path / "two.yaml"
+    path.write_text("technique: sao\nsaoo: {}\nleraner: {}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["sao.stepz=3"])
+    message = str(err.value)
+    assert "\n" not in message
+    for field in ("saoo: unknown field", "leraner: unknown field", "sao.stepz: unknown field"):
+        assert field in message, message
+
+
+def test_a_flood_of_errors_names_the_first_few_and_counts_the_rest():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"sao.typo{i}=1" for i in range(9)])
+    message = str(err.value)
+    assert all(f"sao.typo{i}: unknown field" in message for i in range(5))
+    assert "sao.typo5" not in message and message.endswith("(and 4 more)")
+
+
 def test_sao_requires_full_softmax_sampling_and_names_both_fields():
     with pytest.raises(ConfigError, match=r"generator\.temperature and generator\.top_p"):
         load_config(None, ["generator.top_p=0.9"])
@@ -140,7 +160,7 @@ def test_run_with_a_missing_training_file_prints_one_line_and_exits_2(tmp_path, 
     code = main(["run", str(sft), f"sft.data_path={missing}", f"output_dir={tmp_path / 'runs'}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
-    assert err == [f"posttrain: config error: sft.data_path: {missing} is not a file"]
+    assert err == [f"posttrain: config error: sft.data_path: {missing} does not exist"]
     assert not (tmp_path / "runs").exists()
 
 
