@@ -9,6 +9,8 @@ One command per study; each writes ``bench/results/learning_race/<study>.json``,
   ``base.yaml``: the same episodes in flight, learner batch, policy versions, warm start, generator count and
   hardware. Per run: held-out accuracy of snapshots against wall-clock seconds and trained rollouts, time to
   ``--target`` accuracy, trained tokens/s and rollouts/s after the first quarter of the versions.
+* ``tail``: the race's setting with a heavier tool-latency tail (``TAIL``), SAO, synchronous and asynchronous GRPO
+  G = 8.
 * ``correction`` (ablation a): SAO with ``sao.loss.correction`` dis / tis / none at a mean staleness >= 2
   (``STUDY_OVERRIDES``: more slots than the batch, a larger tau); the realised staleness is measured per run.
 * ``baseline`` (ablation b): ``sao.advantage`` gae (critic + skip-observation GAE) / running_mean / batch_norm.
@@ -29,7 +31,6 @@ Run: ``.venv/bin/python -m bench.learning_race race`` (then ``correction``, ``ba
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -40,6 +41,7 @@ from typing import Any
 
 from bench import common
 from bench.async_vs_sync import MethodRun, evaluate_snapshots, run_method, shared_warm_start
+from posttrain.data.jsonl_log import read_json_lines
 
 NAME = "learning_race"
 RESULTS = common.RESULTS_DIR / NAME
@@ -50,11 +52,19 @@ PLOTS = common.REPO / "docs" / "results"
 """``learning_race_<study>*.png``."""
 METHODS = ("sao", "grpo_sync_g4", "grpo_sync_g8", "grpo_async_g8")
 """The race's methods, files of ``bench/configs/learning_race/``, in the order the tables show them."""
-STUDIES = ("race", "correction", "baseline", "grid", "stability")
+STUDIES = ("race", "tail", "correction", "baseline", "grid", "stability")
+RACES = ("race", "tail")
+"""Studies plotted and tabled as races: accuracy against seconds and rollouts, time to target, rates."""
+TAIL = ("data.env_args.tool_latency_sigma=1.5", "data.env_args.tool_latency_max_s=20")
+"""The long-tail race: a heavier tool-latency tail (sigma 1.5, cap 20 s against the race's 1 and 10 s), where a
+synchronous batch waits for its slowest episode's tool."""
+TAIL_METHODS = ("sao", "grpo_sync_g8", "grpo_async_g8")
+"""The long-tail race's methods (synchronous G = 4 left out: level with G = 8 in the race, and as slow per version)."""
 CONTENDED = ("generator.episodes_in_flight=96", "sao.batch_size=16", "sao.micro_batch_size=16", "sao.max_staleness=4")
 """More slots than the batch and a larger tau, so the mean staleness reaches 2 (ablations a and d)."""
 STUDY_VARIANTS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     "race": {m: (m, ()) for m in METHODS},
+    "tail": {m: (m, TAIL) for m in TAIL_METHODS},
     "correction": {c: ("sao", (*CONTENDED, f"sao.loss.correction={c}")) for c in ("dis", "tis", "none")},
     "baseline": {a: ("sao", (f"sao.advantage={a}",)) for a in ("gae", "running_mean", "batch_norm")},
     "grid": {f"tau{t}_lr{lr}": ("sao", (*CONTENDED[:3], f"sao.max_staleness={t}", f"sao.optim.lr={lr}"))
@@ -63,6 +73,7 @@ STUDY_VARIANTS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
 """Per training study: variant -> (method file, overrides on it)."""
 QUESTIONS = {
     "race": "held-out accuracy against wall-clock seconds and trained rollouts at equal resources",
+    "tail": "the race again with a heavier tool-latency tail, where a synchronous batch waits for its slowest tool call",
     "correction": "the off-policy correction (DIS / truncated IS / none) at a mean staleness of at least 2",
     "baseline": "the critic with skip-observation GAE against a running-mean baseline and whitened reward",
     "grid": "the staleness bound tau against the policy learning rate",
@@ -255,7 +266,7 @@ def plot_study(result: dict[str, Any], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     study, variants, paths = result["study"], result["variants"], []
     colours = {v: f"C{i}" for i, v in enumerate(variants)}
-    if study == "race":
+    if study in RACES:
         for x, label, suffix in ((1, "wall-clock seconds", "seconds"), (2, "rollouts consumed by the learner", "rollouts")):
             fig, ax = plt.subplots(figsize=(7, 4.5))
             for v, d in variants.items():
@@ -265,10 +276,10 @@ def plot_study(result: dict[str, Any], out_dir: Path) -> list[Path]:
                 mx, my = _mean_curve(d["runs"], x)
                 ax.plot(mx, my, color=colours[v], linewidth=2.2, marker="o", label=f"{v} (mean of {len(d['runs'])})")
             ax.axhline(result["target_accuracy"], color="grey", linestyle=":", label="target")
-            ax.set(xlabel=label, ylabel="held-out accuracy", title=f"learning race: accuracy vs {label}")
+            ax.set(xlabel=label, ylabel="held-out accuracy", title=f"{study}: accuracy vs {label}")
             ax.legend(fontsize=8)
             fig.tight_layout()
-            paths.append(out_dir / f"{NAME}_race_{suffix}.png")
+            paths.append(out_dir / f"{NAME}_{study}_{suffix}.png")
             fig.savefig(paths[-1], dpi=110)
             plt.close(fig)
         return paths
@@ -296,7 +307,7 @@ def plot_study(result: dict[str, Any], out_dir: Path) -> list[Path]:
 
 def render_training(result: dict[str, Any]) -> str:
     """The Markdown section of a training study (tables; the hand-written text around the markers interprets)."""
-    variants, race = result["variants"], result["study"] == "race"
+    variants, race = result["variants"], result["study"] in RACES
     rows, res_rows = [], []
     for v, d in variants.items():
         rs = d["runs"]
@@ -349,8 +360,8 @@ def render_training(result: dict[str, Any]) -> str:
               f"wait per call is {pop:.2f} s (each task needs one call)." if race and (pop := _population(result)) else ""),
            "", f"Command: `{result['command']}`"]
     if race:
-        out += ["", f"![accuracy vs seconds](results/{NAME}_race_seconds.png)",
-                f"![accuracy vs rollouts](results/{NAME}_race_rollouts.png)"]
+        out += ["", f"![accuracy vs seconds](results/{NAME}_{result['study']}_seconds.png)",
+                f"![accuracy vs rollouts](results/{NAME}_{result['study']}_rollouts.png)"]
     else:
         out += ["", f"![{result['study']}](results/{NAME}_{result['study']}.png)"]
     return "\n".join(out)
@@ -365,21 +376,8 @@ def _population(result: dict[str, Any]) -> float | None:
 def read_metrics(run_dir: Path) -> dict[int, dict[str, float]]:
     """The policy iterations of a ``posttrain run`` directory's ``metrics.jsonl`` by policy version (the last line of
     each version; warm-start lines skipped); FileNotFoundError without the file, ValueError naming a bad line."""
-    path = run_dir / "metrics.jsonl"
-    out: dict[int, dict[str, float]] = {}
-    with path.open(encoding="utf-8") as f:
-        for number, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                row = json.loads(text)
-            except ValueError as exc:
-                raise ValueError(f"{path}:{number}: not JSON ({exc})") from exc
-            if not isinstance(row, dict) or "step" not in row:
-                raise ValueError(f"{path}:{number}: expected an object with 'step'")
-            if "reward/mean" in row and int(row["step"]) > 0:
-                out[int(row["step"])] = row
-    return out
+    rows = read_json_lines(run_dir / "metrics.jsonl", "step")
+    return {int(row["step"]): row for row in rows if "reward/mean" in row and int(row["step"]) > 0}
 
 
 def smooth(values: Sequence[float], window: int) -> list[float]:

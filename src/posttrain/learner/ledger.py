@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from posttrain.data.jsonl_log import read_json_lines
 from posttrain.records import Rollout
 
 LEDGER_NAME = "learner_ledger.jsonl"
@@ -146,19 +147,7 @@ def read_ledger(path: Path) -> list[dict[str, Any]]:
         ValueError: a line that is not a JSON object with ``iteration`` (the message names the
             file and the 1-based line number).
     """
-    out = []
-    with path.open(encoding="utf-8") as f:
-        for number, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                line = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from exc
-            if not isinstance(line, dict) or "iteration" not in line:
-                raise ValueError(f"{path}:{number}: expected an object with 'iteration'")
-            out.append(line)
-    return out
+    return read_json_lines(path, "iteration")
 
 
 def staleness_violations(lines: Iterable[Mapping[str, Any]]) -> list[str]:

@@ -31,6 +31,7 @@ from typing import Any, Literal, TypeVar
 from posttrain.config import RunConfig
 from posttrain.config.load import ConfigError
 from posttrain.data.formats import LoadedRows, RowPolicy, load_rows
+from posttrain.data.jsonl_log import read_json_lines
 from posttrain.eval.heldout import evaluate_policy
 from posttrain.learner.resume import ResumedPolicy
 from posttrain.parallel.world import World
@@ -172,12 +173,8 @@ def plot_reward_curve(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps, rewards = [], []
-    for line in metrics_path.read_text(encoding="utf-8").splitlines():
-        row = json.loads(line)
-        if "reward/mean" in row:
-            steps.append(row["step"])
-            rewards.append(row["reward/mean"])
+    rows = [row for row in read_json_lines(metrics_path, "step") if "reward/mean" in row]
+    steps, rewards = [row["step"] for row in rows], [row["reward/mean"] for row in rows]
     window = 5
     smooth = [sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
               for i in range(len(rewards))]
@@ -434,14 +431,11 @@ def start_model(run: TrackedRun) -> Path:
 
 
 def reward_curve(metrics_path: Path) -> list[float]:
-    """``reward/mean`` of every learner step in ``metrics.jsonl`` (in order)."""
-    import json
+    """``reward/mean`` of every learner step in ``metrics.jsonl`` (in order); [] when there is no file.
 
+    Raises:
+        ValueError: a line that is not a JSON object with ``step`` (``read_json_lines``).
+    """
     if not metrics_path.exists():
         return []
-    out = []
-    for line in metrics_path.read_text(encoding="utf-8").splitlines():
-        row = json.loads(line)
-        if "reward/mean" in row:
-            out.append(float(row["reward/mean"]))
-    return out
+    return [float(row["reward/mean"]) for row in read_json_lines(metrics_path, "step") if "reward/mean" in row]

@@ -180,3 +180,21 @@ def test_the_race_section_states_equal_resources_spreads_and_missing_seeds(tmp_p
     paths = plot_study(result, tmp_path)
     assert [p.name for p in paths] == ["learning_race_race_seconds.png", "learning_race_race_rollouts.png"]
     assert "planned" not in render_training(race_result([0, 1, 2], [0, 1, 2])).split("(run seed-major)")[0]
+
+
+def test_the_tail_race_keeps_the_race_resources_with_a_heavier_tool_latency_tail(tmp_path: Path) -> None:
+    """``tail``: the race's slots, batch, versions and lr for SAO, synchronous and asynchronous GRPO G = 8; only the
+    tool-latency tail differs (sigma 1.5, cap 20 s); its section and plots carry its own names."""
+    from bench.learning_race import TAIL_METHODS, plot_study, render_training
+
+    assert list(STUDY_VARIANTS["tail"]) == list(TAIL_METHODS) == ["sao", "grpo_sync_g8", "grpo_async_g8"]
+    for m in TAIL_METHODS:
+        race, tail = load_variant("race", m, 12), load_variant("tail", m, 12)
+        assert equal_resources(race) == equal_resources(tail)
+        changed = {k for k in race.data.env_args if race.data.env_args[k] != tail.data.env_args[k]}
+        assert changed == {"tool_latency_sigma", "tool_latency_max_s"}
+        assert (tail.data.env_args["tool_latency_sigma"], tail.data.env_args["tool_latency_max_s"]) == (1.5, 20)
+    result = {**race_result([0], [0]), "study": "tail"}
+    assert "![accuracy vs seconds](results/learning_race_tail_seconds.png)" in render_training(result)
+    assert [p.name for p in plot_study(result, tmp_path)] == ["learning_race_tail_seconds.png",
+                                                             "learning_race_tail_rollouts.png"]
