@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,15 +109,21 @@ def _describe_one(error: Any) -> str:
     return f"{loc}: {msg}{shown}"
 
 
-def _describe(err: ValidationError) -> str:
+def _describe(err: ValidationError, source: Callable[[str], str] = lambda loc: "") -> str:
     """Every error of ``err`` on one line (``; ``-separated), the first ``SHOWN_ERRORS`` named and the rest counted.
 
-    Two misspelt fields were reported as the first one ``(and 1 more)``: a user fixed one and ran again.
+    ``source(field)`` is the prefix naming where a field's value came from (the config file, or the override that
+    set it); it is written before an error whenever it differs from the error before it. Two misspelt fields were
+    reported as the first one ``(and 1 more)``: a user fixed one and ran again.
     """
     errors = err.errors()
-    named = "; ".join(_describe_one(error) for error in errors[:SHOWN_ERRORS])
+    parts, last = [], None
+    for error in errors[:SHOWN_ERRORS]:
+        where = source(".".join(str(p) for p in error["loc"]))
+        parts.append(("" if where == last else where) + _describe_one(error))
+        last = where
     more = f" (and {len(errors) - SHOWN_ERRORS} more)" if len(errors) > SHOWN_ERRORS else ""
-    return f"{named}{more}"
+    return "; ".join(parts) + more
 
 
 def load_config(path: Path | str | None, overrides: list[str] | None = None) -> RunConfig:
@@ -163,11 +170,11 @@ def load_config(path: Path | str | None, overrides: list[str] | None = None) -> 
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        loc = ".".join(str(part) for part in exc.errors()[0]["loc"])
-        overridden = [o for o in overrides or [] if loc == o.partition("=")[0].strip()
-                      or loc.startswith(o.partition("=")[0].strip() + ".")]
-        if overridden:  # the bad value came from the command line, not from the file
-            where = f"override {overridden[-1]!r}: "
-        else:
-            where = f"{path}: " if path is not None else ""
-        raise ConfigError(f"{where}{_describe(exc)}") from exc
+        def source(loc: str) -> str:
+            overridden = [o for o in overrides or [] if loc == o.partition("=")[0].strip()
+                          or loc.startswith(o.partition("=")[0].strip() + ".")]
+            if overridden:  # the bad value came from the command line, not from the file
+                return f"override {overridden[-1]!r}: "
+            return f"{path}: " if path is not None else ""
+
+        raise ConfigError(_describe(exc, source)) from exc

@@ -55,6 +55,25 @@ def test_every_misspelt_field_is_named_in_the_one_line(tmp_path):
         assert field in message, message
 
 
+def test_each_error_is_filed_under_the_override_that_set_it_whatever_their_order():
+    """A new user's check: with two bad overrides both errors came under the first override's label."""
+    for order in (["sao.steps=0", "generator.temperature=abc"], ["generator.temperature=abc", "sao.steps=0"]):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, order)
+        message = str(err.value)
+        assert "override 'sao.steps=0': sao.steps: " in message, message
+        assert "override 'generator.temperature=abc': generator.temperature: " in message, message
+
+
+def test_file_and_override_errors_each_name_their_source(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("technique: sao\nsaoo: {}\nleraner: {}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["sao.steps=0"])
+    message = str(err.value)
+    assert message.count(f"{path}: ") == 1 and "override 'sao.steps=0': sao.steps: " in message, message
+
+
 def test_a_flood_of_errors_names_the_first_few_and_counts_the_rest():
     with pytest.raises(ConfigError) as err:
         load_config(None, [f"sao.typo{i}=1" for i in range(9)])
