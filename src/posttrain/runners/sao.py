@@ -222,6 +222,9 @@ class StageClock:
 def progress_sink(sink: MetricsSink, total: int, every: int) -> MetricsSink:
     """``sink``, plus a console line each ``every`` policy versions with the mean training reward since the last line.
 
+    The mean is over the learner batches since the last line (the first line also counts the critic's warm-up
+    batches, which publish no version), and the line says how many.
+
     ``(metrics, policy_version)`` calls whose metrics have no ``reward/mean`` (e.g. the warm start's)
     pass through silently.
     """
@@ -235,8 +238,9 @@ def progress_sink(sink: MetricsSink, total: int, every: int) -> MetricsSink:
         rewards.append(float(metrics["reward/mean"]))
         if step >= marks["next"] or step >= total:
             mean = sum(rewards) / len(rewards)
-            print(f"      policy version {step}/{total}: training reward {mean:.2f} (mean of the last "
-                  f"{len(rewards)} steps), {time.monotonic() - marks['t0']:.0f} s", flush=True)
+            # Batches, not versions: the critic's warm-up steps train a batch each and publish no version.
+            print(f"      policy version {step}/{total}: training reward {mean:.2f} (mean of the {len(rewards)} "
+                  f"batches since the last line), {time.monotonic() - marks['t0']:.0f} s", flush=True)
             rewards.clear()
             while marks["next"] <= step:
                 marks["next"] += every
