@@ -48,6 +48,9 @@ class AsyncRLSettings:
             times GRPO's mini-batches per batch).
         max_nonfinite_iterations: Learner iterations in a row with a skipped (non-finite) optimizer
             step that stop the run (``sao.max_nonfinite_iterations`` / ``grpo.max_nonfinite_iterations``).
+        critic_warmup_iterations: The first learner iterations that train only the critic and publish no
+            version by design (``sao.critic.warmup_steps`` with ``sao.advantage: gae``; 0 otherwise); the
+            progress bound (``learner.max_iterations_without_progress``) does not count them.
     """
 
     technique: Literal["sao", "grpo"]
@@ -61,6 +64,7 @@ class AsyncRLSettings:
     optim: OptimConfig
     policy_optimizer_steps: int
     max_nonfinite_iterations: int
+    critic_warmup_iterations: int = 0
 
 
 def uses_async_runtime(config: RunConfig) -> bool:
@@ -81,6 +85,7 @@ def async_rl_settings(config: RunConfig) -> AsyncRLSettings:
             technique="sao", steps=sao.steps, batch_rollouts=sao.batch_size, max_staleness=sao.max_staleness,
             staleness_rule=sao.staleness_rule, group_size=1, groups_per_batch=sao.batch_size, checkpoint_every=sao.checkpoint_every,
             optim=sao.optim, policy_optimizer_steps=sao.steps, max_nonfinite_iterations=sao.max_nonfinite_iterations,
+            critic_warmup_iterations=sao.critic.warmup_steps if sao.advantage == "gae" else 0,
         )
     if config.technique == "grpo" and config.grpo.async_:
         grpo = config.grpo

@@ -257,6 +257,13 @@ class LearnerConfig(_Strict):
     """Seconds the learner waits for rollouts with no live generator (no heartbeat within
     ``generator.heartbeat_ttl_s``; counted from its start until the first one appears) before it
     checkpoints and stops with one line; meanwhile it prints a status line every 30 s."""
+    max_iterations_without_progress: int = Field(20, ge=1, le=1_000_000)
+    """Learner iterations in a row that train no token before the run checkpoints and stops with one
+    line (SAO, synchronous and asynchronous GRPO; ``posttrain.learner.progress``): every GRPO group
+    uniform (equal rewards), every rollout dropped as stale (each batch's worth of drops counts as one
+    iteration), or every action token masked (staleness bound, DIS band). SAO's critic-only warm-up
+    iterations do not count. The line names the cause and the shares of uniform groups, stale drops
+    and masked tokens; every quarter of the bound without progress the console shows them first."""
     resources: PodResources = LEARNER_RESOURCES
     """What each learner pod asks for (cluster mode); fields left out keep this default. ``gpus`` is
     also torchrun's ``--nproc_per_node`` (1 when 0: one CPU process per pod)."""

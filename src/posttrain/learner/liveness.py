@@ -24,7 +24,8 @@ class LearnerStopped(RuntimeError):
     """The learner stopped before its last version, after a final checkpoint (the message is one line).
 
     Attributes:
-        exit_code: Process exit status for the CLI (1: no live generator; 143: SIGTERM).
+        exit_code: Process exit status for the CLI (1: no live generator, or no progress for
+            ``learner.max_iterations_without_progress`` iterations; 143: SIGTERM).
     """
 
     def __init__(self, message: str, exit_code: int) -> None:

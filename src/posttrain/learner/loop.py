@@ -16,7 +16,9 @@ resumes from the newest checkpoint in ``<run>/checkpoints`` if there is one. Eac
    entries the checkpoint covers (``checkpointer``);
 8. **stop** after ``max_nonfinite_iterations`` iterations in a row that skipped an optimizer step
    for a non-finite gradient norm (a skipped policy step makes no version; its batch is refunded);
-   on SIGTERM, or with no live generator for ``learner.no_generator_timeout_s`` while waiting
+   after ``learner.max_iterations_without_progress`` iterations in a row that trained no token (every
+   group uniform, every rollout dropped as stale, every token masked: ``learner.progress``), on
+   SIGTERM, or with no live generator for ``learner.no_generator_timeout_s`` while waiting
    (``learner.liveness``: dead generators' tickets are returned meanwhile), checkpoint, then stop.
 
 The loop takes its transport as an argument (``setup.LearnerTransport``), so a test runs it on
@@ -72,7 +74,8 @@ def run_learner(
         posttrain.rollout.queue.QueueConnectionError: Redis unreachable after bounded retries.
         posttrain.learner.optim.NonFiniteGradientError: ``max_nonfinite_iterations`` iterations
             in a row skipped an optimizer step for a non-finite gradient norm.
-        posttrain.learner.liveness.LearnerStopped: SIGTERM, or no live generator for
+        posttrain.learner.liveness.LearnerStopped: SIGTERM, no progress for
+            ``learner.max_iterations_without_progress`` iterations, or no live generator for
             ``learner.no_generator_timeout_s``; raised after the final checkpoint (one line).
     """
     learner = build_learner(config, transport, start_model_dir=start_model_dir, world=world)
@@ -86,10 +89,12 @@ def run_learner(
         entries = learner.source.next_batch(learner.state.policy_version)
         waiting = entries is None
         if entries is None:
+            learner.observe_drops()
             continue
         result = learner.train(entries)
         learner.refund_untrained(entries, result)
         learner.record(entries, result)
+        learner.observe_progress(entries, result)
         if result.policy_updated:
             learner.publish_next_version()
             bar.update(1)

@@ -28,6 +28,7 @@ from torch import nn
 from posttrain.advantages import RunningMeanBaseline
 from posttrain.config import ConfigError, RunConfig, SAOConfig
 from posttrain.config.roles import AsyncRLSettings, async_rl_settings
+from posttrain.config.sections import LearnerConfig
 from posttrain.learner.batch_source import BatchSource, DropRecorder, RankBatchSource, make_batch_source
 from posttrain.learner.checkpoint import LearnerState
 from posttrain.learner.checkpointer import Checkpointer
@@ -37,6 +38,7 @@ from posttrain.learner.ledger import LEDGER_NAME, append_ledger, ledger_line
 from posttrain.learner.liveness import GeneratorWatch, LearnerStopped
 from posttrain.learner.metrics import learner_metrics
 from posttrain.learner.optim import NonFiniteStreak, build_optimizer
+from posttrain.learner.progress import IterationOutcome, ProgressWatch, outcome_of, print_line
 from posttrain.learner.publish import WeightPublisher
 from posttrain.learner.resume import resume_policy
 from posttrain.learner.steps import GRPOStep, SAOStep, TrainStep
@@ -156,6 +158,8 @@ class Learner:
             the run at ``max_nonfinite_iterations``.
         world: The learner's ranks; only rank 0 touches the transport (it is None elsewhere).
         watch: Rank 0's watch on generator heartbeats (None: not watched).
+        progress: Iterations in a row that trained no token (``learner.progress``); stops the run at
+            ``learner.max_iterations_without_progress``.
         stop_requested: Set by the SIGTERM handler (the reason); the loop checkpoints and stops.
     """
 
@@ -174,7 +178,9 @@ class Learner:
     nonfinite: NonFiniteStreak
     world: World = field(default_factory=World)
     watch: GeneratorWatch | None = None
+    progress: ProgressWatch = field(default_factory=lambda: ProgressWatch(LearnerConfig().max_iterations_without_progress))
     stop_requested: str | None = None
+    drops_seen: float = 0.0
     iterations_here: int = 0
     last_step_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
@@ -186,7 +192,7 @@ class Learner:
         return self.state.policy_version >= self.settings.steps
 
     def stop_reason(self, waiting: bool) -> str | None:
-        """Why the learner must stop now (SIGTERM, or no live generator for too long), the same on every rank.
+        """Why the learner must stop now (SIGTERM, no progress, no live generator for too long), the same on every rank.
 
         Args:
             waiting: The last ``next_batch`` gave nothing: only then does the time without a live
@@ -196,7 +202,7 @@ class Learner:
         Returns:
             The reason (one line), or None to go on.
         """
-        reason = self.stop_requested
+        reason = self.stop_requested or self.progress.reason
         if reason is None and self.watch is not None:
             reason = self.watch.check(waiting)
         if self.world.distributed:
@@ -258,6 +264,27 @@ class Learner:
         self.counters["stale_dropped"] = self.source.drops.total
         self.counters["skipped_nonfinite"] += result.skipped_nonfinite
 
+    def observe_progress(self, entries: Sequence[QueueEntry], result: TrainStepResult) -> None:
+        """Count the iteration just recorded towards the progress bound (``learner.progress``).
+
+        Critic-only warm-up iterations (``critic_warmup_iterations``) are not counted; the rollouts dropped
+        while the batch was assembled count in its stale-drop share.
+        """
+        dropped = self.source.drops.total - self.drops_seen
+        self.drops_seen = self.source.drops.total
+        if self.state.iteration > self.settings.critic_warmup_iterations:
+            self.progress.observe(outcome_of(result, len(entries), int(dropped)))
+
+    def observe_drops(self) -> None:
+        """With no batch ready: count each batch's worth of rollouts dropped since the last count as one iteration.
+
+        Such an iteration makes no progress (every rollout stale), so a learner whose every rollout is dropped
+        stops too.
+        """
+        while self.source.drops.total - self.drops_seen >= self.settings.batch_rollouts:
+            self.drops_seen += self.settings.batch_rollouts
+            self.progress.observe(IterationOutcome(published=False, rollouts=0, dropped=self.settings.batch_rollouts))
+
     def stop_on_nonfinite(self, result: TrainStepResult) -> None:
         """End the iteration's streak of skipped steps, or extend it (the same on every rank).
 
@@ -282,11 +309,11 @@ class Learner:
         """The iteration's metrics (``posttrain.learner.metrics``); rank 0's only (``{}`` elsewhere)."""
         if self.transport is None:
             return {}
-        return learner_metrics(
+        return {**learner_metrics(
             result, entries, iteration=self.state.iteration, counters=self.counters, staleness=self.staleness,
             queue=self.transport.queue, generator_stats=self.transport.generator_stats(),
             step_s=self.last_step_s, elapsed_s=time.monotonic() - self.started,
-        )
+        ), **self.progress.metrics()}
 
     def finish(self) -> LearnerSummary:
         """Save the final model once the last version is published; return the run's summary."""
@@ -440,7 +467,10 @@ def build_learner(config: RunConfig, transport: LearnerTransport | None, *, star
                       _train_step(config, policy, critic, baseline, start_model_dir, pad_id, world), publisher,
                       checkpointer, staleness,
                       NonFiniteStreak(settings.max_nonfinite_iterations,
-                                      f"{settings.technique}.max_nonfinite_iterations"), world)
+                                      f"{settings.technique}.max_nonfinite_iterations"), world,
+                      progress=ProgressWatch(config.learner.max_iterations_without_progress,
+                                             print_line if world.is_main else None))
+    learner.drops_seen = learner.source.drops.total
     if transport is not None and world.is_main and transport.live_generators is not None:
         learner.watch = GeneratorWatch(transport.live_generators, transport.return_dead_leases or (lambda: 0),
                                        timeout_s=config.learner.no_generator_timeout_s)

@@ -56,7 +56,9 @@ from posttrain.learner.checkpoint import save_checkpoint
 from posttrain.learner.export import save_final_model
 from posttrain.learner.grpo_step import grpo_train_step
 from posttrain.learner.ledger import LEDGER_NAME, append_ledger, ledger_line
+from posttrain.learner.liveness import LearnerStopped
 from posttrain.learner.optim import NonFiniteStreak
+from posttrain.learner.progress import ProgressWatch, outcome_of, print_line
 from posttrain.learner.resume import resume_policy
 from posttrain.learner.types import LearnerSummary, TrainStepResult
 from posttrain.models.hf import load_policy, load_tokenizer
@@ -119,6 +121,8 @@ class SyncGRPO:
         self.counters = {"rollouts_trained": 0.0, "rollouts_kept": 0.0, "action_tokens_trained": 0.0,
                          "skipped_batches": 0.0, "skipped_nonfinite": 0.0, **self.state.counters}
         self.nonfinite = NonFiniteStreak(grpo.max_nonfinite_iterations, "grpo.max_nonfinite_iterations")
+        self.progress = ProgressWatch(config.learner.max_iterations_without_progress,
+                                      print_line if world.is_main else None)
         self.store = open_weight_store(self.ctx)
         self.stats = GeneratorStats()
         version = self.state.policy_version
@@ -190,6 +194,7 @@ class SyncGRPO:
             append_ledger(self.ctx.run_dir / LEDGER_NAME, ledger_line(self.state.iteration, self.state.policy_version,
                                                                       rollouts))
         self.nonfinite.observe(result.skipped_nonfinite)  # the same on every rank: the norm is global
+        self.progress.observe(outcome_of(result, len(rollouts)))  # the same on every rank: the whole batch's
         return result
 
     def save_checkpoint(self) -> None:
@@ -216,7 +221,7 @@ class SyncGRPO:
             result = await self.train_one(rollouts)
             step_s = time.monotonic() - t1
             elapsed = max(time.monotonic() - t_start, 1e-9)
-            metrics = dict(result.metrics)
+            metrics = {**result.metrics, **self.progress.metrics()}
             metrics.update({
                 "learner/step_s": step_s,
                 "learner/iteration": float(self.state.iteration),
@@ -232,8 +237,13 @@ class SyncGRPO:
             if sink is not None and self.world.is_main:
                 sink(metrics, self.state.policy_version)
             bar.update(1)
-            if self.state.iteration % grpo.checkpoint_every == 0 or self.state.iteration >= grpo.steps:
+            stalled = self.progress.reason is not None and self.state.iteration < grpo.steps
+            if self.state.iteration % grpo.checkpoint_every == 0 or self.state.iteration >= grpo.steps or stalled:
                 self.save_checkpoint()
+            if stalled:
+                bar.close()
+                raise LearnerStopped(f"synchronous GRPO stopped at iteration {self.state.iteration} of {grpo.steps} "
+                                     f"(policy version {self.state.policy_version}): {self.progress.reason}", 1)
         bar.close()
         self.counters["generator_busy_fraction"] = self.stats.snapshot()["busy_fraction"]
 
@@ -244,6 +254,9 @@ class SyncGRPO:
             posttrain.episodes.runner.EpisodeError: an episode could not produce a rollout.
             posttrain.learner.optim.NonFiniteGradientError: ``grpo.max_nonfinite_iterations`` iterations in a
                 row skipped an optimizer step for a non-finite gradient norm.
+            posttrain.learner.liveness.LearnerStopped: ``learner.max_iterations_without_progress`` iterations
+                in a row trained no token (every group uniform: ``posttrain.learner.progress``); raised after
+                a checkpoint (one line, exit status 1).
         """
         try:
             asyncio.run(self._loop(sink, progress))
@@ -282,5 +295,7 @@ def run_grpo_sync(
         posttrain.episodes.runner.EpisodeError: an episode could not produce a rollout.
         posttrain.learner.optim.NonFiniteGradientError: ``grpo.max_nonfinite_iterations`` iterations in a row
             skipped an optimizer step for a non-finite gradient norm.
+        posttrain.learner.liveness.LearnerStopped: ``learner.max_iterations_without_progress`` iterations in a
+            row trained no token; raised after a checkpoint (one line).
     """
     return SyncGRPO(config, start_model_dir, world).run(sink, progress)

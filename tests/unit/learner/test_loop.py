@@ -62,9 +62,12 @@ class ScriptedGenerator:
     """Fills the queue from the admission tickets left whenever the learner announces a version."""
 
     def __init__(self, start_model: Path, queue: MemoryRolloutQueue, admission: MemoryAdmissionController,
-                 versions: MemoryPolicyVersionStore, vocab: int, group_size: int = 1, uniform_every: int = 0) -> None:
+                 versions: MemoryPolicyVersionStore, vocab: int, group_size: int = 1, uniform_every: int = 0,
+                 reward: float | None = None, behaviour_logprob: float | None = None) -> None:
         self.queue, self.admission, self.versions, self.group_size = queue, admission, versions, group_size
         self.uniform_every = uniform_every  # every this many-th GRPO group has equal rewards (0: none)
+        self.reward = reward  # every rollout's reward (an environment that always gives it); None: mixed
+        self.behaviour_logprob = behaviour_logprob  # every action token's (None: the start policy's)
         self.groups = 0
         gen = torch.Generator().manual_seed(0)
         self.sequences = torch.randint(3, vocab, (8, PROMPT_LEN + ACTION_LEN), generator=gen)
@@ -80,7 +83,10 @@ class ScriptedGenerator:
         row = k % len(self.sequences)
         mask = [False] * PROMPT_LEN + [True] * ACTION_LEN
         lp = [float(x) if m else 0.0 for x, m in zip(self.logprobs[row].tolist(), mask, strict=True)]
+        if self.behaviour_logprob is not None:
+            lp = [self.behaviour_logprob if m else 0.0 for m in mask]
         version = self.versions.get()
+        reward = reward if self.reward is None else self.reward
         return Rollout(rollout_id=uuid.uuid4().hex, task_id=f"t{row}", env_name="scripted",
                        token_ids=self.sequences[row].tolist(), behaviour_logprobs=lp, action_mask=mask, reward=reward,
                        policy_version=version, turn_policy_versions=[version], group_id=group_id, metrics={"correct": reward})
@@ -107,10 +113,10 @@ class ScriptedGenerator:
 
 def _transport(tmp_path: Path, config: RunConfig, tiny_model, stream: MemoryStream,
                admission: MemoryAdmissionController, versions: MemoryPolicyVersionStore,
-               group_size: int = 1, uniform_every: int = 0) -> tuple[LearnerTransport, ScriptedGenerator]:
+               group_size: int = 1, uniform_every: int = 0, **scripted: float) -> tuple[LearnerTransport, ScriptedGenerator]:
     queue = MemoryRolloutQueue(stream, consumer="learner-0")
     generator = ScriptedGenerator(tiny_model.path, MemoryRolloutQueue(stream, consumer="generator"), admission,
-                                  versions, tiny_model.vocab_size, group_size, uniform_every)
+                                  versions, tiny_model.vocab_size, group_size, uniform_every, **scripted)
     transport = LearnerTransport(queue=queue, admission=admission, versions=versions,
                                  store=FilesystemWeightStore(RunContext(config).weights_dir),
                                  announce=generator.announce, generator_stats=dict)
@@ -381,3 +387,109 @@ def test_a_ledger_line_with_a_token_trained_past_tau_is_reported():
     problems = staleness_violations([line])
     assert len(problems) == 2 and "rollout late trained a token of version 2.0 at learner version 5" in problems[0]
     assert "rollout grpo" in problems[1]
+
+
+def _stops_without_progress(err: pytest.ExceptionInfo, config: RunConfig, iterations: int, cause: str,
+                            shares: str) -> None:
+    """One line naming the setting, the cause and the shares; exit status 1; a checkpoint covers what was trained."""
+    message = str(err.value)
+    assert "\n" not in message and err.value.exit_code == 1
+    assert (f"no progress for {iterations} learner iterations in a row (learner.max_iterations_without_progress="
+            f"{iterations}): {cause} in all {iterations}; {shares}; stopped after a final checkpoint") in message, message
+    checkpoint = latest_checkpoint(RunContext(config).checkpoints_dir)
+    assert checkpoint is not None
+    trained = len(read_ledger(RunContext(config).run_dir / LEDGER_NAME))
+    assert checkpoint.name == f"iter-{trained:06d}"
+
+
+def test_async_grpo_on_a_reward_that_is_always_zero_stops_within_the_bound_with_one_line(tmp_path, tiny_model, capsys):
+    """Every rollout's reward is 0, so every group is uniform and no version is ever published (the stall of
+    issue 36: 21 iterations of 64 rollouts, silently, until the outer timeout). tau = 6 lets 7 batches of 2 groups
+    of 2 in at version 0; the bound is 4: the learner stops after 4 iterations, having said so at 1, 2 and 3,
+    checkpoints the 4 batches it read and ends with one line. Before, it trained all 6 iterations it was allowed."""
+    from posttrain.learner.liveness import LearnerStopped
+
+    config = _config(tmp_path, "grpo").model_copy(deep=True)
+    config.grpo.max_staleness, config.learner.max_iterations_without_progress = 6, 4
+    shutil.copytree(tiny_model.path, RunContext(config).tokenizer_dir)
+    versions = MemoryPolicyVersionStore()
+    admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=6)
+    transport, generator = _transport(tmp_path, config, tiny_model, MemoryStream(), admission, versions,
+                                      group_size=2, reward=0.0)
+    logged: list[dict[str, float]] = []
+
+    with pytest.raises(LearnerStopped) as err:
+        run_learner(config, transport, start_model_dir=tiny_model.path, progress=False, max_iterations=6,
+                    sink=lambda metrics, version: logged.append(metrics))
+
+    assert str(err.value).startswith("learner stopped at policy version 0 of 3: no progress")
+    _stops_without_progress(err, config, 4, "every group uniform (equal rewards, zero advantage)",
+                            "uniform groups 100% (8 of 8 groups), stale drops 0% (0 of 16 rollouts), "
+                            "masked tokens n/a (no update tokens)")
+    assert generator.put == 28 and versions.get() == 0
+    assert [m["progress/iterations_without_progress"] for m in logged] == [1, 2, 3, 4]
+    assert all(m["progress/uniform_groups_frac"] == 1.0 for m in logged)
+    status = [line for line in capsys.readouterr().out.splitlines() if line.startswith("learner: no progress")]
+    assert [line.split(" iterations")[0] for line in status] == [f"learner: no progress for {i}" for i in (1, 2, 3)]
+    assert all("uniform groups 100%" in line and "stops at 4 (learner.max_iterations_without_progress)" in line
+               for line in status)
+    assert transport.queue.pending() == []  # the final checkpoint covers the 4 batches: acknowledged
+
+
+def test_sao_whose_every_token_is_masked_stops_within_the_bound(tmp_path, tiny_model):
+    """The generator reports behaviour log-probability 0 (probability 1) for every action token, so pi/pi_behav is
+    about 1/1024, far below the DIS band: every token is masked. Each update still publishes a version (a zero
+    gradient steps the optimizer), but none trains a token; with the bound at 3 the learner stops at version 3 of
+    10 (the batch-normalised advantage: no critic warm-up). Before, it published all 10 versions."""
+    from posttrain.learner.liveness import LearnerStopped
+
+    config = _config(tmp_path, "sao").model_copy(deep=True)
+    config.sao.steps, config.sao.advantage, config.learner.max_iterations_without_progress = 10, "batch_norm", 3
+    shutil.copytree(tiny_model.path, RunContext(config).tokenizer_dir)
+    versions = MemoryPolicyVersionStore()
+    transport, _ = _transport(tmp_path, config, tiny_model, MemoryStream(),
+                              MemoryAdmissionController(versions, batch_size=4, max_staleness=2), versions,
+                              behaviour_logprob=0.0)
+
+    with pytest.raises(LearnerStopped) as err:
+        run_learner(config, transport, start_model_dir=tiny_model.path, progress=False)
+
+    assert str(err.value).startswith("learner stopped at policy version 3 of 10: no progress")
+    _stops_without_progress(err, config, 3, "every action token masked (staleness bound or DIS band)",
+                            "uniform groups n/a (no groups), stale drops 0% (0 of 12 rollouts), "
+                            "masked tokens 100% (72 of 72 update tokens)")
+
+
+@pytest.mark.timeout(120)
+def test_sao_whose_every_rollout_is_dropped_as_stale_stops_within_the_bound(tmp_path, tiny_model):
+    """tau = 0, B = 4, no critic. The first batch (version 0) trains version 1; then only rollouts of version 0
+    arrive (a backlog left by an older learner), each one version too old: all dropped. Each 4 drops count as an
+    iteration without progress; with the bound at 3 the learner stops after 12 drops, the version-1 checkpoint
+    covering everything it trained. Before, it waited for fresh rollouts forever (here: the test's timeout)."""
+    from posttrain.learner.liveness import LearnerStopped
+
+    config = _config(tmp_path, "sao").model_copy(deep=True)
+    config.sao.max_staleness, config.sao.checkpoint_every, config.sao.advantage = 0, 1, "batch_norm"
+    config.learner.max_iterations_without_progress = 3
+    shutil.copytree(tiny_model.path, RunContext(config).tokenizer_dir)
+    versions = MemoryPolicyVersionStore()
+    transport, generator = _transport(tmp_path, config, tiny_model, MemoryStream(),
+                                      MemoryAdmissionController(versions, batch_size=4, max_staleness=0), versions)
+    fill = generator.announce
+
+    def announce(version: int) -> None:
+        if version == 0:
+            return fill(version)
+        old = [generator.rollout(k, None, float(k % 2)) for k in range(16)]
+        for r in old:
+            generator.queue.put(msgspec.structs.replace(r, policy_version=0, turn_policy_versions=[0]))
+
+    transport.announce = announce
+
+    with pytest.raises(LearnerStopped) as err:
+        run_learner(config, transport, start_model_dir=tiny_model.path, progress=False)
+
+    assert str(err.value).startswith("learner stopped at policy version 1 of 3: no progress")
+    _stops_without_progress(err, config, 3, "every rollout dropped as stale",
+                            "uniform groups n/a (no groups), stale drops 100% (12 of 12 rollouts), "
+                            "masked tokens n/a (no update tokens)")
