@@ -32,7 +32,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -626,4 +625,4 @@ def compare_rules(config: Any, args: Any, argv: list[str] | None, rules: list[st
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    common.run_main("bench.async_vs_sync", main)

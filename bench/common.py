@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from posttrain.cli import run_with_one_line_errors
 from posttrain.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -226,6 +227,16 @@ def publish_result(path: Path, data: dict[str, Any], section: str, render: Calla
     return path
 
 
+def run_main(prog: str, main: Callable[[], int]) -> None:
+    """A benchmark's ``__main__``: exit with ``main()``'s status.
+
+    The project's one-line errors (``posttrain.cli.one_line_error``: ``LearnerStopped``, config errors, an
+    unreachable Redis or weight store) and a SIGTERM outside the learner's own handler end it with ``prog: line`` on
+    stderr and a non-zero status (``posttrain.cli.run_with_one_line_errors``), as ``posttrain`` does, not a traceback.
+    """
+    sys.exit(run_with_one_line_errors(prog, main, sigterm=True))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -244,4 +255,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main("bench.common", main)

@@ -478,4 +478,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(None))
+    common.run_main("bench.learner_ranks", main)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -564,4 +563,4 @@ def stability(args: argparse.Namespace, overrides: list[str], parser: argparse.A
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    common.run_main("bench.learning_race", main)

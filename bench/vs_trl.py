@@ -15,7 +15,6 @@ bench.vs_trl`` (2 minutes on 2 cores, plus 2 of warm start the first time) or
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -156,4 +155,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    common.run_main("bench.vs_trl", main)

@@ -15,7 +15,6 @@ import json
 import os
 import random
 import statistics
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -237,4 +236,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    common.run_main("bench.sim.collect", main)

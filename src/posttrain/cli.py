@@ -20,8 +20,10 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from posttrain.config import ConfigError, RunConfig, load_config
@@ -257,7 +259,7 @@ def _learner_errors() -> tuple[type[Exception], ...]:
 
 
 def _stopped_error() -> type[BaseException]:
-    """The learner's early stop after a final checkpoint (SIGTERM, no live generator)."""
+    """The learner's early stop after a final checkpoint (SIGTERM, no progress, no live generator)."""
     from posttrain.learner.liveness import LearnerStopped
 
     return LearnerStopped
@@ -271,6 +273,80 @@ def _outage_errors() -> tuple[type[BaseException], ...]:
     from posttrain.weight_sync.timed import WeightStoreTimeout
 
     return (QueueConnectionError, redis.ConnectionError, redis.TimeoutError, WeightStoreTimeout, PermissionError)
+
+
+class Terminated(Exception):
+    """SIGTERM arrived where nothing stops gracefully (``run_with_one_line_errors(..., sigterm=True)``); status 143."""
+
+
+def one_line_error(exc: BaseException) -> tuple[str, int] | None:
+    """The one line and the exit status for an error of the project that deserves one, else None (a bug: traceback).
+
+    * ``ConfigError`` (``config error: ...``), ``FileNotFoundError`` (``file not found: ...``), a bad dataset row
+      or record (file:line:field), the learner's placement, checkpoint and non-finite-gradient errors: status 2;
+    * ``LearnerStopped`` (SIGTERM, no progress, no live generator; the learner checkpointed first): its own
+      status (143 for SIGTERM, else 1); ``Terminated``: 143;
+    * an unreachable Redis or weight store (the message names the URL or operation): status 1.
+
+    Args:
+        exc: The error.
+
+    Returns:
+        ``(line, status)``: the line without the program's name in front; None for any other error.
+    """
+    if isinstance(exc, ConfigError):
+        return f"config error: {exc}", 2
+    if isinstance(exc, FileNotFoundError):
+        return f"file not found: {exc}", 2
+    if isinstance(exc, DatasetError | RecordError):
+        # A bad dataset row names file:line:field; a bad record names the field.
+        return str(exc), 2
+    if isinstance(exc, Terminated):
+        return str(exc), 143
+    if isinstance(exc, _learner_errors()):
+        # learner.device: cuda where there is none; a checkpoint of another model shape or missing shards;
+        # too many non-finite gradient norms in a row.
+        return str(exc), 2
+    if isinstance(exc, _stopped_error()):
+        # SIGTERM (143), no progress or no live generator (1): the learner checkpointed first.
+        return str(exc), int(getattr(exc, "exit_code", 1))
+    if isinstance(exc, _outage_errors()):
+        # Redis gone past queue.reconnect_window_s; a weight store that hangs or cannot be read.
+        return str(exc), 1
+    return None
+
+
+def run_with_one_line_errors(prog: str, fn: Callable[[], int], *, sigterm: bool = False) -> int:
+    """Call ``fn`` and return its exit status; an error ``one_line_error`` knows ends it with ``prog: line`` instead.
+
+    The line goes to stderr; any other error propagates with its traceback (a bug). The ``posttrain`` command
+    and every benchmark entry point (``bench/*.py``) end through this.
+
+    Args:
+        prog: The program's name, in front of the line (``posttrain``, ``bench.async_vs_sync``).
+        fn: The command; returns its exit status.
+        sigterm: Also end on SIGTERM with one line and status 143 (``Terminated``), where nothing installed its
+            own handler (the learner's checkpoints first, then ends with ``LearnerStopped``, and puts this one
+            back). Only in the main thread.
+    """
+    previous = None
+    if sigterm and threading.current_thread() is threading.main_thread():
+        def terminated(signum: int, frame: object) -> None:
+            raise Terminated("SIGTERM received; stopped")
+
+        previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        return int(fn())
+    except Exception as exc:
+        known = one_line_error(exc)
+        if known is None:
+            raise
+        line, status = known
+        print(f"{prog}: {line}", file=sys.stderr, flush=True)
+        return status
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,31 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         # warnings stay. Read when vllm is imported, so it must be set before.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    try:
-        return int(args.func(args))
-    except ConfigError as exc:
-        print(f"posttrain: config error: {exc}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as exc:
-        print(f"posttrain: file not found: {exc}", file=sys.stderr)
-        return 2
-    except (DatasetError, RecordError) as exc:
-        # A bad dataset row names file:line:field; a bad record names the field.
-        print(f"posttrain: {exc}", file=sys.stderr)
-        return 2
-    except _learner_errors() as exc:
-        # learner.device: cuda where there is none; a checkpoint of another model shape or missing shards;
-        # too many non-finite gradient norms in a row.
-        print(f"posttrain: {exc}", file=sys.stderr)
-        return 2
-    except _stopped_error() as exc:
-        # SIGTERM (143) or no live generator (1): the learner checkpointed first.
-        print(f"posttrain: {exc}", file=sys.stderr)
-        return int(getattr(exc, "exit_code", 1))
-    except _outage_errors() as exc:
-        # Redis gone past queue.reconnect_window_s; a weight store that hangs or cannot be read.
-        print(f"posttrain: {exc}", file=sys.stderr)
-        return 1
+    return run_with_one_line_errors("posttrain", lambda: args.func(args))
 
 
 if __name__ == "__main__":

@@ -254,3 +254,50 @@ def test_the_headline_ratio_is_at_equal_episodes_in_flight_beside_the_equal_batc
         ["equal batch (SAO 8x in flight)", "grpo_sync_g8", "64", "64", "12", "2-12"]]
     assert rows[0][9] == "3.90" and rows[2][9] == "-"
     assert "at **equal episodes in flight**: **1.37x**" in text and "8x the episodes in flight: **20.00x**" in text
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sigterm_to_the_asynchronous_grpo_method_ends_it_with_one_line_after_a_checkpoint(tmp_path: Path) -> None:
+    """Issue 36: SIGTERM at version 10 of 12 checkpointed, then ``bench.async_vs_sync`` printed a traceback ending in
+    ``LearnerStopped``. Now the learner's one line ends the command (status 143), as ``posttrain`` ends. The method
+    shrunk to a 2-step warm start and groups of 2 on instantaneous tools; SIGTERM once the learner has trained."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from bench.common import REPO
+
+    out = tmp_path / "w"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.async_vs_sync", "grpo_async_g8", f"output_dir={out}", "warm_start.steps=2",
+         "data.num_train_tasks=16", "data.num_eval_tasks=4", "data.env_args.tool_latency_median_s=0",
+         "data.env_args.max_calls=1", "grpo.prompts_per_step=1", "grpo.group_size=2", "grpo.steps=1000",
+         "grpo.checkpoint_every=4", "generator.episodes_in_flight=4", "generator.max_new_tokens=8",
+         "generator.max_turns=3", "learner.max_iterations_without_progress=1000", "--no-docs",
+         "--out", str(tmp_path / "r.json")],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")})
+    ledger = out / "grpo_async_g8_r0" / "learner_ledger.jsonl"
+    try:
+        deadline = time.monotonic() + 240
+        while not ledger.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ledger.exists(), proc.poll()  # the learner trained a batch: its own SIGTERM handler is in place
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "Traceback" not in stdout + stderr, stderr[-3000:]
+    stopped = [line for line in stderr.splitlines() if "stopped" in line]
+    assert stopped == [stderr.strip().splitlines()[-1]], stderr[-3000:]
+    assert stopped[0].startswith("bench.async_vs_sync: learner stopped at policy version ")
+    assert stopped[0].endswith(": SIGTERM received; stopped after a final checkpoint")
+    assert proc.returncode == 143
+    assert list((out / "grpo_async_g8_r0" / "checkpoints").glob("iter-*"))
+    assert not (tmp_path / "r.json").exists()
