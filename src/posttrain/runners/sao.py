@@ -219,16 +219,25 @@ class StageClock:
         return ", ".join(f"{name} {seconds:.0f}" for name, seconds in self.durations.items())
 
 
+PROGRESS_SHARES = (("progress/uniform_groups_frac", "uniform groups"), ("progress/stale_dropped_frac", "stale drops"),
+                   ("progress/masked_tokens_frac", "masked tokens"))
+"""The shares the progress line shows (``posttrain.learner.progress``), with their labels."""
+
+
 def progress_sink(sink: MetricsSink, total: int, every: int) -> MetricsSink:
     """``sink``, plus a console line each ``every`` policy versions with the mean training reward since the last line.
 
     The mean is over the learner batches since the last line (the first line also counts the critic's warm-up
-    batches, which publish no version), and the line says how many.
+    batches, which publish no version), and the line says how many. It also shows the mean shares of stale drops
+    and masked tokens (and uniform groups, with groups) of those batches (``progress/*``, from
+    ``posttrain.learner.progress``): when they near 100% the learner is about to stop for lack of progress
+    (``learner.max_iterations_without_progress``), which prints its own lines while no version comes.
 
     ``(metrics, policy_version)`` calls whose metrics have no ``reward/mean`` (e.g. the warm start's)
     pass through silently.
     """
     rewards: list[float] = []
+    shares: dict[str, list[float]] = {key: [] for key, _ in PROGRESS_SHARES}
     marks = {"next": every, "t0": time.monotonic()}
 
     def tee(metrics: dict[str, float], step: int) -> None:
@@ -236,12 +245,19 @@ def progress_sink(sink: MetricsSink, total: int, every: int) -> MetricsSink:
         if "reward/mean" not in metrics:
             return
         rewards.append(float(metrics["reward/mean"]))
+        for key, values in shares.items():
+            if key in metrics:
+                values.append(float(metrics[key]))
         if step >= marks["next"] or step >= total:
             mean = sum(rewards) / len(rewards)
+            shown = "".join(f", {label} {100 * sum(shares[key]) / len(shares[key]):.0f}%"
+                            for key, label in PROGRESS_SHARES if shares[key])
             # Batches, not versions: the critic's warm-up steps train a batch each and publish no version.
             print(f"      policy version {step}/{total}: training reward {mean:.2f} (mean of the {len(rewards)} "
-                  f"batches since the last line), {time.monotonic() - marks['t0']:.0f} s", flush=True)
+                  f"batches since the last line){shown}, {time.monotonic() - marks['t0']:.0f} s", flush=True)
             rewards.clear()
+            for values in shares.values():
+                values.clear()
             while marks["next"] <= step:
                 marks["next"] += every
 

@@ -138,3 +138,18 @@ def test_warnings_are_captured_again_after_an_earlier_capture_was_undone(tmp_pat
         warnings.simplefilter("always")
         warnings.warn("a warning after the undone capture", UserWarning, stacklevel=1)
     assert "a warning after the undone capture" in path.read_text(encoding="utf-8")
+
+
+def test_the_progress_line_shows_the_shares_that_stop_a_learner_without_progress(capsys) -> None:
+    """Every 2 versions: the mean reward and the mean shares of the batches since the last line (the first line also
+    counts a warm-up batch, which has no shares yet); the uniform-group share only where there are groups."""
+    from posttrain.runners.sao import progress_sink
+
+    seen: list[int] = []
+    tee = progress_sink(lambda metrics, step: seen.append(step), total=4, every=2)
+    tee({"reward/mean": 0.5}, 0)
+    for version, stale, masked in ((1, 0.0, 0.1), (2, 0.5, 0.3), (3, 0.0, 1.0), (4, 0.0, 1.0)):
+        tee({"reward/mean": 0.25, "progress/stale_dropped_frac": stale, "progress/masked_tokens_frac": masked}, version)
+    lines = [line.split(", ", 1)[1].rsplit(", ", 1)[0] for line in capsys.readouterr().out.splitlines()]
+    assert lines == ["stale drops 25%, masked tokens 20%", "stale drops 0%, masked tokens 100%"]
+    assert seen == [0, 1, 2, 3, 4]
