@@ -2,7 +2,8 @@
 
 Components are called through ``<component>.python_func`` with real ``kfp.dsl`` artifact objects
 whose URIs are local paths, so each test runs exactly the body KFP would run, in-process. Also
-puts ``tests/`` on ``sys.path`` for the loopback fakes (``tests/fakes``).
+puts ``tests/`` on ``sys.path`` for the real Kubernetes control plane of the cluster tier
+(``tests/kube_control_plane.py``: the ``kube`` fixtures) and the loopback fakes (``tests/fakes``).
 """
 
 import sys
@@ -14,6 +15,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "tests") not in sys.path:
     sys.path.append(str(REPO / "tests"))
+
+from kube_control_plane import kube, kube_ns, kube_tenant  # noqa: E402,F401 - fixtures of the cluster tier
 
 TINY_SAO = [
     "run_name=tiny-sao",

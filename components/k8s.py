@@ -11,8 +11,9 @@
   ``posttrain.kfp.artifacts.workspace`` uses it when the directory exists.
 * ``use_tenant_config(task)``: the tenant's ConfigMap (S3 prefix and endpoint, MLflow URI and
   experiment, Redis key prefix) and S3 credentials as environment variables.
-* ``use_pod_identity(task)``: the pod's own name and uid as ``POD_NAME``/``POD_UID`` (downward
-  API), so the SAO launcher makes its pod the owner of the JobSet it creates.
+* ``use_pod_identity(task)``: the pod's own name and namespace as ``POD_NAME``/``POD_NAMESPACE``
+  (downward API), so the SAO launcher reads its pod, finds the run's Argo Workflow among the pod's
+  owners and makes that Workflow the owner of the JobSet it creates.
 
 All of them only change the compiled ``platforms.kubernetes`` section (or the container's
 resources); ``kfp.local`` ignores them, which is why ``tests/pipelines`` asserts on the compiled
@@ -30,7 +31,12 @@ from kfp import kubernetes
 from kfp.dsl import PipelineTask
 
 from posttrain.cluster.jobset import PRIORITY_LABEL, QUEUE_LABEL, S3_CREDENTIALS_SECRET, TENANT_CONFIG_MAP
-from posttrain.cluster.tenant import INTERACTIVE_PRIORITY, ISTIO_SIDECAR_KEY, LOCAL_QUEUE
+from posttrain.cluster.tenant import (
+    INTERACTIVE_PRIORITY,
+    ISTIO_SIDECAR_KEY,
+    JOBSET_RESTART_JOB_KEY,
+    LOCAL_QUEUE,
+)
 from posttrain.config.resources import is_quantity
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -48,6 +54,8 @@ TENANT_ENV_KEYS = (
     "REDIS_USERNAME",
 )
 """Keys of the tenant ConfigMap ``posttrain-tenant`` (``posttrain.cluster.tenant.render_tenant``)."""
+OPTIONAL_TENANT_ENV_KEYS = (ISTIO_SIDECAR_KEY, JOBSET_RESTART_JOB_KEY)
+"""Keys added to the tenant ConfigMap later: mapped as optional so older tenants' steps still start."""
 S3_CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 """Keys of the tenant Secret ``s3-credentials``, exposed under the same names."""
 
@@ -154,23 +162,25 @@ def use_tenant_config(task: PipelineTask) -> PipelineTask:
     """Expose the tenant's ConfigMap ``posttrain-tenant`` and Secret ``s3-credentials`` as environment.
 
     The step then finds MLflow (``MLFLOW_TRACKING_URI``), S3 (``AWS_ENDPOINT_URL``, credentials)
-    and the tenant's S3 prefix, exactly as the SAO JobSet's pods do (``envFrom`` there). The key
-    ``POSTTRAIN_ISTIO_SIDECAR`` is mapped as optional: tenants rendered before it existed lack it,
-    and the SAO launcher then opts the JobSet's pods out of sidecar injection.
+    and the tenant's S3 prefix, exactly as the SAO JobSet's pods do (``envFrom`` there). The keys
+    ``POSTTRAIN_ISTIO_SIDECAR`` and ``POSTTRAIN_JOBSET_RESTART_JOB`` are mapped as optional: tenants
+    rendered before they existed lack them, and the SAO launcher then opts the JobSet's pods out of
+    sidecar injection and renders the failure policy a stock JobSet accepts.
     """
     kubernetes.use_config_map_as_env(task, config_map_name=TENANT_CONFIG_MAP,
                                      config_map_key_to_env={k: k for k in TENANT_ENV_KEYS})
     kubernetes.use_config_map_as_env(task, config_map_name=TENANT_CONFIG_MAP,
-                                     config_map_key_to_env={ISTIO_SIDECAR_KEY: ISTIO_SIDECAR_KEY}, optional=True)
+                                     config_map_key_to_env={k: k for k in OPTIONAL_TENANT_ENV_KEYS}, optional=True)
     return kubernetes.use_secret_as_env(task, secret_name=S3_CREDENTIALS_SECRET,
                                         secret_key_to_env={k: k for k in S3_CREDENTIAL_KEYS})
 
 
 def use_pod_identity(task: PipelineTask) -> PipelineTask:
-    """Expose the pod's ``metadata.name`` and ``metadata.uid`` as ``POD_NAME`` and ``POD_UID``.
+    """Expose the pod's ``metadata.name`` and ``metadata.namespace`` as ``POD_NAME`` and ``POD_NAMESPACE``.
 
-    ``posttrain.cluster.launcher.owner_reference_from_env`` reads them: the JobSet the step creates
-    gets an ownerReference to the step's pod and is garbage-collected with it.
+    ``posttrain.cluster.launcher.launcher_pod_from_env`` reads them, and ``run_owner`` reads the pod:
+    the JobSet the step creates is owned by the run's Argo Workflow (deleted with the run, not with
+    this pod), and a SIGTERM is told apart as a cancel or an eviction (``termination_cause``).
     """
     kubernetes.use_field_path_as_env(task, env_name="POD_NAME", field_path="metadata.name")
-    return kubernetes.use_field_path_as_env(task, env_name="POD_UID", field_path="metadata.uid")
+    return kubernetes.use_field_path_as_env(task, env_name="POD_NAMESPACE", field_path="metadata.namespace")

@@ -80,17 +80,19 @@ def test_use_tenant_config_exposes_every_key_the_tenant_configmap_has(tmp_path):
     required, optional = k["configMapAsEnv"]
     keys = [e["configMapKey"] for e in required["keyToEnv"]] + [e["configMapKey"] for e in optional["keyToEnv"]]
     assert keys == list(configmap["data"])
-    # Tenants rendered before POSTTRAIN_ISTIO_SIDECAR existed lack it: their steps must still start.
+    # Tenants rendered before these keys existed lack them: their steps must still start.
     assert not required.get("optional") and optional["optional"] is True
-    assert [e["configMapKey"] for e in optional["keyToEnv"]] == ["POSTTRAIN_ISTIO_SIDECAR"]
+    assert [e["configMapKey"] for e in optional["keyToEnv"]] == ["POSTTRAIN_ISTIO_SIDECAR", "POSTTRAIN_JOBSET_RESTART_JOB"]
     assert required["configMapName"] == optional["configMapName"] == configmap["metadata"]["name"]
     assert k["secretAsEnv"][0]["secretName"] == "s3-credentials"
 
 
-def test_use_pod_identity_maps_name_and_uid_from_the_downward_api(tmp_path):
-    """The names the launcher's owner_reference_from_env reads."""
-    from posttrain.cluster.launcher import POD_NAME_ENV, POD_UID_ENV
+def test_use_pod_identity_maps_name_and_namespace_from_the_downward_api(tmp_path):
+    """The names the launcher's launcher_pod_from_env reads (to find the run's Workflow through its pod)."""
+    from posttrain.cluster.launcher import POD_NAME_ENV, POD_NAMESPACE_ENV, launcher_pod_from_env
 
     _, k = compile_with(tmp_path, k8s.use_pod_identity)
     assert k["fieldPathAsEnv"] == [{"name": POD_NAME_ENV, "fieldPath": "metadata.name"},
-                                   {"name": POD_UID_ENV, "fieldPath": "metadata.uid"}]
+                                   {"name": POD_NAMESPACE_ENV, "fieldPath": "metadata.namespace"}]
+    assert launcher_pod_from_env({POD_NAME_ENV: "p", POD_NAMESPACE_ENV: "team-a"}) == ("p", "team-a")
+    assert launcher_pod_from_env({"KFP_POD_NAME": "kfp-p", POD_NAMESPACE_ENV: "team-a"}) == ("kfp-p", "team-a")

@@ -61,8 +61,13 @@ RETRY = {"num_retries": 2, "backoff_duration": "60s", "backoff_factor": 2.0, "ba
 * ``evaluate``: reads the checkpoint, writes only its own reports; its single GPU pod is admitted by
   Kueue's pod integration, so a preemption (or a lost node) fails the attempt and a retry queues again.
 * ``train_sao``: the launcher re-attaches to the JobSet of the same run id (``jobset_name``), so a
-  lost or evicted launcher pod resumes following the training instead of starting a second one;
-  a JobSet that really failed fails the retry at its first status read.
+  retried step resumes following the training instead of starting a second one. The JobSet is
+  owned by the run's Workflow, not by the launcher pod, and an evicted or drained launcher leaves
+  it running (``posttrain.cluster.launcher.termination_cause``). Argo retries only a step whose
+  container failed (KFP compiles ``set_retry`` to Argo's default policy, ``OnFailure``); a pod that
+  was deleted (eviction, drain, lost node) is an Argo ``Error`` and fails the run: KFP's "Retry"
+  of the run then starts the step again and it re-attaches. A JobSet that really failed is replaced
+  by a fresh one on retry (the learner resumes from the run's checkpoints).
 
 Not retried:
 
@@ -92,7 +97,7 @@ def _train(technique: str, prepared: dsl.PipelineTask, queue: Any = LOCAL_QUEUE,
     if technique == "sao":
         task = train_sao(prepared=dataset, mode=mode, queue=queue, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                          learner_image=TRAINER_IMAGE, generator_image=GENERATOR_IMAGE, priority_class=priority_class)
-        k8s.use_pod_identity(task)  # the JobSet is owned by this step's pod (garbage-collected with it)
+        k8s.use_pod_identity(task)  # the launcher finds the run's Workflow (the JobSet's owner) through its pod
         task.set_retry(**RETRY)  # a retried launcher re-attaches to the same JobSet
     else:
         task = TRAINERS[technique](prepared=dataset, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)

@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from fixtures_models import tiny_model
+from kube_control_plane import kube, kube_ns, kube_tenant
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)
 
-__all__ = ["tiny_model"]
+__all__ = ["kube", "kube_ns", "kube_tenant", "tiny_model"]
 
 
 @pytest.fixture(autouse=True)

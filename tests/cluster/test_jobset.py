@@ -96,7 +96,10 @@ def test_success_follows_the_learner_and_failures_restart_a_bounded_number_of_ti
     assert js["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["learner"]}
     policy = js["spec"]["failurePolicy"]
     assert policy["maxRestarts"] == 3
-    assert policy["rules"] == [
+    # What a stock JobSet v0.12 accepts (the RestartJob action is behind an alpha gate, off by default).
+    assert policy["rules"] == [{"name": "anyFailureRestartsTheGroup", "action": "RestartJobSet"}]
+    gated = build(max_restarts=3, restart_job=True)["spec"]["failurePolicy"]
+    assert gated["rules"] == [
         {"name": "learnerRestartsAlone", "action": "RestartJob", "targetReplicatedJobs": ["learner"]},
         {"name": "generatorRestartsAlone", "action": "RestartJob", "targetReplicatedJobs": ["generator"]},
     ]
@@ -123,13 +126,18 @@ def recreated_jobs(js: dict, failed: str) -> set[str]:
     return everything
 
 
-def test_a_learner_failure_recreates_the_learner_alone_so_redis_keeps_the_stream():
-    """Issue 20: a learner crash restarted the whole group, and Redis (AOF on an emptyDir) came back empty."""
-    js = build()
-    assert recreated_jobs(js, "learner") == {"learner"}
-    assert recreated_jobs(js, "generator") == {"generator"}
-    assert recreated_jobs(js, "redis") == {"redis", "learner", "generator"}  # the rebase path (issue 23, item 17)
-    assert rjobs(js)["redis"]["template"]["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure"
+def test_a_learner_failure_restarts_the_group_on_stock_jobset_and_the_learner_alone_with_the_gate():
+    """Issue 20: a learner restart that keeps Redis needs the RestartJob action, which JobSet v0.12 gates
+    (alpha, off); a stock install restarts the group, and the learner re-bases on a fresh Redis."""
+    stock = build()
+    everything = {"redis", "learner", "generator"}
+    assert recreated_jobs(stock, "learner") == everything
+    assert recreated_jobs(stock, "generator") == everything
+    gated = build(restart_job=True)
+    assert recreated_jobs(gated, "learner") == {"learner"}
+    assert recreated_jobs(gated, "generator") == {"generator"}
+    assert recreated_jobs(gated, "redis") == everything  # the rebase path (issue 23, item 17)
+    assert rjobs(stock)["redis"]["template"]["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure"
 
 
 def test_learner_and_generators_start_after_redis_is_ready():

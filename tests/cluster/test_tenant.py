@@ -108,10 +108,10 @@ def test_config_map_holds_the_tenant_prefixes():
 def test_sandbox_pods_get_no_egress_and_generators_only_reach_the_shared_services():
     policies = {p["metadata"]["name"]: p for p in by_kind(render(), "NetworkPolicy")}
     sandbox = policies["sandbox-deny-egress"]["spec"]
-    assert sandbox == {"podSelector": {"matchLabels": {"posttrain.io/role": "sandbox"}}, "policyTypes": ["Egress"], "egress": []}
+    assert sandbox == {"podSelector": {"matchLabels": {"posttrain.io/role": "sandbox"}}, "policyTypes": ["Egress"]}
     gen = policies["generator-egress"]["spec"]
     ports = sorted(p["port"] for rule in gen["egress"] for p in rule["ports"])
-    assert ports == [53, 53, 5000, 6379, 6379, 8333]
+    assert ports == [53, 53, 53, 53, 5000, 6379, 6379, 8333]  # DNS: kube-dns pods and NodeLocal DNSCache
     assert gen["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "generator"
 
 
@@ -252,3 +252,69 @@ def test_tenant_cli_istio_sidecar_flag_renders_the_mesh_variant(capsys):
     docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
     gen = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "generator-egress")
     assert {"protocol": "TCP", "port": 15012} in [p for rule in gen["spec"]["egress"] for p in rule["ports"]]
+
+
+def dns_allowed(spec, *, namespace=None, labels=None, ip=None, port):
+    """Whether generator-egress lets DNS out to a pod (namespace + labels) or an address (ipBlock), on ``port``."""
+    import ipaddress
+
+    for rule in spec["egress"]:
+        if not any(p["port"] == port for p in rule["ports"]):
+            continue
+        for peer in rule["to"]:
+            if ip is not None and "ipBlock" in peer and ipaddress.ip_address(ip) in ipaddress.ip_network(peer["ipBlock"]["cidr"]):
+                return True
+            if labels is not None and "namespaceSelector" in peer and _selects(
+                    peer["namespaceSelector"], {"kubernetes.io/metadata.name": namespace}) and _selects(peer["podSelector"], labels):
+                return True
+    return False
+
+
+def test_dns_egress_covers_kube_dns_and_node_local_dns_cache_by_default_and_openshift_on_request(capsys):
+    """Issue 31, item 8: only port 53 to k8s-app=kube-dns broke NodeLocal DNSCache (169.254.20.10, a host-network
+    pod no pod selector matches) and OpenShift (DNS pods on 5353 in openshift-dns)."""
+    spec = by_kind(render(), "NetworkPolicy")[1]["spec"]
+    assert dns_allowed(spec, namespace="kube-system", labels={"k8s-app": "kube-dns"}, port=53)
+    assert dns_allowed(spec, ip="169.254.20.10", port=53)
+    assert not dns_allowed(spec, ip="169.254.20.11", port=53) and not dns_allowed(spec, ip="169.254.20.10", port=80)
+
+    assert tenant_cli(["team-a", "--gpu-quota", "8", "--dns-preset", "openshift"]) == 0
+    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    spec = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "generator-egress")["spec"]
+    assert dns_allowed(spec, namespace="openshift-dns", labels={"dns.operator.openshift.io/daemonset-dns": "default"},
+                       port=5353)
+    assert not dns_allowed(spec, namespace="kube-system", labels={"k8s-app": "kube-dns"}, port=53)
+    assert not dns_allowed(spec, ip="169.254.20.10", port=53)
+
+    assert tenant_cli(["team-a", "--gpu-quota", "8", "--dns-namespace", "dns", "--dns-pod-label", "app=coredns",
+                       "--dns-port", "53", "--dns-port", "5353", "--dns-ip-block", "169.254.20.10/32",
+                       "--dns-ip-block", "10.96.0.10/32"]) == 0
+    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    spec = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "generator-egress")["spec"]
+    assert dns_allowed(spec, namespace="dns", labels={"app": "coredns"}, port=5353)
+    assert dns_allowed(spec, ip="10.96.0.10", port=53)  # the kube-dns Service IP NodeLocal DNSCache binds (iptables mode)
+    assert validate_objects(docs) == []
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--dns-port", "0"], r"dns.ports: \[0\] must be one or more port numbers"),
+    (["--dns-ip-block", "169.254.20.10"], None),  # a bare address is a /32
+    (["--dns-ip-block", "169.254.20.0/16"], "dns.ip_blocks: '169.254.20.0/16' is not a CIDR"),
+    (["--dns-pod-label", "k8s-app"], "--dns-pod-label: 'k8s-app' is not KEY=VALUE"),
+    (["--dns-namespace", "Kube_System"], "dns.namespace: 'Kube_System' must be a DNS-1123 label"),
+])
+def test_bad_dns_settings_name_the_field(argv, message, capsys):
+    rc = tenant_cli(["team-a", "--gpu-quota", "8", *argv])
+    out, err = capsys.readouterr()
+    if message is None:
+        assert rc == 0, err
+        assert "cidr: 169.254.20.10/32" in out
+    else:
+        assert rc == 2 and re.search(message, err), err
+
+
+def test_the_jobset_restart_job_setting_reaches_the_config_map(capsys):
+    assert by_kind(render(), "ConfigMap")[0]["data"]["POSTTRAIN_JOBSET_RESTART_JOB"] == "false"
+    assert tenant_cli(["team-a", "--gpu-quota", "8", "--jobset-restart-job"]) == 0
+    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    assert next(d for d in docs if d["kind"] == "ConfigMap")["data"]["POSTTRAIN_JOBSET_RESTART_JOB"] == "true"

@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from posttrain.cluster.jobset import RENDEZVOUS_TIMEOUT_S, SAOImages, sao_jobset_for_config
+from posttrain.cluster.jobset import (
+    DEFAULT_TERMINATION_GRACE_S,
+    JOB_DELETION_SLACK_S,
+    LEARNER_TERMINATION_GRACE_S,
+    POD_START_BUDGET_S,
+    REDIS_READY_BUDGET_S,
+    RENDEZVOUS_TIMEOUT_S,
+    SAOImages,
+    restart_recovery_s,
+    sao_jobset_for_config,
+)
 from posttrain.cluster.tenant import INTERACTIVE_PRIORITY, SCHEDULED_PRIORITY, TENANT_LABEL, render_tenant
 from posttrain.config import load_config
 from posttrain.config.resources import quantity_bytes
@@ -66,10 +76,26 @@ def test_kueue_configuration_waits_for_pods_ready_below_the_learner_rendezvous_l
     cfg = kueue_configuration()
     assert (cfg["apiVersion"], cfg["kind"]) == ("config.kueue.x-k8s.io/v1beta2", "Configuration")
     wait = cfg["waitForPodsReady"]
-    assert 10 * 60 <= seconds(wait["timeout"]) < RENDEZVOUS_TIMEOUT_S
-    assert seconds(wait["recoveryTimeout"]) <= seconds(wait["timeout"])
+    assert REDIS_READY_BUDGET_S + POD_START_BUDGET_S <= seconds(wait["timeout"]) < RENDEZVOUS_TIMEOUT_S
     assert wait["blockAdmission"] is False
     assert wait["requeuingStrategy"]["backoffLimitCount"] >= 1
+
+
+@pytest.mark.parametrize("restart_job", [False, True])
+def test_kueue_recovery_timeout_outlasts_a_restart_of_the_slowest_pod(restart_job):
+    """Issue 31, item 4: with recoveryTimeout 10 min, a learner restart (600 s SIGTERM grace for the checkpoint,
+    the failed Job's deletion, Redis and the new pods starting) would have made Kueue evict the whole group,
+    Redis's emptyDir with it. The arithmetic: max grace 600 + deletion 120 + Redis 120 + pod start 900 = 1740 s
+    <= recoveryTimeout 30m = 1800 s."""
+    js = sao_jobset_for_config(load_config(None, []), "run-1", "team-a", SAOImages("t:1", "g:1"), "posttrain",
+                               "s3://b/c.yaml", "redis-credentials", restart_job=restart_job)
+    graces = [r["template"]["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", DEFAULT_TERMINATION_GRACE_S)
+              for r in js["spec"]["replicatedJobs"]]
+    assert max(graces) == LEARNER_TERMINATION_GRACE_S == 600
+    budget = restart_recovery_s(js)
+    assert budget == 600 + JOB_DELETION_SLACK_S + REDIS_READY_BUDGET_S + POD_START_BUDGET_S == 1740
+    recovery = seconds(kueue_configuration()["waitForPodsReady"]["recoveryTimeout"])
+    assert budget <= recovery == 1800
 
 
 def test_kueue_manages_jobsets_and_plain_pods_only_in_tenant_namespaces():

@@ -17,28 +17,50 @@ learner never holds GPUs while its generators wait for quota, or the reverse.
   (``network.enableDNSHostnames``; ``publishNotReadyAddresses`` so the name resolves before the pod
   is Ready); torchrun's static rendezvous retries until that name resolves and every node has
   joined, for at most ``RENDEZVOUS_TIMEOUT_S``. The Job has ``backoffLimit: 0`` and
-  ``restartPolicy: Never`` so a crash of any learner pod fails the Job; the JobSet then recreates
-  the learner Job alone (failure rule ``RestartJob``, bounded by ``failurePolicy.maxRestarts``), so
-  Redis keeps the stream, the pending entries, the admission counters and the generators'
-  positions, and the new learner resumes from its checkpoint on ``checkpoints_uri`` (issue 20,
-  "restart that keeps the stream"; a group-wide restart would recreate Redis on an empty
-  emptyDir). The failed pod keeps its termination message (``FallbackToLogsOnError``: the log tail
-  when the process wrote none) for the launcher to report.
+  ``restartPolicy: Never`` so a crash of any learner pod fails the Job. What happens then depends
+  on the JobSet install (``restart_job``):
+
+  - a stock JobSet v0.12 (``restart_job=False``, the default): the failure policy has one rule,
+    ``RestartJobSet``, so the whole group restarts: Redis comes back empty (emptyDir), and the
+    resumed learner re-bases the admission counters and the generators' positions on its
+    checkpoint (``RolloutQueue``/``admission.rebase``, issue 23 items 17-18); the rollouts in the
+    stream that no checkpoint covered are sampled again;
+  - a JobSet controller started with ``--feature-gates=RestartJob=true`` (``restart_job=True``,
+    tenant ConfigMap ``POSTTRAIN_JOBSET_RESTART_JOB: "true"``): the JobSet recreates the learner
+    Job alone (failure rule ``RestartJob``), so Redis keeps the stream, the pending entries, the
+    admission counters and the generators' positions, and the new learner resumes from its
+    checkpoint on ``checkpoints_uri`` (issue 20, "restart that keeps the stream"). The ``RestartJob``
+    action is alpha and off by default in v0.12 (``pkg/features/features.go``); the JobSet webhook
+    refuses a JobSet that uses it on a stock install (``posttrain.cluster.jobset_webhook``).
+
+  Both are bounded by ``failurePolicy.maxRestarts``. The failed pod keeps its termination message
+  (``FallbackToLogsOnError``: the log tail when the process wrote none) for the launcher to report.
 * ``generator`` (N Jobs of 1 pod, ``generator.resources`` each): ``posttrain generator --config
   <uri> --generator-index $(POSTTRAIN_GENERATOR_INDEX)``, the index being the pod's JobSet job
   index (0..N-1, from the ``jobset.sigs.k8s.io/job-index`` label): generator ``g<index>``, seeded
   ``seed * 1000 + index``, with episode seeds disjoint from the other generators'
-  (``posttrain.generator.seeds``). A failed generator Job is restarted alone (failure rule
-  ``RestartJob``), still counted against ``maxRestarts``.
+  (``posttrain.generator.seeds``). A generator Job that fails past its ``backoffLimit`` restarts
+  the group on a stock install and only itself with ``restart_job``, counted against ``maxRestarts``.
 
 Every pod carries ``sidecar.istio.io/inject: "false"`` unless ``istio_sidecar=True`` (Kubeflow
 profile namespaces inject Istio sidecars, which keep finished batch pods Running), and, with a
 ``priority_class``, the label ``kueue.x-k8s.io/priority-class`` the JobSet itself carries for Kueue.
 
-Only a failure of the ``redis`` Job itself (past its ``backoffLimit``) restarts the whole group
-(no rule matches: ``RestartJobSet``); Redis then starts empty, and the resumed learner re-bases the
-admission counters on its checkpoint (``RolloutQueue``/``admission.rebase``), so the surplus
-capacity does not go stale (issue 23, item 17).
+A failure of the ``redis`` Job itself (past its ``backoffLimit``) always restarts the whole group
+(``RestartJobSet``); Redis then starts empty, and the resumed learner re-bases the admission
+counters on its checkpoint (``RolloutQueue``/``admission.rebase``), so the surplus capacity does not
+go stale (issue 23, item 17).
+
+Every JobSet built here passes the v0.12 webhook's rules for the declared feature gates
+(``posttrain.cluster.jobset_webhook.validate_create``); ``build_sao_jobset`` refuses to return one
+that would not.
+
+Restart timing (``restart_recovery_s``): a restart takes at most the slowest pod's grace period
+(``LEARNER_TERMINATION_GRACE_S``), the deletion of the failed Jobs (``JOB_DELETION_SLACK_S``), Redis
+becoming Ready again on a group restart (``REDIS_READY_BUDGET_S``) and the new pods starting
+(``POD_START_BUDGET_S``). Kueue's ``waitForPodsReady.recoveryTimeout``
+(``manifests/kueue-system/kueue-manager-config.yaml``) must exceed it, or Kueue evicts the whole
+group in the middle of a restart it would have survived.
 
 ``successPolicy {operator: All, targetReplicatedJobs: [learner]}`` ends the run when the learner
 completes; the JobSet controller then deletes the still-running generator and Redis Jobs.
@@ -64,6 +86,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.cluster.jobset_webhook import JobSetRejected, validate_create
 from posttrain.config import GeneratorConfig, LearnerConfig, RunConfig
 from posttrain.config.resources import PodResources, quantity_bytes
 from posttrain.config.sections import MAX_LEARNER_NODES
@@ -150,18 +173,6 @@ def jobset_name(run_id: str) -> str:
     return name
 
 
-def _check_generated_names(name: str, replicated_jobs: list[dict[str, Any]]) -> None:
-    """Re-implement the JobSet webhook check: every child pod name must be a DNS-1035 label (<= 63)."""
-    for rjob in replicated_jobs:
-        completions = rjob["template"]["spec"]["completions"]
-        longest = f"{name}-{rjob['name']}-{rjob['replicas'] - 1}-{completions - 1}-abcde"
-        if len(longest) > 63:
-            raise ValueError(
-                f"replicatedJobs[{rjob['name']}]: generated pod name {longest!r} is longer than 63 characters; "
-                "use fewer replicas or a shorter JobSet name"
-            )
-
-
 def learner_host(name: str) -> str:
     """DNS name of learner pod 0 of JobSet ``name``: ``<name>-learner-0-0.<name>``.
 
@@ -227,6 +238,38 @@ multi-billion-parameter model takes minutes, not the default 30 s."""
 GENERATOR_TERMINATION_GRACE_S = 60
 """Seconds a generator pod gets after SIGTERM: it stops sampling, sends what it finished and gives
 its admission tickets back (issue 23, item 20); the engine is not waited for."""
+DEFAULT_TERMINATION_GRACE_S = 30
+"""Kubernetes' grace period for a pod that sets none (the Redis pod)."""
+JOB_DELETION_SLACK_S = 120
+"""Seconds allowed, past the slowest pod's grace period, for the JobSet controller to delete the
+failed Job(s) (foreground: the Job goes after its pods) and create the new ones."""
+REDIS_READY_BUDGET_S = 120
+"""Seconds allowed for a recreated Redis pod to be scheduled, pull Valkey and pass its readiness
+probe: on a group restart the learner and generators wait for it (``dependsOn``)."""
+POD_START_BUDGET_S = 900
+"""Seconds allowed for recreated learner and generator pods to be scheduled, pull their CUDA images
+(cached on a node that ran them before; a cold pull on a new node can take most of this) and start."""
+
+
+def restart_recovery_s(jobset: dict[str, Any]) -> int:
+    """Worst-case seconds from a pod failure until the restarted JobSet's pods are all Ready again.
+
+    The slowest pod's ``terminationGracePeriodSeconds`` (the learner's checkpoint on SIGTERM) +
+    ``JOB_DELETION_SLACK_S`` + ``REDIS_READY_BUDGET_S`` + ``POD_START_BUDGET_S``. Kueue's
+    ``waitForPodsReady.recoveryTimeout`` must be at least this (``tests/manifests/test_kueue.py``
+    checks the shipped value), else Kueue evicts the group while it restarts.
+
+    Args:
+        jobset: A JobSet from ``build_sao_jobset``.
+
+    Returns:
+        Seconds.
+    """
+    grace = max(
+        int(r["template"]["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", DEFAULT_TERMINATION_GRACE_S))
+        for r in jobset["spec"]["replicatedJobs"]
+    )
+    return grace + JOB_DELETION_SLACK_S + REDIS_READY_BUDGET_S + POD_START_BUDGET_S
 
 
 def _pod_spec(
@@ -308,6 +351,7 @@ def build_sao_jobset(
     priority_class: str | None = None,
     istio_sidecar: bool = False,
     max_restarts: int = 2,
+    restart_job: bool = False,
     tenant_config_map: str | None = TENANT_CONFIG_MAP,
     s3_credentials_secret: str | None = S3_CREDENTIALS_SECRET,
     ttl_seconds_after_finished: int = 86400,
@@ -337,8 +381,12 @@ def build_sao_jobset(
             (label and annotation), so a profile namespace with sidecar injection leaves the pods
             alone; True: no opt-out (a mesh-managed namespace; the tenant's NetworkPolicies must
             then allow istiod: ``posttrain tenant render --istio-sidecar``).
-        max_restarts: ``failurePolicy.maxRestarts``: group restarts plus single-learner and
-            single-generator restarts.
+        max_restarts: ``failurePolicy.maxRestarts``: group restarts plus (with ``restart_job``)
+            single-learner and single-generator restarts.
+        restart_job: The JobSet controller runs with the ``RestartJob`` feature gate on (alpha, off
+            by default in JobSet v0.12): a failed learner or generator Job is recreated alone
+            (``RestartJob`` rules) and Redis keeps its stream. False (default, what a stock install
+            accepts): any failed Job restarts the whole group (``RestartJobSet``).
         tenant_config_map: ConfigMap mounted as environment (``envFrom``) into learner and generators
             (S3 prefix, MLflow experiment and tracking URI, Redis key prefix), or None.
         s3_credentials_secret: Secret mounted as environment into learner and generators, or None.
@@ -349,6 +397,8 @@ def build_sao_jobset(
 
     Raises:
         ValueError: a field is out of range or not a valid Kubernetes name (the message names it).
+        posttrain.cluster.jobset_webhook.JobSetRejected: (a ``ValueError``) the JobSet webhook of
+            v0.12 with these feature gates would refuse the result (its reasons in the message).
     """
     name = jobset_name(run_id)
     learner_nodes = LearnerConfig().nodes if learner_nodes is None else learner_nodes
@@ -358,7 +408,8 @@ def build_sao_jobset(
         if not isinstance(value, str) or len(value) > 63 or not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", value):
             raise ValueError(f"{field}: {value!r} is not a DNS-1123 label (lowercase a-z0-9 '-', <= 63)")
     if not 1 <= num_generators <= 1024:
-        raise ValueError(f"num_generators: must be in [1, 1024] (JobSet RestartJob limit), got {num_generators}")
+        raise ValueError(f"num_generators: must be in [1, 1024] (JobSet's limit of replicas per replicatedJob with "
+                         f"RestartJob rules), got {num_generators}")
     if not isinstance(learner_nodes, int) or not 1 <= learner_nodes <= MAX_LEARNER_NODES:
         raise ValueError(f"learner_nodes: must be an integer in [1, {MAX_LEARNER_NODES}], got {learner_nodes!r}")
     if not 0 <= max_restarts <= 100:
@@ -474,12 +525,17 @@ def build_sao_jobset(
                                   GENERATOR_TERMINATION_GRACE_S), 3, "redis",
                         *pod_meta),
     ]
-    _check_generated_names(name, replicated_jobs)
-
+    if restart_job:
+        failure_rules = [
+            {"name": "learnerRestartsAlone", "action": "RestartJob", "targetReplicatedJobs": ["learner"]},
+            {"name": "generatorRestartsAlone", "action": "RestartJob", "targetReplicatedJobs": ["generator"]},
+        ]
+    else:
+        failure_rules = [{"name": "anyFailureRestartsTheGroup", "action": "RestartJobSet"}]
     labels = {**_labels("sao", name), QUEUE_LABEL: queue_name}
     if priority_class:
         labels[PRIORITY_LABEL] = priority_class
-    return {
+    jobset = {
         "apiVersion": JOBSET_API_VERSION,
         "kind": "JobSet",
         "metadata": {
@@ -494,15 +550,16 @@ def build_sao_jobset(
             "failurePolicy": {
                 "maxRestarts": max_restarts,
                 "restartStrategy": "Recreate",
-                "rules": [
-                    {"name": "learnerRestartsAlone", "action": "RestartJob", "targetReplicatedJobs": ["learner"]},
-                    {"name": "generatorRestartsAlone", "action": "RestartJob", "targetReplicatedJobs": ["generator"]},
-                ],
+                "rules": failure_rules,
             },
             "ttlSecondsAfterFinished": ttl_seconds_after_finished,
             "replicatedJobs": replicated_jobs,
         },
     }
+    errors = validate_create(jobset, {"RestartJob": restart_job})
+    if errors:
+        raise JobSetRejected(name, errors)
+    return jobset
 
 
 def sao_jobset_for_config(

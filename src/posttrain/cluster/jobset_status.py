@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import urllib3
 from kubernetes.client import CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
@@ -28,6 +29,24 @@ JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 TERMINAL_PHASES = ("Completed", "Failed")
+REQUEST_TIMEOUT_S = 30.0
+"""Seconds one Kubernetes API request may take (the ``_request_timeout`` of every call: connect,
+TLS handshake and each read), so a half-open connection cannot block the launcher forever."""
+
+
+def kube_timeout(seconds: float) -> tuple[float, float]:
+    """The ``_request_timeout`` argument for ``seconds``: the pair ``(connect, read)``.
+
+    Always a pair: the ``kubernetes`` client (30.1, ``client/rest.py``) turns only an ``int`` or a
+    2-tuple into a urllib3 timeout and silently ignores a ``float``, which left a request to a
+    server that accepts the connection and never answers blocked forever in the TLS handshake.
+
+    Raises:
+        ValueError: ``seconds`` is not positive.
+    """
+    if not seconds > 0:
+        raise ValueError(f"request timeout: must be > 0 seconds, got {seconds!r}")
+    return (float(seconds), float(seconds))
 _MESSAGE_TAIL_CHARS = 2000
 
 
@@ -150,17 +169,22 @@ def jobset_status(obj: Mapping[str, Any]) -> JobSetStatus:
                         reason=cond.get("reason", ""), message=cond.get("message", ""))
 
 
-def kueue_admission_message(api: CustomObjectsApi, namespace: str, uid: str) -> str:
+def kueue_admission_message(api: CustomObjectsApi, namespace: str, uid: str, *,
+                            request_timeout: float = REQUEST_TIMEOUT_S) -> str:
     """Kueue's admission message for the Workload of the JobSet with ``uid`` (why it is still queued).
 
-    An API error reading the Workload gives a message that says so; it is not raised.
+    An API error reading the Workload (or no answer within ``request_timeout`` seconds) gives a
+    message that says so; it is not raised.
     """
     try:
         workloads = api.list_namespaced_custom_object(
-            KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", label_selector=f"{KUEUE_JOB_UID_LABEL}={uid}"
+            KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", label_selector=f"{KUEUE_JOB_UID_LABEL}={uid}",
+            _request_timeout=kube_timeout(request_timeout),
         )
     except ApiException as exc:
         return f"Kueue workload not readable (HTTP {exc.status} {exc.reason})"
+    except urllib3.exceptions.HTTPError as exc:
+        return f"Kueue workload not readable (no answer: {type(exc).__name__})"
     items = workloads.get("items") or []
     if not items:
         return "no Kueue Workload yet (is Kueue installed and the JobSet integration enabled?)"
@@ -177,7 +201,8 @@ def _tail(text: str) -> str:
     return text if len(text) <= _MESSAGE_TAIL_CHARS else "..." + text[-_MESSAGE_TAIL_CHARS:]
 
 
-def pod_failures(core: CoreV1Api, namespace: str, name: str, *, read_logs: bool = True) -> list[PodFailure]:
+def pod_failures(core: CoreV1Api, namespace: str, name: str, *, read_logs: bool = True,
+                 request_timeout: float = REQUEST_TIMEOUT_S) -> list[PodFailure]:
     """Failed containers of the JobSet's pods, learner first, then newest first.
 
     A container counts as failed when its current or last termination has a non-zero exit code; an
@@ -189,11 +214,14 @@ def pod_failures(core: CoreV1Api, namespace: str, name: str, *, read_logs: bool 
         namespace: JobSet namespace.
         name: JobSet name (pods carry label ``jobset.sigs.k8s.io/jobset-name``).
         read_logs: Fall back to ``pods/log`` for empty learner messages.
+        request_timeout: Seconds per API request.
 
     Raises:
         kubernetes.client.exceptions.ApiException: listing pods failed.
+        urllib3.exceptions.HTTPError: the API server did not answer the listing.
     """
-    pods = core.list_namespaced_pod(namespace, label_selector=f"{JOBSET_NAME_LABEL}={name}").items
+    pods = core.list_namespaced_pod(namespace, label_selector=f"{JOBSET_NAME_LABEL}={name}",
+                                    _request_timeout=kube_timeout(request_timeout)).items
     failures: list[PodFailure] = []
     for pod in pods:
         role = (pod.metadata.labels or {}).get(REPLICATED_JOB_LABEL, "?")
@@ -215,8 +243,11 @@ def pod_failures(core: CoreV1Api, namespace: str, name: str, *, read_logs: bool 
         for i, f in enumerate(failures):
             if f.role == "learner" and not f.message and f.container:
                 try:
-                    text = core.read_namespaced_pod_log(f.pod, namespace, container=f.container, tail_lines=50, previous=False)
+                    text = core.read_namespaced_pod_log(f.pod, namespace, container=f.container, tail_lines=50,
+                                                        previous=False, _request_timeout=kube_timeout(request_timeout))
                 except ApiException as exc:
                     text = f"(log not readable: HTTP {exc.status} {exc.reason})"
+                except urllib3.exceptions.HTTPError as exc:
+                    text = f"(log not readable: no answer: {type(exc).__name__})"
                 failures[i] = PodFailure(f.pod, f.role, f.container, f.exit_code, f.reason, _tail(text), f.finished_at)
     return failures

@@ -14,9 +14,12 @@ services: an S3 prefix, an MLflow experiment and a Redis user restricted to its 
 4. ServiceAccount ``pipeline-runner``, Role ``posttrain-launcher`` (JobSets, pods and logs, Kueue
    workloads and queues, the named Secrets/ConfigMap the launcher checks), RoleBinding;
 5. ConfigMap ``posttrain-tenant`` (S3 prefix, MLflow experiment and URI, Redis key prefix, whether
-   SAO JobSet pods keep Istio sidecars: ``POSTTRAIN_ISTIO_SIDECAR``);
+   SAO JobSet pods keep Istio sidecars: ``POSTTRAIN_ISTIO_SIDECAR``, whether the cluster's JobSet
+   controller has the ``RestartJob`` gate: ``POSTTRAIN_JOBSET_RESTART_JOB``);
 6. NetworkPolicies: sandbox pods get no egress; generators reach only DNS, Redis, S3 and MLflow
-   (and istiod when ``istio_sidecar``);
+   (and istiod when ``istio_sidecar``). Where DNS answers is the cluster's business (``DnsEgress``):
+   by default kube-dns pods on port 53 plus NodeLocal DNSCache's link-local address
+   ``169.254.20.10``; ``DNS_PRESETS["openshift"]`` is OpenShift's DNS (port 5353);
 7. Secret template ``redis-acl-<name>`` in the platform namespace with the tenant's Redis ACL rule;
    the password is a placeholder (``${REDIS_PASSWORD}``) filled from the tenant's
    ``redis-credentials`` Secret when the ACL is loaded: no password is ever rendered.
@@ -28,10 +31,12 @@ Run: ``posttrain tenant render team-a --gpu-quota 8`` (the CLI calls ``tenant_cl
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import re
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +81,83 @@ ISTIOD_PORT = 15012
 ISTIO_SIDECAR_KEY = "POSTTRAIN_ISTIO_SIDECAR"
 """Tenant ConfigMap key: ``"false"`` (default) makes the SAO launcher opt the JobSet's pods out of
 sidecar injection; ``"true"`` keeps the sidecars (``--istio-sidecar``)."""
+JOBSET_RESTART_JOB_KEY = "POSTTRAIN_JOBSET_RESTART_JOB"
+"""Tenant ConfigMap key: ``"false"`` (default; what a stock JobSet v0.12 accepts) makes a failed
+learner restart the whole SAO group; ``"true"`` (``--jobset-restart-job``, only where the JobSet
+controller runs with ``--feature-gates=RestartJob=true``) recreates the learner Job alone, so Redis
+keeps its stream (``posttrain.cluster.jobset.build_sao_jobset(restart_job=...)``)."""
+NODE_LOCAL_DNS_IP = "169.254.20.10"
+"""The link-local address NodeLocal DNSCache listens on (its documented default): pods on clusters
+that run it send DNS there, to a host-network pod that no pod selector matches."""
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class DnsEgress:
+    """Where the tenant's pods send DNS queries, for the generators' egress NetworkPolicy.
+
+    Attributes:
+        namespace: Namespace of the cluster DNS pods (``kube-system``; OpenShift: ``openshift-dns``).
+        pod_labels: Labels selecting them (``k8s-app: kube-dns`` for CoreDNS and kube-dns; OpenShift:
+            ``dns.operator.openshift.io/daemonset-dns: default``).
+        ports: Their container ports, TCP and UDP each (53; OpenShift's DNS pods listen on 5353:
+            NetworkPolicy sees the port after the Service's translation).
+        ip_blocks: CIDRs DNS also goes to, e.g. NodeLocal DNSCache's ``169.254.20.10/32`` (the
+            default) and, where kube-proxy runs in iptables mode with NodeLocal DNSCache, the kube-dns
+            Service IP (which the cache binds on every node); empty to leave them out.
+
+    Raises:
+        ValueError: a field is invalid (the message names it).
+    """
+
+    namespace: str = "kube-system"
+    pod_labels: Mapping[str, str] = field(default_factory=lambda: {"k8s-app": "kube-dns"})
+    ports: tuple[int, ...] = (53,)
+    ip_blocks: tuple[str, ...] = (f"{NODE_LOCAL_DNS_IP}/32",)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.namespace, str) or len(self.namespace) > 63 or not _DNS1123_LABEL.match(self.namespace):
+            raise ValueError(f"dns.namespace: {self.namespace!r} must be a DNS-1123 label")
+        if not self.pod_labels:
+            raise ValueError("dns.pod_labels: at least one label must select the DNS pods")
+        for key, value in self.pod_labels.items():
+            if len(key) > 316 or not _LABEL_KEY.match(key) or not isinstance(value, str) or not _LABEL_VALUE.match(value):
+                raise ValueError(f"dns.pod_labels: {key}={value!r} is not a valid label")
+        if not self.ports or any(not isinstance(p, int) or not 1 <= p <= 65535 for p in self.ports):
+            raise ValueError(f"dns.ports: {list(self.ports)!r} must be one or more port numbers in [1, 65535]")
+        blocks = []
+        for cidr in self.ip_blocks:
+            try:
+                blocks.append(str(ipaddress.ip_network(cidr, strict=True)))  # a bare address becomes a /32 (/128)
+            except ValueError as exc:
+                raise ValueError(f"dns.ip_blocks: {cidr!r} is not a CIDR such as 169.254.20.10/32 ({exc})") from None
+        object.__setattr__(self, "ip_blocks", tuple(blocks))  # the API server accepts only CIDR notation
+
+    def egress_rules(self) -> list[dict[str, Any]]:
+        """The NetworkPolicy egress rules: the DNS pods on ``ports``, and each ``ip_blocks`` CIDR on the same ports."""
+        ports = [{"protocol": proto, "port": port} for port in self.ports for proto in ("UDP", "TCP")]
+        rules: list[dict[str, Any]] = [{
+            "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.namespace}},
+                    "podSelector": {"matchLabels": dict(self.pod_labels)}}],
+            "ports": ports,
+        }]
+        if self.ip_blocks:
+            rules.append({"to": [{"ipBlock": {"cidr": cidr}} for cidr in self.ip_blocks],
+                          "ports": [dict(port) for port in ports]})
+        return rules
+
+
+DNS_PRESETS: dict[str, DnsEgress] = {
+    "kube-dns": DnsEgress(),
+    "openshift": DnsEgress(namespace="openshift-dns", pod_labels={"dns.operator.openshift.io/daemonset-dns": "default"},
+                           ports=(5353,), ip_blocks=()),
+}
+"""Named DNS settings (``posttrain tenant render --dns-preset``): CoreDNS/kube-dns with NodeLocal
+DNSCache covered (the default), and OpenShift's DNS operator."""
 
 
 def _labels(name: str, component: str) -> dict[str, str]:
@@ -120,13 +199,14 @@ def redis_acl_rule(user: str, key_prefix: str, password: str = PASSWORD_PLACEHOL
 
 def network_policies(
     namespace: str | None, platform_namespace: str = PLATFORM_NAMESPACE, *, istio_sidecar: bool = False,
+    dns: DnsEgress | None = None,
 ) -> list[dict[str, Any]]:
     """The tenant-namespace NetworkPolicies.
 
     * ``sandbox-deny-egress``: pods labelled ``posttrain.io/role: sandbox`` (model-written commands)
-      get no egress at all, not even DNS.
-    * ``generator-egress``: generator pods may reach only cluster DNS, the run's own Redis in the same
-      namespace, and the shared Redis, S3 and MLflow in ``platform_namespace``; with
+      get no egress at all, not even DNS (``policyTypes: [Egress]`` and no ``egress`` rule).
+    * ``generator-egress``: generator pods may reach only cluster DNS (``dns``), the run's own Redis
+      in the same namespace, and the shared Redis, S3 and MLflow in ``platform_namespace``; with
       ``istio_sidecar`` also istiod (``ISTIO_NAMESPACE``, pods ``app: istiod``, TCP ``ISTIOD_PORT``),
       without which an injected sidecar never gets its configuration and the pod never becomes Ready.
       Sidecar-to-sidecar traffic keeps the application ports, so the other rules hold in both cases.
@@ -137,15 +217,12 @@ def network_policies(
         platform_namespace: Namespace of the shared services.
         istio_sidecar: The tenant's JobSet pods keep Istio sidecars (default False: they opt out,
             ``posttrain.cluster.jobset.ISTIO_INJECT``).
+        dns: Where DNS answers; None: ``DnsEgress()`` (kube-dns on 53 and NodeLocal DNSCache).
 
     Enforcement needs a CNI that implements NetworkPolicy (Calico, Cilium...).
     """
     meta_ns = {"namespace": namespace} if namespace else {}
-    dns = {
-        "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
-        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
-    }
+    dns_rules = (dns or DnsEgress()).egress_rules()
     own_redis = {
         "to": [{"podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "posttrain",
                                                 "app.kubernetes.io/component": "redis"}}}],
@@ -174,8 +251,9 @@ def network_policies(
             "metadata": {"name": "sandbox-deny-egress", **meta_ns, "labels": common_labels},
             "spec": {
                 "podSelector": {"matchLabels": {SANDBOX_ROLE_LABEL: "sandbox"}},
+                # No egress rules at all (deny all). Not ``egress: []``: the API server stores an empty list
+                # as absent, so every server-side apply of it changed the object again (generation + 1).
                 "policyTypes": ["Egress"],
-                "egress": [],
             },
         },
         {
@@ -186,7 +264,7 @@ def network_policies(
                 "podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "posttrain",
                                                 "app.kubernetes.io/component": "generator"}},
                 "policyTypes": ["Egress"],
-                "egress": [dns, own_redis, *platform, *([istiod] if istio_sidecar else [])],
+                "egress": [*dns_rules, own_redis, *platform, *([istiod] if istio_sidecar else [])],
             },
         },
     ]
@@ -217,6 +295,8 @@ def render_tenant(
     gpu_flavor: str = GPU_FLAVOR,
     cpu_flavor: str = CPU_FLAVOR,
     istio_sidecar: bool = False,
+    jobset_restart_job: bool = False,
+    dns: DnsEgress | None = None,
 ) -> list[dict[str, Any]]:
     """Render a tenant's objects (see the module docstring for the list).
 
@@ -241,6 +321,10 @@ def render_tenant(
         istio_sidecar: Keep Istio sidecars in the tenant's SAO JobSet pods (ConfigMap
             ``POSTTRAIN_ISTIO_SIDECAR: "true"``, and generator egress to istiod); default False:
             the pods opt out of injection and need no istiod rule.
+        jobset_restart_job: The cluster's JobSet controller runs with the ``RestartJob`` feature
+            gate (ConfigMap ``POSTTRAIN_JOBSET_RESTART_JOB: "true"``): SAO learners restart alone.
+            Default False, what a stock JobSet v0.12 accepts.
+        dns: Where the cluster's DNS answers (``DnsEgress``, ``DNS_PRESETS``); None: the default.
 
     Returns:
         Plain dicts in apply order.
@@ -339,6 +423,8 @@ def render_tenant(
                 {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
                 {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch"]},
                 {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": ["get", "list"]},
+                # The launcher reads the run's Workflow (the JobSet's owner) to tell a cancel from an eviction.
+                {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": ["get"]},
                 # The launcher's preflight check reads only these, by name.
                 {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
                  "resourceNames": [REDIS_CREDENTIALS_SECRET, S3_CREDENTIALS_SECRET]},
@@ -371,9 +457,10 @@ def render_tenant(
                 "REDIS_KEY_PREFIX": prefix,
                 "REDIS_USERNAME": name,
                 ISTIO_SIDECAR_KEY: "true" if istio_sidecar else "false",
+                JOBSET_RESTART_JOB_KEY: "true" if jobset_restart_job else "false",
             },
         },
-        *network_policies(name, platform_namespace, istio_sidecar=istio_sidecar),
+        *network_policies(name, platform_namespace, istio_sidecar=istio_sidecar, dns=dns),
         {
             "apiVersion": "v1",
             "kind": "Secret",
@@ -469,8 +556,42 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--platform-namespace", default=PLATFORM_NAMESPACE, help="namespace of the shared services")
     p.add_argument("--istio-sidecar", action="store_true",
                    help="keep Istio sidecars in SAO JobSet pods and let generators reach istiod (default: pods opt out)")
+    p.add_argument("--jobset-restart-job", action="store_true",
+                   help="the JobSet controller runs with --feature-gates=RestartJob=true: a failed SAO learner restarts "
+                        "alone and Redis keeps its stream (default: the whole group restarts, as stock JobSet v0.12 allows)")
+    p.add_argument("--dns-preset", choices=sorted(DNS_PRESETS), default="kube-dns",
+                   help="where the cluster's DNS answers (default kube-dns: k8s-app=kube-dns in kube-system on 53, plus "
+                        f"NodeLocal DNSCache's {NODE_LOCAL_DNS_IP}); openshift: openshift-dns on 5353")
+    p.add_argument("--dns-namespace", default=None, help="namespace of the DNS pods (overrides the preset)")
+    p.add_argument("--dns-pod-label", action="append", default=None, metavar="KEY=VALUE",
+                   help="label selecting the DNS pods; repeat for several (overrides the preset's)")
+    p.add_argument("--dns-port", action="append", type=int, default=None, metavar="PORT",
+                   help="DNS pods' port, TCP and UDP; repeat for several (overrides the preset's)")
+    p.add_argument("--dns-ip-block", action="append", default=None, metavar="CIDR",
+                   help="CIDR DNS also goes to (NodeLocal DNSCache, a kube-dns Service IP); repeat for several; "
+                        "'none' for no CIDR (overrides the preset's)")
     p.add_argument("--out-dir", type=Path, default=None, help="write a kustomize directory instead of printing YAML")
     return p
+
+
+def dns_from_args(args: argparse.Namespace) -> DnsEgress:
+    """The ``DnsEgress`` of ``--dns-preset`` with the ``--dns-*`` overrides applied.
+
+    Raises:
+        ValueError: a label without ``=``, or an invalid value (the message names the field).
+    """
+    preset = DNS_PRESETS[args.dns_preset]
+    labels = preset.pod_labels
+    if args.dns_pod_label:
+        bad = [item for item in args.dns_pod_label if "=" not in item]
+        if bad:
+            raise ValueError(f"--dns-pod-label: {bad[0]!r} is not KEY=VALUE")
+        labels = dict(item.split("=", 1) for item in args.dns_pod_label)
+    blocks = preset.ip_blocks
+    if args.dns_ip_block:
+        blocks = tuple(b for b in args.dns_ip_block if b.lower() != "none")
+    return DnsEgress(namespace=args.dns_namespace or preset.namespace, pod_labels=labels,
+                     ports=tuple(args.dns_port) if args.dns_port else preset.ports, ip_blocks=blocks)
 
 
 def tenant_cli(argv: Sequence[str]) -> int:
@@ -485,11 +606,13 @@ def tenant_cli(argv: Sequence[str]) -> int:
     """
     args = _parser().parse_args(list(argv))
     try:
+        dns = dns_from_args(args)
         objects = render_tenant(
             args.name, args.gpu_quota, args.cpu_quota, args.memory_quota, cohort=args.cohort,
             borrowing_limit_gpus=args.borrowing_limit_gpus, lending_limit_gpus=args.lending_limit_gpus,
             s3_bucket=args.s3_bucket, mlflow_experiment=args.mlflow_experiment, owner=args.owner,
             platform_namespace=args.platform_namespace, istio_sidecar=args.istio_sidecar,
+            jobset_restart_job=args.jobset_restart_job, dns=dns,
         )
     except ValueError as exc:
         print(f"posttrain tenant render: error: {exc}", file=sys.stderr)

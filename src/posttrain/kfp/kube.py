@@ -22,6 +22,11 @@ RUNS_URI_ENV = "POSTTRAIN_RUNS_URI"
 shared path); default ``$S3_PREFIX/runs`` from the tenant ConfigMap."""
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 """The namespace of the pod's service account, mounted into every pod."""
+CLIENT_RETRIES = 1
+"""urllib3 retries of one request on a connection error or read timeout (the client's default is 3).
+With ``posttrain.cluster.jobset_status.REQUEST_TIMEOUT_S`` on every call, an API server that stops
+answering costs at most ``(1 + CLIENT_RETRIES) * REQUEST_TIMEOUT_S`` seconds per call; the launcher's
+own loops retry further, bounded."""
 
 
 def kube_clients() -> tuple[str, Any, Any]:
@@ -29,7 +34,9 @@ def kube_clients() -> tuple[str, Any, Any]:
 
     In a pod: the in-cluster config and the service account's namespace. Elsewhere: the kubeconfig
     (``$KUBECONFIG``) and its current context's namespace. ``$POSTTRAIN_NAMESPACE`` overrides the
-    namespace.
+    namespace (the JobSet then gets no owner when it is not the pod's own namespace:
+    ``posttrain.cluster.launcher.run_owner``). The clients retry a failed connection
+    ``CLIENT_RETRIES`` times; callers pass ``_request_timeout`` on every call.
 
     Raises:
         kubernetes.config.ConfigException: no in-cluster config and no usable kubeconfig.
@@ -46,7 +53,10 @@ def kube_clients() -> tuple[str, Any, Any]:
         _, active = config.list_kube_config_contexts(config_file=kubeconfig)
         namespace = (active or {}).get("context", {}).get("namespace", "default")
     namespace = os.environ.get("POSTTRAIN_NAMESPACE", namespace)
-    return namespace, client.CustomObjectsApi(), client.CoreV1Api()
+    cfg = client.Configuration.get_default_copy()
+    cfg.retries = CLIENT_RETRIES
+    api_client = client.ApiClient(configuration=cfg)
+    return namespace, client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
 
 
 def runs_uri() -> str:

@@ -22,7 +22,12 @@ from pathlib import Path
 import yaml
 
 from posttrain.cluster.jobset import SAOImages, jobset_name, sao_jobset_for_config
-from posttrain.cluster.tenant import ISTIO_SIDECAR_KEY, REDIS_CREDENTIALS_SECRET, TENANT_CONFIG_MAP
+from posttrain.cluster.tenant import (
+    ISTIO_SIDECAR_KEY,
+    JOBSET_RESTART_JOB_KEY,
+    REDIS_CREDENTIALS_SECRET,
+    TENANT_CONFIG_MAP,
+)
 from posttrain.config import RunConfig
 from posttrain.kfp.artifacts import (
     CONFIG_FILE,
@@ -38,6 +43,13 @@ from posttrain.kfp.kube import kube_clients, runs_uri
 from posttrain.storage import is_s3_uri, storage_for
 
 
+def _bool_from_env(key: str) -> bool:
+    value = os.environ.get(key, "false").strip().lower()
+    if value not in ("true", "false"):
+        raise PipelineStepError(f"{key}: {value!r} (ConfigMap {TENANT_CONFIG_MAP}) must be 'true' or 'false'")
+    return value == "true"
+
+
 def istio_sidecar_from_env() -> bool:
     """Whether the JobSet's pods keep Istio sidecars: ``$POSTTRAIN_ISTIO_SIDECAR`` from the tenant ConfigMap.
 
@@ -46,10 +58,23 @@ def istio_sidecar_from_env() -> bool:
     Raises:
         PipelineStepError: any value other than true/false (case-insensitive), naming the key.
     """
-    value = os.environ.get(ISTIO_SIDECAR_KEY, "false").strip().lower()
-    if value not in ("true", "false"):
-        raise PipelineStepError(f"{ISTIO_SIDECAR_KEY}: {value!r} (ConfigMap {TENANT_CONFIG_MAP}) must be 'true' or 'false'")
-    return value == "true"
+    return _bool_from_env(ISTIO_SIDECAR_KEY)
+
+
+def restart_job_from_env() -> bool:
+    """Whether the cluster's JobSet controller runs with the ``RestartJob`` feature gate.
+
+    Read from ``$POSTTRAIN_JOBSET_RESTART_JOB`` of the tenant ConfigMap (``posttrain tenant render
+    --jobset-restart-job``).
+
+    Unset or ``"false"`` (what a stock JobSet v0.12 accepts): a failed learner restarts the whole
+    group. ``"true"``: the learner Job is recreated alone and Redis keeps its stream; on a cluster
+    without the gate the JobSet webhook then refuses the JobSet at creation.
+
+    Raises:
+        PipelineStepError: any value other than true/false (case-insensitive), naming the key.
+    """
+    return _bool_from_env(JOBSET_RESTART_JOB_KEY)
 
 
 def train_sao_cluster(
@@ -76,30 +101,36 @@ def train_sao_cluster(
         priority_class: Kueue WorkloadPriorityClass (label on the JobSet and its pods); "": none.
 
     The JobSet's pods opt out of Istio sidecar injection unless the tenant ConfigMap sets
-    ``POSTTRAIN_ISTIO_SIDECAR: "true"`` (``istio_sidecar_from_env``).
+    ``POSTTRAIN_ISTIO_SIDECAR: "true"`` (``istio_sidecar_from_env``); its failure policy restarts a
+    failed learner alone only where the ConfigMap says the JobSet controller has the ``RestartJob``
+    gate (``restart_job_from_env``).
 
     Returns:
         Metrics ``jobset_restarts`` and ``generators``; metadata with ``checkpoint_uri``, ``jobset``,
         ``namespace`` and ``config_uri``; a Markdown summary; an HTML page with the reward curve of
         the learner's MLflow run.
 
-    SIGTERM (a terminated pipeline run) deletes the JobSet and exits with status 143; the JobSet
-    also has an ownerReference to this step's pod when ``POD_NAME``/``POD_UID`` are set (the
-    component maps them from the downward API), so it is garbage-collected with the pod.
+    The JobSet is owned by the run's Argo Workflow (read from this step's pod, ``POD_NAME`` /
+    ``POD_NAMESPACE`` or KFP's ``KFP_POD_NAME``), so deleting the run deletes it and a moved launcher
+    pod does not. On SIGTERM the step exits with status 143 after deleting the JobSet if the run was
+    cancelled, or leaving it for a retried step to re-attach to if this pod is being evicted or
+    drained (``posttrain.cluster.launcher.termination_cause``).
 
     Raises:
         PipelineStepError: an image is missing, the runs location is not set, or the dataset is not sao's.
         posttrain.cluster.launcher.JobSetError: the JobSet failed, timed out or conflicts.
-        posttrain.cluster.launcher.Terminated: SIGTERM arrived; the JobSet was deleted.
+        posttrain.cluster.launcher.Terminated: SIGTERM arrived (``jobset_deleted`` says whether the JobSet went).
     """
     if not learner_image or not generator_image:
         raise PipelineStepError("learner_image / generator_image: both are required in cluster mode")
     istio_sidecar = istio_sidecar_from_env()
+    restart_job = restart_job_from_env()
     # The launcher needs the kubernetes package (the kfp extra): imported once the arguments are checked.
     from posttrain.cluster.launcher import (
-        delete_on_termination,
+        cancel_on_termination,
         launch_or_attach,
-        owner_reference_from_env,
+        launcher_pod_from_env,
+        run_owner,
         wait_for_jobset,
     )
 
@@ -123,15 +154,20 @@ def train_sao_cluster(
     # with one process per GPU), generator.num_processes x generator.resources.
     body = sao_jobset_for_config(staged, run_id, namespace, SAOImages(learner=learner_image, generator=generator_image),
                                  queue, config_uri, REDIS_CREDENTIALS_SECRET, priority_class=priority_class or None,
-                                 istio_sidecar=istio_sidecar)
-    # A terminated run (SIGTERM to this pod) deletes the JobSet; if this pod dies without the signal,
-    # the JobSet's ownerReference to it lets the garbage collector delete the JobSet with the pod.
-    with delete_on_termination(api, namespace, name):
-        launch_or_attach(api, core, namespace, body, owner=owner_reference_from_env())
+                                 istio_sidecar=istio_sidecar, restart_job=restart_job)
+    # The run's Workflow owns the JobSet (deleting the run deletes it; a moved launcher pod does not).
+    pod_name, pod_namespace = launcher_pod_from_env()
+    owner = run_owner(core, pod_name, pod_namespace, namespace)
+    # SIGTERM: a cancelled run deletes the JobSet, an evicted or drained launcher leaves it running.
+    with cancel_on_termination(api, core, namespace, name, pod_name=pod_name, pod_namespace=pod_namespace,
+                               workflow=owner):
+        launch_or_attach(api, core, namespace, body, owner=owner)
         lr = cfg.learner.resources
         print(f"JobSet {namespace}/{name}: queue {queue}, priority {priority_class or '(none)'}, "
-              f"Istio sidecars {'kept' if istio_sidecar else 'opted out'}, {cfg.learner.nodes} learner pod(s) x {lr.gpus} GPU(s), "
-              f"{cfg.generator.num_processes} generators x {cfg.generator.resources.gpus} GPU(s), config {config_uri}",
+              f"Istio sidecars {'kept' if istio_sidecar else 'opted out'}, "
+              f"learner restarts {'alone (RestartJob gate)' if restart_job else 'with the group'}, "
+              f"owner {f'Workflow {owner.name}' if owner else '(none)'}, {cfg.learner.nodes} learner pod(s) x {lr.gpus} "
+              f"GPU(s), {cfg.generator.num_processes} generators x {cfg.generator.resources.gpus} GPU(s), config {config_uri}",
               flush=True)
         status = wait_for_jobset(api, core, namespace, name, poll_s=poll_s, timeout_s=timeout_s,
                                  on_status=lambda s: print(s.summary(), flush=True))

@@ -1,6 +1,9 @@
-"""The Kubernetes SWE backend against a loopback fake API server (``tests/fakes/fake_kube_api.py``).
+"""The Kubernetes SWE backend against a real API server (the cluster tier's control plane).
 
-The test plays the kubelet: after the pod is created, a hook marks it finished and sets its log.
+There is no kubelet or scheduler there, so the test plays them through the API: a thread watching
+the namespace binds each new pod to the fake kubelet's node, serves its log from the fake kubelet's
+log endpoint and writes the pod's final phase (``kube.kubelet_finishing_pods``). The backend runs
+as a service account of the namespace with a Role that allows what it calls.
 """
 
 from __future__ import annotations
@@ -8,19 +11,31 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from kubernetes import client as k8s
 
-from fakes.fake_kube_api import FakeKubeAPI
 from posttrain.eval.swe.instances import SweGradingError, SweInstance, load_swe_instances
 from posttrain.eval.swe.k8s_backend import EGRESS_POLICY_NAME, KubernetesSweBackend
 from posttrain.eval.swe.log_grading import MARK_END, MARK_START
 
-NS = "team-a"
+RULES = [
+    {"apiGroups": [""], "resources": ["pods", "configmaps"], "verbs": ["create", "get", "delete"]},
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]},
+]
 
 
-@pytest.fixture()
-def fake() -> Iterator[FakeKubeAPI]:
-    with FakeKubeAPI() as api:
-        yield api
+@pytest.fixture
+def swe(kube, kube_ns) -> Iterator[tuple[object, str, k8s.ApiClient]]:
+    """The namespace, and a client as a service account allowed what the backend calls."""
+    kube.apply([
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "swe-eval", "namespace": kube_ns},
+         "rules": RULES},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "swe-eval", "namespace": kube_ns},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "swe-eval"},
+         "subjects": [{"kind": "ServiceAccount", "name": "swe-eval", "namespace": kube_ns}]},
+    ])
+    yield kube, kube_ns, kube.client(kube.token_for(kube_ns, "swe-eval"))
 
 
 @pytest.fixture(scope="module")
@@ -28,24 +43,8 @@ def instance() -> SweInstance:
     return load_swe_instances()["django__django-11790"]
 
 
-def _kubelet(fake: FakeKubeAPI, log: str | None, phase: str = "Succeeded", reason: str = "") -> None:
-    """After each pod POST, finish every pod that has no phase yet, with ``log``."""
-
-    def hook(method: str, path: str) -> None:
-        if method != "POST" or not path.endswith("/pods"):
-            return
-        for pod in fake.list("v1", "pods", NS):
-            if not (pod.get("status") or {}).get("phase"):
-                status = {"phase": phase, **({"reason": reason} if reason else {})}
-                fake.patch_status("v1", "pods", pod["metadata"]["name"], NS, status)
-                if log is not None:
-                    fake.set_log(NS, pod["metadata"]["name"], log)
-
-    fake.add_hook(hook)
-
-
-def _backend(fake: FakeKubeAPI, **kw: object) -> KubernetesSweBackend:
-    return KubernetesSweBackend(fake.api_client(), namespace=NS, poll_interval_s=0.05, image_prefix="mirror.local/",
+def _backend(client: k8s.ApiClient, ns: str, **kw: object) -> KubernetesSweBackend:
+    return KubernetesSweBackend(client, namespace=ns, poll_interval_s=0.05, image_prefix="mirror.local/",
                                 labels={"kueue.x-k8s.io/queue-name": "team-a-eval"}, **kw)
 
 
@@ -54,11 +53,27 @@ def _passing_log(inst: SweInstance) -> str:
     return "\n".join([">>>>> PATCH_APPLIED", MARK_START, *lines, f"{MARK_END} rc=0"])
 
 
-def test_pod_runs_the_instance_image_with_limits_deadline_and_no_network(fake: FakeKubeAPI, instance: SweInstance) -> None:
+def _left(kube, ns: str) -> tuple[list[str], list[str]]:
+    """The backend's pods and ConfigMaps still in the namespace (they carry its role label)."""
+    core = k8s.CoreV1Api(kube.admin())
+    selector = "posttrain.io/role=swe-eval"
+    pods = [p.metadata.name for p in core.list_namespaced_pod(ns, label_selector=selector).items]
+    cms = [c.metadata.name for c in core.list_namespaced_config_map(ns, label_selector=selector).items]
+    return pods, cms
+
+
+def test_pod_runs_the_instance_image_with_limits_deadline_and_no_network(swe, instance: SweInstance) -> None:
+    kube, ns, client = swe
     seen: list[dict] = []
-    fake.add_hook(lambda m, p: seen.extend(fake.list("v1", "pods", NS)) if m == "POST" and p.endswith("/pods") else None)
-    _kubelet(fake, _passing_log(instance))
-    result = _backend(fake, cpu="3", memory="6Gi", timeout_s=900).run(instance, instance.patch)
+    configmaps: list[dict] = []
+
+    def log(pod: dict) -> str:  # the ConfigMap still exists while its pod runs
+        cm = k8s.CoreV1Api(kube.admin()).read_namespaced_config_map(pod["metadata"]["name"], ns)
+        configmaps.append(cm.data)
+        return _passing_log(instance)
+
+    with kube.kubelet_finishing_pods(ns, log=log, seen=seen):
+        result = _backend(client, ns, cpu="3", memory="6Gi", timeout_s=900).run(instance, "MODEL PATCH")
     assert result.grade.resolved and result.backend == "kubernetes"
 
     pod = seen[0]
@@ -71,57 +86,59 @@ def test_pod_runs_the_instance_image_with_limits_deadline_and_no_network(fake: F
     assert spec["dnsPolicy"] == "None" and spec["dnsConfig"]["nameservers"] == ["127.0.0.1"]
     assert pod["metadata"]["labels"]["posttrain.io/role"] == "swe-eval"
     assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-eval"
-
-    policy = fake.get("networking.k8s.io/v1", "networkpolicies", EGRESS_POLICY_NAME, NS)
-    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"] and policy["spec"]["egress"] == []
-    assert policy["spec"]["podSelector"]["matchLabels"] == {"posttrain.io/role": "swe-eval"}
-    # the pod and its ConfigMap are gone afterwards
-    assert fake.list("v1", "pods", NS) == [] and fake.list("v1", "configmaps", NS) == []
-
-
-def test_configmap_carries_patches_and_script(fake: FakeKubeAPI, instance: SweInstance) -> None:
-    captured: list[dict] = []
-    fake.add_hook(lambda m, p: captured.extend(fake.list("v1", "configmaps", NS)) if m == "POST" and p.endswith("/configmaps") else None)
-    _kubelet(fake, _passing_log(instance))
-    _backend(fake).run(instance, "MODEL PATCH")
-    data = captured[0]["data"]
+    data = configmaps[0]
     assert data["model.patch"] == "MODEL PATCH" and data["test.patch"] == instance.test_patch
     assert "./tests/runtests.py" in data["eval.sh"]
 
+    policy = k8s.NetworkingV1Api(kube.admin()).read_namespaced_network_policy(EGRESS_POLICY_NAME, ns)
+    assert policy.spec.policy_types == ["Ingress", "Egress"] and not policy.spec.egress and not policy.spec.ingress
+    assert policy.spec.pod_selector.match_labels == {"posttrain.io/role": "swe-eval"}
+    assert _left(kube, ns) == ([], [])  # the pod and its ConfigMap are gone afterwards
 
-def test_failing_tests_in_the_log_grade_unresolved(fake: FakeKubeAPI, instance: SweInstance) -> None:
+
+def test_failing_tests_in_the_log_grade_unresolved(swe, instance: SweInstance) -> None:
+    kube, ns, client = swe
     log = _passing_log(instance).replace(f"{instance.fail_to_pass[0]} ... ok", f"{instance.fail_to_pass[0]} ... FAIL")
-    _kubelet(fake, log, phase="Succeeded")
-    grade = _backend(fake).run(instance, "").grade
+    with kube.kubelet_finishing_pods(ns, log=lambda pod: log):
+        grade = _backend(client, ns).run(instance, "").grade
     assert grade.status == "unresolved" and grade.fail_to_pass_failed == [instance.fail_to_pass[0]]
 
 
-def test_pod_past_its_deadline_is_graded_timeout_and_deleted(fake: FakeKubeAPI, instance: SweInstance) -> None:
-    """The kubelet reports DeadlineExceeded; a pod that never finishes times out on the caller side."""
-    _kubelet(fake, "partial output", phase="Failed", reason="DeadlineExceeded")
-    assert _backend(fake).run(instance, "").grade.status == "timeout"
-    with FakeKubeAPI() as silent:  # no kubelet: the pod stays pending
-        grade = _backend(silent, timeout_s=1, grace_s=0.2).run(instance, "").grade
-        assert grade.status == "timeout"
-        assert silent.list("v1", "pods", NS) == [] and silent.list("v1", "configmaps", NS) == []
+def test_pod_past_its_deadline_is_graded_timeout_and_deleted(swe, instance: SweInstance) -> None:
+    """The kubelet reports DeadlineExceeded; a pod that never runs (no kubelet) times out on the caller side."""
+    kube, ns, client = swe
+    with kube.kubelet_finishing_pods(ns, phase="Failed", reason="DeadlineExceeded", log=lambda pod: "partial output"):
+        assert _backend(client, ns).run(instance, "").grade.status == "timeout"
+    grade = _backend(client, ns, timeout_s=1, grace_s=0.2).run(instance, "").grade  # stays Pending
+    assert grade.status == "timeout"
+    assert _left(kube, ns) == ([], [])
 
 
-def test_api_refusal_is_a_clear_error_and_cleans_up(fake: FakeKubeAPI, instance: SweInstance) -> None:
-    fake.fail_next("POST", r"/pods$", 403)
+def test_api_refusal_is_a_clear_error_and_cleans_up(swe, instance: SweInstance) -> None:
+    kube, ns, _ = swe
+    kube.apply([{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                 "metadata": {"name": "no-pods", "namespace": ns},
+                 "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "get", "delete"]},
+                           {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]}]},
+                {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                 "metadata": {"name": "no-pods", "namespace": ns},
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "no-pods"},
+                 "subjects": [{"kind": "ServiceAccount", "name": "no-pods", "namespace": ns}]}])
+    client = kube.client(kube.token_for(ns, "no-pods"))
     with pytest.raises(SweGradingError, match="HTTP 403"):
-        _backend(fake).run(instance, "")
-    assert fake.list("v1", "configmaps", NS) == []
+        _backend(client, ns).run(instance, "")
+    assert _left(kube, ns) == ([], [])
 
 
-def test_oversized_patch_is_refused_before_any_object_is_created(fake: FakeKubeAPI, instance: SweInstance) -> None:
+def test_oversized_patch_is_refused_before_any_object_is_created(swe, instance: SweInstance) -> None:
+    kube, ns, client = swe
     with pytest.raises(SweGradingError, match="over"):
-        _backend(fake).run(instance, "x" * (1 << 20))
-    assert fake.requests == []
+        _backend(client, ns).run(instance, "x" * (1 << 20))
+    assert _left(kube, ns) == ([], [])
+    assert k8s.NetworkingV1Api(kube.admin()).list_namespaced_network_policy(ns).items == []
 
 
-def test_pod_and_network_policy_pass_the_kubernetes_schema(fake: FakeKubeAPI, instance: SweInstance) -> None:
-    import kubernetes_validate
-
-    backend = _backend(fake)
-    kubernetes_validate.validate(backend.pod_manifest("swe-eval-x", instance, "swe-eval-x"), "1.30", strict=True)
-    kubernetes_validate.validate(backend.network_policy(), "1.30", strict=True)
+def test_pod_and_network_policy_are_accepted_by_the_api_server(swe, instance: SweInstance) -> None:
+    kube, ns, client = swe
+    backend = _backend(client, ns)
+    kube.apply([backend.pod_manifest("swe-eval-x", instance, "swe-eval-x"), backend.network_policy()], dry_run=True)

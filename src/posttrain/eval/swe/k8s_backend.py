@@ -122,6 +122,7 @@ class KubernetesSweBackend:
         timeout_s: Pod ``activeDeadlineSeconds``, and how long the caller waits (plus ``grace_s``).
         grace_s: Extra seconds the caller waits for the kubelet to report the deadline.
         poll_interval_s: Seconds between pod status reads.
+        request_timeout_s: Seconds each Kubernetes API request may take (``_request_timeout``).
         labels: Extra pod labels (``kueue.x-k8s.io/queue-name``, tenant labels...).
         image_pull_secrets: Secret names for pulling the images.
         create_network_policy: Create the deny-all NetworkPolicy if it is missing.
@@ -146,6 +147,7 @@ class KubernetesSweBackend:
         labels: Mapping[str, str] | None = None,
         image_pull_secrets: Sequence[str] = (),
         create_network_policy: bool = True,
+        request_timeout_s: float = 30.0,
     ) -> None:
         import kubernetes
 
@@ -171,6 +173,9 @@ class KubernetesSweBackend:
         self.labels = dict(labels or {})
         self.image_pull_secrets = list(image_pull_secrets)
         self.create_network_policy = create_network_policy
+        self.request_timeout_s = request_timeout_s
+        # A (connect, read) pair: the kubernetes client ignores a float timeout (it accepts an int or a pair).
+        self._timeout = (float(request_timeout_s), float(request_timeout_s))
         self._policy_ready = False
 
     def network_policy(self) -> dict[str, Any]:
@@ -211,7 +216,8 @@ class KubernetesSweBackend:
         if self._policy_ready or not self.create_network_policy:
             return
         try:
-            self.net.create_namespaced_network_policy(self.namespace, self.network_policy())
+            self.net.create_namespaced_network_policy(self.namespace, self.network_policy(),
+                                                      _request_timeout=self._timeout)
         except ApiException as exc:
             if exc.status != 409:
                 raise SweGradingError(f"create NetworkPolicy {EGRESS_POLICY_NAME}: HTTP {exc.status} {exc.reason}") from exc
@@ -224,6 +230,7 @@ class KubernetesSweBackend:
             SweGradingError: the payload is too large for a ConfigMap, or the API refused to create
                 the objects. A pod that fails, times out or prints no test run is graded, not raised.
         """
+        import urllib3
         from kubernetes.client.exceptions import ApiException
 
         started = time.monotonic()
@@ -242,9 +249,10 @@ class KubernetesSweBackend:
         }
         framework = REPO_SPECS.get(instance.repo, DEFAULT_SPEC).framework
         try:
-            self.core.create_namespaced_config_map(self.namespace, cm)
+            self.core.create_namespaced_config_map(self.namespace, cm, _request_timeout=self._timeout)
             try:
-                self.core.create_namespaced_pod(self.namespace, self.pod_manifest(name, instance, name))
+                self.core.create_namespaced_pod(self.namespace, self.pod_manifest(name, instance, name),
+                                                _request_timeout=self._timeout)
                 phase = self._wait(name)
                 log = self._log(name)
                 if phase == "timeout" or "DeadlineExceeded" in phase:
@@ -255,6 +263,9 @@ class KubernetesSweBackend:
                 self._delete("pod", name)
         except ApiException as exc:
             raise SweGradingError(f"{instance.instance_id}: Kubernetes API HTTP {exc.status} {exc.reason}") from exc
+        except urllib3.exceptions.HTTPError as exc:
+            raise SweGradingError(f"{instance.instance_id}: Kubernetes API did not answer within "
+                                  f"{self.request_timeout_s:g} s ({type(exc).__name__})") from exc
         finally:
             self._delete("configmap", name)
         return SweRunResult(
@@ -266,7 +277,7 @@ class KubernetesSweBackend:
         """Poll until the pod is Succeeded/Failed; return its phase (with the reason) or ``timeout``."""
         deadline = time.monotonic() + self.timeout_s + self.grace_s
         while time.monotonic() < deadline:
-            pod = self.core.read_namespaced_pod(name, self.namespace)
+            pod = self.core.read_namespaced_pod(name, self.namespace, _request_timeout=self._timeout)
             phase = pod.status.phase if pod.status else None
             if phase in ("Succeeded", "Failed"):
                 reason = pod.status.reason or ""
@@ -278,21 +289,26 @@ class KubernetesSweBackend:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return str(self.core.read_namespaced_pod_log(name, self.namespace, container="eval"))
+            return str(self.core.read_namespaced_pod_log(name, self.namespace, container="eval",
+                                                         _request_timeout=self._timeout))
         except ApiException as exc:
             return f"(no log: HTTP {exc.status} {exc.reason})"
 
     def _delete(self, kind: str, name: str) -> None:
+        import urllib3
         from kubernetes.client.exceptions import ApiException
 
         try:
             if kind == "pod":
-                self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+                self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0,
+                                                _request_timeout=self._timeout)
             else:
-                self.core.delete_namespaced_config_map(name, self.namespace)
+                self.core.delete_namespaced_config_map(name, self.namespace, _request_timeout=self._timeout)
         except ApiException as exc:
             if exc.status != 404:
                 raise SweGradingError(f"delete {kind} {name}: HTTP {exc.status} {exc.reason}") from exc
+        except urllib3.exceptions.HTTPError as exc:
+            raise SweGradingError(f"delete {kind} {name}: Kubernetes API did not answer ({type(exc).__name__})") from exc
 
 
 def main(argv: list[str] | None = None) -> int:
