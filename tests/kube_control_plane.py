@@ -567,6 +567,7 @@ def kustomize(directory: Path) -> list[dict[str, Any]]:
 
 _PLANE: ControlPlane | None = None
 _SKIP: str | None = None
+_FAILED: str | None = None
 _LOCK = threading.Lock()
 
 
@@ -575,10 +576,12 @@ def shared_control_plane(tmp_root: Callable[[], Path], bin_cache: Path | None = 
 
     Both ``tests/`` and ``components/`` import the fixture; this keeps it one per process.
     """
-    global _PLANE, _SKIP
+    global _PLANE, _SKIP, _FAILED
     with _LOCK:
         if _SKIP is not None:
             pytest.skip(_SKIP)
+        if _FAILED is not None:  # started once and failed: do not try again for every test
+            pytest.fail(_FAILED)
         if _PLANE is not None:
             return _PLANE
         script = control_plane_script()
@@ -594,11 +597,12 @@ def shared_control_plane(tmp_root: Callable[[], Path], bin_cache: Path | None = 
         atexit.register(plane.stop)
         try:
             plane.start()
-        except RuntimeError as exc:
+        except Exception as exc:  # any failure to start: stop what started, then skip (no etcd) or fail once
             plane.stop()
             if re.search(r"etcd not found|install etcd-server failed", str(exc)):
                 _SKIP = f"no Kubernetes control plane: {str(exc).splitlines()[-1]}"
                 pytest.skip(_SKIP)
+            _FAILED = f"the Kubernetes control plane did not start: {exc}"
             raise
         _PLANE = plane
         return plane

@@ -334,15 +334,15 @@ def silent_clients(url: str) -> tuple[k8s.CustomObjectsApi, k8s.CoreV1Api]:
 def test_an_api_server_that_stops_answering_gives_a_bounded_one_line_error(env, kube, silent_server):
     api, core = silent_clients(silent_server)
     with pytest.raises(KubeUnavailable) as info:
-        launch_or_attach(api, core, env.ns, env.jobset(), request_timeout=0.5)
+        launch_or_attach(api, core, env.ns, env.jobset(), request_timeout=0.25)
     assert "\n" not in str(info.value) and "did not answer while reading LocalQueue" in str(info.value)
     sleeps: list[float] = []
     with pytest.raises(KubeUnavailable) as info:
-        wait_for_jobset(api, core, env.ns, NAME, poll_s=1, timeout_s=600, max_api_errors=2, request_timeout=0.5,
+        wait_for_jobset(api, core, env.ns, NAME, poll_s=1, timeout_s=600, max_api_errors=2, request_timeout=0.25,
                         sleep=sleeps.append)
     assert "\n" not in str(info.value) and "3 API errors in a row while watching" in str(info.value)
     assert sleeps == [1.0, 1.0]  # bounded back-off between the attempts, then the error
-    cause = termination_cause(api, core, pod_name="p", pod_namespace=env.ns, request_timeout=0.5,
+    cause = termination_cause(api, core, pod_name="p", pod_namespace=env.ns, request_timeout=0.25,
                               workflow=Owner("argoproj.io/v1alpha1", "Workflow", "w", "u", env.ns))
     assert cause.cancel  # the SIGTERM handler does not hang on a silent server either
 

@@ -114,7 +114,8 @@ def test_every_step_gets_the_tenant_config_and_s3_credentials(name):
         assert k8s["configMapAsEnv"][0]["configMapName"] == "posttrain-tenant", label
         assert k8s["secretAsEnv"][0]["secretName"] == "s3-credentials", label
         optional = [c for c in k8s["configMapAsEnv"] if c.get("optional")]
-        assert [e["envVar"] for c in optional for e in c["keyToEnv"]] == ["POSTTRAIN_ISTIO_SIDECAR"], label
+        assert [e["envVar"] for c in optional for e in c["keyToEnv"]] == [
+            "POSTTRAIN_ISTIO_SIDECAR", "POSTTRAIN_JOBSET_RESTART_JOB"], label
 
 
 @pytest.mark.parametrize("name", ["post_training", "sft", "dpo", "grpo"])
