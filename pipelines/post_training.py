@@ -1,9 +1,11 @@
 """The posttrain pipelines: prepare the data, train with one technique, evaluate, register.
 
 ``post_training`` is what a team starts from the Kubeflow UI: its ``technique`` parameter
-(``sft|dpo|grpo|sao``) selects one branch (``dsl.If`` / ``dsl.Elif``); ``prepare_dataset`` runs
+(``sft|dpo|grpo|sao|gkd``) selects one branch (``dsl.If`` / ``dsl.Elif``); ``prepare_dataset`` runs
 first and rejects any other value, so a typo fails the run instead of silently training nothing.
-``sft``, ``dpo``, ``grpo`` and ``sao`` are the same steps for one technique each.
+``sft``, ``dpo``, ``grpo``, ``sao`` and ``gkd`` are the same steps for one technique each. GKD's
+teacher is the config's ``gkd.teacher.path`` (a path, an ``s3://`` URI or ``models:/<name>@champion``,
+resolved when the run starts), or one the run builds.
 
 Only per-run knobs are pipeline parameters: ``config`` (which run config file), ``model``,
 ``dataset``, ``technique``, ``steps``, ``queue``, for SAO where it runs (``mode``) and its Kueue
@@ -13,7 +15,7 @@ Only per-run knobs are pipeline parameters: ``config`` (which run config file), 
 else (learning rates, batch shapes, environment, samples per task, registered model name) comes
 from the config file. Empty strings and 0 keep the config's values.
 
-Kubernetes settings come from ``components/k8s.py``: model-loading steps of sft/dpo/grpo and
+Kubernetes settings come from ``components/k8s.py``: model-loading steps of sft/dpo/grpo/gkd and
 ``evaluate`` get a GPU, the Kueue queue label and (training) a workspace volume; every step gets
 the tenant's ConfigMap and S3 credentials. ``train_sao`` in ``cluster`` mode needs neither GPU nor
 queue label itself: the JobSet it creates carries them. Caching is off for every step: a scheduled
@@ -33,6 +35,7 @@ from components.images import GENERATOR_IMAGE, TRAINER_IMAGE
 from components.prepare_dataset.component import prepare_dataset
 from components.register_model.component import register_model
 from components.train_dpo.component import train_dpo
+from components.train_gkd.component import train_gkd
 from components.train_grpo.component import train_grpo
 from components.train_sao.component import train_sao
 from components.train_sft.component import train_sft
@@ -45,6 +48,7 @@ DEFAULT_CONFIGS = {
     "dpo": "configs/dpo_cpu.yaml",
     "grpo": "configs/grpo_cpu.yaml",
     "sao": "configs/sao_demo_cpu.yaml",
+    "gkd": "configs/gkd_cpu.yaml",
 }
 """Default run config of each technique's pipeline (looked up in the step's working directory, then
 under ``/opt/posttrain``); ``post_training`` defaults to the SAO one."""
@@ -53,7 +57,7 @@ DEFAULT_BENCHMARKS = "heldout"
 beyond_aime, imo_answerbench, swe_bench_verified)."""
 DEFAULT_PROMOTE_ON = "heldout.accuracy"
 """The ``<benchmark>.<metric>`` a new version must beat the champion on to be promoted."""
-TRAINERS = {"sft": train_sft, "dpo": train_dpo, "grpo": train_grpo}
+TRAINERS = {"sft": train_sft, "dpo": train_dpo, "grpo": train_grpo, "gkd": train_gkd}
 """Training component of each technique trained inside its step's pod."""
 RETRY = {"num_retries": 2, "backoff_duration": "60s", "backoff_factor": 2.0, "backoff_max_duration": "600s"}
 """``set_retry`` of the steps that are safe and worth running again (1 min, then 2 min between attempts):
@@ -75,7 +79,7 @@ Not retried:
   are bad input (unknown technique, a config or row that does not validate), which a retry would
   report 3 minutes later instead of at once; transient S3 and MLflow errors are already retried,
   bounded, by their clients (botocore standard mode, 5 attempts).
-* ``train_sft/dpo/grpo``: their checkpoints live on an ephemeral ``/workspace`` deleted with the
+* ``train_sft/dpo/grpo/gkd``: their checkpoints live on an ephemeral ``/workspace`` deleted with the
   pod, so every attempt would train from step 0 and a deterministic failure (out of memory, a bad
   row) would burn the GPU hours again; with ``k8s.mount_workspace(claim=...)`` a retry resumes from
   the last checkpoint and becomes worth adding.
@@ -124,7 +128,7 @@ def _evaluate_and_register(prepared: dsl.PipelineTask, trained: dsl.PipelineTask
 
 
 @dsl.pipeline(name="post-training", description="posttrain: prepare, train with the chosen technique "
-              "(sft, dpo, grpo or sao), evaluate on the chosen benchmarks, register in MLflow.")
+              "(sft, dpo, grpo, sao or gkd), evaluate on the chosen benchmarks, register in MLflow.")
 def post_training(
     technique: str = "sao",
     config: str = DEFAULT_CONFIGS["sao"],
@@ -141,11 +145,11 @@ def post_training(
     """Post-train a model with one technique, chosen per run.
 
     Args:
-        technique: sft, dpo, grpo or sao.
+        technique: sft, dpo, grpo, sao or gkd (on-policy distillation from the config's gkd.teacher).
         config: Run config YAML (path in the image or s3:// URI); everything not listed here comes from it.
         model: Base model: "" (the config's), a path, an s3:// URI or models:/<name>@champion.
         dataset: Training file: "" (the config's) or a path / s3:// URI (RL tasks, sft rows or dpo pairs).
-        steps: Optimizer steps (policy versions for sao); 0 keeps the config's.
+        steps: Optimizer steps (policy versions for sao and gkd); 0 keeps the config's.
         queue: Kueue LocalQueue of the SAO JobSet.
         sao_mode: Where SAO runs: cluster (one JobSet admitted by Kueue) or local (processes in the step).
         priority_class: Kueue priority of the SAO JobSet: posttrain-interactive, or posttrain-scheduled (recurring runs).
@@ -164,6 +168,8 @@ def post_training(
     with dsl.Elif(technique == "sao", name="technique-sao"):
         _evaluate_and_register(prepared, _train("sao", prepared, queue=queue, mode=sao_mode, priority_class=priority_class),
                                **scoring)
+    with dsl.Elif(technique == "gkd", name="technique-gkd"):
+        _evaluate_and_register(prepared, _train("gkd", prepared), **scoring)
 
 
 @dsl.pipeline(name="sft", description="posttrain SFT: prepare chat rows, train, evaluate, register.")
@@ -203,11 +209,20 @@ def sao(
     _evaluate_and_register(prepared, _train("sao", prepared, queue=queue, mode=mode, priority_class=priority_class))
 
 
+@dsl.pipeline(name="gkd", description="posttrain GKD: prepare tasks, distil the teacher into the student on its "
+              "own samples (on-policy), evaluate, register.")
+def gkd(config: str = DEFAULT_CONFIGS["gkd"], model: str = "", dataset: str = "", steps: int = 0):
+    """GKD (arXiv 2306.13649) on environment tasks (``data.train_path`` or ``dataset``), teacher ``gkd.teacher.path``."""
+    prepared = _prepare(config, "gkd", model, dataset, steps)
+    _evaluate_and_register(prepared, _train("gkd", prepared))
+
+
 PIPELINES: dict[str, Callable[..., Any]] = {
     "post_training": post_training,
     "sft": sft,
     "dpo": dpo,
     "grpo": grpo,
     "sao": sao,
+    "gkd": gkd,
 }
 """Compiled file stem -> pipeline (``pipelines/compiled/<stem>.yaml``)."""

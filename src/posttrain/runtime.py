@@ -6,6 +6,7 @@ A run lives in ``<output_dir>/<run_name>/``::
     tokenizer/             trained locally (tiny model) or copied from the base model
     base_model/            the initial policy (tiny model built from config, or the given path)
     sft_model/             after the SFT warm start
+    teacher_model/         GKD's teacher when the run builds it (gkd.teacher.path unset)
     weights/               the weight store: v000000/, v000001/, ... and LATEST
     checkpoints/           learner checkpoints and LATEST
     final_model/           the trained policy (HF directory), registered in MLflow
@@ -57,6 +58,15 @@ class RunContext:
     def sft_model_dir(self) -> Path:
         """Policy after the SFT warm start."""
         return self.run_dir / "sft_model"
+
+    @property
+    def teacher_model_dir(self) -> Path:
+        """GKD's teacher: ``gkd.teacher.path`` when set, else ``<run>/teacher_model`` (the run builds it).
+
+        A set path is a local directory by the time a role reads it (pipelines download ``s3://`` ones).
+        """
+        path = self.config.gkd.teacher.path
+        return Path(path) if path else self.run_dir / "teacher_model"
 
     @property
     def weights_dir(self) -> Path:
@@ -191,7 +201,7 @@ def check_model_dir(path: Path | str, field: str = "model.path") -> None:
                                 f"expected {MODEL_FILES}")
 
 
-INPUT_FILE_FIELDS = ("data.train_path", "data.eval_path", "sft.data_path", "dpo.data_path")
+INPUT_FILE_FIELDS = ("data.train_path", "data.eval_path", "sft.data_path", "dpo.data_path", "gkd.data_path")
 """Dotted config fields that name a JSONL input file (``check_input_files``)."""
 
 

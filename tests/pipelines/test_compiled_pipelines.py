@@ -57,7 +57,7 @@ def test_post_training_branches_on_the_technique_after_preparing():
     tasks = ir["root"]["dag"]["tasks"]
     branches = tasks["condition-branches-1"]["componentRef"]["name"]
     conditions = [t["triggerPolicy"]["condition"] for t in ir["components"][branches]["dag"]["tasks"].values()]
-    for technique in ("sft", "dpo", "grpo", "sao"):
+    for technique in ("sft", "dpo", "grpo", "sao", "gkd"):
         assert any(f"== '{technique}'" in c for c in conditions), technique
     assert tasks["condition-branches-1"]["dependentTasks"] == ["prepare-dataset"]
 
@@ -76,7 +76,7 @@ def test_steps_run_in_the_project_images_and_install_nothing(name):
 
 
 def test_post_training_passes_benchmarks_limit_and_promotion_metric_to_every_branch():
-    """The UI parameters reach evaluate (benchmarks, limit) and register_model (promote_on) in all 4 branches."""
+    """The UI parameters reach evaluate (benchmarks, limit) and register_model (promote_on) in all 5 branches."""
     ir, _ = load("post_training")
     params = ir["root"]["inputDefinitions"]["parameters"]
     assert params["benchmarks"]["defaultValue"] == "heldout" and params["benchmark_limit"]["defaultValue"] == 0
@@ -90,9 +90,9 @@ def test_post_training_passes_benchmarks_limit_and_promotion_metric_to_every_bra
                 if task_name.startswith(("evaluate", "register-model")) and source.startswith(
                         ("pipelinechannel--benchmark", "pipelinechannel--promote_on")):
                     wired.setdefault(source.split("--", 1)[1], []).append((re.sub(r"-[0-9]+$", "", task_name), arg))
-    assert sorted(wired["benchmarks"]) == [("evaluate", "benchmarks")] * 4
-    assert sorted(wired["benchmark_limit"]) == [("evaluate", "limit")] * 4
-    assert sorted(wired["promote_on"]) == [("register-model", "promote_on")] * 4
+    assert sorted(wired["benchmarks"]) == [("evaluate", "benchmarks")] * 5
+    assert sorted(wired["benchmark_limit"]) == [("evaluate", "limit")] * 5
+    assert sorted(wired["promote_on"]) == [("register-model", "promote_on")] * 5
 
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))
@@ -118,11 +118,12 @@ def test_every_step_gets_the_tenant_config_and_s3_credentials(name):
             "POSTTRAIN_ISTIO_SIDECAR", "POSTTRAIN_JOBSET_RESTART_JOB"], label
 
 
-@pytest.mark.parametrize("name", ["post_training", "sft", "dpo", "grpo"])
+@pytest.mark.parametrize("name", ["post_training", "sft", "dpo", "grpo", "gkd"])
 def test_model_steps_get_a_gpu_the_queue_label_and_the_gpu_toleration(name):
     ir, platform = load(name)
     gpu_steps = [k for k in ir["deploymentSpec"]["executors"] if k.startswith(("exec-train-sft", "exec-train-dpo",
-                                                                              "exec-train-grpo", "exec-evaluate"))]
+                                                                              "exec-train-grpo", "exec-train-gkd",
+                                                                              "exec-evaluate"))]
     assert gpu_steps
     for label in gpu_steps:
         resources = ir["deploymentSpec"]["executors"][label]["container"]["resources"]

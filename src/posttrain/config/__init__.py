@@ -3,7 +3,7 @@
 This package imports no torch, so ``posttrain validate-config`` is instant.
 """
 
-from posttrain.config.common import DPOLossConfig, GRPOLossConfig, OptimConfig, SAOLossConfig
+from posttrain.config.common import DPOLossConfig, GKDLossConfig, GRPOLossConfig, OptimConfig, SAOLossConfig
 from posttrain.config.load import ConfigError, load_config, parse_overrides
 from posttrain.config.resources import PodResources
 from posttrain.config.run import RunConfig
@@ -20,12 +20,20 @@ from posttrain.config.sections import (
     TinyModelConfig,
     TrackingConfig,
 )
-from posttrain.config.techniques import DPOTechniqueConfig, GRPOTechniqueConfig, SFTTechniqueConfig
+from posttrain.config.techniques import (
+    DPOTechniqueConfig,
+    GKDTechniqueConfig,
+    GRPOTechniqueConfig,
+    SFTTechniqueConfig,
+    TeacherConfig,
+)
 
 __all__ = [
     "ConfigError",
     "DPOLossConfig",
     "DPOTechniqueConfig",
+    "GKDLossConfig",
+    "GKDTechniqueConfig",
     "GRPOTechniqueConfig",
     "SFTTechniqueConfig",
     "GRPOLossConfig",
@@ -42,6 +50,7 @@ __all__ = [
     "SAOConfig",
     "SAOLossConfig",
     "SFTConfig",
+    "TeacherConfig",
     "TinyModelConfig",
     "TrackingConfig",
     "load_config",

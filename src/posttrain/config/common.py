@@ -71,3 +71,31 @@ class DPOLossConfig(_Strict):
     """Inverse temperature of the implicit reward."""
     label_smoothing: float = Field(0.0, ge=0.0, lt=0.5)
     """Conservative DPO label smoothing; 0 is plain DPO."""
+
+
+class GKDLossConfig(_Strict):
+    """GKD's divergence between teacher and student next-token distributions (Agarwal et al., arXiv 2306.13649).
+
+    ``generalized_jsd`` compares the whole distributions at every trained position (the paper's
+    JSD(beta): forward KL at beta 0, reverse KL at beta 1); ``sampled_reverse_kl`` is the token-level
+    "on-policy distillation" of tinker and slime: reverse KL estimated from the student's sampled
+    token alone, used as a per-token policy-gradient signal. Equations: ``posttrain.losses.gkd``.
+    """
+
+    divergence: Literal["generalized_jsd", "sampled_reverse_kl"] = "generalized_jsd"
+    """``generalized_jsd``: JSD(beta) over the full vocabulary at every trained position (needs the
+    teacher's logits); ``sampled_reverse_kl``: log pi_S(x_t) - log pi_T(x_t) of the sampled token x_t
+    as a policy-gradient cost (needs only the teacher's log-probability of that token; on-policy rows
+    only, so ``gkd.lmbda`` must be 1)."""
+    beta: float = Field(0.5, ge=0.0, le=1.0)
+    """beta of JSD(beta) (``generalized_jsd`` only): 0 is forward KL(teacher || student) (mode covering),
+    1 is reverse KL(student || teacher) (mode seeking); in between, the paper's generalised JSD against
+    the mixture beta * teacher + (1 - beta) * student."""
+    temperature: float = Field(1.0, gt=0.0, le=10.0)
+    """Softmax temperature of both distributions in the divergence (teacher and student logits are
+    divided by it). ``sampled_reverse_kl`` needs it equal to ``generator.temperature``."""
+    is_cap: float = Field(2.0, gt=1.0, le=100.0)
+    """``sampled_reverse_kl`` only: truncation C of the importance weight min(pi_S / pi_behav, C) that
+    corrects for rollouts sampled by an older student version (staleness)."""
+    log_ratio_clamp: float = Field(20.0, gt=0.0, le=80.0)
+    """|log pi_S - log pi_behav| is clamped to this (nats) before exp, for a finite importance weight."""

@@ -1,12 +1,13 @@
-"""What the roles of the asynchronous runtime read from a run config, derived once for SAO or async GRPO.
+"""What the roles of the asynchronous runtime read from a run config, derived once for SAO, async GRPO or GKD.
 
-SAO and asynchronous GRPO share one runtime: generator processes take admission tickets, run
+SAO, asynchronous GRPO and GKD share one runtime: generator processes take admission tickets, run
 episodes (one per ticket for SAO, a group of ``group_size`` for GRPO) and push rollouts to the
 stream; the learner trains on them as they arrive. Generators and the learner must agree on a
 few numbers (rollouts per learner batch, the staleness bound tau, the group size), and the
 learner needs its budget (policy versions to publish, checkpoint cadence). They come from the
 technique's own section: ``sao`` for ``technique: sao``, ``grpo`` for ``technique: grpo`` with
-``grpo.async: true``.
+``grpo.async: true``, ``gkd`` for ``technique: gkd`` (its batch's on-policy rows are the rollouts
+admission and the stream count; its fixed rows never pass through them).
 
 ``async_rl_settings(config)`` derives them, and every entry point calls it: ``posttrain run``,
 ``posttrain learner`` and ``posttrain generator``, so a role started by hand on a config reads
@@ -31,15 +32,18 @@ class AsyncRLSettings:
     """The asynchronous runtime's shared numbers (see the module docstring).
 
     Attributes:
-        technique: ``sao`` (one rollout per prompt, critic) or ``grpo`` (groups, group baseline, DIS).
+        technique: ``sao`` (one rollout per prompt, critic), ``grpo`` (groups, group baseline, DIS) or
+            ``gkd`` (one rollout per prompt, scored by a teacher).
         steps: Policy versions the learner publishes before it stops (``sao.steps`` / ``grpo.steps``).
         batch_rollouts: Rollouts per learner batch; the admission capacity's B
-            (``sao.batch_size`` / ``grpo.prompts_per_step * grpo.group_size``).
+            (``sao.batch_size`` / ``grpo.prompts_per_step * grpo.group_size`` / GKD's on-policy rows,
+            ``round(gkd.lmbda * gkd.batch_size)``).
         max_staleness: tau, in policy versions (``sao.max_staleness`` / ``grpo.max_staleness``).
         staleness_rule: ``token`` (per-token staleness: stale tokens masked, a rollout dropped
             only when none of its action tokens is fresh, no generator cancellations) or
             ``episode`` (drop by the oldest turn, cancel in flight); ``sao.staleness_rule``;
-            asynchronous GRPO keeps ``episode`` (a group is dropped whole when a member is stale).
+            asynchronous GRPO keeps ``episode`` (a group is dropped whole when a member is stale), and
+            so does GKD (a rollout is dropped whole).
         group_size: Rollouts per prompt a generator runs together (1 for SAO, G for GRPO).
         groups_per_batch: Prompts per learner batch (``batch_rollouts / group_size``).
         checkpoint_every: Policy versions between learner checkpoints.
@@ -53,7 +57,7 @@ class AsyncRLSettings:
             progress bound (``learner.max_iterations_without_progress``) does not count them.
     """
 
-    technique: Literal["sao", "grpo"]
+    technique: Literal["sao", "grpo", "gkd"]
     steps: int
     batch_rollouts: int
     max_staleness: int
@@ -68,8 +72,8 @@ class AsyncRLSettings:
 
 
 def uses_async_runtime(config: RunConfig) -> bool:
-    """True for ``technique: sao`` and for ``technique: grpo`` with ``grpo.async: true``."""
-    return config.technique == "sao" or (config.technique == "grpo" and config.grpo.async_)
+    """True for ``technique: sao`` and ``gkd``, and for ``technique: grpo`` with ``grpo.async: true``."""
+    return config.technique in ("sao", "gkd") or (config.technique == "grpo" and config.grpo.async_)
 
 
 def async_rl_settings(config: RunConfig) -> AsyncRLSettings:
@@ -96,7 +100,15 @@ def async_rl_settings(config: RunConfig) -> AsyncRLSettings:
             policy_optimizer_steps=grpo.steps * grpo.mini_batches,
             max_nonfinite_iterations=grpo.max_nonfinite_iterations,
         )
+    if config.technique == "gkd":
+        gkd = config.gkd
+        return AsyncRLSettings(
+            technique="gkd", steps=gkd.steps, batch_rollouts=gkd.on_policy_rows, max_staleness=gkd.max_staleness,
+            staleness_rule="episode", group_size=1, groups_per_batch=gkd.on_policy_rows,
+            checkpoint_every=gkd.checkpoint_every, optim=gkd.optim, policy_optimizer_steps=gkd.steps,
+            max_nonfinite_iterations=gkd.max_nonfinite_iterations,
+        )
     raise ConfigError(
         f"technique: {config.technique!r} (grpo.async={config.grpo.async_}) does not run on the asynchronous "
-        "runtime; expected technique sao, or grpo with grpo.async true"
+        "runtime; expected technique sao or gkd, or grpo with grpo.async true"
     )

@@ -25,6 +25,7 @@ from posttrain.config.sections import (
 )
 from posttrain.config.techniques import (  # noqa: E402
     DPOTechniqueConfig,
+    GKDTechniqueConfig,
     GRPOTechniqueConfig,
     SFTTechniqueConfig,
 )
@@ -33,7 +34,7 @@ from posttrain.config.techniques import (  # noqa: E402
 class RunConfig(_Strict):
     """A whole run: technique, model, data, and the settings of each role."""
 
-    technique: Literal["sao", "sft", "cpt", "dpo", "grpo"] = "sao"
+    technique: Literal["sao", "sft", "cpt", "dpo", "grpo", "gkd"] = "sao"
     """Post-training technique."""
     run_name: str = Field("run", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
     """Run name: output directory, stream keys and MLflow run name derive from it."""
@@ -72,6 +73,8 @@ class RunConfig(_Strict):
     """Technique dpo: preference file, reference mode, beta, batch shape, optimizer."""
     grpo: GRPOTechniqueConfig = Field(default_factory=GRPOTechniqueConfig)
     """Technique grpo: group size, clipping, KL, uniform-group dropping, synchronous or asynchronous."""
+    gkd: GKDTechniqueConfig = Field(default_factory=GKDTechniqueConfig)
+    """Technique gkd: teacher, on-policy share lambda, divergence (beta, temperature), batch shape, optimizer."""
 
     @field_validator("checkpoints_uri")
     @classmethod
@@ -124,6 +127,9 @@ class RunConfig(_Strict):
             every, tau = self.grpo.checkpoint_every, self.grpo.max_staleness
             batch = self.grpo.prompts_per_step * self.grpo.group_size
             names = "grpo.checkpoint_every, grpo.max_staleness, grpo.prompts_per_step x grpo.group_size"
+        elif self.technique == "gkd":
+            every, tau, batch = self.gkd.checkpoint_every, self.gkd.max_staleness, self.gkd.on_policy_rows
+            names = "gkd.checkpoint_every, gkd.max_staleness, on-policy rows round(gkd.lmbda x gkd.batch_size)"
         else:
             return self
         bound = (every + tau + 2) * batch
@@ -147,6 +153,20 @@ class RunConfig(_Strict):
                 "generator.top_p must be 1.0 with technique=grpo and grpo.async true (the DIS ratio needs "
                 f"full-softmax behaviour logprobs), got {self.generator.top_p}"
             )
+        if self.technique == "gkd":
+            if self.generator.admission_lease_s <= self.generator.episode_timeout_s:
+                raise ValueError(
+                    f"generator.admission_lease_s ({self.generator.admission_lease_s}) must be greater than "
+                    f"generator.episode_timeout_s ({self.generator.episode_timeout_s})"
+                )
+            loss = self.gkd.loss
+            if loss.divergence == "sampled_reverse_kl" and (
+                    self.generator.temperature != loss.temperature or self.generator.top_p != 1.0):
+                raise ValueError(
+                    "gkd.loss.divergence sampled_reverse_kl estimates KL(student || teacher) from the student's own "
+                    f"samples: generator.temperature ({self.generator.temperature}) must equal gkd.loss.temperature "
+                    f"({loss.temperature}) and generator.top_p ({self.generator.top_p}) must be 1.0"
+                )
         if self.technique == "sao":
             if self.generator.temperature != 1.0 or self.generator.top_p != 1.0:
                 raise ValueError(

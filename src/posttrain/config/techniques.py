@@ -1,4 +1,4 @@
-"""Run-config sections of the techniques beside SAO: ``sft:`` (also ``cpt``), ``dpo:`` and ``grpo:``.
+"""Run-config sections of the techniques beside SAO: ``sft:`` (also ``cpt``), ``dpo:``, ``grpo:`` and ``gkd:``.
 
 Each section holds what differs between techniques (data file, batch shape, loss); the
 optimizer (``OptimConfig``), the checkpoint format and the metric names are shared. The sections
@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from posttrain.config.common import DPOLossConfig, GRPOLossConfig, OptimConfig
+from posttrain.config.common import DPOLossConfig, GKDLossConfig, GRPOLossConfig, OptimConfig
 
 
 class _Section(BaseModel):
@@ -162,5 +162,103 @@ class GRPOTechniqueConfig(_Section):
             raise ValueError(
                 f"grpo.mini_batches ({self.mini_batches}) must be <= grpo.prompts_per_step "
                 f"({self.prompts_per_step}): a mini-batch holds whole groups"
+            )
+        return self
+
+
+class TeacherConfig(_Section):
+    """The teacher GKD distils from (``gkd.teacher``): a model directory, or one built for the run.
+
+    The teacher must share the student's tokenizer: its vocabulary (logits' last dimension) must
+    equal the student's, else the run stops with one line naming ``gkd.teacher.path``.
+    """
+
+    path: str | None = None
+    """Teacher model: a local transformers directory, an ``s3://`` URI (downloaded before training) or,
+    in pipelines, ``models:/<name>@<alias>`` / ``models:/<name>/<version>`` (resolved by
+    ``prepare_dataset`` through the MLflow registry: distil a team's RL champion). None: the run builds
+    one, ``<run>/teacher_model``: the base model trained by SFT on the environment's reference
+    episodes for ``build_steps`` steps (the warm start trained much longer), so a config is
+    self-contained on a fresh machine."""
+    build_steps: int = Field(600, ge=1, le=10_000_000)
+    """SFT steps of the teacher built when ``path`` is None (batch size and optimizer of ``warm_start``);
+    the student is the warm start of ``warm_start.steps`` steps. Ignored when ``path`` is set."""
+
+
+class GKDTechniqueConfig(_Section):
+    """Generalized knowledge distillation, on-policy (Agarwal et al., ICLR 2024, arXiv 2306.13649; ``technique: gkd``).
+
+    The student (the warm start) learns the teacher's next-token distributions on a mix of its own
+    samples and fixed sequences. Each learner batch has ``batch_size`` sequences:
+    ``round(lmbda * batch_size)`` on-policy rollouts the generators sampled from the student on the
+    environment's tasks (through the inference engine, the rollout stream and admission, as SAO's),
+    and the rest drawn from the fixed sequences of ``data_path``. The teacher scores every
+    sequence in the learner (frozen, placed and sharded like the student). Sampling settings of
+    the on-policy rollouts (engine, temperature, top_p, tokens per turn, processes, episodes in
+    flight) are the ``generator`` section's, as for every technique of the asynchronous runtime.
+    """
+
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    """The teacher (path, or the SFT steps of one built for the run)."""
+    lmbda: float = Field(1.0, gt=0.0, le=1.0)
+    """lambda, the on-policy share: ``round(lmbda * batch_size)`` sequences of each batch are the student's
+    own samples, the rest fixed sequences from ``data_path`` (paper: the student-data fraction;
+    on-policy, 1.0, worked best). At least one on-policy row per batch is required (lambda = 0,
+    supervised KD on fixed sequences only, is not offered)."""
+    data_path: str | None = None
+    """JSONL of fixed (off-policy) sequences, chat rows ``{"messages": [...]}`` as for sft (docs/data.md):
+    ground-truth or teacher-written answers; their assistant tokens are trained. Required when
+    ``lmbda < 1``, unused at 1."""
+    max_examples: int | None = Field(None, ge=1, le=100_000_000)
+    """Use only the first this many valid rows of ``data_path`` (None: all)."""
+    max_seq_len: int = Field(512, ge=16, le=131072)
+    """Fixed sequences are truncated to this many tokens."""
+    steps: int = Field(50, ge=1, le=10_000_000)
+    """Optimizer steps, one policy version each (generators sample with the newest published version)."""
+    batch_size: int = Field(32, ge=1, le=65536)
+    """Sequences per optimizer step, on-policy and fixed together."""
+    micro_batch_size: int = Field(16, ge=1, le=65536)
+    """Sequences per forward/backward (student and teacher); gradients accumulate, normalised by the
+    step's count of trained tokens."""
+    max_staleness: int = Field(1, ge=0, le=1000)
+    """tau (policy versions): an on-policy rollout whose oldest turn lags the learner by more than this is
+    dropped (and cancelled in flight by the generators); admission starts no rollout that would be.
+    0 is strictly on-policy (generators and learner take turns); 1 lets the next batch be sampled
+    while the learner trains."""
+    loss: GKDLossConfig = Field(default_factory=GKDLossConfig)
+    """Divergence (generalised JSD or sampled reverse KL), beta, temperature."""
+    checkpoint_every: int = Field(10, ge=1)
+    """Write a learner checkpoint (and acknowledge the consumed stream entries) every this many versions."""
+    max_nonfinite_iterations: int = Field(3, ge=1, le=10_000)
+    """Learner iterations in a row with a non-finite gradient norm before the run stops with an error.
+    Each such optimizer step is skipped (no version) and counted in ``skipped_nonfinite``."""
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
+    """Student optimizer and LR schedule."""
+
+    @property
+    def on_policy_rows(self) -> int:
+        """On-policy rollouts per batch: ``round(lmbda * batch_size)`` (at least 1)."""
+        return max(1, round(self.lmbda * self.batch_size))
+
+    @property
+    def fixed_rows(self) -> int:
+        """Fixed sequences per batch: ``batch_size - on_policy_rows``."""
+        return self.batch_size - self.on_policy_rows
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> GKDTechniqueConfig:
+        if self.micro_batch_size > self.batch_size:
+            raise ValueError(
+                f"gkd.micro_batch_size ({self.micro_batch_size}) must be <= gkd.batch_size ({self.batch_size})"
+            )
+        if self.loss.divergence == "sampled_reverse_kl" and self.fixed_rows:
+            raise ValueError(
+                f"gkd.loss.divergence sampled_reverse_kl needs student samples only: gkd.lmbda ({self.lmbda}) "
+                f"x gkd.batch_size ({self.batch_size}) leaves {self.fixed_rows} fixed rows per batch; set gkd.lmbda: 1"
+            )
+        if self.fixed_rows and not self.data_path:
+            raise ValueError(
+                f"gkd.data_path: required when gkd.lmbda < 1 (gkd.lmbda {self.lmbda} x gkd.batch_size "
+                f"{self.batch_size} leaves {self.fixed_rows} fixed rows per batch; a JSONL of chat rows, docs/data.md)"
             )
         return self

@@ -17,9 +17,10 @@ from typing import Any
 
 from posttrain.config import RunConfig
 
-STEPS_FIELD = {"sft": "sft.steps", "dpo": "dpo.steps", "grpo": "grpo.steps", "sao": "sao.steps"}
+STEPS_FIELD = {"sft": "sft.steps", "dpo": "dpo.steps", "grpo": "grpo.steps", "sao": "sao.steps", "gkd": "gkd.steps"}
 """Config field the pipeline's ``steps`` parameter sets (optimizer steps / policy versions)."""
-DATA_FIELD = {"sft": "sft.data_path", "dpo": "dpo.data_path", "grpo": "data.train_path", "sao": "data.train_path"}
+DATA_FIELD = {"sft": "sft.data_path", "dpo": "dpo.data_path", "grpo": "data.train_path", "sao": "data.train_path",
+              "gkd": "data.train_path"}
 """Config field the pipeline's ``dataset`` parameter sets."""
 
 

@@ -129,16 +129,22 @@ def check_checkpoint(location: str, what: str) -> None:
 
 
 def local_model(cfg: RunConfig, work: Path) -> RunConfig:
-    """``cfg`` with an ``s3://`` ``model.path`` downloaded into ``work`` (training reads local directories).
+    """``cfg`` with an ``s3://`` ``model.path`` (and GKD's ``gkd.teacher.path``) downloaded into ``work``.
+
+    Training reads local directories.
 
     Raises:
-        posttrain.storage.StorageError: the checkpoint cannot be downloaded.
+        posttrain.storage.StorageError: a checkpoint cannot be downloaded.
     """
-    if not cfg.model.path or not cfg.model.path.startswith("s3://"):
-        return cfg
     from posttrain.storage import materialize
 
-    return with_fields(cfg, {"model.path": str(materialize(cfg.model.path, work / "base-model-download"))})
+    values = {}
+    for dotted, folder in (("model.path", "base-model-download"), ("gkd.teacher.path", "teacher-download")):
+        section, name = dotted.split(".", 1)
+        location = cfg.model.path if section == "model" else (cfg.gkd.teacher.path if cfg.technique == "gkd" else None)
+        if location and location.startswith("s3://"):
+            values[dotted] = str(materialize(location, work / folder))
+    return with_fields(cfg, values) if values else cfg
 
 
 def run_name_for(base: str, run_id: str) -> str:

@@ -4,9 +4,14 @@ The artifact directory it writes (``load_prepared`` reads it back)::
 
     config.yaml      the resolved run config (data paths relative to this directory)
     manifest.json    technique, run name, pipeline run id, dataset/config hashes, base model
-    train.jsonl      RL tasks (grpo, sao) or the sft/dpo rows, validated
+    train.jsonl      RL tasks (grpo, sao, gkd) or the sft/dpo rows, validated
     tasks.jsonl      sft/dpo only: the environment's training tasks (tokenizer text, warm start)
     eval.jsonl       held-out tasks of the config's environment
+    fixed.jsonl      gkd with gkd.lmbda < 1 only: the fixed sequences (gkd.data_path), validated
+
+For ``gkd`` the teacher (``gkd.teacher.path``) is resolved like the model: ``models:/<name>@<alias>``
+through the MLflow registry (distil a team's champion), a path made absolute, an ``s3://`` URI kept
+(the training step downloads it); the manifest records it as ``teacher_model``.
 
 Runs in the torch-free ``base`` image. Try it: ``python -c "from posttrain.kfp.prepare import
 prepare_dataset; print(prepare_dataset('configs/sao_demo_cpu.yaml', 'sao', '', '', 2, 'try', '/tmp/ds').metrics)"``.
@@ -41,10 +46,30 @@ from posttrain.kfp.locations import (
     run_name_for,
 )
 
-PIPELINE_TECHNIQUES = ("sft", "dpo", "grpo", "sao")
+PIPELINE_TECHNIQUES = ("sft", "dpo", "grpo", "sao", "gkd")
 """Techniques a pipeline can select with its ``technique`` parameter."""
-RL_TECHNIQUES = ("grpo", "sao")
+RL_TECHNIQUES = ("grpo", "sao", "gkd")
 """Techniques that train on environment tasks (``data.train_path``)."""
+
+
+FIXED_FILE = "fixed.jsonl"
+"""GKD's fixed sequences in the Dataset artifact (``gkd.data_path``)."""
+
+
+def _resolve_teacher(cfg: Any) -> tuple[Any, str]:
+    """``cfg`` with ``gkd.teacher.path`` resolved (module docstring) and the teacher's lineage label.
+
+    Raises:
+        PipelineStepError: a ``models:/`` URI naming no version, a path found nowhere, or no checkpoint there.
+    """
+    location = cfg.gkd.teacher.path
+    if not location:
+        return cfg, f"built by the run ({cfg.gkd.teacher.build_steps} SFT steps of the base model)"
+    path, label = resolve_model(location, cfg.tracking.tracking_uri)
+    if not path.startswith("s3://"):
+        path = resolve_location(path, "gkd.teacher.path")
+    check_checkpoint(path, "gkd.teacher.path")
+    return with_fields(cfg, {"gkd.teacher.path": path}), label if label != location else path
 
 
 def _write_tasks(path: Path, tasks: list[Any]) -> int:
@@ -67,7 +92,7 @@ def prepare_dataset(
         technique: One of ``PIPELINE_TECHNIQUES``; overrides the config's ``technique``.
         model: "" keeps the config's model; else a path, ``s3://`` URI or ``models:/...`` (``resolve_model``).
         dataset: "" keeps the config's data; else the training file (path or ``s3://``) for
-            ``DATA_FIELD[technique]``: RL tasks for grpo/sao, sft rows, dpo pairs.
+            ``DATA_FIELD[technique]``: RL tasks for grpo/sao/gkd, sft rows, dpo pairs.
         steps: 0 keeps the config's; else ``STEPS_FIELD[technique]`` (optimizer steps / policy versions).
         run_id: Pipeline run id; suffixes the run name (``run_name_for``).
         out_dir: The Dataset artifact directory to create (see the module docstring).
@@ -77,7 +102,8 @@ def prepare_dataset(
         dataset hash and base model.
 
     Raises:
-        PipelineStepError: unknown technique, negative steps, missing files, no training data.
+        PipelineStepError: unknown technique, negative steps, missing files, no training data, a GKD
+            teacher that cannot be found.
         posttrain.config.ConfigError: the config (with the overrides) does not validate.
         posttrain.data.tasks.DatasetError: a malformed row (file, line, field) with ``on_bad_row: stop``.
     """
@@ -117,8 +143,18 @@ def prepare_dataset(
         location = get_field(cfg, dotted)
         if location and not (dotted == DATA_FIELD[technique] and data_path):
             cfg = with_fields(cfg, {dotted: str(local_file(str(location), scratch / name, dotted))})
+    teacher_label = ""
+    if technique == "gkd":
+        cfg, teacher_label = _resolve_teacher(cfg)
     ctx = RunContext(cfg.model_copy(update={"output_dir": str(scratch)}))
     files = {DATA_FIELD[technique]: TRAIN_FILE, "data.eval_path": EVAL_FILE}
+    if technique == "gkd" and cfg.gkd.fixed_rows and cfg.gkd.data_path:
+        from posttrain.data.formats import load_rows
+
+        fixed = local_file(cfg.gkd.data_path, scratch / "fixed_source.jsonl", "gkd.data_path")
+        load_rows(fixed, "sft", on_bad_row=cfg.data.on_bad_row, quarantine_path=out / "quarantine-fixed.jsonl")
+        shutil.copyfile(fixed, out / FIXED_FILE)
+        files["gkd.data_path"] = FIXED_FILE
     if technique in RL_TECHNIQUES:
         n_train = _write_tasks(out / TRAIN_FILE, ctx.tasks("train"))
     else:
@@ -157,8 +193,11 @@ def prepare_dataset(
         "train_rows": n_train,
         "eval_rows": n_eval,
     }
+    if teacher_label:
+        manifest["teacher_model"] = teacher_label
     (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     if scratch.exists():
         shutil.rmtree(scratch)
-    meta = {k: manifest[k] for k in ("technique", "run_name", "dataset_hash", "config_hash", "base_model")}
+    meta: dict[str, Any] = {k: manifest[k] for k in ("technique", "run_name", "dataset_hash", "config_hash",
+                                                     "base_model", "teacher_model") if k in manifest}
     return StepOutputs(metrics={"train_rows": float(n_train), "eval_rows": float(n_eval)}, metadata=meta)

@@ -1,4 +1,4 @@
-"""The training steps: ``train_sao`` and ``train_technique`` (sft, dpo, grpo), from a prepared dataset.
+"""The training steps: ``train_sao`` and ``train_technique`` (sft, dpo, grpo, gkd), from a prepared dataset.
 
 Each writes a transformers checkpoint into the Model artifact directory, with
 ``posttrain_model.json`` beside it (``export_model``; it names the MLflow run that trained it),
@@ -114,12 +114,15 @@ def train_sao(
 
 
 def train_technique(dataset_dir: Path | str, model_out: Path | str, technique: str, *, run_id: str = "") -> StepOutputs:
-    """SFT, DPO or GRPO from a prepared dataset through ``posttrain.runners.run``.
+    """SFT, DPO, GRPO or GKD from a prepared dataset through ``posttrain.runners.run``.
+
+    GRPO with ``grpo.async`` and GKD run the asynchronous runtime inside the step (generator processes,
+    learner, embedded Redis); GKD's ``s3://`` teacher is downloaded into the workspace first.
 
     Args:
         dataset_dir: Dataset artifact from ``prepare_dataset``.
         model_out: Model artifact directory to fill with the final checkpoint.
-        technique: ``sft``, ``dpo`` or ``grpo`` (must match the prepared dataset).
+        technique: ``sft``, ``dpo``, ``grpo`` or ``gkd`` (must match the prepared dataset).
         run_id: Pipeline run id (an MLflow tag).
 
     Returns:
@@ -132,8 +135,8 @@ def train_technique(dataset_dir: Path | str, model_out: Path | str, technique: s
     from posttrain.runners.common import MLFLOW_RUN_ROW
     from posttrain.runtime import RunContext
 
-    if technique not in ("sft", "dpo", "grpo"):
-        raise PipelineStepError(f"technique: {technique!r} is not sft, dpo or grpo")
+    if technique not in ("sft", "dpo", "grpo", "gkd"):
+        raise PipelineStepError(f"technique: {technique!r} is not sft, dpo, grpo or gkd")
     cfg, manifest = load_prepared(dataset_dir)
     expect_technique(manifest, technique)
     with workspace(cfg.run_name) as work:

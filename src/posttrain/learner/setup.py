@@ -34,6 +34,7 @@ from posttrain.learner.checkpoint import LearnerState
 from posttrain.learner.checkpointer import Checkpointer
 from posttrain.learner.critic import CriticModel
 from posttrain.learner.export import save_final_model
+from posttrain.learner.gkd_step import FixedSequences, load_fixed_sequences
 from posttrain.learner.ledger import LEDGER_NAME, append_ledger, ledger_line
 from posttrain.learner.liveness import GeneratorWatch, LearnerStopped
 from posttrain.learner.metrics import learner_metrics
@@ -41,7 +42,7 @@ from posttrain.learner.optim import NonFiniteStreak, build_optimizer
 from posttrain.learner.progress import IterationOutcome, ProgressWatch, outcome_of, print_line
 from posttrain.learner.publish import WeightPublisher
 from posttrain.learner.resume import resume_policy
-from posttrain.learner.steps import GRPOStep, SAOStep, TrainStep
+from posttrain.learner.steps import GKDStep, GRPOStep, SAOStep, TrainStep
 from posttrain.learner.types import LearnerSummary, Trainable, TrainStepResult
 from posttrain.models.hf import load_policy, load_tokenizer
 from posttrain.parallel.placement import full_state_dict, prepare_model
@@ -63,7 +64,7 @@ from posttrain.rollout.redis_streams import (
     connect,
 )
 from posttrain.rollout.telemetry import read_generator_stats
-from posttrain.runtime import RunContext
+from posttrain.runtime import RunContext, check_model_dir
 from posttrain.weight_sync.announce import announce_weights
 from posttrain.weight_sync.factory import open_weight_store
 from posttrain.weight_sync.store import WeightStore
@@ -386,9 +387,40 @@ def _critic(config: RunConfig, start_model_dir: Path, world: World) -> Trainable
     return Trainable(model, optimizer, scheduler)
 
 
+def gkd_teacher(config: RunConfig, policy: nn.Module, world: World) -> nn.Module:
+    """GKD's teacher (``RunContext.teacher_model_dir``), frozen and placed like the student.
+
+    Raises:
+        FileNotFoundError: no model there (one line naming ``gkd.teacher.path``).
+        posttrain.config.ConfigError: the teacher's vocabulary differs from the student's (one line).
+    """
+    teacher_dir = RunContext(config).teacher_model_dir
+    check_model_dir(teacher_dir, "gkd.teacher.path")
+    teacher: Any = load_policy(teacher_dir)
+    student: Any = policy
+    vocab = int(teacher.get_input_embeddings().num_embeddings)
+    student_vocab = int(student.get_input_embeddings().num_embeddings)
+    if vocab != student_vocab:
+        raise ConfigError(f"gkd.teacher.path: the teacher in {teacher_dir} has a vocabulary of {vocab} tokens, the "
+                          f"student {student_vocab}; GKD compares their next-token distributions token by token, "
+                          "so both need one tokenizer")
+    return prepare_model(teacher, world, config.learner, trainable=False)
+
+
 def _train_step(config: RunConfig, policy: Trainable, critic: Trainable | None, baseline: RunningMeanBaseline | None,
-                start_model_dir: Path, pad_id: int, world: World) -> TrainStep:
-    """SAO's step, or asynchronous GRPO's with its frozen reference (placed like the policy) when the KL term is on."""
+                start_model_dir: Path, tokenizer: Any, world: World) -> TrainStep:
+    """The run's train step: SAO's; asynchronous GRPO's; or GKD's with its teacher and fixed sequences.
+
+    GRPO's frozen reference (placed like the policy) is loaded only when its KL term is on.
+    """
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    if config.technique == "gkd":
+        gkd = config.gkd
+        examples = load_fixed_sequences(
+            gkd.data_path if gkd.fixed_rows else None, tokenizer, max_seq_len=gkd.max_seq_len, limit=gkd.max_examples,
+            on_bad_row=config.data.on_bad_row, quarantine_path=RunContext(config).run_dir / "quarantine-gkd.jsonl")
+        return GKDStep(policy, gkd_teacher(config, policy.model, world), gkd,
+                       FixedSequences(examples, gkd.fixed_rows, config.seed), pad_id)
     if config.technique == "grpo":
         grpo = config.grpo
         reference: nn.Module | None = None
@@ -403,7 +435,7 @@ def build_learner(config: RunConfig, transport: LearnerTransport | None, *, star
     """Load or resume the learner of ``config`` and publish the version it starts from (module docstring).
 
     Args:
-        config: The run config (``technique: sao``, or ``grpo`` with ``grpo.async``).
+        config: The run config (``technique: sao`` or ``gkd``, or ``grpo`` with ``grpo.async``).
         transport: Queue, admission, version key, weight store, announcements, telemetry; rank 0's
             only (None on the other ranks, which never touch the stream or the store).
         start_model_dir: Policy to start from when there is no checkpoint (the SFT warm start).
@@ -413,7 +445,9 @@ def build_learner(config: RunConfig, transport: LearnerTransport | None, *, star
         posttrain.config.ConfigError: the technique does not use the asynchronous runtime, or a
             batch has fewer rollouts than there are ranks.
         ValueError: rank 0 without a transport.
-        FileNotFoundError: no tokenizer in the run directory, or no model at ``start_model_dir``.
+        FileNotFoundError: no tokenizer in the run directory, no model at ``start_model_dir``, or (GKD) no
+            teacher at ``gkd.teacher.path`` / ``<run>/teacher_model``.
+        posttrain.data.tasks.DatasetError: (GKD) a bad row of ``gkd.data_path`` under ``data.on_bad_row: stop``.
         posttrain.learner.checkpoint.CheckpointError: the checkpoint does not fit this model.
     """
     world = world or World()
@@ -421,13 +455,15 @@ def build_learner(config: RunConfig, transport: LearnerTransport | None, *, star
         raise ValueError("build_learner: rank 0 needs the transport")
     ctx = RunContext(config)
     settings = async_rl_settings(config)
-    if settings.batch_rollouts < world.size:
-        field_name = "grpo.prompts_per_step x grpo.group_size" if settings.technique == "grpo" else "sao.batch_size"
-        raise ConfigError(f"{field_name}: a batch of {settings.batch_rollouts} rollouts cannot feed {world.size} "
+    rows = config.gkd.batch_size if settings.technique == "gkd" else settings.batch_rollouts
+    if rows < world.size:
+        field_name = {"grpo": "grpo.prompts_per_step x grpo.group_size", "gkd": "gkd.batch_size"}.get(
+            settings.technique, "sao.batch_size")
+        what = "sequences" if settings.technique == "gkd" else "rollouts"
+        raise ConfigError(f"{field_name}: a batch of {rows} {what} cannot feed {world.size} "
                           f"learner ranks; use at least {world.size} (or fewer ranks)")
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(ctx.tokenizer_dir)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     critic = _critic(config, start_model_dir, world)
     resumed_policy = resume_policy(ctx.checkpoints_dir, start_model_dir, settings.optim,
                                    settings.policy_optimizer_steps, critic=critic, mirror_uri=config.checkpoints_uri,
@@ -464,7 +500,7 @@ def build_learner(config: RunConfig, transport: LearnerTransport | None, *, star
     )
     learner = Learner(ctx, settings, transport if world.is_main else None, state, counters, policy, tokenizer,
                       RankBatchSource(world, inner),
-                      _train_step(config, policy, critic, baseline, start_model_dir, pad_id, world), publisher,
+                      _train_step(config, policy, critic, baseline, start_model_dir, tokenizer, world), publisher,
                       checkpointer, staleness,
                       NonFiniteStreak(settings.max_nonfinite_iterations,
                                       f"{settings.technique}.max_nonfinite_iterations"), world,

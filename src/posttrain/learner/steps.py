@@ -1,11 +1,12 @@
-"""The learner's train step, chosen once per run: SAO's critic + DIS step, or asynchronous GRPO's group step.
+"""The learner's train step, chosen once per run: SAO's critic + DIS step, asynchronous GRPO's group step, or GKD's.
 
 A ``TrainStep`` takes the batch's stream entries and the iteration number and returns a
 ``TrainStepResult`` (``posttrain.learner.types``) that says whether the policy moved, how many
 rollouts and action tokens counted as trained, and the step's metrics. The maths lives in
 ``sao_step.sao_train_step`` (arXiv 2607.07508: critic, skip-observation GAE, DIS) and
-``grpo_step.grpo_train_step`` (arXiv 2402.03300 with the DIS mask); this module only collates
-the rollouts into a padded batch and calls the right one.
+``grpo_step.grpo_train_step`` (arXiv 2402.03300 with the DIS mask) and ``gkd_step.gkd_train_step``
+(arXiv 2306.13649: a frozen teacher's distributions on the student's samples and fixed sequences);
+this module only collates the rollouts into a padded batch and calls the right one.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from torch import nn
 
 from posttrain.advantages import RunningMeanBaseline
 from posttrain.config.sections import SAOConfig
-from posttrain.config.techniques import GRPOTechniqueConfig
+from posttrain.config.techniques import GKDTechniqueConfig, GRPOTechniqueConfig
 from posttrain.learner.batching import collate_rollouts
+from posttrain.learner.gkd_step import FixedSequences, gkd_train_step, mixed_batch
 from posttrain.learner.grpo_step import grpo_train_step
 from posttrain.learner.sao_step import sao_train_step
 from posttrain.learner.types import Trainable, TrainStepResult
@@ -90,3 +92,29 @@ class GRPOStep:
         return grpo_train_step(policy=self.policy, batch=batch, group_ids=[str(e.rollout.group_id) for e in entries],
                                config=self.config, reference=self.reference, temperature=self.temperature,
                                world=world)
+
+
+class GKDStep:
+    """GKD: the batch's on-policy rollouts plus the iteration's fixed sequences, scored by the teacher.
+
+    Args:
+        policy: The student with its optimizer and schedule.
+        teacher: The frozen teacher, placed like the student.
+        config: The ``gkd`` section.
+        fixed: The fixed sequences, drawn ``gkd.fixed_rows`` per iteration (none when ``gkd.lmbda`` is 1).
+        pad_token_id: Padding id of the tokenizer.
+    """
+
+    def __init__(self, policy: Trainable, teacher: nn.Module, config: GKDTechniqueConfig, fixed: FixedSequences,
+                 pad_token_id: int) -> None:
+        self.policy, self.teacher, self.config, self.fixed, self.pad = policy, teacher, config, fixed, pad_token_id
+
+    def __call__(self, entries: list[QueueEntry], iteration: int, world: World, learner_version: int) -> TrainStepResult:
+        """``gkd_train_step`` on the rollouts of ``entries`` and the fixed sequences of ``iteration``.
+
+        ``learner_version`` stamps the fixed rows; stale rollouts were dropped before (``staleness_rule: episode``).
+        """
+        rollouts = [e.rollout for e in entries]
+        batch = mixed_batch(rollouts, self.fixed.take(iteration), self.pad, learner_version)
+        return gkd_train_step(policy=self.policy, teacher=self.teacher, batch=batch, on_policy_rows=len(rollouts),
+                              config=self.config, world=world)

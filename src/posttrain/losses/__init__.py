@@ -1,8 +1,9 @@
-"""Pure tensor maths of every technique: policy losses (SAO, GRPO), value, SFT and DPO losses.
+"""Pure tensor maths of every technique: policy losses (SAO, GRPO), value, SFT, DPO and GKD losses.
 
 Each loss returns a ``LossOutput`` whose ``loss_sum`` is summed over eligible tokens (pairs for
 DPO); the learner divides by the global count of the optimizer step. No I/O, logging or
-torch.distributed happens here. ``POLICY_LOSSES`` maps a technique name to its policy loss.
+torch.distributed happens here. ``POLICY_LOSSES`` maps a technique name to its policy loss,
+``DISTILL_LOSSES`` a GKD divergence (``gkd.loss.divergence``) to its loss.
 
 Example::
 
@@ -21,9 +22,15 @@ from collections.abc import Callable
 from typing import Any
 
 from posttrain.losses.dpo import dpo_loss
+from posttrain.losses.gkd import (
+    DISTILL_LOSSES,
+    DistillLossInputs,
+    generalized_jsd_loss,
+    sampled_reverse_kl_loss,
+)
 from posttrain.losses.grpo import grpo_loss
 from posttrain.losses.kl import k1_kl, k2_kl, k3_kl
-from posttrain.losses.logprobs import entropy_from_logits, token_logprobs
+from posttrain.losses.logprobs import entropy_from_logits, predicting_logits, token_logprobs
 from posttrain.losses.masked import masked_fill_zero, masked_mean, masked_sum, masked_var, masked_whiten
 from posttrain.losses.sao import sao_loss
 from posttrain.losses.sft import sft_loss
@@ -38,11 +45,14 @@ POLICY_LOSSES: dict[str, Callable[[PolicyLossInputs, Any], LossOutput]] = {
 (``SAOLossConfig`` for ``sao``, ``GRPOLossConfig`` for ``grpo``)."""
 
 __all__ = [
+    "DISTILL_LOSSES",
     "POLICY_LOSSES",
+    "DistillLossInputs",
     "LossOutput",
     "PolicyLossInputs",
     "dpo_loss",
     "entropy_from_logits",
+    "generalized_jsd_loss",
     "grpo_loss",
     "k1_kl",
     "k2_kl",
@@ -52,6 +62,8 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "predicting_logits",
+    "sampled_reverse_kl_loss",
     "sao_loss",
     "sft_loss",
     "token_logprobs",

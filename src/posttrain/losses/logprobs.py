@@ -2,8 +2,9 @@
 
 A causal LM's logits at position ``t - 1`` predict ``token_ids[:, t]``. Every other module works
 with tensors aligned to ``token_ids`` (position ``t`` describes token ``t``); only
-``token_logprobs`` and ``entropy_from_logits`` look at logits. Position 0 has no prediction and
-gets 0.0. The log-softmax runs in float32 even for bf16 logits, so the learner's numbers are
+``token_logprobs``, ``entropy_from_logits`` and ``predicting_logits`` (the rows of logits that
+predicted chosen tokens, for losses over whole distributions) look at logits. Position 0 has no
+prediction and gets 0.0. The log-softmax runs in float32 even for bf16 logits, so the learner's numbers are
 comparable with the generator's ``behaviour_logprobs``.
 
 Run the tests: ``python -m pytest -q tests/unit/losses/test_token_logprobs.py``.
@@ -133,3 +134,31 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
     entropy = -(log_p.exp() * log_p).sum(dim=-1)
     first = torch.zeros((batch, min(length, 1)), dtype=torch.float32, device=logits.device)
     return torch.cat([first, entropy], dim=1)
+
+
+def predicting_logits(logits: Tensor, mask: Tensor) -> Tensor:
+    """The logits that predicted each masked token: row ``n`` is ``logits[b, t - 1]`` for the n-th True ``mask[b, t]``.
+
+    The same shift as ``token_logprobs``, for losses that compare whole next-token distributions
+    (``losses.gkd``). Only the masked positions are gathered, so the result is ``[N, V]``, not
+    another ``[B, T, V]``. Rows keep the logits' dtype and gradient.
+
+    Args:
+        logits: [B, T, V] float. Model outputs for a batch of token sequences.
+        mask: [B, T] bool. Tokens whose predicting distribution is wanted (action tokens).
+
+    Returns:
+        [N, V] logits, N = ``mask.sum()``, in row-major order of the mask.
+
+    Raises:
+        ValueError: ``logits`` is not 3-D floating point, ``mask`` is not a bool ``[B, T]``, or ``mask``
+            is True at position 0 (no token predicts the first one).
+    """
+    if logits.dim() != 3 or not logits.is_floating_point():
+        raise ValueError(f"logits: expected floating-point [B, T, V], got {logits.dtype} {tuple(logits.shape)}")
+    if mask.dtype != torch.bool or mask.shape != logits.shape[:2]:
+        raise ValueError(f"mask: expected bool {tuple(logits.shape[:2])}, got {mask.dtype} {tuple(mask.shape)}")
+    if mask.shape[1] and bool(mask[:, 0].any()):
+        raise ValueError("mask: True at position 0, which no distribution predicts (the first token is context)")
+    rows, cols = mask.nonzero(as_tuple=True)
+    return logits[rows, cols - 1]

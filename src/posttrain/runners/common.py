@@ -30,6 +30,7 @@ from typing import Any, Literal, TypeVar
 
 from posttrain.config import RunConfig
 from posttrain.config.load import ConfigError
+from posttrain.config.roles import uses_async_runtime
 from posttrain.data.formats import LoadedRows, RowPolicy, load_rows
 from posttrain.data.jsonl_log import read_json_lines
 from posttrain.eval.heldout import evaluate_policy
@@ -122,25 +123,47 @@ def warm_start(ctx: RunContext, sink: MetricsSink | None = None, progress: bool 
     ``progress`` shows tqdm's per-step bar (off by default: in a log file or a pipeline step's output
     it is a line per step); ``sink`` receives every step's ``warm_start/*`` metrics.
     """
+    return sft_on_references(ctx, ctx.sft_model_dir, ctx.config.warm_start, metric_prefix="warm_start", sink=sink,
+                             progress=progress)
+
+
+def sft_on_references(ctx: RunContext, out: Path, section: Any, *, metric_prefix: str,
+                      sink: MetricsSink | None = None, progress: bool = False) -> Path:
+    """The base model trained by SFT on the environment's reference episodes for ``section.steps`` steps, in ``out``.
+
+    The warm start (``warm_start``) and GKD's self-built teacher (``runners.gkd``) are both made
+    this way. Skipped when ``out`` already holds a model; written into a temporary directory renamed
+    into place, so a killed run never leaves a half-written model that a re-run would take as done.
+
+    Args:
+        ctx: The run (tokenizer and base model prepared).
+        out: Directory to write (model and tokenizer).
+        section: An ``SFTConfig`` (steps, batch size, sequence length, optimizer); 0 steps copies the base model.
+        metric_prefix: ``sink`` gets each step's metrics as ``<metric_prefix>/<name>``.
+        sink: Receives ``(metrics, step)``; None: not logged.
+        progress: Show tqdm's per-step bar.
+    """
     from posttrain.learner.sft import train_sft
     from posttrain.models.hf import load_policy, load_tokenizer
 
-    out = ctx.sft_model_dir
     if (out / "config.json").exists():
         return out
     tok = load_tokenizer(ctx.tokenizer_dir)
     model = load_policy(ctx.base_model_dir)
-    if ctx.config.warm_start.steps > 0:
+    if section.steps > 0:
         examples = build_sft_examples(ctx, tok, ctx.tasks("train"))
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
             if sink is not None:
-                sink({f"warm_start/{k}": v for k, v in metrics.items()}, step)
+                sink({f"{metric_prefix}/{k}": v for k, v in metrics.items()}, step)
 
-        train_sft(model, examples, ctx.config.warm_start, pad_token_id=tok.pad_token_id, seed=ctx.config.seed,
+        train_sft(model, examples, section, pad_token_id=tok.pad_token_id, seed=ctx.config.seed,
                   on_step=on_step, progress=progress)
-    model.save_pretrained(str(out), safe_serialization=True)
-    tok.save_pretrained(str(out))
+    tmp = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    tok.save_pretrained(str(tmp))
+    tmp.rename(out)
     return out
 
 
@@ -227,7 +250,7 @@ class TechniqueConfigError(ConfigError):
 def check_ranks(config: RunConfig, world: World) -> None:
     """Refuse, before anything is prepared, a batch with fewer rows than there are learner ranks.
 
-    Every rank trains at least one row of each batch (``posttrain.parallel.shares``). SAO and
+    Every rank trains at least one row of each batch (``posttrain.parallel.shares``). SAO, GKD and
     asynchronous GRPO start their own learner ranks (``learner.local_ranks``), so ``posttrain run``
     of them is refused under torchrun.
 
@@ -238,7 +261,7 @@ def check_ranks(config: RunConfig, world: World) -> None:
     if not world.distributed:
         return
     technique = config.technique
-    if technique == "sao" or (technique == "grpo" and config.grpo.async_):
+    if uses_async_runtime(config):
         raise ConfigError(f"technique: {technique}{' (grpo.async)' if technique == 'grpo' else ''} starts its own "
                           f"learner ranks: run `posttrain run CONFIG learner.local_ranks={world.size}` without torchrun "
                           f"(or `torchrun ... -m posttrain.cli learner CONFIG` beside running generators); "

@@ -1,0 +1,1 @@
+"""``train_gkd``: GKD, on-policy distillation of a teacher into the student (``component.py``)."""
