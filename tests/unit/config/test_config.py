@@ -228,3 +228,34 @@ def test_staleness_rule_is_token_or_episode_and_a_wrong_value_names_the_field_an
     assert load_config(None, ["sao.staleness_rule=episode"]).sao.staleness_rule == "episode"
     with pytest.raises(ConfigError, match=r"sao.staleness_rule.*'token' or 'episode'"):
         load_config(None, ["sao.staleness_rule=turn"])
+
+
+def test_gkd_cross_checks_name_their_fields():
+    """lambda < 1 needs fixed sequences; the sampled reverse KL needs every row sampled by the student at the
+    loss temperature; the stream must hold (checkpoint_every + tau + 2) x on-policy rows."""
+    gkd = ["technique=gkd"]
+    with pytest.raises(ConfigError, match=r"gkd\.data_path: required when gkd\.lmbda < 1 .* 16 fixed rows"):
+        load_config(None, [*gkd, "gkd.lmbda=0.5"])
+    with pytest.raises(ConfigError, match=r"sampled_reverse_kl needs student samples only: gkd\.lmbda \(0\.5\)"):
+        load_config(None, [*gkd, "gkd.lmbda=0.5", "gkd.data_path=x.jsonl", "gkd.loss.divergence=sampled_reverse_kl"])
+    with pytest.raises(ConfigError, match=r"generator\.temperature \(0\.7\) must equal gkd\.loss\.temperature \(1\.0\)"):
+        load_config(None, [*gkd, "gkd.loss.divergence=sampled_reverse_kl", "generator.temperature=0.7"])
+    with pytest.raises(ConfigError, match=r"gkd\.lmbda: Input should be greater than 0"):
+        load_config(None, [*gkd, "gkd.lmbda=0"])
+    with pytest.raises(ConfigError, match=r"gkd\.loss\.beta: Input should be less than or equal to 1"):
+        load_config(None, [*gkd, "gkd.loss.beta=1.5"])
+    with pytest.raises(ConfigError, match=r"queue\.maxlen \(10\) .* on-policy rows round\(gkd\.lmbda x gkd\.batch_size\)"):
+        load_config(None, [*gkd, "queue.maxlen=10"])
+    cfg = load_config(None, [*gkd, "gkd.lmbda=0.25", "gkd.batch_size=10", "gkd.micro_batch_size=5",
+                             "gkd.data_path=x.jsonl", "generator.temperature=0.7"])  # the JSD samples at any temperature
+    assert (cfg.gkd.on_policy_rows, cfg.gkd.fixed_rows) == (2, 8)  # round(2.5) = 2
+
+
+def test_gkd_run_with_a_missing_teacher_prints_one_line_and_exits_2(tmp_path, capsys):
+    gkd = next(p for p in CONFIGS if p.name == "gkd_cpu.yaml")
+    for teacher, expected in ((tmp_path / "none", f"gkd.teacher.path: {tmp_path / 'none'} is not a directory"),
+                              ("models:/team@champion", "gkd.teacher.path: models:/team@champion is not a local directory")):
+        code = main(["run", str(gkd), f"gkd.teacher.path={teacher}", f"output_dir={tmp_path / 'runs'}"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and expected in err[0], err
+    assert not (tmp_path / "runs").exists()

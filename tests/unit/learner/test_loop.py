@@ -493,3 +493,82 @@ def test_sao_whose_every_rollout_is_dropped_as_stale_stops_within_the_bound(tmp_
     _stops_without_progress(err, config, 3, "every rollout dropped as stale",
                             "uniform groups n/a (no groups), stale drops 100% (12 of 12 rollouts), "
                             "masked tokens n/a (no update tokens)")
+
+
+def _gkd_config(tmp_path: Path, tiny_model, teacher_vocab: int | None = None) -> RunConfig:
+    """GKD with a teacher of its own (a tiny model of another seed, same tokenizer) and four fixed chat rows:
+    batches of 4 = 2 on-policy rollouts (lambda 0.5) + 2 fixed sequences, tau 1, forward KL."""
+    import json
+
+    from posttrain.models.hf import build_tiny_model
+
+    teacher = tmp_path / "teacher"
+    build_tiny_model(teacher, vocab_size=teacher_vocab or tiny_model.vocab_size, seed=1)
+    for f in tiny_model.path.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
+            shutil.copy2(f, teacher / f.name)
+    fixed = tmp_path / "fixed.jsonl"
+    fixed.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Compute {a} + {a}."},
+                                                      {"role": "assistant", "content": f"#### {2 * a}"}]}) + "\n"
+                             for a in range(4)), encoding="utf-8")
+    config = RunConfig.model_validate({
+        "output_dir": str(tmp_path / "runs"), "run_name": "loop", "technique": "gkd",
+        "queue": {"block_ms": 1, "claim_idle_ms": 60_000},
+        "gkd": {"teacher": {"path": str(teacher)}, "lmbda": 0.5, "data_path": str(fixed), "steps": 3, "batch_size": 4,
+                "micro_batch_size": 2, "max_staleness": 1, "checkpoint_every": 1, "loss": {"beta": 0.0},
+                "optim": {"lr": 1e-3}}})
+    shutil.copytree(tiny_model.path, RunContext(config).tokenizer_dir)
+    return config
+
+
+def test_gkd_loop_distils_the_teacher_on_streamed_and_fixed_rows_and_resumes_without_repeating_an_entry(
+        tmp_path, tiny_model):
+    """lambda 0.5 of batch 4: admission counts the 2 on-policy rollouts per version (tau 1: capacity (v + 2) x 2),
+    the learner adds 2 fixed sequences. Stopped after 2 iterations, resumed to version 3: every streamed
+    rollout trained once, each batch's metrics show half its rows on-policy, and the distilled student
+    is closer to the teacher (forward KL on the scripted sequences) than the start model was."""
+    from posttrain.learner.gkd_step import mixed_batch
+    from posttrain.losses import DistillLossInputs, generalized_jsd_loss
+
+    config = _gkd_config(tmp_path, tiny_model)
+    versions = MemoryPolicyVersionStore()
+    admission = MemoryAdmissionController(versions, batch_size=2, max_staleness=1)
+    stream = MemoryStream()
+    logged: list[dict[str, float]] = []
+    first, generator = _transport(tmp_path, config, tiny_model, stream, admission, versions)
+    stopped = run_learner(config, first, start_model_dir=tiny_model.path, progress=False, max_iterations=2,
+                          sink=lambda metrics, version: logged.append(metrics))
+    assert (stopped.policy_version, stopped.iterations) == (2, 2)
+    second, _ = _transport(tmp_path, config, tiny_model, stream, admission, versions)
+    summary = run_learner(config, second, start_model_dir=tiny_model.path, progress=False,
+                          sink=lambda metrics, version: logged.append(metrics))
+
+    assert (summary.policy_version, summary.iterations) == (3, 3)
+    ids = _trained_entry_ids(config)
+    assert len(ids) == len(set(ids)) == 6 and second.queue.pending() == []
+    assert [m["gkd/on_policy_share"] for m in logged] == [0.5, 0.5, 0.5]
+    assert all(0 < m["gkd/on_policy_token_share"] < 1 and m["loss/gkd"] > 0 for m in logged)
+    assert all(k in logged[0] for k in ("gkd/agreement", "gkd/reverse_kl", "staleness/batch_mean", "reward/mean"))
+    batch = mixed_batch([generator.rollout(k, None, 0.0) for k in range(4)], [], tiny_model.pad_id, 0)
+
+    def forward_kl(model_dir: Path) -> float:
+        with torch.no_grad():
+            logits = [load_policy(d).eval()(input_ids=batch.token_ids).logits for d in (model_dir, config.gkd.teacher.path)]
+        return generalized_jsd_loss(DistillLossInputs(logits[0], logits[1], batch.token_ids, batch.action_mask),
+                                    config.gkd.loss).metrics["gkd/divergence"]
+
+    assert forward_kl(summary.final_model_dir) < forward_kl(tiny_model.path)
+
+
+def test_gkd_with_a_teacher_of_another_vocabulary_is_refused_in_one_line_before_anything_is_published(
+        tmp_path, tiny_model):
+    from posttrain.config.load import ConfigError
+
+    config = _gkd_config(tmp_path, tiny_model, teacher_vocab=tiny_model.vocab_size + 8)
+    versions = MemoryPolicyVersionStore()
+    transport, generator = _transport(tmp_path, config, tiny_model, MemoryStream(),
+                                      MemoryAdmissionController(versions, batch_size=2, max_staleness=1), versions)
+    with pytest.raises(ConfigError, match=r"^gkd.teacher.path: the teacher in .* has a vocabulary of \d+ tokens") as err:
+        run_learner(config, transport, start_model_dir=tiny_model.path, progress=False)
+    assert "\n" not in str(err.value)
+    assert transport.store.latest_version() is None and generator.announced == []

@@ -7,7 +7,7 @@ writes (the SAO step has its own worker, ``sao_worker.py``)::
     python -m torch.distributed.run --standalone --nproc_per_node 2 tests/unit/parallel/_worker.py \
         --model DIR --out OUT --technique sft
 
-For each ``--technique`` (``sft``, ``dpo``; a fresh model each; add one to ``TECHNIQUES``) rank 0 writes
+For each ``--technique`` (``sft``, ``dpo``, ``gkd``; a fresh model each; add one to ``TECHNIQUES``) rank 0 writes
 ``OUT/<technique>/result.json`` (``world_size``, ``loss``, ``grad_norm``: the policy's pre-clip
 gradient norm over all shards, ``metrics``: the step's metrics) and
 ``OUT/<technique>/weights.safetensors`` (the updated full weights, keys ``<part>.<name>``:
@@ -156,8 +156,46 @@ def _dpo(model_dir: Path, world: Any, learner: Any) -> tuple[dict[str, Any], dic
              "ref_sum": float(ref.sum())}, norm)
 
 
+def _gkd(model_dir: Path, world: Any, learner: Any) -> tuple[dict[str, Any], dict[str, float], float]:
+    """Three on-policy rollouts and two fixed sequences; the teacher is the start model with seeded noise on every
+    weight, frozen and sharded like the student; forward KL (beta 0: JSD saturates between distant random models, so its
+    gradient would be too small to show a wrong scale) at temperature 1.5."""
+    import torch
+
+    from posttrain.config.techniques import GKDTechniqueConfig
+    from posttrain.learner.gkd_step import gkd_train_step, mixed_batch
+    from posttrain.learner.sft import TokenExample
+    from posttrain.models.hf import load_policy
+    from posttrain.parallel.placement import prepare_model
+    from posttrain.records import Rollout
+
+    gen = torch.Generator().manual_seed(3)
+    rollouts = []
+    for i, (n_prompt, n_action) in enumerate(((5, 7), (3, 4), (6, 9))):
+        ids = torch.randint(5, 500, (n_prompt + n_action,), generator=gen).tolist()
+        lp = (-torch.rand(n_action, generator=gen)).tolist()
+        rollouts.append(Rollout(rollout_id=f"r{i}", task_id=f"t{i}", env_name="synthetic_arith", token_ids=ids,
+                                behaviour_logprobs=[0.0] * n_prompt + lp,
+                                action_mask=[False] * n_prompt + [True] * n_action, reward=float(i % 2),
+                                policy_version=0))
+    fixed = [TokenExample(torch.randint(5, 500, (n,), generator=gen).tolist(), [False] * 3 + [True] * (n - 3))
+             for n in (8, 11)]
+    teacher_model = load_policy(model_dir)
+    with torch.no_grad():
+        for p in teacher_model.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=gen))
+    teacher = prepare_model(teacher_model, world, learner, trainable=False)
+    config = GKDTechniqueConfig(micro_batch_size=2, batch_size=5, loss={"beta": 0.0, "temperature": 1.5},
+                                optim={"grad_clip": 1000.0})
+    policy = _sgd(prepare_model(load_policy(model_dir), world, learner))
+    result = gkd_train_step(policy=policy, teacher=teacher, batch=mixed_batch(rollouts, fixed, 0, 0), on_policy_rows=3,
+                            config=config, world=world)
+    metrics = {k: v for k, v in result.metrics.items() if k not in ("batch/padded_tokens", "policy/lr")}
+    return {"policy": policy.model}, {**metrics, "loss": metrics["loss/gkd"]}, metrics["policy/grad_norm"]
+
+
 TECHNIQUES: dict[str, Callable[[Path, Any, Any], tuple[dict[str, Any], dict[str, float], float]]] = {
-    "sft": _sft, "dpo": _dpo,
+    "sft": _sft, "dpo": _dpo, "gkd": _gkd,
 }
 """Technique -> ``fn(model_dir, world, learner_config) -> ({part: model}, metrics with "loss", grad_norm)``."""
 

@@ -1,9 +1,10 @@
-"""Two FSDP2 ranks (gloo, CPU, torchrun) make the update one process makes: SFT and DPO steps.
+"""Two FSDP2 ranks (gloo, CPU, torchrun) make the update one process makes: SFT, DPO and GKD steps.
 
 ``_worker.py`` runs one optimizer step of each technique on the tiny model and a fixed batch,
 once as a plain process and once under ``torchrun --nproc_per_node 2``; rank 0 writes the loss,
-the gradient norm and the updated full weights. The batches have five rows (packed rows, pairs)
-in micro-batches of two, so on two ranks rank 0 trains rows 0, 2, 4 in two micro-batches and
+the gradient norm and the updated full weights. The batches have five rows (packed rows, pairs;
+GKD: three on-policy rollouts and two fixed sequences, scored by a teacher sharded like the
+student) in micro-batches of two, so on two ranks rank 0 trains rows 0, 2, 4 in two micro-batches and
 rank 1 rows 1, 3 in one micro-batch plus a zero-weight filler.
 
 Tolerances: everything is fp32 and the arithmetic is the same but for the order of sums (FSDP2
@@ -26,7 +27,7 @@ from posttrain.models.hf import build_tiny_model
 
 pytestmark = pytest.mark.slow
 
-TECHNIQUES = ["sft", "dpo"]
+TECHNIQUES = ["sft", "dpo", "gkd"]
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def test_two_ranks_make_the_same_step_as_one(runs, technique):
     assert (a.world_size, b.world_size) == (1, 2)
     assert b.loss == pytest.approx(a.loss, rel=1e-5)
     assert b.grad_norm == pytest.approx(a.grad_norm, rel=1e-5)
-    count = {"sft": "sft/tokens", "dpo": "dpo/pairs"}[technique]
+    count = {"sft": "sft/tokens", "dpo": "dpo/pairs", "gkd": "gkd/trained_tokens"}[technique]
     assert b.metrics[count] == a.metrics[count]  # the divisor: the step's count over both ranks
     assert sorted(a.weights) == sorted(b.weights)
     moved = max(float((a.weights[f"policy.{k}"] - v).abs().max()) for k, v in start.items())
