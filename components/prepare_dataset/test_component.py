@@ -111,3 +111,37 @@ def test_config_dataset_and_model_can_live_in_s3(tmp_path, tiny_sao_config, mlfl
     cfg = yaml.safe_load((tmp_path / "prepared" / "config.yaml").read_text())
     assert cfg["model"]["path"] == "s3://team/models/base"
     assert not (tmp_path / "prepared" / ".inputs").exists()
+
+
+def test_gkd_teacher_resolves_through_the_registry_and_fixed_sequences_join_the_artifact(tmp_path, mlflow_uri):
+    """gkd.teacher.path models:/team-policy@champion becomes that version's checkpoint (the RL champion a team
+    distils); gkd.data_path (lambda < 1) is validated and copied as fixed.jsonl; a teacher without config.json
+    fails before anything trains."""
+    from components.conftest import write_config
+    from posttrain.tracking import CHAMPION, Lineage, promote_if_better, register_checkpoint
+
+    ckpt = tmp_path / "teacher-ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    lineage = Lineage(run="r", technique="sao", dataset_hash="d", config_hash="c", base_model="b")
+    v = register_checkpoint(str(ckpt), registered_model="team-policy", lineage=lineage,
+                            eval_scores={"heldout.accuracy": 0.5}, tracking_uri=mlflow_uri, log_model=False)
+    promote_if_better("team-policy", v.version, metric="heldout.accuracy", tracking_uri=mlflow_uri)
+    fixed = tmp_path / "fixed.jsonl"
+    fixed.write_text(json.dumps({"messages": [{"role": "user", "content": "Compute 1 + 1."},
+                                              {"role": "assistant", "content": "#### 2"}]}) + "\n")
+    tiny = ["run_name=tiny-gkd", "data.num_train_tasks=16", "data.num_eval_tasks=2", "gkd.lmbda=0.5",
+            f"gkd.data_path={fixed}", f"gkd.teacher.path=models:/team-policy@{CHAMPION}"]
+    config = write_config(tmp_path / "gkd.yaml", "configs/gkd_cpu.yaml", tiny)
+    prepared, _ = run(tmp_path, config, technique="gkd", steps=4)
+    root = tmp_path / "prepared"
+    cfg, manifest = load_prepared(root)
+    assert cfg.gkd.teacher.path == str(ckpt) and cfg.gkd.steps == 4
+    assert cfg.gkd.data_path == str(root / "fixed.jsonl") and (root / "fixed.jsonl").read_text() == fixed.read_text()
+    assert prepared.metadata["teacher_model"] == f"models:/team-policy@champion = team-policy version 1 ({ckpt})"
+    assert manifest["files"]["gkd.data_path"] == "fixed.jsonl"
+    (tmp_path / "empty").mkdir()
+    config = write_config(tmp_path / "gkd2.yaml", "configs/gkd_cpu.yaml",
+                          [*tiny[:3], f"gkd.teacher.path={tmp_path / 'empty'}"])
+    with pytest.raises(PipelineStepError, match="gkd.teacher.path: .*empty has no config.json"):
+        run(tmp_path / "second", config, technique="gkd")

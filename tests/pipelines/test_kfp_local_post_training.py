@@ -10,8 +10,11 @@ them). MLflow is a sqlite file (the steps inherit ``MLFLOW_TRACKING_URI``).
   2 tasks of BeyondAIME and IMO-AnswerBench (the tiny model scores about 0; grading is real),
   register promotes on BeyondAIME and the version loads through ``mlflow.transformers``.
 * ``technique=sft`` and ``technique=dpo`` through the same pipeline.
+* ``technique=gkd``: ``train_gkd`` builds the teacher and the student warm start, then one generator
+  samples the student and the learner distils the teacher on batches of half on-policy rollouts,
+  half fixed sequences (``gkd.data_path``, copied into the Dataset artifact by ``prepare_dataset``).
 
-Step counts are tiny (warm start 5, SAO 2 policy versions, SFT/DPO 2 steps, 8 eval tasks), so
+Step counts are tiny (warm start 5, SAO and GKD 2 policy versions, SFT/DPO 2 steps, 8 eval tasks), so
 these check plumbing, not learning.
 """
 
@@ -40,6 +43,12 @@ SAO_TINY = [
 ]
 SFT_TINY = ["run_name=e2e-sft", "sft.steps=2", "sft.checkpoint_every=1", "data.num_train_tasks=50", "data.num_eval_tasks=8",
             "eval.num_tasks=8", "tracking.registered_model=e2e-sft-policy"]
+GKD_TINY = [
+    "run_name=e2e-gkd", "data.num_train_tasks=200", "data.num_eval_tasks=8", "warm_start.steps=5",
+    "gkd.teacher.build_steps=10", "gkd.steps=2", "gkd.batch_size=8", "gkd.micro_batch_size=8", "gkd.lmbda=0.5",
+    "gkd.checkpoint_every=1", "eval.num_tasks=8", "eval.samples_per_task=1", "generator.num_processes=1",
+    "generator.episodes_in_flight=8", "tracking.registered_model=e2e-gkd-policy",
+]
 DPO_TINY = ["run_name=e2e-dpo", "dpo.steps=2", "dpo.max_examples=16", "dpo.checkpoint_every=1",
             "data.num_train_tasks=50", "data.num_eval_tasks=8", "eval.num_tasks=8",
             "tracking.registered_model=e2e-dpo-policy"]
@@ -150,6 +159,34 @@ def test_post_training_dpo_runs_through_the_same_pipeline(tmp_path, kfp_local):
     config = write_config(tmp_path / "dpo.yaml", "configs/dpo_cpu.yaml", DPO_TINY)
     post_training(technique="dpo", config=str(config))
     check_registered(root, uri, "e2e-dpo-policy", "dpo", "train-dpo")
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_post_training_gkd_distils_a_teacher_it_builds_and_the_version_loads(tmp_path, kfp_local):
+    """2 policy versions of 4 on-policy rollouts (one hf generator) + 4 fixed sequences each; the training step
+    reports the teacher's held-out accuracy beside the student's; the registered version loads through
+    ``mlflow.transformers``."""
+    import mlflow
+
+    root, uri = kfp_local
+    fixed = tmp_path / "fixed.jsonl"
+    fixed.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Compute {a} + 1."},
+                                                      {"role": "assistant", "content": f"#### {a + 1}"}]}) + "\n"
+                             for a in range(6)))
+    config = write_config(tmp_path / "gkd.yaml", "configs/gkd_cpu.yaml", [*GKD_TINY, f"gkd.data_path={fixed}"])
+    post_training(technique="gkd", config=str(config))
+    trained = artifact_metadata(root, "train-gkd", "metrics")
+    assert trained["policy_versions"] == 2.0 and trained["on_policy_rollouts_trained"] == 8.0
+    assert 0.0 <= trained["held_out_accuracy_of_the_teacher"] <= 1.0
+    (prepared,) = root.glob("*/prepare-dataset/prepared")
+    assert (prepared / "fixed.jsonl").read_text() == fixed.read_text()
+    version = check_registered(root, uri, "e2e-gkd-policy", "gkd", "train-gkd")
+    assert version.run_id == artifact_metadata(root, "train-gkd", "model")["mlflow_run_id"]
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    pipe = mlflow.transformers.load_model("models:/e2e-gkd-policy@champion")
+    assert pipe.model.config.vocab_size == len(pipe.tokenizer)
 
 
 def test_post_training_with_an_unknown_technique_fails_in_prepare(tmp_path, kfp_local):

@@ -56,13 +56,13 @@ def teacher_model(run: TrackedRun) -> Path:
     return sft_on_references(run.ctx, run.ctx.teacher_model_dir, section, metric_prefix="teacher_build", sink=run.sink)
 
 
-def gap_closed(before: float, after: float, teacher: float) -> float:
+def gap_closed(before: float, after: float, teacher: float) -> float | None:
     """Share of the held-out gap from student to teacher that distillation closed: ``(after - before) / (teacher - before)``.
 
-    NaN when the teacher is not better than the student before (there is no gap to close).
+    None when the teacher is not better than the student before (there is no gap to close).
     """
     gap = teacher - before
-    return (after - before) / gap if gap > 0 else float("nan")
+    return (after - before) / gap if gap > 0 else None
 
 
 def run_gkd(config: RunConfig) -> RunSummary:
@@ -87,8 +87,10 @@ def run_gkd(config: RunConfig) -> RunSummary:
         print("[5/5] held-out eval, registration", flush=True)
         after = evaluate_and_log(run, summary.final_model_dir, "gkd")
         closed = gap_closed(before["accuracy"], after["accuracy"], teacher_scores["accuracy"])
-        run.sink({"gkd/heldout_gap_closed": closed, "data/quarantined_rows": float(run.ctx.quarantined_rows())},
-                 summary.policy_version)
+        final = {"data/quarantined_rows": float(run.ctx.quarantined_rows())}
+        if closed is not None:
+            final["gkd/heldout_gap_closed"] = closed
+        run.sink(final, summary.policy_version)
         data = [Path(gkd.data_path)] if gkd.fixed_rows and gkd.data_path else []
         version = run.register(summary.final_model_dir, data, {
             f"{config.data.env}.accuracy": after["accuracy"],
@@ -108,7 +110,7 @@ def run_gkd(config: RunConfig) -> RunSummary:
             ("on-policy share (lambda)", f"{gkd.on_policy_rows}/{gkd.batch_size} sequences per batch"),
             ("held-out accuracy of the teacher", f"{teacher_scores['accuracy']:.3f}"),
             ("held-out accuracy of the student before -> after", f"{before['accuracy']:.3f} -> {after['accuracy']:.3f}"),
-            ("held-out gap closed", f"{closed:.2f}"),
+            ("held-out gap closed", f"{closed:.2f}" if closed is not None else "- (the teacher is not better)"),
             ("policy versions", str(summary.policy_version)),
             ("on-policy rollouts trained", f"{c.get('rollouts_trained', 0.0):.0f}"),
             ("stale rollouts dropped", f"{c.get('stale_dropped', 0.0):.0f}"),
