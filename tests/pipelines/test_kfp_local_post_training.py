@@ -182,6 +182,7 @@ def test_post_training_gkd_distils_a_teacher_it_builds_and_the_version_loads(tmp
     (prepared,) = root.glob("*/prepare-dataset/prepared")
     assert (prepared / "fixed.jsonl").read_text() == fixed.read_text()
     version = check_registered(root, uri, "e2e-gkd-policy", "gkd", "train-gkd")
+    assert version.tags["posttrain.teacher"] == "built by the run (10 SFT steps of the base model)"
     assert version.run_id == artifact_metadata(root, "train-gkd", "model")["mlflow_run_id"]
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)

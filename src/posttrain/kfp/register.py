@@ -82,7 +82,8 @@ def register_model(
     run_id = training_run_id(cfg, model_metadata)
     lineage = Lineage(run=pipeline_run or cfg.run_name, technique=manifest["technique"],
                       dataset_hash=manifest["dataset_hash"], config_hash=manifest["config_hash"],
-                      base_model=manifest["base_model"], mlflow_run_id=run_id)
+                      base_model=manifest["base_model"], mlflow_run_id=run_id,
+                      teacher=manifest.get("teacher_model", ""))
     name, uri = cfg.tracking.registered_model, cfg.tracking.tracking_uri or default_tracking_uri()
     version = register_checkpoint(source, registered_model=name, lineage=lineage, eval_scores=scores,
                                   tracking_uri=uri, description=f"{manifest['technique']} run {cfg.run_name}",

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from posttrain.config.techniques import GKDTechniqueConfig
+from posttrain.data.tasks import OnBadRow
 from posttrain.learner.accumulate import EpochSampler
 from posttrain.learner.batching import RolloutBatch, collate_rollouts, length_order
 from posttrain.learner.grpo_step import rollout_logits
@@ -219,7 +220,7 @@ def gkd_train_step(
 
 
 def load_fixed_sequences(path: str | None, tokenizer: Any, *, max_seq_len: int, limit: int | None,
-                         on_bad_row: str, quarantine_path: Path) -> list[TokenExample]:
+                         on_bad_row: OnBadRow, quarantine_path: Path) -> list[TokenExample]:
     """``gkd.data_path`` (chat rows, docs/data.md) rendered as the agent loop renders an episode.
 
     Each row's assistant tokens are trained (``chat.format.render_sft_example``); rows are cut to
@@ -244,9 +245,8 @@ def load_fixed_sequences(path: str | None, tokenizer: Any, *, max_seq_len: int, 
 
     if not path:
         return []
-    loaded = load_rows(path, "sft", on_bad_row=on_bad_row, quarantine_path=quarantine_path,  # type: ignore[arg-type]
-                       limit=limit)
-    bad_rows = RowPolicy(Path(path), on_bad_row, quarantine_path)  # type: ignore[arg-type]
+    loaded = load_rows(path, "sft", on_bad_row=on_bad_row, quarantine_path=quarantine_path, limit=limit)
+    bad_rows = RowPolicy(Path(path), on_bad_row, quarantine_path)
     chat = ChatFormat(tokenizer)
     out: list[TokenExample] = []
     for record, line in zip(loaded.records, loaded.lines, strict=True):

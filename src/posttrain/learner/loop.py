@@ -1,4 +1,4 @@
-"""The asynchronous learner (SAO, and GRPO with ``grpo.async``): train on rollouts as they arrive.
+"""The asynchronous learner (SAO, GKD, and GRPO with ``grpo.async``): train on rollouts as they arrive.
 
 Run one with ``posttrain learner CONFIG`` (``REDIS_URL`` must point at the run's Redis); it
 resumes from the newest checkpoint in ``<run>/checkpoints`` if there is one. Each iteration:
@@ -7,7 +7,8 @@ resumes from the newest checkpoint in ``<run>/checkpoints`` if there is one. Eac
    a rollout older than ``max_staleness`` policy versions is dropped, counted, acknowledged and
    its admission place given back;
 2. **train** (``steps``): SAO's critic, skip-observation GAE and DIS update (after the critic-only
-   warm-up), or GRPO's group-relative step with the DIS mask;
+   warm-up), GRPO's group-relative step with the DIS mask, or GKD's distillation step (the teacher
+   scores the rollouts and the iteration's fixed sequences);
 3. **refund** the admission places of a batch that made no policy version (all of its rows);
 4. **record** the iteration in ``<run>/learner_ledger.jsonl`` (``posttrain.learner.ledger``);
 5. after a policy update, **publish** the next version (weight store, version key, announcement);
@@ -54,7 +55,7 @@ def run_learner(
     """Train until the run's last policy version is published (module docstring).
 
     Args:
-        config: Run config (``technique: sao``, or ``grpo`` with ``grpo.async: true``).
+        config: Run config (``technique: sao`` or ``gkd``, or ``grpo`` with ``grpo.async: true``).
         transport: Queue, admission, version key, weight store, announcements, telemetry
             (``setup.redis_transport`` for a real run); rank 0's only, None on other ranks.
         start_model_dir: Policy to start from when there is no checkpoint (the SFT warm start).

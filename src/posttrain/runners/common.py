@@ -325,6 +325,8 @@ class TrackedRun:
                 config_hash=config_hash(cfg.model_dump(mode="json")),
                 base_model=cfg.model.path or "tiny",
                 mlflow_run_id=self.tracker.run_id,
+                teacher=(cfg.gkd.teacher.path or f"built by the run ({cfg.gkd.teacher.build_steps} SFT steps)")
+                if cfg.technique == "gkd" else "",
             ),
             eval_scores=scores,
             tracking_uri=self.tracker.tracking_uri,

@@ -69,11 +69,12 @@ class Lineage(msgspec.Struct, kw_only=True, frozen=True):
 
     Attributes:
         run: Training run name (``RunConfig.run_name``) or pipeline run id.
-        technique: ``sft``, ``cpt``, ``dpo``, ``grpo`` or ``sao``.
+        technique: ``sft``, ``cpt``, ``dpo``, ``grpo``, ``sao`` or ``gkd``.
         dataset_hash: ``dataset_hash(...)`` of the training data.
         config_hash: ``config_hash(...)`` of the resolved run config.
         base_model: Path, URI or name of the model training started from.
         mlflow_run_id: MLflow run that trained it (links the version to the run), or "".
+        teacher: GKD's teacher (path, URI, ``models:/`` resolution, or how the run built it), or "" (no tag).
     """
 
     run: str
@@ -82,6 +83,7 @@ class Lineage(msgspec.Struct, kw_only=True, frozen=True):
     config_hash: str
     base_model: str
     mlflow_run_id: str = ""
+    teacher: str = ""
 
 
 class ModelVersionInfo(msgspec.Struct, kw_only=True):
@@ -249,8 +251,8 @@ def register_checkpoint(
     ``mlflow.pyfunc.load_model(...)`` load it. With ``log_model=False`` the version's source is the
     checkpoint location itself (nothing is copied; MLflow cannot load such a version). Tags:
     ``posttrain.run``, ``posttrain.technique``, ``posttrain.dataset_hash``,
-    ``posttrain.config_hash``, ``posttrain.base_model``, ``posttrain.mlflow_run_id``,
-    ``posttrain.source`` (the checkpoint location) and one ``eval.<benchmark>.<metric>`` per score
+    ``posttrain.config_hash``, ``posttrain.base_model``, ``posttrain.mlflow_run_id``, ``posttrain.teacher``
+    (GKD), ``posttrain.source`` (the checkpoint location) and one ``eval.<benchmark>.<metric>`` per score
     (``eval_scores`` keys such as ``gsm8k.avg@1`` become ``eval.gsm8k.avg_at_1``).
 
     Args:
