@@ -193,7 +193,9 @@ def render(result: dict[str, Any]) -> str:
              "trained tokens GKD / SFT", "s GKD run / samples + SFT"], rows),
         f"GKD closed at least half of the gap in {met} of {len(closed)} seeds (mean {statistics.fmean(closed):.2f}); "
         f"SFT on the teacher's samples at equal tokens closed {statistics.fmean(base):.2f} on average. "
-        f"Cells: accuracy ± sqrt(p(1-p)/{n}); gap closed ± the three accuracies' errors propagated as independent "
+        f"Seconds: the whole GKD run (teacher build, warm start, three evaluations, distillation) / sampling the "
+        f"teacher's answers plus the SFT run (with its evaluation); wall-clock on a shared machine, not a cost "
+        f"comparison. Cells: accuracy ± sqrt(p(1-p)/{n}); gap closed ± the three accuracies' errors propagated as independent "
         f"(the held-out set has {cfg['heldout_problems']} distinct problems, each asked {n // max(cfg['heldout_problems'], 1)} "
         f"times, so the samples are not independent and the true error is larger).",
         f"Command: `{result['command']}`",
@@ -216,8 +218,13 @@ def main(argv: list[str] | None = None) -> int:
         results.append(one_seed(seed, args.work, list(args.overrides)))
         print(json.dumps(results[-1]["accuracy"]), flush=True)
     g = cfg.gkd
+    given = list(sys.argv[1:] if argv is None else argv)
+    for flag in ("--work", "--out"):  # where the runs and the file go changes no number: left out of the command
+        if flag in given:
+            i = given.index(flag)
+            del given[i:i + 2]
     result = {
-        "command": common.command_line(f"bench.{NAME}", argv),
+        "command": common.command_line(f"bench.{NAME}", given),
         "machine": common.machine_info(),
         "eval_samples": cfg.eval.num_tasks * cfg.eval.samples_per_task,
         "config": {"teacher_build_steps": g.teacher.build_steps, "warm_start_steps": cfg.warm_start.steps,
