@@ -163,6 +163,7 @@ def sft_on_references(ctx: RunContext, out: Path, section: Any, *, metric_prefix
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(str(tmp), safe_serialization=True)
     tok.save_pretrained(str(tmp))
+    shutil.rmtree(out, ignore_errors=True)  # a directory without config.json: an earlier write that never finished
     tmp.rename(out)
     return out
 
