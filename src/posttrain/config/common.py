@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 
 class _Strict(BaseModel):
+    """Base of every config section: unknown keys are errors, and a true/false is never a number.
+
+    Pydantic's lax mode reads ``true`` as 1 for an ``int`` field (``sao.steps=true`` ran one policy
+    version) and as 1.0 for a ``float`` one; ``_no_bool_for_number`` refuses it for every field whose
+    type admits a number but not a boolean.
+    """
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and info.field_name is not None:
+            kinds = _number_kinds(cls.model_fields[info.field_name].annotation)
+            if kinds and bool not in kinds:
+                wanted = "an integer" if int in kinds and float not in kinds else "a number"
+                raise PydanticCustomError("bool_is_not_a_number", "expected {wanted}, not true/false",
+                                          {"wanted": wanted})
+        return value
+
+
+def _number_kinds(annotation: Any) -> set[type]:
+    """The types among ``bool``, ``int`` and ``float`` that ``annotation`` admits (also inside ``X | None``)."""
+    if annotation in (bool, int, float):
+        return {annotation}
+    found: set[type] = set()
+    for arg in get_args(annotation):
+        found |= _number_kinds(arg)
+    return found
 
 
 class OptimConfig(_Strict):

@@ -137,8 +137,8 @@ def load_config(path: Path | str | None, overrides: list[str] | None = None) -> 
         The validated ``RunConfig``.
 
     Raises:
-        ConfigError: unreadable file, YAML that is not a mapping, or a field out of range; one line
-            naming the field and the allowed values.
+        ConfigError: unreadable or empty file, YAML that is not a mapping, or a field out of range; one
+            line naming the field and the allowed values.
     """
     data: dict[str, Any] = {}
     if path is not None:
@@ -158,8 +158,9 @@ def load_config(path: Path | str | None, overrides: list[str] | None = None) -> 
             at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
             problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
             raise ConfigError(f"{p}: not valid YAML{at}: {problem}") from exc
-        if loaded is None:
-            loaded = {}
+        if loaded is None:  # an empty file, or only comments: it ran a full default SAO run and registered it
+            raise ConfigError(f"{p}: empty config file (no settings); a config names at least its technique, "
+                              "e.g. `technique: sft` (examples in configs/)")
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: top level must be a mapping, got {type(loaded).__name__}")
         data = loaded

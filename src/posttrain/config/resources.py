@@ -13,7 +13,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from posttrain.config.common import _Strict
 
 QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$")
 """A plain decimal Kubernetes quantity with an optional suffix (no exponent form such as ``1e3``)."""
@@ -53,7 +55,7 @@ def quantity_bytes(quantity: str) -> int:
     return int(quantity_value(quantity))
 
 
-class PodResources(BaseModel):
+class PodResources(_Strict):
     """What one pod of a replicatedJob asks for; requests equal limits for memory and GPUs.
 
     Numbers are accepted where YAML gives them (``cpu: 32`` is ``"32"``). Frozen, so one instance

@@ -229,6 +229,20 @@ class GeneratorConfig(_Strict):
     def _fill_resources(cls, value: Any) -> Any:
         return fill_resources(GENERATOR_RESOURCES, value)
 
+    @model_validator(mode="after")
+    def _turn_fits_the_episode(self) -> GeneratorConfig:
+        """One turn's ``max_new_tokens`` must fit in the rollout's ``max_episode_tokens``.
+
+        A larger one was accepted in silence and never applied: the episode runner cuts each turn to the
+        tokens the episode has left.
+        """
+        if self.max_new_tokens > self.max_episode_tokens:
+            raise ValueError(
+                f"generator.max_new_tokens ({self.max_new_tokens}) must be <= generator.max_episode_tokens "
+                f"({self.max_episode_tokens}): a turn generates up to max_new_tokens tokens, and a whole rollout "
+                "(prompt, actions and observations) holds at most max_episode_tokens")
+        return self
+
 
 class LearnerConfig(_Strict):
     """Where and how the learner computes: device, precision, activation checkpointing; its pods on a cluster.

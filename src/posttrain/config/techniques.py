@@ -20,12 +20,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from posttrain.config.common import DPOLossConfig, GKDLossConfig, GRPOLossConfig, OptimConfig
+from posttrain.config.common import DPOLossConfig, GKDLossConfig, GRPOLossConfig, OptimConfig, _Strict
 
 
-class _Section(BaseModel):
+class _Section(_Strict):
+    """A technique section: ``_Strict`` (unknown keys and true/false numbers refused), fields also by alias."""
+
     model_config = ConfigDict(
         extra="forbid", validate_assignment=True, validate_by_name=True, validate_by_alias=True,
         serialize_by_alias=True,

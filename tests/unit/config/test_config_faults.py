@@ -126,3 +126,45 @@ def test_a_no_generator_wait_shorter_than_the_heartbeat_ttl_is_refused() -> None
         load_config(None, ["learner.no_generator_timeout_s=20", "generator.heartbeat_ttl_s=30"])
     cfg = load_config(None, ["learner.no_generator_timeout_s=31", "generator.heartbeat_ttl_s=30"])
     assert cfg.learner.no_generator_timeout_s > cfg.generator.heartbeat_ttl_s
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n"])
+def test_an_empty_config_file_is_refused_in_one_line(tmp_path: Path, capsys, text: str) -> None:
+    """A new user's empty YAML validated, ran a full default SAO run and registered its model."""
+    f = tmp_path / "empty.yaml"
+    f.write_text(text, encoding="utf-8")
+    err = _one_line_error(capsys, ["validate-config", str(f)])
+    assert err == (f"posttrain: config error: {f}: empty config file (no settings); a config names at least its "
+                   "technique, e.g. `technique: sft` (examples in configs/)")
+
+
+@pytest.mark.parametrize(("override", "wanted"), [
+    ("sao.steps=true", "an integer"), ("seed=false", "an integer"), ("sao.optim.lr=true", "a number"),
+    ("sft.max_examples=true", "an integer"), ("learner.resources.gpus=true", "an integer"),
+])
+def test_a_true_or_false_for_a_number_is_refused(capsys, override: str, wanted: str) -> None:
+    """pydantic's lax mode read ``sao.steps=true`` as 1 (a one-version run)."""
+    field = override.partition("=")[0]
+    err = _one_line_error(capsys, ["validate-config", "configs/sao_demo_cpu.yaml", override])
+    assert f"override {override!r}: {field}: expected {wanted}, not true/false" in err
+
+
+def test_overrides_after_config_option_are_applied_not_dropped(capsys) -> None:
+    """With ``--config FILE`` the first override landed in the positional config slot and was dropped in silence
+    (``validate-config --config FILE sao.steps=0`` said ok)."""
+    err = _one_line_error(capsys, ["validate-config", "--config", "configs/sao_demo_cpu.yaml", "sao.steps=0"])
+    assert "override 'sao.steps=0': sao.steps: Input should be greater than or equal to 1" in err
+
+
+def test_booleans_still_set_boolean_fields() -> None:
+    cfg = load_config(None, ["generator.abort_stale_episodes=false", "tracking.register_final=false"])
+    assert cfg.generator.abort_stale_episodes is False and cfg.tracking.register_final is False
+
+
+def test_a_turn_longer_than_the_whole_episode_is_refused_naming_both_fields() -> None:
+    """``max_new_tokens`` above ``max_episode_tokens`` was accepted and never applied (each turn is cut to what the
+    episode has left)."""
+    with pytest.raises(ConfigError, match=r"generator.max_new_tokens \(48\) must be <= generator.max_episode_tokens "
+                                          r"\(32\)"):
+        load_config(None, ["generator.max_episode_tokens=32", "generator.max_new_tokens=48"])
+    assert load_config(None, ["generator.max_episode_tokens=48", "generator.max_new_tokens=48"])
