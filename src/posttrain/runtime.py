@@ -27,6 +27,9 @@ from posttrain.config import ConfigError, RunConfig
 from posttrain.records import Task
 from posttrain.rollout.keys import StreamKeys
 
+WORK_PARTS = ("tokenizer", "base_model", "sft_model", "weights", "checkpoints", "final_model")
+"""What a run directory holds once its run did work (``RunContext.did_work``); all derive from the config."""
+
 
 @dataclass
 class RunContext:
@@ -92,7 +95,8 @@ class RunContext:
 
         A run directory that already holds a run resumes it (its tokenizer, models, checkpoints),
         so it must be the same run: a config whose technique, seed, model or data differ from the
-        saved one is refused before anything is overwritten.
+        saved one is refused before anything is overwritten. A directory whose run did no work
+        (``did_work``: a run refused or stopped before preparing anything) takes the new config.
 
         Raises:
             posttrain.config.ConfigError: the run directory holds a run of another technique, seed,
@@ -100,10 +104,18 @@ class RunContext:
         """
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / "resolved_config.yaml"
-        if path.exists():
+        if path.exists() and self.did_work():
             self._check_same_run(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
         path.write_text(self.resolved_config_yaml(), encoding="utf-8")
         return path
+
+    def did_work(self) -> bool:
+        """True when the run directory holds something a resume would reuse (``WORK_PARTS``).
+
+        A run stopped before it prepared anything (a data error, a Ctrl-C during MLflow's start) left at
+        most its config and logs: a run with another config may take the directory over.
+        """
+        return any((self.run_dir / part).exists() for part in WORK_PARTS)
 
     def _check_same_run(self, saved: dict[str, Any]) -> None:
         """Refuse to reuse a run directory for a config that trains something else (see ``save_resolved_config``)."""
@@ -205,17 +217,41 @@ INPUT_FILE_FIELDS = ("data.train_path", "data.eval_path", "sft.data_path", "dpo.
 """Dotted config fields that name a JSONL input file (``check_input_files``)."""
 
 
+def input_file_format(config: RunConfig, dotted: str) -> str | None:
+    """The row format ``check_input_files`` reads the file of field ``dotted`` in: ``rl``, ``sft``, ``cpt``, ``dpo``.
+
+    None for a field the technique does not read (``dpo.data_path`` of an SFT run): only its metadata
+    is checked. Task files (``data.*``) are read by every technique: RL trains on them, and the others
+    evaluate on the held-out file and train a tiny model's tokenizer on the tasks.
+    """
+    if dotted.startswith("data."):
+        return "rl"
+    if dotted == "sft.data_path" and config.technique in ("sft", "cpt"):
+        return config.technique
+    if dotted == "dpo.data_path" and config.technique == "dpo":
+        return "dpo"
+    return None
+
+
 def check_input_files(config: RunConfig) -> None:
-    """Check, before any work starts, that each local input file the config names exists, is a file and is not empty.
+    """Check, before any work starts, every local input file the config names: present, a file, and every row valid.
 
     Reads ``INPUT_FILE_FIELDS``; unset fields and ``s3://`` URIs (downloaded by the role that needs them) are
-    skipped. Only the file's metadata is read: its rows are checked where they are loaded. A missing
-    ``data.train_path`` was refused only after the model had been prepared, and left the run directory behind.
+    skipped. A file the technique reads (``input_file_format``) is read whole, row by row, with the loader the
+    run uses later and under ``data.on_bad_row``: with ``stop`` its first bad row is refused here, naming file,
+    line and field; with ``quarantine`` bad rows are counted into a temporary file and only a file with no
+    valid row is refused (the run writes its own quarantine file when it loads the file again). Nothing is
+    written under ``output_dir``. A malformed row used to be found only after the model was built (13-20 s
+    in), leaving a run directory behind that then refused a re-run with the fixed file elsewhere.
 
     Raises:
         posttrain.config.ConfigError: one line naming the field and the path: it does not exist, is not a file,
             or is empty (0 bytes).
+        posttrain.data.tasks.DatasetError: a bad row under ``data.on_bad_row: stop``, or no valid row at all
+            (``FILE:LINE: field 'NAME': reason``).
     """
+    import tempfile
+
     for dotted in INPUT_FILE_FIELDS:
         section, name = dotted.split(".")
         value = getattr(getattr(config, section, None), name, None)
@@ -228,6 +264,34 @@ def check_input_files(config: RunConfig) -> None:
             raise ConfigError(f"{dotted}: {path} is not a file")
         if path.stat().st_size == 0:
             raise ConfigError(f"{dotted}: {path} is empty (no rows)")
+        fmt = input_file_format(config, dotted)
+        if fmt is None:
+            continue
+        with tempfile.TemporaryDirectory(prefix="posttrain-preflight-") as tmp:
+            _read_rows(config, path, fmt, Path(tmp) / "quarantine.jsonl")
+
+
+def _read_rows(config: RunConfig, path: Path, fmt: str, quarantine: Path) -> None:
+    """Read every row of ``path`` as the run will (``check_input_files``); raise on what the run would refuse."""
+    import logging
+
+    from posttrain.data.formats import load_rows
+    from posttrain.data.tasks import read_tasks_jsonl
+
+    policy = config.data.on_bad_row
+    data_log = logging.getLogger("posttrain.data")
+    level = data_log.level
+    data_log.setLevel(logging.ERROR)  # "quarantined N rows into <temporary file>" would point at nothing
+    try:
+        if fmt == "rl":
+            read_tasks_jsonl(path, config.data.env, on_bad_row=policy, quarantine_path=quarantine)
+        elif fmt in ("sft", "cpt"):
+            load_rows(path, "sft" if fmt == "sft" else "cpt", on_bad_row=policy, quarantine_path=quarantine,
+                      limit=config.sft.max_examples)
+        else:
+            load_rows(path, "dpo", on_bad_row=policy, quarantine_path=quarantine, limit=config.dpo.max_examples)
+    finally:
+        data_log.setLevel(level)
 
 
 def check_output_writable(config: RunConfig) -> Path:

@@ -12,6 +12,7 @@ def test_a_run_directory_is_not_reused_for_other_data_but_is_for_more_steps(tmp_
     base = [f"output_dir={tmp_path}", "run_name=r"]
     RunContext(load_config(None, base)).save_resolved_config()
     RunContext(load_config(None, [*base, "sao.steps=99"])).save_resolved_config()  # train longer: the same run
+    (tmp_path / "r" / "tokenizer").mkdir()  # the run did work (a run that did none takes any config over)
     other = RunContext(load_config(None, [*base, "data.train_path=elsewhere.jsonl"]))
     with pytest.raises(ConfigError, match=r"data.train_path: None there, 'elsewhere.jsonl' now"):
         other.save_resolved_config()

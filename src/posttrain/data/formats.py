@@ -195,7 +195,7 @@ def load_rows(
     parse = _PARSERS[fmt]
     out: LoadedRows[Any] = LoadedRows(path=p)
     seen: set[str] = set()
-    for lineno, obj in jsonl_rows(p, sink):
+    for lineno, obj in jsonl_rows(p, sink, what=f"{fmt} file"):
         if limit is not None and len(out.records) >= limit:
             break
         try:
@@ -271,8 +271,14 @@ def main(argv: list[str] | None = None) -> int:
     """Command line: print every bad row of a file; exit 1 if there is any."""
     args = list(sys.argv[1:] if argv is None else argv)
     formats: dict[str, DataFormat] = {"sft": "sft", "cpt": "cpt", "dpo": "dpo", "rl": "rl"}
-    if len(args) != 2 or args[1] not in formats:
-        print("usage: python -m posttrain.data.formats FILE {sft,cpt,dpo,rl}", file=sys.stderr)
+    usage = "usage: python -m posttrain.data.formats FILE {sft,cpt,dpo,rl}"
+    if len(args) != 2:
+        print(usage, file=sys.stderr)
+        return 2
+    if args[1] not in formats:
+        print(f"error: unknown kind {args[1]!r}: expected one of {', '.join(formats)} "
+              f"(sft chat messages, cpt raw text, dpo preference pairs, rl tasks; docs/data.md); {usage}",
+              file=sys.stderr)
         return 2
     fmt = formats[args[1]]
     # validate_file collects the bad rows through a temporary quarantine file that is gone when it

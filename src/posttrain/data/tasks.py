@@ -187,18 +187,19 @@ def _raw_lines(fh: BinaryIO, limit: int) -> Iterator[tuple[int, int, bytes | Non
         yield lineno, start, line, size
 
 
-def jsonl_rows(path: Path, sink: RowSink) -> Iterator[tuple[int, dict[str, Any]]]:
+def jsonl_rows(path: Path, sink: RowSink, what: str = "task file") -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line_number, object)`` for each non-blank line, read as a stream; bad lines go to ``sink``.
 
     A line that is not UTF-8 (field ``<utf-8>``: the byte, its offset in the file and its column),
     longer than ``MAX_ROW_BYTES`` (field ``<row>``), not JSON, or not a JSON object is a bad row.
+    ``what`` names the file in the error for a missing one (``task file``, ``sft file``...).
 
     Raises:
         FileNotFoundError: ``path`` is not a file.
         DatasetError: a bad line with ``on_bad_row="stop"``.
     """
     if not path.is_file():
-        raise FileNotFoundError(f"task file {path} does not exist")
+        raise FileNotFoundError(f"{what} {path} does not exist")
     limit = MAX_ROW_BYTES
     with path.open("rb") as fh:
         for lineno, offset, raw, size in _raw_lines(fh, limit):

@@ -8,6 +8,7 @@ Weights are swapped in place between requests with ``update_weights``.
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
@@ -71,3 +72,29 @@ class InferenceEngine(Protocol):
     def close(self) -> None:
         """Release processes and memory."""
         ...
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+"""Names an engine reads a model's weights from (``check_weight_files``)."""
+
+
+def check_weight_files(model_dir: Path | str) -> None:
+    """Refuse a model directory whose weights file is there but not a regular file (a FIFO, a socket, a directory).
+
+    transformers reported a FIFO ``model.safetensors`` as "no file named model.safetensors" and the
+    generator died with a 48-line traceback; reading one would block until a writer opened it.
+
+    Raises:
+        FileNotFoundError: one line naming the file and what it is instead of a regular file.
+    """
+    for name in WEIGHT_FILES:
+        path = Path(model_dir) / name
+        try:
+            mode = path.stat().st_mode
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode)
+                    else "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                    else "not a regular file")
+            raise FileNotFoundError(f"{path} is {kind}, not a regular file: an engine cannot load weights from it")

@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Literal
 
-from posttrain.inference.base import InferenceEngine
+from posttrain.inference.base import InferenceEngine, check_weight_files
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +78,13 @@ def make_engine(
     Raises:
         ValueError: unknown ``kind`` or ``dtype``.
         RuntimeError: ``kind="vllm"`` but vLLM does not import.
+        FileNotFoundError: a weights file in ``model_dir`` that is not a regular file (``check_weight_files``).
     """
     if kind not in ("auto", "vllm", "hf"):
         raise ValueError(f"kind: expected 'auto', 'vllm' or 'hf', got {kind!r}")
     if dtype not in ("auto", "float32", "bfloat16"):
         raise ValueError(f"dtype: expected 'auto', 'float32' or 'bfloat16', got {dtype!r}")
+    check_weight_files(model_dir)  # a FIFO in place of model.safetensors: one line, not a 48-line traceback
     resolved_dtype = _default_dtype() if dtype == "auto" else dtype
     use_vllm = kind == "vllm" or (kind == "auto" and vllm_available())
     if use_vllm:

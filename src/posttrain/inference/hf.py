@@ -37,7 +37,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from posttrain.inference.base import GenerationRequest, GenerationResult
+from posttrain.inference.base import GenerationRequest, GenerationResult, check_weight_files
 
 logger = logging.getLogger(__name__)
 
@@ -457,6 +457,7 @@ class HFEngine:
         """
         _, lock = self._bind()
         path = Path(weights_dir) / "model.safetensors"
+        check_weight_files(weights_dir)
         if not path.is_file():
             raise FileNotFoundError(f"weights_dir {weights_dir}: no model.safetensors")
         async with lock:

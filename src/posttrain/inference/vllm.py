@@ -66,7 +66,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 
-from posttrain.inference.base import GenerationRequest, GenerationResult
+from posttrain.inference.base import GenerationRequest, GenerationResult, check_weight_files
 from posttrain.inference.hf import request_seed, validate_request
 
 logger = logging.getLogger(__name__)
@@ -338,6 +338,7 @@ class VLLMEngine:
             RuntimeError: the engine is closed.
         """
         path = Path(weights_dir)
+        check_weight_files(weights_dir)
         if not (path / "model.safetensors").is_file():
             raise FileNotFoundError(f"weights_dir {path}: no model.safetensors")
         await asyncio.wrap_future(self._submit(self._reload(path.resolve(), policy_version)))

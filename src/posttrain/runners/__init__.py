@@ -73,6 +73,8 @@ def preflight(config: RunConfig) -> None:
             a ``gkd.teacher.path`` that is not a local directory,
             the run directory cannot be written (``check_output_writable``), or ``REDIS_URL`` is not a Redis URL
             (asynchronous techniques).
+        posttrain.data.tasks.DatasetError: a bad row of an input file the technique reads, or no valid row
+            (every row is read here, ``check_input_files``).
     """
     if config.technique not in TECHNIQUES:
         raise ValueError(f"technique: no runner for {config.technique!r}; known: {sorted(TECHNIQUES)}")

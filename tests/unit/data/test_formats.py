@@ -128,3 +128,12 @@ def test_command_line_lists_every_bad_row_and_fails(tmp_path, capsys):
     assert f"{path}:2: field 'rejected'" in out
     assert "0 valid rows, 2 bad rows" in out
     assert main([str(EXAMPLES / "dpo.jsonl"), "dpo"]) == 0
+
+
+def test_command_line_names_the_files_kind_and_refuses_an_unknown_kind_in_one_line(tmp_path, capsys):
+    """The checker called a missing SFT file a "task file", and an unknown kind printed only the usage."""
+    assert main([str(tmp_path / "mine.jsonl"), "sft"]) == 1
+    assert capsys.readouterr().err.strip() == f"error: sft file {tmp_path / 'mine.jsonl'} does not exist"
+    assert main([str(EXAMPLES / "sft.jsonl"), "chat"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("error: unknown kind 'chat': expected one of sft, cpt, dpo, rl ")

@@ -282,3 +282,23 @@ def test_closed_engine_refuses_work(tiny_model: TinyModel) -> None:
     engine.close()
     with pytest.raises(RuntimeError, match="closed"):
         run_all(engine, [GenerationRequest(prompt_token_ids=[5], max_new_tokens=1)])
+
+
+def test_a_fifo_in_place_of_the_weights_file_is_one_line_naming_it(tiny_model: TinyModel, tmp_path: Path) -> None:
+    """The fault replay's FIFO ``model.safetensors``: transformers said "no file named model.safetensors" and the
+    generator died with a 48-line traceback. ``posttrain`` prints a ``FileNotFoundError`` as one line."""
+    import os
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model.path, model)
+    (model / "model.safetensors").unlink()
+    os.mkfifo(model / "model.safetensors")
+    with pytest.raises(FileNotFoundError, match=f"^{model / 'model.safetensors'} is a FIFO, not a regular file"):
+        make_engine("hf", model)
+    engine = make_engine("hf", tiny_model.path)
+    try:
+        with pytest.raises(FileNotFoundError, match="is a FIFO"):
+            asyncio.run(engine.update_weights(model, 1))
+    finally:
+        engine.close()
