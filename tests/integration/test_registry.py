@@ -204,6 +204,9 @@ def test_tracker_logs_params_metrics_artifacts_and_resumes_the_run(uri: str, tmp
     assert [f.path for f in client.list_artifacts(run_id, "eval")] == ["eval/report.md"]
     with pytest.raises(TrackingError, match="no such MLflow run"):
         Tracker(uri, "exp-a", run_id="0" * 32)
+    with pytest.raises(KeyboardInterrupt), Tracker(uri, "exp-a", run_name="interrupted") as stopped:
+        raise KeyboardInterrupt  # a Ctrl-C: KILLED, not FAILED
+    assert client.get_run(stopped.run_id).info.status == "KILLED"
 
 
 def test_config_and_dataset_hashes_are_stable(tmp_path: Path) -> None:
@@ -216,6 +219,11 @@ def test_config_and_dataset_hashes_are_stable(tmp_path: Path) -> None:
 
 
 def test_tracker_for_run_registers_with_lineage_from_the_config(uri: str, model_dir: Path, tmp_path: Path) -> None:
+    """``posttrain run``'s registration: the model's first version is its champion (the demo's docs load
+    ``@champion``, which no run ever set); a re-run of a finished run registers the same checkpoint once (it made
+    a second version of it); a worse checkpoint stays challenger."""
+    import shutil
+
     from posttrain.config.run import RunConfig
     from posttrain.config.sections import TrackingConfig
 
@@ -223,14 +231,30 @@ def test_tracker_for_run_registers_with_lineage_from_the_config(uri: str, model_
                     tracking=TrackingConfig(tracking_uri=uri, registered_model="flow-model"))
     data = tmp_path / "train.jsonl"
     data.write_text("{}\n")
+    final = tmp_path / "final_model"
+    shutil.copytree(model_dir, final)
+    (final / "resolved_config.yaml").write_text("run_name: flow-run\n")
     with Tracker.for_run(cfg, tmp_path / "flow-run") as tracker:
         tracker.log_params_from_config(cfg)
-        version = tracker.register_model(model_dir, technique="sao", scores={"heldout_accuracy": 0.7}, data_paths=[data])
-    mv = show_model("flow-model", version=version, tracking_uri=uri)[0]
-    assert mv.run_id == tracker.run_id and mv.aliases == ["challenger"]
+        first = tracker.register_model(final, technique="sao", scores={"heldout.accuracy": 0.7}, data_paths=[data])
+    assert (first.version, first.alias, first.reused) == (1, "champion", False)
+    assert first.describe().startswith("1, champion (first champion: version 1 with eval.heldout.accuracy=0.7000")
+    mv = show_model("flow-model", version=first.version, tracking_uri=uri)[0]
+    assert mv.run_id == tracker.run_id and mv.aliases == ["challenger", "champion"]
     assert mv.tags["posttrain.run"] == "flow-run" and mv.tags["posttrain.base_model"] == "tiny"
     assert mv.tags["posttrain.config_hash"] == config_hash(cfg.model_dump(mode="json"))
     assert mv.tags["posttrain.dataset_hash"] == dataset_hash([data])
-    assert float(mv.tags["eval.heldout_accuracy"]) == 0.7
+    assert float(mv.tags["eval.heldout.accuracy"]) == 0.7
+    (final / "resolved_config.yaml").write_text("run_name: flow-run\noutput_dir: elsewhere\n")  # not the model
+    with Tracker.for_run(cfg, tmp_path / "flow-run") as rerun:
+        again = rerun.register_model(final, technique="sao", scores={"heldout.accuracy": 0.65})
+    assert (again.version, again.alias, again.reused) == (1, "champion", True)
+    assert again.describe() == "1 (already registered: same checkpoint, nothing new registered)"
+    assert [v.version for v in show_model("flow-model", tracking_uri=uri)] == [1]
+    (final / "generation_config.json").write_text('{"max_new_tokens": 7}')  # another checkpoint
+    with Tracker.for_run(cfg, tmp_path / "flow-run") as later:
+        worse = later.register_model(final, technique="sao", scores={"heldout.accuracy": 0.6})
+    assert (worse.version, worse.alias, worse.reused) == (2, "challenger", False)
+    assert "does not beat champion version 1" in worse.reason and _champion(uri, "flow-model") == 1
     with pytest.raises(TrackingError, match="for_run"):
         Tracker(uri, "plain").register_model(model_dir, technique="sao", scores={})

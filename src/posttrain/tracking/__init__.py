@@ -14,7 +14,9 @@
   ``mlflow.transformers.load_model("models:/<name>@<alias>")`` loads it.
 * ``promotion``: ``promote_if_better`` moves the ``champion`` alias to a version only if it beats
   the current champion on the configured metric by the configured margin; the decision is
-  recorded as tags.
+  recorded as tags. ``register_and_promote`` (what ``posttrain run`` does at its end) registers a
+  final model once per checkpoint and promotes it on ``heldout.accuracy``: the first version of a
+  registered model becomes its ``champion``.
 * ``runs`` also finds a cluster learner's run (``find_learner_run``), links to a run
   (``run_link``) and reads a metric's history (``metric_history``, the SAO reward curve).
 * ``listing``: ``list_models`` / ``show_model``, what ``posttrain models list|show`` prints.
@@ -36,10 +38,17 @@ from posttrain.tracking.client import (
     metric_key,
 )
 from posttrain.tracking.listing import ModelSummary, list_models, show_model
-from posttrain.tracking.promotion import PromotionDecision, promote_if_better
+from posttrain.tracking.promotion import (
+    HELDOUT_METRIC,
+    PromotionDecision,
+    Registration,
+    promote_if_better,
+    register_and_promote,
+)
 from posttrain.tracking.registry import (
     Lineage,
     ModelVersionInfo,
+    checkpoint_digest,
     config_hash,
     dataset_hash,
     register_checkpoint,
@@ -58,6 +67,7 @@ __all__ = [
     "CHALLENGER",
     "CHAMPION",
     "EVAL_PREFIX",
+    "HELDOUT_METRIC",
     "LINEAGE_PREFIX",
     "MAX_PARAM_CHARS",
     "Lineage",
@@ -65,8 +75,10 @@ __all__ = [
     "ModelSummary",
     "ModelVersionInfo",
     "PromotionDecision",
+    "Registration",
     "Tracker",
     "TrackingError",
+    "checkpoint_digest",
     "config_hash",
     "dataset_hash",
     "default_tracking_uri",
@@ -77,6 +89,7 @@ __all__ = [
     "metric_history",
     "metric_key",
     "promote_if_better",
+    "register_and_promote",
     "register_checkpoint",
     "run_link",
     "show_model",

@@ -2,18 +2,22 @@
 
 The comparison reads the ``eval.<benchmark>.<metric>`` tags that registration stored; the
 decision, promoted or not, is recorded on the candidate as the tag ``posttrain.promotion``.
-The command line is ``posttrain models promote``.
+The command line is ``posttrain models promote``. ``register_and_promote`` is what ``posttrain run``
+does at its end, the rule the pipeline's register step applies: register (once per checkpoint),
+then promote on ``heldout.accuracy``, so a registered model's first version is its champion.
 
 Example: ``promote_if_better("team-a-policy", 3, metric="gsm8k.avg@1", margin=0.01)``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 from posttrain.tracking.client import (
+    CHALLENGER,
     CHAMPION,
     EVAL_PREFIX,
     LINEAGE_PREFIX,
@@ -21,7 +25,11 @@ from posttrain.tracking.client import (
     metric_key,
     mlflow_client,
 )
-from posttrain.tracking.registry import get_alias_version, get_model_version
+from posttrain.tracking.registry import Lineage, get_alias_version, get_model_version, register_checkpoint
+
+HELDOUT_METRIC = "heldout.accuracy"
+"""The score ``posttrain run`` registers every technique's final model with and promotes on (tag
+``eval.heldout.accuracy``: accuracy on ``data.env``'s held-out tasks); also the pipeline's default ``promote_on``."""
 
 
 class PromotionDecision(msgspec.Struct, kw_only=True):
@@ -139,3 +147,63 @@ def promote_if_better(
         champion_score=champ_score,
         reason=reason,
     )
+
+
+class Registration(msgspec.Struct, kw_only=True):
+    """What ``register_and_promote`` did with a run's final model.
+
+    Attributes:
+        version: The model version (new, or the earlier one of the same checkpoint when ``reused``).
+        alias: ``champion`` when the version holds it afterwards, else ``challenger``.
+        reused: The checkpoint was registered already; nothing was created or promoted.
+        reason: The promotion decision, or why there was none (one sentence).
+    """
+
+    version: int
+    alias: str
+    reused: bool
+    reason: str
+
+    def describe(self) -> str:
+        """The summary's ``registered model version`` value, e.g. ``2, champion (first champion: ...)``."""
+        if self.reused:
+            return f"{self.version} (already registered: same checkpoint, nothing new registered)"
+        return f"{self.version}, {self.alias} ({self.reason})"
+
+
+def register_and_promote(
+    source: str,
+    *,
+    registered_model: str,
+    lineage: Lineage,
+    eval_scores: Mapping[str, float],
+    tracking_uri: str,
+    metric: str = HELDOUT_METRIC,
+) -> Registration:
+    """Register a run's final model once, then promote it when it beats the champion on ``metric``.
+
+    ``register_checkpoint(..., skip_if_registered=True)``: a checkpoint registered before (a re-run of
+    a finished run) is left as it is, aliases included. A new version gets ``challenger`` and then
+    ``champion`` when there is none yet or it beats the champion on ``metric`` (``promote_if_better``,
+    margin 0; a tie never promotes). A champion without a ``metric`` score (promoted on another
+    benchmark) is not compared: the new version stays ``challenger`` and the reason says why.
+
+    Raises:
+        TrackingError: the checkpoint is missing or not a transformers model, or ``eval_scores`` has no
+            ``metric``.
+    """
+    if metric not in eval_scores:
+        raise TrackingError(f"eval_scores: no {metric!r} to promote on (got {sorted(eval_scores)})")
+    info = register_checkpoint(source, registered_model=registered_model, lineage=lineage, eval_scores=eval_scores,
+                               tracking_uri=tracking_uri, skip_if_registered=True)
+    if info.reused:
+        alias = CHAMPION if CHAMPION in info.aliases else CHALLENGER
+        return Registration(version=info.version, alias=alias, reused=True,
+                            reason=f"version {info.version} holds this checkpoint already")
+    try:
+        decision = promote_if_better(registered_model, info.version, metric=metric, tracking_uri=tracking_uri)
+    except TrackingError as exc:  # the champion has no score on ``metric``
+        return Registration(version=info.version, alias=CHALLENGER, reused=False,
+                            reason=f"not compared with the {CHAMPION}: {exc}")
+    return Registration(version=info.version, alias=CHAMPION if decision.promoted else CHALLENGER, reused=False,
+                        reason=decision.reason)

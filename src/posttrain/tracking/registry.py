@@ -64,6 +64,35 @@ def dataset_hash(paths: Iterable[Path]) -> str:
     return h.hexdigest()[:16]
 
 
+CHECKPOINT_DIGEST_TAG = f"{LINEAGE_PREFIX}checkpoint_sha256"
+"""Version tag holding ``checkpoint_digest`` of the registered checkpoint (``skip_if_registered``)."""
+
+RUN_CONFIG_FILE = "resolved_config.yaml"
+"""The run config a final model directory carries beside the model; it names the run, not the model."""
+
+
+def checkpoint_digest(directory: Path | str) -> str:
+    """sha256 (hex, first 32 characters) over a checkpoint directory: every regular file's relative path and bytes.
+
+    Two directories with the same weights, config and tokenizer get the same digest wherever they lie;
+    ``resolved_config.yaml`` (the run's config, which names the run and its output directory) is left out.
+
+    Raises:
+        FileNotFoundError: ``directory`` is not a directory.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise FileNotFoundError(f"checkpoint_digest: {root} is not a directory")
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != RUN_CONFIG_FILE):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
 class Lineage(msgspec.Struct, kw_only=True, frozen=True):
     """Where a checkpoint came from; stored as ``posttrain.<field>`` tags on its model version.
 
@@ -100,6 +129,8 @@ class ModelVersionInfo(msgspec.Struct, kw_only=True):
         aliases: Aliases pointing at this version.
         tags: All version tags (lineage ``posttrain.*``, scores ``eval.*``, promotion notes).
         created_at: Creation time (Unix seconds).
+        reused: True when ``register_checkpoint(..., skip_if_registered=True)`` found this checkpoint
+            registered already and created nothing (this is that earlier version).
     """
 
     name: str
@@ -110,9 +141,10 @@ class ModelVersionInfo(msgspec.Struct, kw_only=True):
     aliases: list[str]
     tags: dict[str, str]
     created_at: float
+    reused: bool = False
 
 
-def version_info(mv: Any, client: Any) -> ModelVersionInfo:
+def version_info(mv: Any, client: Any, *, reused: bool = False) -> ModelVersionInfo:
     """A ``ModelVersionInfo`` for the MLflow ``ModelVersion`` ``mv``, with its aliases.
 
     Aliases are read from the registered model: search results do not always carry them.
@@ -128,7 +160,15 @@ def version_info(mv: Any, client: Any) -> ModelVersionInfo:
         aliases=sorted(a for a, v in alias_map.items() if int(v) == int(mv.version)),
         tags=tags,
         created_at=(mv.creation_timestamp or 0) / 1000.0,
+        reused=reused,
     )
+
+
+def find_registered_checkpoint(client: Any, name: str, digest: str) -> Any | None:
+    """The oldest version of registered model ``name`` tagged with checkpoint digest ``digest``, or None."""
+    versions = [mv for mv in client.search_model_versions(f"name='{name}'")
+                if (mv.tags or {}).get(CHECKPOINT_DIGEST_TAG) == digest]
+    return min(versions, key=lambda mv: int(mv.version)) if versions else None
 
 
 def get_model_version(client: Any, name: str, version: int | str) -> Any:
@@ -241,6 +281,7 @@ def register_checkpoint(
     log_model: bool = True,
     local_copy: str | Path | None = None,
     experiment: str = "posttrain",
+    skip_if_registered: bool = False,
 ) -> ModelVersionInfo:
     """Register a checkpoint as a new version of ``registered_model`` and give it ``alias``.
 
@@ -268,9 +309,16 @@ def register_checkpoint(
         local_copy: A local directory holding the same checkpoint as ``source`` (a KFP step has
             one); it is logged instead of downloading ``source``.
         experiment: MLflow experiment of the run created when ``lineage`` names none.
+        skip_if_registered: Tag the version with the checkpoint's ``checkpoint_digest``
+            (``posttrain.checkpoint_sha256``, read from the local directory or ``local_copy``), and when
+            a version of ``registered_model`` already carries that digest, create nothing and return
+            that version with ``reused=True`` (its aliases untouched): a re-run of a finished run
+            registers its checkpoint once. An ``s3://`` source without ``local_copy`` is downloaded
+            for the digest only when the model is logged anyway (``log_model``); otherwise the check
+            is skipped.
 
     Returns:
-        The new version.
+        The new version (or, with ``skip_if_registered``, the earlier version of the same checkpoint).
 
     Raises:
         TrackingError: the checkpoint is missing, unreadable or not a transformers model, or
@@ -289,26 +337,36 @@ def register_checkpoint(
         if mlflow_error_code(exc) != "RESOURCE_ALREADY_EXISTS":
             raise
     run_id = lineage.mlflow_run_id
-    model_source, model_id = location, None
-    if log_model:
-        if not run_id:
-            run = client.create_run(experiment_id_for(client, uri, experiment), run_name=f"register-{lineage.run}",
-                                    tags={f"{LINEAGE_PREFIX}technique": lineage.technique})
-            run_id = run.info.run_id
-            client.set_terminated(run_id)
-        local = Path(local_copy) if local_copy and Path(local_copy, "config.json").is_file() else None
-        with tempfile.TemporaryDirectory(prefix="posttrain-register-") as cache:
-            if local is None:
-                try:
-                    local = materialize(location, Path(cache))
-                except StorageError as exc:
-                    raise TrackingError(f"checkpoint {source}: cannot be read ({exc})") from exc
+    model_source, model_id, digest = location, None, ""
+    local = Path(local_copy) if local_copy and Path(local_copy, "config.json").is_file() else None
+    if local is None and "://" not in location and Path(location).is_dir():
+        local = Path(location)
+    with tempfile.TemporaryDirectory(prefix="posttrain-register-") as cache:
+        if local is None and log_model:
+            try:
+                local = materialize(location, Path(cache))
+            except StorageError as exc:
+                raise TrackingError(f"checkpoint {source}: cannot be read ({exc})") from exc
+        if skip_if_registered and local is not None:
+            digest = checkpoint_digest(local)
+            earlier = find_registered_checkpoint(client, registered_model, digest)
+            if earlier is not None:
+                return version_info(earlier, client, reused=True)
+        if log_model:
+            assert local is not None  # materialized above
+            if not run_id:
+                run = client.create_run(experiment_id_for(client, uri, experiment), run_name=f"register-{lineage.run}",
+                                        tags={f"{LINEAGE_PREFIX}technique": lineage.technique})
+                run_id = run.info.run_id
+                client.set_terminated(run_id)
             try:
                 info = log_transformers_model(local, tracking_uri=uri, run_id=run_id)
             except MlflowException as exc:
                 raise TrackingError(f"mlflow_run_id {run_id!r}: cannot log the model there ({exc})") from exc
-        model_source, model_id = info.model_uri, info.model_id
+            model_source, model_id = info.model_uri, info.model_id
     tags = {f"{LINEAGE_PREFIX}{k}": str(v) for k, v in msgspec.structs.asdict(lineage).items() if v != ""}
+    if digest:
+        tags[CHECKPOINT_DIGEST_TAG] = digest
     if run_id:
         tags[f"{LINEAGE_PREFIX}mlflow_run_id"] = run_id
     tags[f"{LINEAGE_PREFIX}source"] = location

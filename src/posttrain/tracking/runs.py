@@ -3,7 +3,7 @@
 ``Tracker`` works on any tracking URI (``sqlite:///...`` by default, ``http://`` for a server);
 params are nested dicts flattened to dotted keys, metrics carry a step. A restarted learner
 resumes its run by ``run_id`` (``Tracker.for_learner``). ``Tracker.register_model`` hands a
-checkpoint to ``registry.register_checkpoint`` with the run's lineage.
+checkpoint to ``promotion.register_and_promote`` with the run's lineage.
 
 Example::
 
@@ -28,10 +28,11 @@ from posttrain.tracking.client import (
     metric_key,
     mlflow_client,
 )
-from posttrain.tracking.registry import Lineage, config_hash, dataset_hash, register_checkpoint
+from posttrain.tracking.registry import Lineage, config_hash, dataset_hash
 
 if TYPE_CHECKING:
     from posttrain.config.run import RunConfig
+    from posttrain.tracking.promotion import Registration
 
 MetricsSink = Callable[[dict[str, float], int], None]
 """Receives ``(metrics, step)``: metric name -> value, and the policy version or optimizer step it belongs to."""
@@ -59,7 +60,7 @@ def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str
 
 
 class Tracker:
-    """One MLflow run: params, metrics, artifacts. Use as a context manager (FAILED on exception).
+    """One MLflow run: params, metrics, artifacts. Use as a context manager (FAILED on exception, KILLED on Ctrl-C or SIGTERM).
 
     Args:
         tracking_uri: MLflow URI; None uses ``default_tracking_uri()``.
@@ -151,19 +152,25 @@ class Tracker:
         technique: str,
         scores: Mapping[str, float],
         data_paths: Iterable[Path] = (),
-    ) -> int:
-        """Register ``model_dir`` as a ``challenger`` version of the config's registered model, linked to this run.
+    ) -> Registration:
+        """Register ``model_dir`` as a version of the config's registered model, linked to this run, and promote it.
 
-        Lineage comes from the config given to ``for_run``: run name, ``config_hash`` of the
-        resolved config, base model (``model.path`` or ``tiny``) and ``dataset_hash`` of
+        ``promotion.register_and_promote``: a checkpoint registered before (a re-run of a finished
+        run) is not registered again; a new version becomes ``champion`` when it is the model's first
+        or beats the champion on ``heldout.accuracy`` (which ``scores`` must hold), else stays
+        ``challenger``. Lineage comes from the config given to ``for_run``: run name, ``config_hash``
+        of the resolved config, base model (``model.path`` or ``tiny``) and ``dataset_hash`` of
         ``data_paths`` (empty when none are given).
 
         Returns:
-            The new version number.
+            The version, its alias, whether it was registered before, and the promotion decision.
 
         Raises:
-            TrackingError: the tracker was not made by ``for_run``, or the checkpoint is missing.
+            TrackingError: the tracker was not made by ``for_run``, the checkpoint is missing, or
+                ``scores`` has no ``heldout.accuracy``.
         """
+        from posttrain.tracking.promotion import register_and_promote
+
         if self.config is None:
             raise TrackingError("register_model: this Tracker has no RunConfig; build it with Tracker.for_run")
         cfg = self.config
@@ -176,14 +183,8 @@ class Tracker:
             base_model=cfg.model.path or "tiny",
             mlflow_run_id=self.run_id,
         )
-        info = register_checkpoint(
-            str(model_dir),
-            registered_model=cfg.tracking.registered_model,
-            lineage=lineage,
-            eval_scores=scores,
-            tracking_uri=self.tracking_uri,
-        )
-        return info.version
+        return register_and_promote(str(model_dir), registered_model=cfg.tracking.registered_model, lineage=lineage,
+                                    eval_scores=scores, tracking_uri=self.tracking_uri)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Log parameters; nested mappings become dotted keys (``flatten_params``)."""
@@ -231,7 +232,10 @@ class Tracker:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.finish("FAILED" if exc_type is not None else "FINISHED")
+        # A Ctrl-C or SIGTERM (a learner that stopped after its final checkpoint exits 130 or 143) is KILLED.
+        killed = exc_type is not None and (issubclass(exc_type, KeyboardInterrupt)
+                                           or getattr(exc, "exit_code", None) in (130, 143))
+        self.finish("KILLED" if killed else "FAILED" if exc_type is not None else "FINISHED")
 
 
 def find_learner_run(tracking_uri: str, experiment: str, run_name: str) -> str:
