@@ -463,7 +463,7 @@ def render_stability(result: dict[str, Any]) -> str:
         if cov else f"Run `{result['run_name']}`: no policy version logged yet.", "",
         *([f"Held-out accuracy (the run's summary): {sm.get('held-out accuracy after SFT', '-')} after SFT, "
            f"{sm.get('held-out accuracy after SAO', '-')} after SAO; {sm.get('optimizer steps skipped (non-finite gradient)', '-')}"
-           f" optimizer steps skipped for a non-finite gradient; wall time {sm.get('wall time (s)', '-')} s.", ""]
+           f" optimizer steps skipped for a non-finite gradient; wall time {sm.get('wall time (s, from the process start)', sm.get('wall time (s)', '-'))} s.", ""]
           if (sm := result.get("summary")) else []), common.machine_line(result["machine"]),
         "", common.markdown_table(["versions", "logged", *STABILITY_METRICS.values()], rows), "",
         f"Command: `{result['command']}`", "", f"![stability](results/{NAME}_stability.png)"])

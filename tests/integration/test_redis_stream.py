@@ -13,8 +13,11 @@ Run: .venv/bin/python -m pytest -q tests/integration/test_redis_stream.py
 from __future__ import annotations
 
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import numpy as np
@@ -101,6 +104,19 @@ def test_embedded_server_with_aof_dir_keeps_data_across_restarts(tmp_path):
         c.close()
     with EmbeddedRedis(aof_dir=tmp_path / "aof") as second:
         assert connect(second.url).get("k") == b"v"
+
+
+def test_the_embedded_server_survives_the_sigint_of_a_ctrl_c():
+    """A terminal's Ctrl-C reaches every process of the foreground group; it used to shut the embedded
+    valkey down under the learner, which then retried it for the whole reconnect window (87 s to return)."""
+    with EmbeddedRedis() as srv:
+        assert srv.pid is not None
+        os.kill(srv.pid, signal.SIGINT)
+        for _ in range(20):  # valkey shuts down on SIGINT within milliseconds; give it 2 s to do so
+            assert srv.running, "the embedded server exited on SIGINT"
+            time.sleep(0.1)
+        assert connect(srv.url).ping()
+    assert not srv.running  # SIGTERM (stop) still ends it
 
 
 # ---------------------------------------------------------------- queue

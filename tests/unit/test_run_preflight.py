@@ -6,6 +6,7 @@ The audit saw a 34-line traceback about sentencepiece for an empty ``model.path`
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -101,3 +102,80 @@ def test_an_empty_task_file_or_a_directory_is_refused_before_any_work(tmp_path: 
     assert "\n" not in err
     assert f"data.train_path: {path} " + ("is empty (no rows)" if make == "empty" else "is not a file") in err
     assert not (tmp_path / "runs").exists()
+
+
+GOOD_ROW = {
+    "rl": {"prompt": "1+1?", "reference": "2"},
+    "sft": {"messages": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "#### 2"}]},
+    "dpo": {"prompt": "1+1?", "chosen": "#### 2", "rejected": "#### 3"},
+}
+BAD_ROW = {"rl": ({"prompt": "1+1?"}, "reference"), "sft": ({"messages": []}, "messages"),
+           "dpo": ({"prompt": "1+1?", "chosen": "#### 2"}, "rejected")}
+
+
+@pytest.mark.parametrize(("config", "field", "fmt"), [
+    ("sao_demo_cpu.yaml", "data.train_path", "rl"),
+    ("grpo_cpu.yaml", "data.eval_path", "rl"),
+    ("sft_cpu.yaml", "sft.data_path", "sft"),
+    ("dpo_cpu.yaml", "dpo.data_path", "dpo"),
+])
+def test_a_malformed_row_anywhere_in_an_input_file_is_refused_before_any_work(
+    tmp_path: Path, capsys, config: str, field: str, fmt: str
+) -> None:
+    """A new user's malformed task row (line 3 of 4) was found only after the model was built, 13-20 s in, and left
+    a run directory behind; every technique now reads its input files whole before anything is made."""
+    import json
+
+    bad, bad_field = BAD_ROW[fmt]
+    rows = [GOOD_ROW[fmt], GOOD_ROW[fmt], bad, GOOD_ROW[fmt]]
+    path = tmp_path / f"{fmt}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert main(["run", str(REPO / "configs" / config), f"{field}={path}", "data.on_bad_row=stop",
+                 f"output_dir={tmp_path / 'runs'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert err.startswith(f"posttrain: {path}:3: field '{bad_field}': ")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_rerun_with_the_fixed_file_elsewhere_takes_over_a_run_directory_that_did_no_work(tmp_path: Path) -> None:
+    """The refused run's directory (its config and log only) refused the re-run: 'holds a run started with another
+    config'. A directory whose run prepared anything still refuses another config."""
+    from posttrain.config import ConfigError, load_config
+    from posttrain.runtime import RunContext
+
+    first = RunContext(load_config(None, [f"output_dir={tmp_path}", f"data.train_path={tmp_path / 'a.jsonl'}"]))
+    first.save_resolved_config()
+    (first.run_dir / "logs").mkdir()
+    second = RunContext(load_config(None, [f"output_dir={tmp_path}", f"data.train_path={tmp_path / 'b.jsonl'}"]))
+    second.save_resolved_config()
+    assert str(tmp_path / "b.jsonl") in (second.run_dir / "resolved_config.yaml").read_text()
+    (second.run_dir / "tokenizer").mkdir()  # trained on b.jsonl's tasks: a resume would reuse it
+    with pytest.raises(ConfigError, match="holds a run started with another config"):
+        first.save_resolved_config()
+
+
+def test_a_ctrl_c_outside_the_learner_is_one_line_and_exit_130(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A Ctrl-C while a run prepares, warm-starts or evaluates raises KeyboardInterrupt: a traceback before."""
+    import posttrain.runners
+
+    def interrupted(config):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(posttrain.runners, "run", interrupted)
+    monkeypatch.setenv("MLFLOW_CONFIGURE_LOGGING", "false")  # what the run's log routing would set for good
+    monkeypatch.setenv("VLLM_CONFIGURE_LOGGING", "0")
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        assert main([*SFT, f"output_dir={tmp_path / 'runs'}"]) == 130
+    finally:  # the run routed this process's logging to its log file
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+            handler.close()
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+        logging.captureWarnings(False)
+    err = capsys.readouterr().err.strip()
+    assert err == "posttrain: interrupted (Ctrl-C); run the same command again to resume"

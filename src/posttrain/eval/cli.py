@@ -18,7 +18,10 @@ Run: ``python -m posttrain.eval.cli eval --help`` or ``python -m posttrain.eval.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import msgspec
@@ -59,8 +62,16 @@ def eval_parser() -> argparse.ArgumentParser:
     return p
 
 
-def eval_cli(argv: list[str] | None = None) -> int:
+def eval_cli(argv: list[str] | None = None,
+             output_to_log: Callable[[Path], AbstractContextManager[Path]] | None = None) -> int:
     """``posttrain eval``: evaluate, write JSON/Markdown/HTML reports, print the headline score.
+
+    Args:
+        argv: The arguments after ``eval``.
+        output_to_log: Given ``--out``, a context manager that sends library and engine output (vLLM's
+            start-up report and progress bars) to a log file while the evaluation runs and yields the
+            file's path; ``posttrain eval`` passes ``posttrain.cli.eval_output_to_log``. None: everything
+            on the console.
 
     Returns:
         0 on success, 1 on a failure (one ``error:`` line), 2 on a usage error.
@@ -87,22 +98,24 @@ def eval_cli(argv: list[str] | None = None) -> int:
             baseline = read_report(Path(args.baseline))
         except (OSError, ValueError) as exc:
             return _error(f"--baseline {args.baseline}: cannot read an eval report ({exc})")
+    quiet = output_to_log(Path(args.out)) if output_to_log is not None else contextlib.nullcontext(None)
     try:
         judge = JudgeClient(args.judge_url, args.judge_model) if args.judge_url else None
-        report = evaluate(
-            args.model,
-            args.benchmark,
-            engine_kind=args.engine,
-            limit=args.limit,
-            samples_per_task=args.k,
-            out_dir=Path(args.out),
-            temperature=args.temperature,
-            max_new_tokens=args.max_new_tokens,
-            judge=judge,
-            swe_backend=args.backend,
-            namespace=args.namespace,
-            seed=args.seed,
-        )
+        with quiet:
+            report = evaluate(
+                args.model,
+                args.benchmark,
+                engine_kind=args.engine,
+                limit=args.limit,
+                samples_per_task=args.k,
+                out_dir=Path(args.out),
+                temperature=args.temperature,
+                max_new_tokens=args.max_new_tokens,
+                judge=judge,
+                swe_backend=args.backend,
+                namespace=args.namespace,
+                seed=args.seed,
+            )
         paths = write_reports([report], Path(args.out), baseline=[baseline] if baseline else None)
     except (EvalError, SweGradingError, VerifierError, ValueError, OSError) as exc:
         return _error(exc)

@@ -10,7 +10,7 @@ from posttrain.runtime import RunContext
 
 
 def evaluate_policy(ctx: RunContext, model_dir: Path, *, engine_kind: str | None = None) -> dict[str, float]:
-    """Held-out accuracy of ``model_dir`` on ``eval.num_tasks`` tasks, ``eval.samples_per_task`` samples each.
+    """Held-out accuracy of ``model_dir`` on ``heldout_tasks`` (at most ``eval.num_tasks``), ``eval.samples_per_task`` samples each.
 
     Returns:
         ``accuracy`` (mean of the env's ``correct`` metric, i.e. avg@k), ``reward_mean``,
@@ -30,6 +30,15 @@ def heldout_scores(rollouts: list[Any]) -> dict[str, float]:
     }
 
 
+def heldout_tasks(ctx: RunContext) -> list[Any]:
+    """The held-out tasks an evaluation runs: the first ``eval.num_tasks`` of ``ctx.tasks("eval")``.
+
+    Fewer than ``eval.num_tasks`` when the held-out split (``data.num_eval_tasks``) or the user's
+    ``data.eval_path`` file holds fewer.
+    """
+    return ctx.tasks("eval")[: ctx.config.eval.num_tasks]
+
+
 def heldout_rollouts(ctx: RunContext, model_dir: Path, *, engine_kind: str | None = None) -> list[Any]:
     """One graded ``Rollout`` per (held-out task, sample): ``eval.num_tasks`` x ``eval.samples_per_task``.
 
@@ -42,7 +51,7 @@ def heldout_rollouts(ctx: RunContext, model_dir: Path, *, engine_kind: str | Non
 
     cfg = ctx.config
     gen = cfg.generator
-    tasks = ctx.tasks("eval")[: cfg.eval.num_tasks]
+    tasks = heldout_tasks(ctx)
     tokenizer = load_tokenizer(model_dir)
     env = ctx.environment()
     limits = EpisodeLimits(max_turns=gen.max_turns, max_new_tokens=gen.max_new_tokens,

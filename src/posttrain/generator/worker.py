@@ -21,7 +21,7 @@ that lost its data first writes back the positions its checkpoint recorded (``ro
 Waiting never parks threads: tickets come through ``AsyncTicketGate`` (one poller per process,
 backoff on the event loop), and the ``hf`` engine runs its batches on its own thread, so an
 engine batch never queues behind blocked work in asyncio's default pool. On stop (the run's stop
-key or SIGTERM) episodes in flight are cancelled and their tickets released; rollouts being sent
+key, SIGTERM or SIGINT) episodes in flight are cancelled and their tickets released; rollouts being sent
 are sent first.
 """
 
@@ -176,7 +176,8 @@ async def _serve(config: RunConfig, ctx: RunContext, generator_id: str, redis_ur
     settings, gen = async_rl_settings(config), config.generator
     position = generator_index(index, generator_id)
     stopping = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
+    for signum in (signal.SIGTERM, signal.SIGINT):  # SIGINT: a Ctrl-C reaches the run's whole process group
+        asyncio.get_running_loop().add_signal_handler(signum, stopping.set)
     store = open_weight_store(ctx)
     version = await _first_version(store, ctx.weights_dir, config.weights_timeout_s, stopping)
     # Reserve only once the learner has set the version key: a resumed learner first gives back the

@@ -19,13 +19,16 @@ from collections.abc import Callable
 
 log = logging.getLogger("posttrain.learner")
 
+INTERRUPTED = "interrupted (Ctrl-C)"
+"""How a stop reason caused by SIGINT begins; such a stop exits with status 130 (128 + SIGINT)."""
+
 
 class LearnerStopped(RuntimeError):
     """The learner stopped before its last version, after a final checkpoint (the message is one line).
 
     Attributes:
         exit_code: Process exit status for the CLI (1: no live generator, or no progress for
-            ``learner.max_iterations_without_progress`` iterations; 143: SIGTERM).
+            ``learner.max_iterations_without_progress`` iterations; 143: SIGTERM; 130: SIGINT, Ctrl-C).
     """
 
     def __init__(self, message: str, exit_code: int) -> None:

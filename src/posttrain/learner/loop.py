@@ -19,7 +19,7 @@ resumes from the newest checkpoint in ``<run>/checkpoints`` if there is one. Eac
    for a non-finite gradient norm (a skipped policy step makes no version; its batch is refunded);
    after ``learner.max_iterations_without_progress`` iterations in a row that trained no token (every
    group uniform, every rollout dropped as stale, every token masked: ``learner.progress``), on
-   SIGTERM, or with no live generator for ``learner.no_generator_timeout_s`` while waiting
+   SIGTERM or SIGINT (Ctrl-C), or with no live generator for ``learner.no_generator_timeout_s`` while waiting
    (``learner.liveness``: dead generators' tickets are returned meanwhile), checkpoint, then stop.
 
 The loop takes its transport as an argument (``setup.LearnerTransport``), so a test runs it on
@@ -36,6 +36,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from posttrain.config import RunConfig
+from posttrain.learner.liveness import INTERRUPTED
 from posttrain.learner.setup import Learner, LearnerTransport, build_learner
 from posttrain.learner.types import LearnerSummary
 from posttrain.parallel.world import World
@@ -75,14 +76,14 @@ def run_learner(
         posttrain.rollout.queue.QueueConnectionError: Redis unreachable after bounded retries.
         posttrain.learner.optim.NonFiniteGradientError: ``max_nonfinite_iterations`` iterations
             in a row skipped an optimizer step for a non-finite gradient norm.
-        posttrain.learner.liveness.LearnerStopped: SIGTERM, no progress for
+        posttrain.learner.liveness.LearnerStopped: SIGTERM, SIGINT (Ctrl-C), no progress for
             ``learner.max_iterations_without_progress`` iterations, or no live generator for
             ``learner.no_generator_timeout_s``; raised after the final checkpoint (one line).
     """
     learner = build_learner(config, transport, start_model_dir=start_model_dir, world=world)
     bar = tqdm(total=learner.settings.steps, initial=learner.state.policy_version, desc=learner.settings.technique,
                disable=not progress or not learner.world.is_main, leave=False)
-    previous = _stop_on_sigterm(learner)
+    previous = _stop_on_signals(learner)
     stop, waiting = None, False
     while not learner.finished(max_iterations):
         if (stop := learner.stop_reason(waiting)) is not None:
@@ -105,28 +106,36 @@ def run_learner(
         learner.stop_on_nonfinite(result)
     bar.close()
     learner.checkpointer.flush()
-    if previous is not None:
-        signal.signal(signal.SIGTERM, previous)
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
     if stop is not None:
         raise learner.stopped(stop)
     return learner.finish()
 
 
-def _stop_on_sigterm(learner: Learner) -> signal.Handlers | Callable[..., object] | int | None:
-    """Make SIGTERM ask the loop to stop at the next iteration boundary (then checkpoint, then exit).
+def _stop_on_signals(learner: Learner) -> dict[int, signal.Handlers | Callable[..., object] | int | None]:
+    """Make SIGTERM and SIGINT ask the loop to stop at the next iteration boundary (then checkpoint, then exit).
 
-    Kubernetes sends SIGTERM and waits ``terminationGracePeriodSeconds``: the learner finishes the
-    step in progress (or its ``block_s`` wait), writes a checkpoint covering what it trained, and
-    ends with ``LearnerStopped`` (exit status 143). Only in the main thread (signal handlers can be
-    installed nowhere else).
+    Kubernetes sends SIGTERM and waits ``terminationGracePeriodSeconds``; a terminal's Ctrl-C sends
+    SIGINT to every process of the run. Either way the learner finishes the step in progress (or
+    its ``block_s`` wait), writes a checkpoint covering what it trained, and ends with
+    ``LearnerStopped`` (exit status 143 for SIGTERM, 130 for SIGINT). A second Ctrl-C while it does
+    so raises ``KeyboardInterrupt`` at once (what is trained since the last checkpoint is trained
+    again after a resume). Only in the main thread (signal handlers can be installed nowhere else).
 
     Returns:
-        The previous handler, for the caller to put back; None outside the main thread.
+        The previous handlers by signal, for the caller to put back; empty outside the main thread.
     """
     if threading.current_thread() is not threading.main_thread():
-        return None
+        return {}
 
-    def handler(signum: int, frame: object) -> None:
+    def on_sigterm(signum: int, frame: object) -> None:
         learner.stop_requested = "SIGTERM received; stopped after a final checkpoint"
 
-    return signal.signal(signal.SIGTERM, handler)
+    def on_sigint(signum: int, frame: object) -> None:
+        if learner.stop_requested is not None and learner.stop_requested.startswith(INTERRUPTED):
+            raise KeyboardInterrupt
+        learner.stop_requested = f"{INTERRUPTED}; stopped after a final checkpoint"
+
+    return {signal.SIGTERM: signal.signal(signal.SIGTERM, on_sigterm),
+            signal.SIGINT: signal.signal(signal.SIGINT, on_sigint)}

@@ -36,7 +36,7 @@ from posttrain.learner.critic import CriticModel
 from posttrain.learner.export import save_final_model
 from posttrain.learner.gkd_step import FixedSequences, load_fixed_sequences
 from posttrain.learner.ledger import LEDGER_NAME, append_ledger, ledger_line
-from posttrain.learner.liveness import GeneratorWatch, LearnerStopped
+from posttrain.learner.liveness import INTERRUPTED, GeneratorWatch, LearnerStopped
 from posttrain.learner.metrics import learner_metrics
 from posttrain.learner.optim import NonFiniteStreak, build_optimizer
 from posttrain.learner.progress import IterationOutcome, ProgressWatch, outcome_of, print_line
@@ -161,7 +161,7 @@ class Learner:
         watch: Rank 0's watch on generator heartbeats (None: not watched).
         progress: Iterations in a row that trained no token (``learner.progress``); stops the run at
             ``learner.max_iterations_without_progress``.
-        stop_requested: Set by the SIGTERM handler (the reason); the loop checkpoints and stops.
+        stop_requested: Set by the SIGTERM or SIGINT handler (the reason); the loop checkpoints and stops.
     """
 
     ctx: RunContext
@@ -212,10 +212,11 @@ class Learner:
         return reason
 
     def stopped(self, reason: str) -> LearnerStopped:
-        """The error that ends a stopped learner (call after the final checkpoint); SIGTERM exits 143, else 1."""
+        """The error that ends a stopped learner (call after the final checkpoint); SIGTERM exits 143, SIGINT 130, else 1."""
         self.counters["stopped_early"] = 1.0
+        code = 143 if reason.startswith("SIGTERM") else 130 if reason.startswith(INTERRUPTED) else 1
         return LearnerStopped(f"learner stopped at policy version {self.state.policy_version} of "
-                              f"{self.settings.steps}: {reason}", 143 if reason.startswith("SIGTERM") else 1)
+                              f"{self.settings.steps}: {reason}", code)
 
     def train(self, entries: list[QueueEntry]) -> TrainStepResult:
         """Observe the batch's staleness and run the train step on it (timed in ``last_step_s``).

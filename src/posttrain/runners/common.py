@@ -36,6 +36,7 @@ from posttrain.data.jsonl_log import read_json_lines
 from posttrain.eval.heldout import evaluate_policy
 from posttrain.learner.resume import ResumedPolicy
 from posttrain.parallel.world import World
+from posttrain.runners.console import RUN_LOG, engine_output_to_log, seconds_since_start
 from posttrain.runtime import RunContext
 from posttrain.tracking import MetricsSink
 
@@ -286,6 +287,9 @@ def _no_sink(metrics: dict[str, float], step: int) -> None:
 class TrackedRun:
     """What every runner shares: paths, the MLflow run, the metrics sink, the start time, the ranks.
 
+    ``started`` is ``time.monotonic()`` when training could begin (after preparation); the summary's wall
+    time counts from the process start (``console.seconds_since_start``).
+
     On ranks > 0 ``tracker`` is None and ``sink`` drops the metrics (rank 0 has them too: every
     metric is reduced over ranks).
     """
@@ -307,32 +311,20 @@ class TrackedRun:
         return fn()
 
     def register(self, model_dir: Path, data_paths: list[Path], scores: dict[str, float]) -> str:
-        """Register ``model_dir`` as a new version of ``tracking.registered_model``; return the version.
+        """Register ``model_dir`` in ``tracking.registered_model`` and promote it; return the summary's text for it.
 
-        Returns ``"not registered"`` when ``tracking.register_final`` is false.
+        ``Tracker.register_model``: once per checkpoint (a re-run of a finished run registers nothing
+        and says so), ``champion`` for the model's first version or one that beats the champion on
+        ``heldout.accuracy`` (``scores`` must hold it). ``"not registered"`` when
+        ``tracking.register_final`` is false.
         """
-        from posttrain.tracking import Lineage, config_hash, dataset_hash, register_checkpoint
-
-        cfg = self.config
-        if not cfg.tracking.register_final:
+        if not self.config.tracking.register_final:
             return "not registered"
-        info = register_checkpoint(
-            str(model_dir),
-            registered_model=cfg.tracking.registered_model,
-            lineage=Lineage(
-                run=cfg.run_name,
-                technique=cfg.technique,
-                dataset_hash=dataset_hash(data_paths) if data_paths else "",
-                config_hash=config_hash(cfg.model_dump(mode="json")),
-                base_model=cfg.model.path or "tiny",
-                mlflow_run_id=self.tracker.run_id,
-                teacher=(cfg.gkd.teacher.path or f"built by the run ({cfg.gkd.teacher.build_steps} SFT steps)")
-                if cfg.technique == "gkd" else "",
-            ),
-            eval_scores=scores,
-            tracking_uri=self.tracker.tracking_uri,
-        )
-        return str(info.version)
+        cfg = self.config
+        teacher = ((cfg.gkd.teacher.path or f"built by the run ({cfg.gkd.teacher.build_steps} SFT steps)")
+                   if cfg.technique == "gkd" else "")
+        return self.tracker.register_model(model_dir, technique=cfg.technique, scores=scores, data_paths=data_paths,
+                                           teacher=teacher).describe()
 
     def summary(self, rows: list[tuple[str, str]]) -> RunSummary:
         """A ``RunSummary`` with the common rows appended; also written to ``<run>/summary.md``.
@@ -345,7 +337,7 @@ class TrackedRun:
         result.rows = [("technique", self.config.technique), *rows,
                        ("final model", str(self.ctx.final_model_dir)),
                        (MLFLOW_RUN_ROW, self.tracker.run_id if self.tracker is not None else ""),
-                       ("wall time (s)", f"{time.monotonic() - self.started:.0f}")]
+                       ("wall time (s, from the process start)", f"{seconds_since_start():.0f}")]
         (self.ctx.run_dir / "summary.md").write_text(result.table() + "\n", encoding="utf-8")
         return result
 
@@ -361,7 +353,7 @@ def tracked_run(config: RunConfig) -> Iterator[TrackedRun]:
         posttrain.parallel.world.DeviceError: ``learner.device`` is ``cuda`` and there is none.
     """
     from posttrain.parallel.world import init_world
-    from posttrain.tracking import Tracker, default_tracking_uri
+    from posttrain.tracking import Tracker
 
     world = init_world(config.learner)
     ctx = RunContext(config)
@@ -370,16 +362,9 @@ def tracked_run(config: RunConfig) -> Iterator[TrackedRun]:
         yield TrackedRun(config, ctx, None, _no_sink, time.monotonic(), world)
         return
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
-    tracker = Tracker(
-        config.tracking.tracking_uri or default_tracking_uri(config.output_dir),
-        config.tracking.experiment,
-        run_name=config.run_name,
-        tags={"posttrain.technique": config.technique},
-    )
+    tracker = Tracker.for_run(config, ctx.run_dir)
     with tracker:
-        resolved = config.model_dump(mode="json")
-        tracker.log_params(resolved)
-        tracker.log_dict(resolved, "resolved_config.json")
+        tracker.log_params_from_config(config)
         print(f"[1/4] prepare: tokenizer + base model in {ctx.run_dir}", flush=True)
         prepare(ctx)
         world.barrier()
@@ -438,8 +423,13 @@ def load_training_rows(run: TrackedRun, path: Path, fmt: Literal["sft", "cpt", "
 
 
 def evaluate_and_log(run: TrackedRun, model_dir: Path, label: str) -> dict[str, float]:
-    """Held-out accuracy of ``model_dir`` (``posttrain.eval.heldout``), logged to MLflow as ``eval_<label>/*``."""
-    scores = evaluate_policy(run.ctx, model_dir)
+    """Held-out accuracy of ``model_dir`` (``posttrain.eval.heldout``), logged to MLflow as ``eval_<label>/*``.
+
+    The inference engine's own output (vLLM's start-up report and progress bars) goes to the run log,
+    ``<run>/logs/run.log``, as in the SAO flow.
+    """
+    with engine_output_to_log(run.ctx.run_dir / RUN_LOG):
+        scores = evaluate_policy(run.ctx, model_dir)
     run.tracker.log_metrics({f"eval_{label}/{k}": v for k, v in scores.items()}, step=0)
     return scores
 

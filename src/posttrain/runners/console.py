@@ -13,6 +13,10 @@ versions, the summary table, posttrain's own warnings and every error (one line 
   there, outside Python's logging of this process).
 
 Generator processes write to ``<run>/logs/generator-g<i>.log`` (``posttrain.runners.sao``).
+
+Every time the console shows (a stage's ``at N s``, a progress line's, the summary's ``wall time``)
+is read from one clock, ``seconds_since_start``: seconds since the process started, so the
+interpreter's start, the imports and MLflow's set-up are counted too.
 Run the tests: ``python -m pytest -q tests/unit/runners/test_console.py``.
 """
 
@@ -22,6 +26,7 @@ import io
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -128,3 +133,33 @@ def engine_output_to_log(path: Path) -> Iterator[None]:
         os.dup2(saved[1], 2)
         os.close(saved[0])
         os.close(saved[1])
+
+
+_IMPORTED_AT = time.monotonic()
+"""``time.monotonic()`` when this module was imported: the start of the clock where the process's own start is unknown."""
+
+
+def process_started() -> float:
+    """The ``time.monotonic()`` reading of the moment this process started (its exec).
+
+    On Linux from ``/proc/self/stat`` (start time in clock ticks since boot) against
+    ``CLOCK_BOOTTIME``, both counted from the same boot; elsewhere, or if ``/proc`` cannot be read,
+    the moment this module was imported (which misses the interpreter's start and earlier imports).
+    """
+    try:
+        stat = Path("/proc/self/stat").read_text(encoding="ascii")
+        ticks = int(stat.rpartition(")")[2].split()[19])  # field 22, starttime; fields after the command name
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return _IMPORTED_AT
+    return time.monotonic() - max(age, 0.0)
+
+
+def seconds_since_start() -> float:
+    """Seconds (wall clock) since this process started (``process_started``): the run's one clock on the console."""
+    return time.monotonic() - process_started()
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """``1 batch``, ``12 batches``: ``count`` and the noun in its number (``nouns`` defaults to ``noun`` + ``s``)."""
+    return f"{count} {noun if count == 1 else (nouns or noun + 's')}"

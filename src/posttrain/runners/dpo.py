@@ -26,6 +26,20 @@ from posttrain.runners.common import (
     step_callback,
     tracked_run,
 )
+from posttrain.tracking import HELDOUT_METRIC
+
+
+def _before_text(before: dict[str, float]) -> str:
+    """The held-out preference accuracy before training, as the summary shows it.
+
+    DPO's implicit reward is ``beta * (log pi - log pi_ref)``: before the first step the policy is the
+    reference, every margin is exactly 0 and the accuracy (margin > 0) is 0 by construction, which the
+    text says. A resumed run starts from a trained checkpoint and shows its number alone.
+    """
+    accuracy = before.get("dpo/accuracy", 0.0)
+    if before and accuracy == 0.0 and abs(before.get("dpo/margin", 0.0)) < 1e-6:
+        return "0.000 (policy = reference: every margin is 0)"
+    return f"{accuracy:.3f}"
 
 
 def run_dpo(config: RunConfig) -> RunSummary:
@@ -96,7 +110,8 @@ def run_dpo(config: RunConfig) -> RunSummary:
         print("[4/4] held-out eval, registration", flush=True)
         scores = evaluate_and_log(run, final, "dpo")
         held_acc = after.get("dpo/accuracy", 0.0)
-        version = run.register(final, [path], {f"{config.data.env}.accuracy": scores["accuracy"],
+        version = run.register(final, [path], {HELDOUT_METRIC: scores["accuracy"],
+                                               f"{config.data.env}.accuracy": scores["accuracy"],
                                                "dpo.heldout_accuracy": held_acc})
         k = max(1, len(accuracy) // 4)
         early = sum(accuracy[:k]) / k if accuracy else 0.0
@@ -105,7 +120,8 @@ def run_dpo(config: RunConfig) -> RunSummary:
             ("training pairs", str(len(train))),
             ("quarantined rows", str(quarantined)),
             ("train preference accuracy, first -> last quarter", f"{early:.3f} -> {late:.3f}"),
-            ("held-out preference accuracy before -> after", f"{before.get('dpo/accuracy', 0.0):.3f} -> {held_acc:.3f}"),
+            ("held-out preference accuracy (reward margin > 0) before -> after",
+             f"{_before_text(before)} -> {held_acc:.3f}"),
             ("held-out reward margin after", f"{after.get('dpo/margin', 0.0):.3f}"),
             (f"held-out accuracy ({config.data.env})", f"{scores['accuracy']:.3f}"),
             ("registered model version", version),

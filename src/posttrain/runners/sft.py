@@ -22,6 +22,7 @@ from posttrain.runners.common import (
     step_callback,
     tracked_run,
 )
+from posttrain.tracking import HELDOUT_METRIC
 
 
 def tokenize_supervised(
@@ -99,7 +100,8 @@ def _run_supervised(config: RunConfig, fmt: Literal["sft", "cpt"]) -> RunSummary
             return run.summary([])  # rank 0 evaluates, registers and reports
         print("[4/4] held-out eval, registration", flush=True)
         scores = evaluate_and_log(run, final, fmt)
-        version = run.register(final, [path], {f"{config.data.env}.accuracy": scores["accuracy"]})
+        version = run.register(final, [path], {HELDOUT_METRIC: scores["accuracy"],
+                                               f"{config.data.env}.accuracy": scores["accuracy"]})
         first = f"{losses[0]:.3f}" if losses else "-"
         last = f"{losses[-1]:.3f}" if losses else "-"
         return run.summary([

