@@ -99,7 +99,8 @@ def test_ctrl_c_stops_the_demo_with_a_checkpoint_and_the_rerun_resumes_with_a_cl
     assert any(re.match(r"\| registered model version +\| 1, champion \(first champion: version 1 ", line)
                for line in lines), lines[-30:]
     progress = [line for line in lines if "policy version" in line and "training reward" in line]
-    assert progress and all(re.search(r"batch(es)? since the last line\)  \(at \d+ s\)$", line) for line in progress)
+    assert progress and all(re.search(r"batch(es)? since the last line\)(, [a-z ]+ \d+%)*  \(at \d+ s\)$", line)
+                            for line in progress)
     assert "| seconds per stage" in console and "start-up " in console
     # posttrain's own warnings stay (e.g. "generator(s) alive again" when the machine is slow to start them).
     noise = [line for line in lines if LIBRARY_LINE.search(line) and not line.startswith("posttrain: WARNING posttrain.")]
