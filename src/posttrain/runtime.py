@@ -220,6 +220,8 @@ INPUT_FILE_FIELDS = ("data.train_path", "data.eval_path", "sft.data_path", "dpo.
 def input_file_format(config: RunConfig, dotted: str) -> str | None:
     """The row format ``check_input_files`` reads the file of field ``dotted`` in: ``rl``, ``sft``, ``cpt``, ``dpo``.
 
+    ``gkd.data_path`` (GKD's fixed sequences, read when ``gkd.lmbda < 1``) holds chat rows, ``sft``.
+
     None for a field the technique does not read (``dpo.data_path`` of an SFT run): only its metadata
     is checked. Task files (``data.*``) are read by every technique: RL trains on them, and the others
     evaluate on the held-out file and train a tiny model's tokenizer on the tasks.
@@ -230,6 +232,8 @@ def input_file_format(config: RunConfig, dotted: str) -> str | None:
         return config.technique
     if dotted == "dpo.data_path" and config.technique == "dpo":
         return "dpo"
+    if dotted == "gkd.data_path" and config.technique == "gkd" and config.gkd.fixed_rows:
+        return "sft"  # GKD's fixed sequences are chat rows
     return None
 
 
@@ -237,7 +241,8 @@ def check_input_files(config: RunConfig) -> None:
     """Check, before any work starts, every local input file the config names: present, a file, and every row valid.
 
     Reads ``INPUT_FILE_FIELDS``; unset fields and ``s3://`` URIs (downloaded by the role that needs them) are
-    skipped. A file the technique reads (``input_file_format``) is read whole, row by row, with the loader the
+    skipped. A file the technique reads (``input_file_format``) is read whole (up to its section's
+    ``max_examples``), row by row, with the loader the
     run uses later and under ``data.on_bad_row``: with ``stop`` its first bad row is refused here, naming file,
     line and field; with ``quarantine`` bad rows are counted into a temporary file and only a file with no
     valid row is refused (the run writes its own quarantine file when it loads the file again). Nothing is
@@ -268,10 +273,12 @@ def check_input_files(config: RunConfig) -> None:
         if fmt is None:
             continue
         with tempfile.TemporaryDirectory(prefix="posttrain-preflight-") as tmp:
-            _read_rows(config, path, fmt, Path(tmp) / "quarantine.jsonl")
+            # A technique's own file is read up to its section's max_examples: the rows after it are never used.
+            limit = getattr(config, section).max_examples if section in ("sft", "dpo", "gkd") else None
+            _read_rows(config, path, fmt, Path(tmp) / "quarantine.jsonl", limit)
 
 
-def _read_rows(config: RunConfig, path: Path, fmt: str, quarantine: Path) -> None:
+def _read_rows(config: RunConfig, path: Path, fmt: str, quarantine: Path, limit: int | None) -> None:
     """Read every row of ``path`` as the run will (``check_input_files``); raise on what the run would refuse."""
     import logging
 
@@ -285,11 +292,9 @@ def _read_rows(config: RunConfig, path: Path, fmt: str, quarantine: Path) -> Non
     try:
         if fmt == "rl":
             read_tasks_jsonl(path, config.data.env, on_bad_row=policy, quarantine_path=quarantine)
-        elif fmt in ("sft", "cpt"):
-            load_rows(path, "sft" if fmt == "sft" else "cpt", on_bad_row=policy, quarantine_path=quarantine,
-                      limit=config.sft.max_examples)
         else:
-            load_rows(path, "dpo", on_bad_row=policy, quarantine_path=quarantine, limit=config.dpo.max_examples)
+            load_rows(path, "sft" if fmt == "sft" else "cpt" if fmt == "cpt" else "dpo", on_bad_row=policy,
+                      quarantine_path=quarantine, limit=limit)
     finally:
         data_log.setLevel(level)
 

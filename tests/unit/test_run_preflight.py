@@ -118,6 +118,7 @@ BAD_ROW = {"rl": ({"prompt": "1+1?"}, "reference"), "sft": ({"messages": []}, "m
     ("grpo_cpu.yaml", "data.eval_path", "rl"),
     ("sft_cpu.yaml", "sft.data_path", "sft"),
     ("dpo_cpu.yaml", "dpo.data_path", "dpo"),
+    ("gkd_cpu.yaml", "gkd.data_path", "sft"),  # its fixed sequences, read with gkd.lmbda < 1
 ])
 def test_a_malformed_row_anywhere_in_an_input_file_is_refused_before_any_work(
     tmp_path: Path, capsys, config: str, field: str, fmt: str
@@ -130,7 +131,8 @@ def test_a_malformed_row_anywhere_in_an_input_file_is_refused_before_any_work(
     rows = [GOOD_ROW[fmt], GOOD_ROW[fmt], bad, GOOD_ROW[fmt]]
     path = tmp_path / f"{fmt}.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    assert main(["run", str(REPO / "configs" / config), f"{field}={path}", "data.on_bad_row=stop",
+    extra = ["gkd.lmbda=0.5"] if field == "gkd.data_path" else []
+    assert main(["run", str(REPO / "configs" / config), f"{field}={path}", "data.on_bad_row=stop", *extra,
                  f"output_dir={tmp_path / 'runs'}"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err
