@@ -13,7 +13,11 @@ with ``tool_calls`` (``function.name``, ``function.arguments`` as a JSON string)
 * ``split_action(text)``: sampled action text -> ``(content, calls)`` for the API response;
 * ``action_text(content, calls)``: an assistant message of a recorded conversation -> the text the
   policy would have written (``posttrain traces import``);
-* ``observation_text(results)``: the tool messages after one assistant turn -> the observation text.
+* ``observation_text(results)``: the tool messages after one assistant turn -> the observation text;
+* ``policy_messages(messages)``: a conversation in the API's shapes -> role/content strings in the
+  policy's format, ready for the chat template (the gateway's renders, ``posttrain traces import``):
+  an assistant message becomes its action text, each run of ``tool`` messages one ``tool`` message
+  holding the observation, a ``developer`` message a ``system`` one.
 
 Run ``python -m posttrain.chat.openai 'TEXT'`` to see how an action maps to an API message.
 """
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,6 +146,85 @@ def content_text(content: Any, where: str) -> str:
             texts.append(part["text"])
         return "".join(texts)
     raise ValueError(f"{where}: expected a string or a list of text parts, got {type(content).__name__}")
+
+
+class MessageError(ValueError):
+    """A message that cannot be put in the policy's format; ``param`` names it (``messages.3.tool_call_id``)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _api_calls(message: Mapping[str, Any], where: str) -> list[ApiToolCall]:
+    calls = []
+    for k, call in enumerate(message.get("tool_calls") or ()):
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise MessageError(f"{where}.tool_calls[{k}]: needs function.name", f"{where}.tool_calls.{k}")
+        arguments = function.get("arguments") or ""
+        if not isinstance(arguments, str):  # a recorded trace may hold the object itself
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        calls.append(ApiToolCall(str(call.get("id") or f"call_{k}"), function["name"], arguments))
+    return calls
+
+
+def policy_messages(messages: Sequence[Mapping[str, Any]], start: int = 0,
+                    calls: Mapping[str, str] | None = None) -> list[dict[str, str]]:
+    """A conversation in the API's shapes as role/content strings in the policy's format (module docstring).
+
+    Args:
+        messages: Dicts with ``role``, ``content`` (string, text parts or null), and ``tool_calls``
+            (assistant) or ``tool_call_id`` / ``name`` (tool).
+        start: Index of ``messages[0]`` in the whole conversation (for error messages).
+        calls: Tool call id -> tool name of calls made before ``messages[0]``; calls of assistant
+            messages inside ``messages`` are added as they come.
+
+    Returns:
+        One dict per message, each run of tool messages merged into one.
+
+    Raises:
+        MessageError: a content part that is not text, an assistant message with neither content
+            nor tool calls (or arguments that are not a JSON object), or a tool message that answers
+            no known call and has no ``name``.
+    """
+    known = dict(calls or {})
+    out: list[dict[str, str]] = []
+    results: list[tuple[str, str]] = []
+
+    def flush() -> None:
+        if results:
+            out.append({"role": "tool", "content": observation_text(results)})
+            results.clear()
+
+    for k, message in enumerate(messages):
+        where = f"messages[{start + k}]"
+        param = f"messages.{start + k}"
+        try:
+            text = content_text(message.get("content"), f"{where}.content")
+        except ValueError as exc:
+            raise MessageError(str(exc), f"{param}.content") from None
+        role = message.get("role")
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            name = known.get(call_id) if isinstance(call_id, str) else None
+            name = name or message.get("name")
+            if not isinstance(name, str) or not name:
+                raise MessageError(f"{where}.tool_call_id: {call_id!r} answers no tool call of this conversation "
+                                   "(and the message has no name)", f"{param}.tool_call_id")
+            results.append((name, text))
+            continue
+        flush()
+        if role == "assistant":
+            calls_here = _api_calls(message, where)
+            known.update({c.call_id: c.name for c in calls_here})
+            try:
+                text = action_text(text, calls_here)
+            except ValueError as exc:
+                raise MessageError(f"{where}: {exc}", param) from None
+        out.append({"role": "system" if role == "developer" else str(role), "content": text})
+    flush()
+    return out
 
 
 def _main(argv: list[str]) -> int:

@@ -3,7 +3,7 @@
 ``posttrain gateway CONFIG`` serves ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models``
 from the run's inference engine at the current policy version; every episode it serves becomes one
 SAO ``Rollout`` (docs/gateway.md). ``posttrain run`` starts it with the run when ``mode`` is not
-``off``; on a cluster the SAO JobSet gets a ``gateway`` replicated job, a Service and a
+``disabled``; on a cluster the SAO JobSet gets a ``gateway`` replicated job, a Service and a
 NetworkPolicy (``posttrain.cluster.gateway``).
 """
 
@@ -26,10 +26,11 @@ DEFAULT_AGENT_LABELS = {"posttrain.io/gateway-client": "true"}
 class GatewayConfig(_Strict):
     """The rollout gateway: an OpenAI-compatible HTTP server whose episodes train with SAO (docs/gateway.md)."""
 
-    mode: Literal["off", "with_generators", "only"] = "off"
-    """off: no gateway. with_generators: ``posttrain run`` (and the SAO JobSet) also runs the gateway,
-    beside the run's own generator processes. only: the gateway's episodes are the run's only
-    rollouts (no generator process runs); ``technique: sao`` only (SAO needs no group)."""
+    mode: Literal["disabled", "with_generators", "only"] = "disabled"
+    """disabled: no gateway (not ``off``, which YAML reads as false). with_generators: ``posttrain run``
+    (and the SAO JobSet) also runs the gateway, beside the run's own generator processes. only: the
+    gateway's episodes are the run's only rollouts (no generator process runs). ``technique: sao``
+    only (SAO needs no group)."""
     host: str = Field("127.0.0.1", min_length=1, max_length=253)
     """Address the gateway listens on (``0.0.0.0`` in a cluster pod)."""
     port: int = Field(8600, ge=0, le=65535)

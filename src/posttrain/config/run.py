@@ -188,7 +188,7 @@ class RunConfig(_Strict):
                     f"sao.micro_batch_size ({self.sao.micro_batch_size}) must be <= sao.batch_size "
                     f"({self.sao.batch_size})"
                 )
-        elif self.gateway.mode != "off":
+        elif self.gateway.mode != "disabled":
             raise ValueError(
                 f"gateway.mode {self.gateway.mode!r} needs technique sao (one rollout per episode; GRPO needs "
                 f"groups of one task), got technique {self.technique!r}"
@@ -198,7 +198,7 @@ class RunConfig(_Strict):
     def _gateway_checks(self) -> None:
         """Cross-checks of the ``gateway`` section against the generator's bounds (technique sao)."""
         gw, gen = self.gateway, self.generator
-        if gw.mode == "off":
+        if gw.mode == "disabled":
             return
         if gw.idle_timeout_s >= gen.admission_lease_s:
             raise ValueError(

@@ -1,6 +1,6 @@
 """The gateway in ``posttrain run``: start ``posttrain gateway`` beside the learner, and the example agents.
 
-With ``gateway.mode`` other than ``off`` the SAO runner starts one gateway process (``gw0``) on
+With ``gateway.mode`` other than ``disabled`` the SAO runner starts one gateway process (``gw0``) on
 the run's Redis, and with ``gateway.agents > 0`` that many example agent processes
 (``gateway.agent_script``, ``examples/external_agent/agent.py`` by default) as its traffic:
 

@@ -153,7 +153,7 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> L
         procs = start_generators(ctx, url, config_path) if mode != "only" else []
         gateway: GatewayProcesses | None = None
         try:
-            if mode != "off":  # an OpenAI-compatible server whose episodes train too (docs/gateway.md)
+            if mode != "disabled":  # an OpenAI-compatible server whose episodes train too (docs/gateway.md)
                 gateway = start_gateway(ctx, url, config_path)
                 procs.append(gateway.gateway)
             if ctx.config.learner.local_ranks > 1:
@@ -327,7 +327,7 @@ def run_sao(config: RunConfig) -> RunSummary:
             before = evaluate_policy(ctx, sft_dir)
         tracker.log_metrics({f"eval_sft/{k}": v for k, v in before.items()}, step=0)
         print(f"      accuracy after SFT: {before['accuracy']:.3f}", flush=True)
-        sources = {"off": f"{config.generator.num_processes} generators",
+        sources = {"disabled": f"{config.generator.num_processes} generators",
                    "with_generators": f"{config.generator.num_processes} generators + the gateway",
                    "only": f"the gateway ({config.gateway.agents} example agents)"}[config.gateway.mode]
         clock.begin("SAO", f"SAO: {sources} + learner, {config.sao.steps} policy versions "
