@@ -159,3 +159,27 @@ def test_the_book_abandons_idle_and_old_episodes_but_not_one_mid_request():
     assert book.get("idle") is None and book.outcome("idle") == {"status": "abandoned"}
     with pytest.raises(ValueError):
         book.add(Episode("idle", "chat", "split"))
+
+
+def test_the_example_agent_imports_nothing_from_posttrain_and_its_tool_runs_in_the_sandbox():
+    """The stand-in for a team's scaffold: only the openai client and the standard library (plus httpx, the
+    client's own transport); its calculator runs under ``python -m posttrain.envs.sandbox --exec``."""
+    import ast
+    import asyncio
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "examples" / "external_agent" / "agent.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert "posttrain" not in imported and {"openai", "httpx"} <= imported
+    spec = importlib.util.spec_from_file_location("external_agent", path)
+    agent = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent)
+    sandbox = [sys.executable, "-m", "posttrain.envs.sandbox", "--exec", "--wall-time", "20", "--"]
+    assert asyncio.run(agent.run_tool("calculator", '{"expression": "7*8+5"}', sandbox, 60.0)) == "61"
+    assert asyncio.run(agent.run_tool("calculator", '{"expression": "open(\'/etc/passwd\')"}', sandbox, 60.0)
+                       ).startswith("error:")
+    assert asyncio.run(agent.run_tool("search", "{}", sandbox, 60.0)) == "error: unknown tool 'search'"

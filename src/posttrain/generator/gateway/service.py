@@ -652,11 +652,15 @@ class GatewayService:
         return len(due)
 
     def shutdown(self) -> int:
-        """Abandon every open episode not mid-request (the gateway is stopping); returns how many."""
+        """Abandon every open episode (the gateway is stopping; its server no longer serves); returns how many.
+
+        Call it once the HTTP server has stopped: an episode whose request was cut off then still
+        holds its lock, and is abandoned all the same (its tickets released).
+        """
         self.stopping.set()
         n = 0
         for episode in self.book.open_episodes():
-            if episode.segments and not episode.lock.locked():
+            if episode.segments:
                 self.abandon(episode, "stopping")
                 n += 1
         return n
