@@ -141,21 +141,25 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from posttrain.cluster.role_inputs import generator_ready
-    from posttrain.generator.gateway.serve import GatewayBindError, gateway_token, run_gateway
+    from posttrain.generator.gateway.serve import GatewayBindError, gateway_token, listen_socket, run_gateway
 
     redis_url = _redis_url_from_env()
     cfg = _config(args)
-    token = gateway_token(cfg)  # a missing token is one line before any wait
-    _check_redis_first(redis_url, cfg.queue.reconnect_window_s)
-    cfg = generator_ready(cfg)  # cluster pods: s3:// inputs downloaded, tokenizer from the weight store
+    token = gateway_token(cfg)  # a missing token, a taken port, an unreachable Redis: one line before any wait
     try:
-        with _redis_named(redis_url, cfg.queue.reconnect_window_s):
-            summary = run_gateway(cfg, args.gateway_id, redis_url, token,
-                                  seed=cfg.seed * 1000 + 999 if args.seed is None else args.seed, host=args.host,
-                                  port=args.port, url_file=Path(args.url_file) if args.url_file else None)
+        sock = listen_socket(args.host or cfg.gateway.host, cfg.gateway.port if args.port is None else args.port)
     except GatewayBindError as exc:
         print(f"posttrain: {exc}", file=sys.stderr)
         return 1
+    try:
+        _check_redis_first(redis_url, cfg.queue.reconnect_window_s)
+        cfg = generator_ready(cfg)  # cluster pods: s3:// inputs downloaded, tokenizer from the weight store
+        with _redis_named(redis_url, cfg.queue.reconnect_window_s):
+            summary = run_gateway(cfg, args.gateway_id, redis_url, token,
+                                  seed=cfg.seed * 1000 + 999 if args.seed is None else args.seed, sock=sock,
+                                  url_file=Path(args.url_file) if args.url_file else None)
+    finally:
+        sock.close()
     s = summary.stats
     print(f"gateway {summary.gateway_id}: {s['episodes_closed']:.0f} episodes closed, {s['rollouts']:.0f} rollouts, "
           f"{s['abandoned']:.0f} abandoned, {s['splits']:.0f} splits")

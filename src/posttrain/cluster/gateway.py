@@ -29,10 +29,10 @@ from __future__ import annotations
 import base64
 import secrets
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kubernetes.client import CoreV1Api, NetworkingV1Api
-from kubernetes.client.exceptions import ApiException
+if TYPE_CHECKING:  # the JobSet builder imports this module; only the apply functions need the client
+    from kubernetes.client import CoreV1Api, NetworkingV1Api
 
 GATEWAY_PORT = 8600
 """TCP port of the gateway's HTTP server in its pod and on its Service."""
@@ -140,6 +140,8 @@ def ensure_gateway_secret(core: CoreV1Api, jobset: str, namespace: str) -> bool:
     Raises:
         kubernetes.client.exceptions.ApiException: any error but 409 AlreadyExists.
     """
+    from kubernetes.client.exceptions import ApiException
+
     try:
         core.create_namespaced_secret(namespace, gateway_secret(jobset, namespace))
     except ApiException as exc:
@@ -166,6 +168,8 @@ def apply_gateway_objects(core: CoreV1Api, net: NetworkingV1Api, jobset: Mapping
         ValueError: the JobSet has no uid (not read back from the API server).
         kubernetes.client.exceptions.ApiException: any error but 409 on create.
     """
+    from kubernetes.client.exceptions import ApiException
+
     meta = jobset["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid")
     if not uid:

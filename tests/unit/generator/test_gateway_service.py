@@ -98,7 +98,8 @@ def _rig(tiny_model: TinyModel, engine, *, verifier=None, rule="split", capacity
     service = GatewayService(settings, engine, tok, AsyncTicketGate(admission), admission, sender, stats,
                              EpisodeBook(60, 600), verifier)
     app = build_app(service, TOKEN, max_request_bytes)
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
+                             base_url="http://gw")
     return Rig(service, http, queue, admission)
 
 
@@ -248,3 +249,31 @@ def test_no_capacity_gives_429_and_opens_nothing_a_busy_episode_409_a_big_body_4
     assert busy.status_code == 409 and busy.json()["error"]["code"] == "episode_busy"
     assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
     assert rig.admission.state().in_flight == 1 and rig.service.stats.admission_timeouts == 1
+
+
+class FailingEngine(ScriptedEngine):
+    """An engine whose every call fails (a crashed vLLM worker, say)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(None, 0, [])
+        self.error = error
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        raise self.error
+
+
+@pytest.mark.parametrize("error, code", [(RuntimeError("worker died"), "engine_error"),
+                                         (KeyError("a bug"), "internal_error")])
+def test_an_engine_failure_is_a_500_in_the_error_shape_and_opens_nothing(tiny_model, error, code):
+    rig = _rig(tiny_model, FailingEngine(error))
+
+    async def go() -> httpx.Response:
+        return await rig.http.post("/episodes/ep-fail/v1/chat/completions", headers=AUTH,
+                                   json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]})
+
+    reply = asyncio.run(go())
+    assert reply.status_code == 500 and reply.json()["error"]["code"] == code
+    assert reply.json()["error"]["type"] == "server_error"
+    assert rig.service.book.get("ep-fail") is None  # a later request opens it afresh
+    state = rig.admission.state()
+    assert state.in_flight == 0 and state.released_total == 1

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -52,6 +53,8 @@ from posttrain.generator.gateway.protocol import (
 from posttrain.generator.gateway.service import GatewayService
 
 M = TypeVar("M", bound=BaseModel)
+
+log = logging.getLogger("posttrain.gateway")
 
 EPISODE_HEADER = "x-episode-id"
 TASK_HEADER = "x-task-id"
@@ -82,6 +85,13 @@ def build_app(service: GatewayService, token: str, max_request_bytes: int) -> Fa
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse(error_body(f"{request.method} {request.url.path}: {exc.detail}"), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Redis unreachable past queue.reconnect_window_s, a bug: still the API's error object.
+        log.error("gateway: %s %s failed: %r", request.method, request.url.path, exc)
+        return JSONResponse(error_body(f"the gateway failed on this request ({type(exc).__name__}: {exc})",
+                                       type="server_error", code="internal_error"), status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def _request_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -146,8 +146,8 @@ async def _reap(service: GatewayService, stopping: asyncio.Event) -> None:
 
 
 async def serve_gateway(config: RunConfig, gateway_id: str, redis_url: str, token: str, *, seed: int = 0,
-                        host: str | None = None, port: int | None = None,
-                        url_file: Path | None = None) -> GatewaySummary:
+                        host: str | None = None, port: int | None = None, url_file: Path | None = None,
+                        sock: socket.socket | None = None) -> GatewaySummary:
     """Run the gateway until the run's stop key, SIGTERM or SIGINT (module docstring).
 
     Args:
@@ -160,6 +160,8 @@ async def serve_gateway(config: RunConfig, gateway_id: str, redis_url: str, toke
         port: TCP port; None: ``gateway.port`` (0: a free one).
         url_file: Where to write ``http://HOST:PORT`` as soon as the socket listens (replaced atomically);
             requests sent before the engine is ready wait in the listen queue.
+        sock: A socket from ``listen_socket`` to serve on (``host`` and ``port`` are then unused); it is
+            closed when the gateway stops. None: bind one here.
 
     Returns:
         The gateway's final stats.
@@ -177,16 +179,18 @@ async def serve_gateway(config: RunConfig, gateway_id: str, redis_url: str, toke
     check_reachable(client, redis_url, config.queue.reconnect_window_s)
     heartbeat = Heartbeat(client, ctx.keys, gateway_id, config.generator.heartbeat_ttl_s).start()
     try:
-        return await _serve(config, ctx, gateway_id, redis_url, token, seed, host, port, url_file, client)
+        return await _serve(config, ctx, gateway_id, redis_url, token, seed, host, port, url_file, client, sock)
     finally:
         with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
             heartbeat.stop()
 
 
 async def _serve(config: RunConfig, ctx: RunContext, gateway_id: str, redis_url: str, token: str, seed: int,
-                 host: str | None, port: int | None, url_file: Path | None, client: redis.Redis) -> GatewaySummary:
+                 host: str | None, port: int | None, url_file: Path | None, client: redis.Redis,
+                 sock: socket.socket | None) -> GatewaySummary:
     gw = config.gateway
-    sock = listen_socket(host or gw.host, gw.port if port is None else port)  # a taken port fails before any wait
+    if sock is None:  # a taken port fails before any wait
+        sock = listen_socket(host or gw.host, gw.port if port is None else port)
     try:
         if url_file is not None:  # clients may connect now: they wait in the listen queue until the engine serves
             tmp = url_file.with_suffix(".tmp")
