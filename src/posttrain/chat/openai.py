@@ -170,7 +170,7 @@ def _api_calls(message: Mapping[str, Any], where: str) -> list[ApiToolCall]:
 
 
 def policy_messages(messages: Sequence[Mapping[str, Any]], start: int = 0,
-                    calls: Mapping[str, str] | None = None) -> list[dict[str, str]]:
+                    calls: Mapping[str, str] | None = None, wrap_tool_results: bool = True) -> list[dict[str, str]]:
     """A conversation in the API's shapes as role/content strings in the policy's format (module docstring).
 
     Args:
@@ -179,9 +179,13 @@ def policy_messages(messages: Sequence[Mapping[str, Any]], start: int = 0,
         start: Index of ``messages[0]`` in the whole conversation (for error messages).
         calls: Tool call id -> tool name of calls made before ``messages[0]``; calls of assistant
             messages inside ``messages`` are added as they come.
+        wrap_tool_results: True (our environments' format): each run of tool messages becomes one
+            ``tool`` message of ``observation_text``. False: each tool message stays one ``tool``
+            message with its own content, for a chat template that renders tool results itself
+            (Qwen's ``<tool_response>``).
 
     Returns:
-        One dict per message, each run of tool messages merged into one.
+        One dict per message (each run of tool messages merged into one when ``wrap_tool_results``).
 
     Raises:
         MessageError: a content part that is not text, an assistant message with neither content
@@ -212,7 +216,10 @@ def policy_messages(messages: Sequence[Mapping[str, Any]], start: int = 0,
             if not isinstance(name, str) or not name:
                 raise MessageError(f"{where}.tool_call_id: {call_id!r} answers no tool call of this conversation "
                                    "(and the message has no name)", f"{param}.tool_call_id")
-            results.append((name, text))
+            if wrap_tool_results:
+                results.append((name, text))
+            else:
+                out.append({"role": "tool", "content": text})
             continue
         flush()
         if role == "assistant":

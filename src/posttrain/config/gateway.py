@@ -47,6 +47,12 @@ class GatewayConfig(_Strict):
     request, that becomes its own rollout (with its own admission ticket) at close; refuse: the
     request gets 400 ``history_mismatch`` and the episode is unchanged. A client may ask for the
     stricter or the other rule per episode with the ``X-Episode-History`` header."""
+    wrap_tool_results: bool = True
+    """True: tool results reach the policy as our environments render them (``<tool_result
+    name="...">`` around each output, one ``tool`` turn per assistant turn), so gateway and
+    environment episodes of the same exchange are the same tokens. False: each tool message is
+    handed to the chat template as it is, for a model whose template wraps tool results itself
+    (Qwen's ``<tool_response>``)."""
     verifier: Literal["none", "environment"] = "none"
     """none: an episode is closed only by a reward call. environment: an episode closed with a
     ``task_id`` (and no ``reward``) is graded by replaying its actions through the run's environment

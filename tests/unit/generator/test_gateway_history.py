@@ -73,6 +73,17 @@ def test_several_tool_messages_are_one_observation_joined_by_newlines():
                         {"role": "user", "content": "and?"}]
 
 
+def test_unwrapped_tool_results_go_to_the_template_one_message_each(tiny_model: TinyModel):
+    """``gateway.wrap_tool_results: false``: for a template that wraps tool results itself (Qwen's)."""
+    messages = [_msg(role="tool", tool_call_id="a", content="1"), _msg(role="tool", tool_call_id="b", content="2")]
+    rendered = template_messages(messages, calls={"a": "calculator", "b": "calculator"}, wrap_tool_results=False)
+    assert rendered == [{"role": "tool", "content": "1"}, {"role": "tool", "content": "2"}]
+    chat = ChatFormat.for_tokenizer(load_tokenizer(tiny_model.path))
+    tok = chat.tokenizer
+    assert tok.decode(chat.observation_ids(rendered)) == \
+        "\n<|im_start|>tool\n1<|im_end|>\n<|im_start|>tool\n2<|im_end|>\n<|im_start|>assistant\n"
+
+
 def test_a_tool_message_for_an_unknown_call_is_refused_with_its_index():
     with pytest.raises(GatewayError) as err:
         template_messages([_msg(role="tool", tool_call_id="nope", content="1")], start=3)

@@ -16,8 +16,8 @@ from posttrain.chat.openai import MessageError, policy_messages
 from posttrain.generator.gateway.protocol import ChatMessage, GatewayError
 
 
-def template_messages(messages: Sequence[ChatMessage], start: int = 0,
-                      calls: Mapping[str, str] | None = None) -> list[dict[str, str]]:
+def template_messages(messages: Sequence[ChatMessage], start: int = 0, calls: Mapping[str, str] | None = None,
+                      wrap_tool_results: bool = True) -> list[dict[str, str]]:
     """``messages`` as role/content strings in the policy's format (module docstring).
 
     Args:
@@ -25,6 +25,8 @@ def template_messages(messages: Sequence[ChatMessage], start: int = 0,
         start: Index of ``messages[0]`` in the request (for error messages).
         calls: Tool call id -> tool name of calls made before ``messages[0]`` (the segment's last
             assistant turn).
+        wrap_tool_results: Tool results in our environments' ``<tool_result>`` format, one observation
+            per run (True), or each as its own ``tool`` message for the template to wrap (False).
 
     Returns:
         One dict per message, ``tool`` runs merged into one message.
@@ -33,6 +35,6 @@ def template_messages(messages: Sequence[ChatMessage], start: int = 0,
         GatewayError: 400 naming the message (``policy_messages``' refusals).
     """
     try:
-        return policy_messages([m.model_dump() for m in messages], start, calls)
+        return policy_messages([m.model_dump() for m in messages], start, calls, wrap_tool_results)
     except MessageError as exc:
         raise GatewayError(400, str(exc), param=exc.param) from None

@@ -98,6 +98,7 @@ def settings_for(config: RunConfig, gateway_id: str) -> GatewaySettings:
         model_name=gw.model_name or config.run_name, generator_id=gateway_id, max_new_tokens=gen.max_new_tokens,
         max_episode_tokens=gen.max_episode_tokens, temperature=gen.temperature, top_p=gen.top_p,
         edited_history=gw.edited_history, admission_wait_s=gw.admission_wait_s, env_name=config.data.env,
+        wrap_tool_results=gw.wrap_tool_results,
     )
 
 

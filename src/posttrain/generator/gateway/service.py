@@ -89,6 +89,7 @@ class GatewaySettings:
         edited_history: The default history rule (``gateway.edited_history``).
         admission_wait_s: Longest wait of a new episode or segment for its ticket (seconds).
         env_name: ``Rollout.env_name`` of episodes the verifier graded (``data.env``).
+        wrap_tool_results: Tool results in our environments' format (``gateway.wrap_tool_results``).
     """
 
     model_name: str
@@ -100,6 +101,7 @@ class GatewaySettings:
     edited_history: HistoryRule = "split"
     admission_wait_s: float = 30.0
     env_name: str = "gateway"
+    wrap_tool_results: bool = True
 
 
 @dataclass
@@ -379,7 +381,8 @@ class GatewayService:
                 segment = episode.current
                 check = check_history(segment.transcript, canon)
                 if check.extends:
-                    messages = template_messages(req.messages[check.new:], start=check.new, calls=segment.calls)
+                    messages = template_messages(req.messages[check.new:], start=check.new, calls=segment.calls,
+                                                 wrap_tool_results=self.settings.wrap_tool_results)
                     observation = self._close_cut_turn(segment) + self._observation(messages, check.new)
                     t = await self._sample(segment.token_ids, observation, asked, req.seed)
                     self._commit(segment, t)
@@ -394,7 +397,8 @@ class GatewayService:
                                         "message; the gateway samples the next assistant turn",
                                    param=f"messages.{len(req.messages) - 1}")
             try:
-                prompt = self.chat_format.prompt_ids(template_messages(req.messages), req.tools)
+                prompt = self.chat_format.prompt_ids(
+                    template_messages(req.messages, wrap_tool_results=self.settings.wrap_tool_results), req.tools)
             except (ValueError, TypeError, KeyError) as exc:  # the template itself refused (jinja errors)
                 if isinstance(exc, GatewayError):
                     raise
