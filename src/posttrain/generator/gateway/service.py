@@ -39,6 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from jinja2 import TemplateError
+
 from posttrain.chat.format import ChatFormat
 from posttrain.chat.openai import split_action
 from posttrain.generator.gateway.episodes import Api, Episode, EpisodeBook, HistoryRule, Segment
@@ -396,12 +398,10 @@ class GatewayService:
                 raise GatewayError(400, f"messages[{len(req.messages) - 1}]: the last message is an assistant "
                                         "message; the gateway samples the next assistant turn",
                                    param=f"messages.{len(req.messages) - 1}")
+            rendered = template_messages(req.messages, wrap_tool_results=self.settings.wrap_tool_results)
             try:
-                prompt = self.chat_format.prompt_ids(
-                    template_messages(req.messages, wrap_tool_results=self.settings.wrap_tool_results), req.tools)
-            except (ValueError, TypeError, KeyError) as exc:  # the template itself refused (jinja errors)
-                if isinstance(exc, GatewayError):
-                    raise
+                prompt = self.chat_format.prompt_ids(rendered, req.tools)
+            except (ValueError, TypeError, KeyError, TemplateError) as exc:  # the template itself refused
                 raise GatewayError(400, f"messages: the chat template cannot render them ({exc})",
                                    param="messages") from None
             segment, t = await self._open_segment(episode, prompt, asked, req.seed, lambda s: None)
