@@ -7,8 +7,11 @@ the token ids a generator would send (the prompt rendered once, each new message
 **gateway**: a real ``posttrain gateway`` process (embedded Redis, admission, the stream) serves them to the
 ``openai`` client in this process; every episode is closed with a reward call, so its rollout is on the stream
 before the clock stops. Reported per concurrency (medians over rounds, the two paths alternating): wall seconds
-per generated token and gateway / direct (target: at most 1.2x). On a 2-core machine the client runs beside the
-gateway, as an agent would on the same host; its HTTP and JSON work counts against the gateway.
+per generated token and gateway / direct (target: at most 1.2x); the CPU seconds per token of each side (the direct
+process; the gateway process and, apart, the client) and the requests per engine batch (the ``hf`` engine runs
+padded batches of what has arrived, so requests that arrive spread out make smaller batches). On a 2-core machine
+the client runs beside the gateway, as an agent would on the same host; its HTTP and JSON work counts against the
+gateway's wall time.
 
 Run: ``.venv/bin/python -m bench.gateway`` (about 5 minutes on 2 cores, ``hf`` engine), ``--engine vllm`` on a GPU.
 """
@@ -43,6 +46,12 @@ from posttrain.weight_sync.factory import open_weight_store
 MODEL = "bench-gateway"
 FIRST = "Compute 17 + 25 using the calculator."
 FOLLOW_UP = "Go on."
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` has used, from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def direct_round(engine: Any, chat: ChatFormat, concurrency: int, episodes: int, turns: int, tokens: int) -> tuple[float, int]:
@@ -108,14 +117,18 @@ def gateway_round(url: str, token: str, concurrency: int, episodes: int, turns: 
 def render(result: dict[str, Any]) -> str:
     """The docs section: machine, command and the table."""
     rows = [[r["concurrency"], r["episodes"], f"{r['direct_tokens']}", f"{r['direct_ms_per_token']:.2f}",
-             f"{r['gateway_ms_per_token']:.2f}", f"**{r['ratio']:.2f}**"] for r in result["rows"]]
+             f"{r['gateway_ms_per_token']:.2f}", f"**{r['ratio']:.2f}**", f"{r['direct_cpu_ms_per_token']:.2f}",
+             f"{r['gateway_cpu_ms_per_token']:.2f} + {r['client_cpu_ms_per_token']:.2f}",
+             f"{r['direct_batch_rows']:.1f} / {r['gateway_batch_rows']:.1f}"] for r in result["rows"]]
     worst = max(r["ratio"] for r in result["rows"])
     return "\n".join([
         common.machine_line(result["machine"]), "",
         f"Command: `{result['command']}` ({result['engine']} engine; {result['turns']} turns of {result['tokens']} tokens "
         f"per episode; medians over {result['rounds']} rounds, the paths alternating).", "",
         common.markdown_table(["concurrent episodes", "episodes", "tokens per round", "direct ms/token",
-                               "gateway ms/token", "gateway/direct"], rows), "",
+                               "gateway ms/token", "gateway/direct", "CPU ms/token: direct",
+                               "CPU ms/token: gateway + client", "requests per engine batch: direct / gateway"],
+                              rows), "",
         f"Worst ratio: **{worst:.2f}x** the direct engine's time per generated token (goal: at most 1.2x).",
     ])
 
@@ -125,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p = common.parser(__doc__, common.RESULTS_DIR / "gateway.json")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="concurrent episodes")
     p.add_argument("--episodes-per-slot", type=int, default=2, help="episodes per concurrent slot and round")
+    p.add_argument("--min-episodes", type=int, default=8, help="at least this many episodes per round")
     p.add_argument("--turns", type=int, default=3, help="turns per episode")
     p.add_argument("--tokens", type=int, default=24, help="sampled tokens per turn")
     p.add_argument("--rounds", type=int, default=3, help="rounds per concurrency (medians)")
@@ -165,16 +179,43 @@ def main(argv: list[str] | None = None) -> int:
                                  max_batch=gen.episodes_in_flight, kv_cache_gib=gen.vllm_kv_cache_gib)
             gateway_round(url, token, 1, 1, args.turns, args.tokens, "warmup")  # first-request costs out of the clock
             direct_round(engine, chat, 1, 1, args.turns, args.tokens)
+            auth = {"Authorization": f"Bearer {token}"}
+
+            def engine_rows() -> tuple[float, float]:
+                snap = httpx.get(f"{url}/v1/gateway/stats", headers=auth, timeout=60).json()
+                return snap["engine_batches"], snap["engine_batch_rows"]
+
             for c in args.concurrency:
-                n = c * args.episodes_per_slot
-                direct, through = [], []
+                n = max(c * args.episodes_per_slot, args.min_episodes)
+                direct, through, cpu = [], [], {"direct": 0.0, "gateway": 0.0, "client": 0.0}
+                rows_of = {"direct": [0, 0], "gateway": [0.0, 0.0]}
                 for k in range(args.rounds):
-                    direct.append(direct_round(engine, chat, c, n, args.turns, args.tokens))
+                    history = getattr(engine, "batch_sizes", None)  # the hf engine's; vLLM batches continuously
+                    mine, sizes = time.process_time(), len(history) if history is not None else 0
+                    done = direct_round(engine, chat, c, n, args.turns, args.tokens)
+                    cpu["direct"] += time.process_time() - mine
+                    new = list(history)[sizes:] if history is not None and len(history) < (history.maxlen or 0) else []
+                    rows_of["direct"][0] += len(new)
+                    rows_of["direct"][1] += sum(new)
+                    direct.append(done)
+                    batches, served = engine_rows()
+                    mine, theirs = time.process_time(), process_cpu_s(proc.pid)
                     through.append(gateway_round(url, token, c, n, args.turns, args.tokens, f"c{c}-r{k}"))
+                    cpu["client"] += time.process_time() - mine
+                    cpu["gateway"] += process_cpu_s(proc.pid) - theirs
+                    after = engine_rows()
+                    rows_of["gateway"][0] += after[0] - batches
+                    rows_of["gateway"][1] += after[1] - served
                 d = statistics.median(s / t for s, t in direct)
                 g = statistics.median(s / t for s, t in through)
+                made_d, made_g = sum(t for _, t in direct), sum(t for _, t in through)
                 rows.append({"concurrency": c, "episodes": n, "direct_tokens": direct[0][1], "gateway_tokens": through[0][1],
                              "direct_ms_per_token": d * 1e3, "gateway_ms_per_token": g * 1e3, "ratio": g / d,
+                             "direct_cpu_ms_per_token": cpu["direct"] / made_d * 1e3,
+                             "gateway_cpu_ms_per_token": cpu["gateway"] / made_g * 1e3,
+                             "client_cpu_ms_per_token": cpu["client"] / made_g * 1e3,
+                             "direct_batch_rows": rows_of["direct"][1] / max(rows_of["direct"][0], 1),
+                             "gateway_batch_rows": rows_of["gateway"][1] / max(rows_of["gateway"][0], 1),
                              "direct_rounds": direct, "gateway_rounds": through})
                 print(f"concurrency {c}: direct {d * 1e3:.2f} ms/token, gateway {g * 1e3:.2f} ms/token, "
                       f"ratio {g / d:.2f}", file=sys.stderr, flush=True)
