@@ -1,24 +1,19 @@
 """The rollout gateway on a cluster: its replicated job in the SAO JobSet, its Secret, Service and NetworkPolicy.
 
+The launcher's Role may create these three (``tests/cluster/test_rbac.py``), not read or change them.
+
 Schema checks run everywhere (the JobSet CRD strictly, the built-in kinds with kubernetes-validate).
-The last test applies the objects to a real API server (``../shared/k8s/control-plane``: etcd,
-kube-apiserver and kube-controller-manager on loopback) and lets its garbage collector delete them
-with the JobSet; it skips with one line where that control plane cannot start. NetworkPolicies are
+The last test applies the objects to the session's real API server (``tests/kube_control_plane.py``:
+etcd, kube-apiserver and kube-controller-manager on loopback) and lets its garbage collector delete
+them with the JobSet; it skips with one line where that control plane cannot start. NetworkPolicies are
 stored and validated there, not enforced (no CNI): what a CNI enforces is not shown here.
 """
 
 from __future__ import annotations
 
 import base64
-import os
-import re
-import subprocess
-import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import yaml
 
 from posttrain.cluster.gateway import (
     GATEWAY_PORT,
@@ -35,15 +30,14 @@ from posttrain.cluster.jobset import SAOImages, sao_jobset_for_config
 from posttrain.cluster.validate import jobset_child_jobs, validate_builtin, validate_custom_resource
 from posttrain.config import load_config
 
-REPO = Path(__file__).resolve().parents[2]
-CONTROL_PLANE = REPO.parent.parent / "shared" / "k8s" / "control-plane"
 IMAGES = SAOImages(learner="registry.example.com/posttrain/trainer:1", generator="registry.example.com/posttrain/generator:1")
 RUN_ID = "7d1c2a9e-1234-4bcd-9def-0123456789ab"
 
 
-def jobset(*overrides: str) -> dict:
+def jobset(*overrides: str, **options) -> dict:
     cfg = load_config(None, ["gateway.mode=with_generators", *overrides])
-    return sao_jobset_for_config(cfg, RUN_ID, "team-a", IMAGES, "posttrain", "s3://b/c.yaml", "redis-credentials")
+    return sao_jobset_for_config(cfg, RUN_ID, "team-a", IMAGES, "posttrain", "s3://b/c.yaml", "redis-credentials",
+                                 **options)
 
 
 def rjobs(js: dict) -> dict:
@@ -64,7 +58,7 @@ def test_the_jobset_with_a_gateway_passes_the_crd_schema_and_its_jobs_validate_s
 
 
 def test_the_gateway_pod_serves_the_config_with_the_runs_token_and_restarts_alone():
-    js = jobset("gateway.resources.gpus=2")
+    js = jobset("gateway.resources.gpus=2", restart_job=True)
     name = js["metadata"]["name"]
     spec = pod(js, "gateway")["spec"]
     (container,) = spec["containers"]
@@ -77,13 +71,15 @@ def test_the_gateway_pod_serves_the_config_with_the_runs_token_and_restarts_alon
     assert spec["automountServiceAccountToken"] is False
     assert rjobs(js)["gateway"]["dependsOn"] == [{"name": "redis", "status": "Ready"}]
     assert {"name": "gatewayRestartsAlone", "action": "RestartJob", "targetReplicatedJobs": ["gateway"]} in \
-        js["spec"]["failurePolicy"]["rules"]
+        js["spec"]["failurePolicy"]["rules"]  # with the RestartJob gate; without it any failure restarts the group
+    assert jobset()["spec"]["failurePolicy"]["rules"] == [{"name": "anyFailureRestartsTheGroup",
+                                                          "action": "RestartJobSet"}]
     labels = pod(js, "gateway")["metadata"]["labels"]
     assert gateway_pod_selector(name).items() <= labels.items()  # what the Service and the policy select
 
 
 def test_gateway_only_runs_have_no_generator_pod_and_no_gateway_none():
-    only = jobset("gateway.mode=only")
+    only = jobset("gateway.mode=only", restart_job=True)
     assert set(rjobs(only)) == {"redis", "learner", "gateway"}
     assert all(r["targetReplicatedJobs"] != ["generator"] for r in only["spec"]["failurePolicy"]["rules"])
     assert validate_custom_resource(only) == []
@@ -113,74 +109,55 @@ def test_the_service_and_network_policy_select_the_gateway_pod_and_admit_only_ag
     assert len(token) >= 32 and token != base64.b64decode(gateway_secret(name, "team-a")["data"]["token"]).decode()
 
 
-@pytest.fixture(scope="module")
-def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """A real API server with the JobSet CRD; skipped with one line where it cannot start."""
-    if not CONTROL_PLANE.is_file():
-        pytest.skip(f"no control plane script at {CONTROL_PLANE}")
-    where = tmp_path_factory.mktemp("k8s")
-    started = subprocess.run([str(CONTROL_PLANE), "start", str(where), "--no-scheduler"], capture_output=True, text=True,
-                             timeout=180)
-    found = re.search(r"KUBECONFIG=(\S+)", started.stdout)
-    if started.returncode != 0 or not found:
-        pytest.skip(f"the control plane did not start: {(started.stderr or started.stdout).strip()[-300:]}")
-    from kubernetes import client, config
-
-    try:
-        api_client = config.new_client_from_config(config_file=found.group(1))
-        ext = client.ApiextensionsV1Api(api_client)
-        for doc in yaml.safe_load_all((REPO / "manifests" / "crds" / "jobset.x-k8s.io_jobsets.yaml").read_text()):
-            if doc:
-                ext.create_custom_resource_definition(doc)
-        deadline = time.monotonic() + 60
-        while not any(c.type == "Established" and c.status == "True"
-                      for c in ext.read_custom_resource_definition("jobsets.jobset.x-k8s.io").status.conditions or []):
-            assert time.monotonic() < deadline, "the JobSet CRD was not established"
-            time.sleep(0.5)
-        client.CoreV1Api(api_client).create_namespace({"metadata": {"name": "team-a"}})
-        yield api_client
-    finally:
-        subprocess.run([str(CONTROL_PLANE), "stop", str(where)], capture_output=True, timeout=120,
-                       env={**os.environ})
-
-
 @pytest.mark.integration
 @pytest.mark.slow
-def test_on_a_real_api_server_the_objects_are_stored_owned_by_the_jobset_and_collected_with_it(kube):
+def test_on_a_real_api_server_the_objects_are_stored_owned_by_the_jobset_and_collected_with_it(kube, kube_ns):
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    core, net, custom = client.CoreV1Api(kube), client.NetworkingV1Api(kube), client.CustomObjectsApi(kube)
-    js = jobset()
+    api = kube.admin()
+    core, net, custom = client.CoreV1Api(api), client.NetworkingV1Api(api), client.CustomObjectsApi(api)
+    ns = kube_ns
+    cfg = load_config(None, ["gateway.mode=with_generators"])
+    js = sao_jobset_for_config(cfg, RUN_ID, ns, IMAGES, "posttrain", "s3://b/c.yaml", "redis-credentials")
     name = js["metadata"]["name"]
-    assert ensure_gateway_secret(core, name, "team-a") is True
-    token = core.read_namespaced_secret(gateway_object_name(name), "team-a").data["token"]
-    assert ensure_gateway_secret(core, name, "team-a") is False  # a retried step keeps the token
-    assert core.read_namespaced_secret(gateway_object_name(name), "team-a").data["token"] == token
-    custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "team-a", "jobsets", js)
-    stored = custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "team-a", "jobsets", name)
+    workflow = custom.create_namespaced_custom_object("argoproj.io", "v1alpha1", ns, "workflows", {
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "run-1"},
+        "spec": {"entrypoint": "main"}})
+    run = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "run-1", "uid": workflow["metadata"]["uid"]}
+    assert ensure_gateway_secret(core, name, ns, run) is True
+    token = core.read_namespaced_secret(gateway_object_name(name), ns).data["token"]
+    assert ensure_gateway_secret(core, name, ns, run) is False  # a retried step keeps the token
+    assert core.read_namespaced_secret(gateway_object_name(name), ns).data["token"] == token
+    custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", ns, "jobsets", js)
+    stored = custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", ns, "jobsets", name)
     done = apply_gateway_objects(core, net, stored, {"posttrain.io/gateway-client": "true"})
-    assert done == [f"Secret/{name}-gateway", f"Service/{name}-gateway", f"NetworkPolicy/{name}-gateway"]
+    assert done == [f"Service/{name}-gateway", f"NetworkPolicy/{name}-gateway"]
     assert apply_gateway_objects(core, net, stored, {"posttrain.io/gateway-client": "true"}) == done  # idempotent
     uid = stored["metadata"]["uid"]
-    reads = (core.read_namespaced_secret, core.read_namespaced_service, net.read_namespaced_network_policy)
+    reads = (core.read_namespaced_service, net.read_namespaced_network_policy)
     for read in reads:
-        obj = read(f"{name}-gateway", "team-a")
+        obj = read(f"{name}-gateway", ns)
         assert [(o.kind, o.uid) for o in obj.metadata.owner_references] == [("JobSet", uid)]
-    service = core.read_namespaced_service(f"{name}-gateway", "team-a")
+    owners = core.read_namespaced_secret(f"{name}-gateway", ns).metadata.owner_references
+    assert [(o.kind, o.name) for o in owners] == [("Workflow", "run-1")]
+    service = core.read_namespaced_service(f"{name}-gateway", ns)
     assert service.spec.selector == gateway_pod_selector(name) and service.spec.cluster_ip
-    policy = net.read_namespaced_network_policy(f"{name}-gateway", "team-a")
+    policy = net.read_namespaced_network_policy(f"{name}-gateway", ns)
     assert policy.spec.ingress[0]._from[0].pod_selector.match_labels == {"posttrain.io/gateway-client": "true"}
     assert policy.spec.ingress[0]._from[0].namespace_selector is None
-    custom.delete_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "team-a", "jobsets", name)
-    deadline = time.monotonic() + 90  # the garbage collector deletes what the JobSet owned
-    left = list(reads)
-    while left:
-        assert time.monotonic() < deadline, f"still there after the JobSet was deleted: {left}"
-        for read in list(left):
-            try:
-                read(f"{name}-gateway", "team-a")
-            except ApiException as exc:
-                if exc.status == 404:
-                    left.remove(read)
-        time.sleep(0.5)
+    custom.delete_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", ns, "jobsets", name)
+
+    def gone(read) -> bool:
+        try:
+            read(f"{name}-gateway", ns)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    kube.wait_for("the garbage collector to delete what the JobSet owned", lambda: all(gone(r) for r in reads),
+                  timeout_s=90)
+    assert not gone(core.read_namespaced_secret)  # the token outlives a replaced JobSet: the run owns it
+    custom.delete_namespaced_custom_object("argoproj.io", "v1alpha1", ns, "workflows", "run-1")
+    kube.wait_for("the garbage collector to delete the run's token", lambda: gone(core.read_namespaced_secret),
+                  timeout_s=90)

@@ -2,18 +2,21 @@
 
 With ``gateway.mode`` other than ``disabled`` the SAO JobSet (``posttrain.cluster.jobset``) gets a
 ``gateway`` replicated job: one pod on the generator image running ``posttrain gateway --config URI
---host 0.0.0.0 --port 8600``, ready when ``GET /health`` answers, restarted alone when it fails.
-Beside the JobSet, three namespaced objects, each owned by the JobSet (the garbage collector
-deletes them with it):
+--host 0.0.0.0 --port 8600``, ready when ``GET /health`` answers, restarted alone when it fails
+(``restart_job``: the JobSet controller's ``RestartJob`` gate; otherwise with the group, as every role).
+Beside the JobSet, three namespaced objects the pipeline step creates (its Role may create them,
+not read or change them; ``posttrain.cluster.tenant``):
 
 * Secret ``<jobset>-gateway`` (key ``token``): the run's bearer token, random, created before the
-  JobSet (the gateway pod reads it as ``POSTTRAIN_GATEWAY_TOKEN``; the tenant's agents mount it).
-  A retried pipeline step finds it and keeps its token.
-* Service ``<jobset>-gateway``: ClusterIP, port 8600, selecting the gateway pod. Agents use
-  ``http://<jobset>-gateway.<namespace>.svc:8600`` as the gateway URL.
-* NetworkPolicy ``<jobset>-gateway``: ingress to the gateway pod only from pods of the run's
-  namespace that carry ``gateway.agent_pod_labels`` (``posttrain.io/gateway-client: "true"``), on
-  port 8600. Every other pod, in this namespace or another, is refused.
+  JobSet and owned by the run's Workflow, like the JobSet (the gateway pod reads it as
+  ``POSTTRAIN_GATEWAY_TOKEN``; the tenant's agents mount it). A retried step finds it and keeps
+  its token; a JobSet replaced after a failure keeps it too.
+* Service ``<jobset>-gateway``: ClusterIP, port 8600, selecting the gateway pod, owned by the
+  JobSet. Agents use ``http://<jobset>-gateway.<namespace>.svc:8600`` as the gateway URL.
+* NetworkPolicy ``<jobset>-gateway``, owned by the JobSet: ingress to the gateway pod only from
+  pods of the run's namespace that carry ``gateway.agent_pod_labels``
+  (``posttrain.io/gateway-client: "true"``), on port 8600. Every other pod, in this namespace or
+  another, is refused.
 
 Guarantees (where the CNI enforces NetworkPolicy): only the tenant's labelled agent pods reach the
 gateway; without the run's token they get 401. Not guaranteed: a CNI that ignores NetworkPolicy
@@ -134,16 +137,26 @@ def gateway_network_policy(jobset: str, namespace: str, agent_labels: Mapping[st
     }
 
 
-def ensure_gateway_secret(core: CoreV1Api, jobset: str, namespace: str) -> bool:
+def ensure_gateway_secret(core: CoreV1Api, jobset: str, namespace: str,
+                          owner: Mapping[str, Any] | None = None) -> bool:
     """Create the run's token Secret unless it exists (a retried step keeps the token); True when created.
+
+    Args:
+        core: Core client.
+        jobset: The JobSet's name.
+        namespace: The run's namespace.
+        owner: An ownerReference (the run's Workflow) the Secret gets, so it goes with the run; None: none.
 
     Raises:
         kubernetes.client.exceptions.ApiException: any error but 409 AlreadyExists.
     """
     from kubernetes.client.exceptions import ApiException
 
+    body = gateway_secret(jobset, namespace)
+    if owner is not None:
+        body["metadata"]["ownerReferences"] = [dict(owner)]
     try:
-        core.create_namespaced_secret(namespace, gateway_secret(jobset, namespace))
+        core.create_namespaced_secret(namespace, body)
     except ApiException as exc:
         if exc.status != 409:
             raise
@@ -153,7 +166,7 @@ def ensure_gateway_secret(core: CoreV1Api, jobset: str, namespace: str) -> bool:
 
 def apply_gateway_objects(core: CoreV1Api, net: NetworkingV1Api, jobset: Mapping[str, Any],
                           agent_labels: Mapping[str, str]) -> list[str]:
-    """Give the gateway Secret an owner and create its Service and NetworkPolicy, all owned by ``jobset``.
+    """Create the gateway's Service and NetworkPolicy, owned by ``jobset`` (an existing one is kept).
 
     Args:
         core: Core client.
@@ -162,7 +175,7 @@ def apply_gateway_objects(core: CoreV1Api, net: NetworkingV1Api, jobset: Mapping
         agent_labels: Labels of the tenant's agent pods (``gateway.agent_pod_labels``).
 
     Returns:
-        ``Kind/name`` of each object created or updated.
+        ``Kind/name`` of each object created (or found).
 
     Raises:
         ValueError: the JobSet has no uid (not read back from the API server).
@@ -177,8 +190,6 @@ def apply_gateway_objects(core: CoreV1Api, net: NetworkingV1Api, jobset: Mapping
     owner = {"apiVersion": jobset.get("apiVersion", "jobset.x-k8s.io/v1alpha2"), "kind": "JobSet", "name": name,
              "uid": uid}
     done = []
-    core.patch_namespaced_secret(gateway_object_name(name), namespace, {"metadata": {"ownerReferences": [owner]}})
-    done.append(f"Secret/{gateway_object_name(name)}")
     for kind, body, create in (
         ("Service", gateway_service(name, namespace), core.create_namespaced_service),
         ("NetworkPolicy", gateway_network_policy(name, namespace, agent_labels), net.create_namespaced_network_policy),

@@ -395,7 +395,7 @@ def build_sao_jobset(
         s3_credentials_secret: Secret mounted as environment into learner and generators, or None.
         ttl_seconds_after_finished: Seconds a finished JobSet (and its pods) is kept for inspection.
         gateway_resources: With a value, a ``gateway`` replicated job (one pod of these resources on
-            the generator image; ``posttrain.cluster.gateway``), restarted alone when it fails; its
+            the generator image; ``posttrain.cluster.gateway``), restarted alone when it fails (``restart_job``); its
             Secret, Service and NetworkPolicy are created beside the JobSet
             (``posttrain.cluster.gateway.apply_gateway_objects``). None: no gateway. With a gateway,
             ``num_generators`` may be 0 (the gateway's traffic is the only episode source).

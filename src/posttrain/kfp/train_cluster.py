@@ -159,18 +159,20 @@ def train_sao_cluster(
     body = sao_jobset_for_config(staged, run_id, namespace, SAOImages(learner=learner_image, generator=generator_image),
                                  queue, config_uri, REDIS_CREDENTIALS_SECRET, priority_class=priority_class or None,
                                  istio_sidecar=istio_sidecar, restart_job=restart_job)
-    gateway = staged.gateway.mode != "disabled"
-    if gateway:  # the token Secret the gateway pod reads must exist before the JobSet's preflight
-        from posttrain.cluster.gateway import ensure_gateway_secret
-
-        ensure_gateway_secret(core, name, namespace)
     # The run's Workflow owns the JobSet (deleting the run deletes it; a moved launcher pod does not).
     pod_name, pod_namespace = launcher_pod_from_env()
     owner = run_owner(core, pod_name, pod_namespace, namespace)
+    gateway = staged.gateway.mode != "disabled"
+    ensured: list[str] = []
+    if gateway:  # the token Secret the gateway pod reads exists before its JobSet; the run's Workflow owns it
+        from posttrain.cluster.gateway import ensure_gateway_secret, gateway_object_name
+
+        ensure_gateway_secret(core, name, namespace, owner.reference() if owner else None)
+        ensured.append(gateway_object_name(name))
     # SIGTERM: a cancelled run deletes the JobSet, an evicted or drained launcher leaves it running.
     with cancel_on_termination(api, core, namespace, name, pod_name=pod_name, pod_namespace=pod_namespace,
                                workflow=owner):
-        launch_or_attach(api, core, namespace, body, owner=owner)
+        launch_or_attach(api, core, namespace, body, owner=owner, ensured_secrets=ensured)
         if gateway:  # Service and NetworkPolicy (and the Secret) owned by the JobSet: deleted with it
             _gateway_objects(api, core, namespace, name, staged.gateway.agent_pod_labels)
         lr = cfg.learner.resources
@@ -194,7 +196,7 @@ def train_sao_cluster(
 
 def _gateway_objects(api: CustomObjectsApi, core: CoreV1Api, namespace: str, name: str,
                      agent_labels: dict[str, str]) -> None:
-    """Create the gateway's Service and NetworkPolicy and give its Secret an owner: the JobSet ``name``."""
+    """Create the gateway's Service and NetworkPolicy, owned by the JobSet ``name``."""
     from kubernetes.client import NetworkingV1Api
 
     from posttrain.cluster.gateway import GATEWAY_PORT, apply_gateway_objects
