@@ -138,7 +138,7 @@ def gateway_network_policy(jobset: str, namespace: str, agent_labels: Mapping[st
 
 
 def ensure_gateway_secret(core: CoreV1Api, jobset: str, namespace: str,
-                          owner: Mapping[str, Any] | None = None) -> bool:
+                          owner: Mapping[str, Any] | None = None, request_timeout: float = 30.0) -> bool:
     """Create the run's token Secret unless it exists (a retried step keeps the token); True when created.
 
     Args:
@@ -146,17 +146,20 @@ def ensure_gateway_secret(core: CoreV1Api, jobset: str, namespace: str,
         jobset: The JobSet's name.
         namespace: The run's namespace.
         owner: An ownerReference (the run's Workflow) the Secret gets, so it goes with the run; None: none.
+        request_timeout: Seconds the API request may take.
 
     Raises:
         kubernetes.client.exceptions.ApiException: any error but 409 AlreadyExists.
     """
     from kubernetes.client.exceptions import ApiException
 
+    from posttrain.cluster.jobset_status import kube_timeout
+
     body = gateway_secret(jobset, namespace)
     if owner is not None:
         body["metadata"]["ownerReferences"] = [dict(owner)]
     try:
-        core.create_namespaced_secret(namespace, body)
+        core.create_namespaced_secret(namespace, body, _request_timeout=kube_timeout(request_timeout))
     except ApiException as exc:
         if exc.status != 409:
             raise
@@ -165,7 +168,7 @@ def ensure_gateway_secret(core: CoreV1Api, jobset: str, namespace: str,
 
 
 def apply_gateway_objects(core: CoreV1Api, net: NetworkingV1Api, jobset: Mapping[str, Any],
-                          agent_labels: Mapping[str, str]) -> list[str]:
+                          agent_labels: Mapping[str, str], request_timeout: float = 30.0) -> list[str]:
     """Create the gateway's Service and NetworkPolicy, owned by ``jobset`` (an existing one is kept).
 
     Args:
@@ -173,6 +176,7 @@ def apply_gateway_objects(core: CoreV1Api, net: NetworkingV1Api, jobset: Mapping
         net: Networking client.
         jobset: The JobSet as stored (its ``metadata.uid`` is the owner's).
         agent_labels: Labels of the tenant's agent pods (``gateway.agent_pod_labels``).
+        request_timeout: Seconds each API request may take.
 
     Returns:
         ``Kind/name`` of each object created (or found).
@@ -182,6 +186,8 @@ def apply_gateway_objects(core: CoreV1Api, net: NetworkingV1Api, jobset: Mapping
         kubernetes.client.exceptions.ApiException: any error but 409 on create.
     """
     from kubernetes.client.exceptions import ApiException
+
+    from posttrain.cluster.jobset_status import kube_timeout
 
     meta = jobset["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid")
@@ -196,7 +202,7 @@ def apply_gateway_objects(core: CoreV1Api, net: NetworkingV1Api, jobset: Mapping
     ):
         body["metadata"]["ownerReferences"] = [owner]
         try:
-            create(namespace, body)
+            create(namespace, body, _request_timeout=kube_timeout(request_timeout))
         except ApiException as exc:
             if exc.status != 409:
                 raise

@@ -200,9 +200,16 @@ def _gateway_objects(api: CustomObjectsApi, core: CoreV1Api, namespace: str, nam
     from kubernetes.client import NetworkingV1Api
 
     from posttrain.cluster.gateway import GATEWAY_PORT, apply_gateway_objects
-    from posttrain.cluster.jobset_status import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION
+    from posttrain.cluster.jobset_status import (
+        JOBSET_GROUP,
+        JOBSET_PLURAL,
+        JOBSET_VERSION,
+        REQUEST_TIMEOUT_S,
+        kube_timeout,
+    )
 
-    stored = api.get_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name)
+    stored = api.get_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name,
+                                              _request_timeout=kube_timeout(REQUEST_TIMEOUT_S))
     done = apply_gateway_objects(core, NetworkingV1Api(core.api_client), stored, agent_labels)
     print(f"gateway: {', '.join(done)}; agents with labels {agent_labels} reach http://{name}-gateway.{namespace}.svc:"
           f"{GATEWAY_PORT} with the token in Secret {name}-gateway", flush=True)
