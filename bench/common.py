@@ -189,7 +189,7 @@ def targets_rows(results_dir: Path = RESULTS_DIR) -> list[dict[str, Any]]:
     from bench.async_vs_sync import targets
 
     avs = targets(results_dir / "async_vs_sync")
-    stream, ws, sim = (read_result(n, results_dir) or {} for n in ("stream", "weight_sync", "simulate"))
+    stream, ws, sim, gw = (read_result(n, results_dir) or {} for n in ("stream", "weight_sync", "simulate", "gateway"))
     queue = min((r["ratio_ours_over_raw"] for r in stream.get("rows", [])), default=None)
     rows = [("SAO generator busy fraction >= 0.9 (long-tailed setting)", avs["busy"], 0.9, True,
              "async_vs_sync/tool_latency/sao.json: mean runs[].busy_fraction"),
@@ -201,7 +201,9 @@ def targets_rows(results_dir: Path = RESULTS_DIR) -> list[dict[str, Any]]:
             ("Weight-sync latency <= 2x the raw safetensors write + read (worst model)", ws.get("worst_ratio_over_raw"),
              2.0, False, "weight_sync.json: worst_ratio_over_raw"),
             ("Simulator within 15% of the measured small runs (worst quantity)", sim.get("validation", {}).get(
-                "max_abs_relative_error"), 0.15, False, "simulate.json: validation.max_abs_relative_error")]
+                "max_abs_relative_error"), 0.15, False, "simulate.json: validation.max_abs_relative_error"),
+            ("Rollout gateway: time per generated token <= 1.2x direct engine calls (worst of 1, 8, 32 episodes)",
+             gw.get("worst_ratio"), 1.2, False, "gateway.json: worst_ratio")]
     return [{"target": t, "measured": m, "met": None if m is None else (m >= bound if at_least else m <= bound),
              "source": src} for t, m, bound, at_least, src in rows]
 
@@ -242,12 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("cmd", choices=["targets", "render"])
     if p.parse_args(argv).cmd == "render":
-        from bench import async_vs_sync, learner_ranks, stream, vs_trl, weight_sync
+        from bench import async_vs_sync, gateway, learner_ranks, stream, vs_trl, weight_sync
         from bench.sim import project
 
         update_docs_section("async_vs_sync", async_vs_sync.render())
         for name, module in (("vs_trl", vs_trl), ("stream", stream), ("weight_sync", weight_sync), ("simulate", project),
-                             ("learner_ranks", learner_ranks)):
+                             ("learner_ranks", learner_ranks), ("gateway", gateway)):
             if (result := read_result(name)) is not None:
                 update_docs_section(name, module.render(result))
     print(update_docs_section("targets", targets_section(RESULTS_DIR)))

@@ -6,6 +6,9 @@
     posttrain generator CONFIG [key=value ...]    one generator process (needs REDIS_URL)
     posttrain learner CONFIG [key=value ...]      the learner (needs REDIS_URL; resumes from checkpoints;
                                                   under torchrun --nproc_per_node N, N sharded ranks)
+    posttrain gateway CONFIG [key=value ...]      the rollout gateway: an OpenAI-compatible server whose episodes
+                                                  train with SAO (needs REDIS_URL and the run's token; docs/gateway.md)
+    posttrain traces import FILE --out OUT        recorded conversations with rewards -> SFT rows with provenance
     posttrain validate-config CONFIG [key=value ...]
     posttrain eval --benchmark NAME --model DIR ...
     posttrain models list|show|promote ...
@@ -145,6 +148,35 @@ def _cmd_generator(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_gateway(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from posttrain.cluster.role_inputs import generator_ready
+    from posttrain.generator.gateway.serve import GatewayBindError, gateway_token, listen_socket, run_gateway
+
+    redis_url = _redis_url_from_env()
+    cfg = _config(args)
+    token = gateway_token(cfg)  # a missing token, a taken port, an unreachable Redis: one line before any wait
+    try:
+        sock = listen_socket(args.host or cfg.gateway.host, cfg.gateway.port if args.port is None else args.port)
+    except GatewayBindError as exc:
+        print(f"posttrain: {exc}", file=sys.stderr)
+        return 1
+    try:
+        _check_redis_first(redis_url, cfg.queue.reconnect_window_s)
+        cfg = generator_ready(cfg)  # cluster pods: s3:// inputs downloaded, tokenizer from the weight store
+        with _redis_named(redis_url, cfg.queue.reconnect_window_s):
+            summary = run_gateway(cfg, args.gateway_id, redis_url, token,
+                                  seed=cfg.seed * 1000 + 999 if args.seed is None else args.seed, sock=sock,
+                                  url_file=Path(args.url_file) if args.url_file else None)
+    finally:
+        sock.close()
+    s = summary.stats
+    print(f"gateway {summary.gateway_id}: {s['episodes_closed']:.0f} episodes closed, {s['rollouts']:.0f} rollouts, "
+          f"{s['abandoned']:.0f} abandoned, {s['splits']:.0f} splits")
+    return 0
+
+
 def _learner_inputs(cfg: Any, start_model: str | None, world: Any) -> tuple[Any, Any, Any]:
     """Localized config, run context and start model, prepared once per node before any rank reads them.
 
@@ -240,11 +272,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="policy to start from (default: <run>/sft_model, prepared and warm-started when absent)")
     p.add_argument("--max-iterations", type=int, default=None, help="stop after N iterations (testing)")
     p.set_defaults(func=_cmd_learner)
+    p = sub.add_parser("gateway", help="run the rollout gateway (REDIS_URL and the run's token; docs/gateway.md)")
+    with_config(p)
+    p.add_argument("--gateway-id", default="gw0", help="name in rollouts, stats and the heartbeat (default gw0)")
+    p.add_argument("--host", default=None, help="listen address (default: gateway.host)")
+    p.add_argument("--port", type=int, default=None, help="TCP port, 0 for a free one (default: gateway.port)")
+    p.add_argument("--url-file", default=None, help="write http://HOST:PORT here once listening")
+    p.add_argument("--seed", type=int, default=None, help="engine seed (default: the config's seed * 1000 + 999)")
+    p.set_defaults(func=_cmd_gateway)
     for name, text in (
         ("eval", "evaluate a model on a benchmark"),
         ("models", "list, show and promote registered models"),
         ("tenant", "render a team's Kueue, RBAC and storage objects"),
         ("schedule", "create or update a recurring retraining run"),
+        ("traces", "import recorded conversations with rewards as SFT rows"),
     ):
         sub.add_parser(name, help=text, add_help=False)  # listed in --help; main() dispatches them
     return parser
@@ -255,6 +296,7 @@ DELEGATED = {
     "models": ("posttrain.eval.cli", "models_cli", None),
     "tenant": ("posttrain.cluster.tenant", "tenant_cli", "render"),
     "schedule": ("posttrain.cluster.schedule", "schedule_cli", None),
+    "traces": ("posttrain.data.traces", "traces_cli", "import"),
 }
 """Sub-commands with their own argument parsers: ``posttrain NAME [VERB] ARGS`` calls ``func(ARGS)``;
 where a verb is given (``posttrain tenant render ...``) it is required."""

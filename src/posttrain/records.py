@@ -237,11 +237,16 @@ class PreferencePair(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class SFTExample(msgspec.Struct, kw_only=True, frozen=True):
-    """One supervised example: chat ``messages`` (role/content dicts) or raw ``text`` for CPT."""
+    """One supervised example: chat ``messages`` (role/content dicts) or raw ``text`` for CPT.
+
+    ``provenance`` says where the example came from (``posttrain traces import`` writes the source
+    file, line, trace id and reward); empty for hand-written data.
+    """
 
     example_id: str
     messages: list[dict[str, str]] = msgspec.field(default_factory=list)
     text: str = ""
+    provenance: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class _RolloutWire(msgspec.Struct, kw_only=True):

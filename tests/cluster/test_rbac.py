@@ -75,6 +75,13 @@ def allowed_calls(core: k8s.CoreV1Api, api: k8s.CustomObjectsApi, ns: str) -> di
         "read pod log": lambda: core.read_namespaced_pod_log("learner-0", ns, container="learner"),
         "read the run's workflow": lambda: api.get_namespaced_custom_object("argoproj.io", "v1alpha1", ns, "workflows",
                                                                             "run-abc"),
+        # a run with the rollout gateway (posttrain.cluster.gateway): its token Secret, Service, NetworkPolicy
+        "create the gateway's token secret": lambda: core.create_namespaced_secret(
+            ns, secret(ns, "run-gateway", {"token": "t" * 32}), **DRY),
+        "create the gateway's service": lambda: core.create_namespaced_service(ns, {
+            "metadata": {"name": "run-gateway"}, "spec": {"ports": [{"port": 8600}]}}, **DRY),
+        "create the gateway's network policy": lambda: k8s.NetworkingV1Api(core.api_client).create_namespaced_network_policy(
+            ns, {"metadata": {"name": "run-gateway"}, "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}, **DRY),
     }
 
 
@@ -85,7 +92,9 @@ def refused_calls(core: k8s.CoreV1Api, api: k8s.CustomObjectsApi, client: k8s.Ap
     return {
         "read another secret": lambda: core.read_namespaced_secret("mlflow-db", ns),
         "list secrets": lambda: core.list_namespaced_secret(ns),
-        "create a secret": lambda: core.create_namespaced_secret(ns, secret(ns, "x", {"a": "b"}), **DRY),
+        "change a secret": lambda: core.patch_namespaced_secret("redis-credentials", ns, {"data": {}}, **DRY),
+        "delete a secret": lambda: core.delete_namespaced_secret("redis-credentials", ns, **DRY),
+        "read a service": lambda: core.list_namespaced_service(ns),
         "read another configmap": lambda: core.read_namespaced_config_map("unrelated", ns),
         "the other team's secret": lambda: core.read_namespaced_secret("redis-credentials", other),
         "the other team's jobsets": lambda: api.create_namespaced_custom_object(*JS, other, "jobsets", jobset(other), **DRY),

@@ -76,6 +76,9 @@ def test_role_grants_what_the_launcher_calls_and_no_more():
     assert {"get", "list"} <= set(rules[("kueue.x-k8s.io", "workloads")]["verbs"])
     assert rules[("", "secrets")]["verbs"] == ["get"]
     assert rules[("", "secrets")]["resourceNames"] == ["redis-credentials", "s3-credentials"]
+    # the rollout gateway's per-run token Secret, Service and NetworkPolicy: create only, no name to restrict to
+    assert rules[("", "services")] == {"apiGroups": [""], "resources": ["services", "secrets"], "verbs": ["create"]}
+    assert rules[("networking.k8s.io", "networkpolicies")]["verbs"] == ["create"]
     binding = by_kind(render(), "RoleBinding")[0]
     assert {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "team-a"} in binding["subjects"]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]

@@ -29,6 +29,11 @@ _ACTION_SENTINEL = "QZXACTIONQZX"
 _CONTENT_SENTINEL = "QZXCONTENTQZX"
 
 
+def _nth_sentinel(i: int) -> str:
+    """The content placeholder of the ``i``-th message of a run of observation messages."""
+    return f"QZXCONTENT{i}QZX"
+
+
 def _ids(encoded: Any) -> list[int]:
     """Token ids from ``apply_chat_template(tokenize=True)``: a list, or a dict with ``input_ids``."""
     if isinstance(encoded, Mapping) or hasattr(encoded, "keys"):
@@ -68,6 +73,7 @@ class ChatFormat:
         self.stop_token_id: int = stop_id
         self.stop_text: str = tokenizer.decode([stop_id], skip_special_tokens=False)
         self._segments: dict[str, tuple[str, str]] = {}
+        self._runs: dict[tuple[str, ...], list[str]] = {}
         self.segment("tool")  # fail early on a template we cannot cut
 
     @classmethod
@@ -116,13 +122,75 @@ class ChatFormat:
         self._segments[role] = (before, after)
         return before, after
 
-    def prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        """Token ids of the initial messages with the assistant turn opened (template applied once)."""
+    def prompt_ids(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        """Token ids of the initial messages with the assistant turn opened (template applied once).
+
+        Args:
+            messages: ``role``/``content`` dicts (the template may read more keys).
+            tools: Tool schemas handed to the template (``apply_chat_template(tools=...)``); a
+                template that does not use them ignores them. None: no tools.
+        """
+        extra = {"tools": [dict(t) for t in tools]} if tools else {}
         return _ids(
             self.tokenizer.apply_chat_template(
-                [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
+                [dict(m) for m in messages], add_generation_prompt=True, tokenize=True, **extra
             )
         )
+
+    def run_segments(self, roles: Sequence[str]) -> list[str]:
+        r"""Template text around a run of non-assistant messages that follows an assistant turn.
+
+        For roles ``r_0 .. r_{n-1}`` returns ``n + 1`` pieces ``p_0 .. p_n``: the template writes
+        ``p_0 c_0 p_1 c_1 ... c_{n-1} p_n`` after the assistant's end-of-turn token, where ``c_i`` is
+        message ``i``'s content and ``p_n`` ends with the next assistant opening. For one message this
+        is ``segment(role)``; for ChatML and two ``tool`` messages ``["\n<|im_start|>tool\n",
+        "<|im_end|>\n<|im_start|>tool\n", "<|im_end|>\n<|im_start|>assistant\n"]``.
+
+        Raises:
+            ValueError: ``roles`` is empty or holds ``assistant``, or the template does not render
+                the probe conversation with each content once, in order.
+        """
+        key = tuple(roles)
+        if key in self._runs:
+            return self._runs[key]
+        if not key or "assistant" in key:
+            raise ValueError(f"roles: expected one or more non-assistant roles, got {list(key)}")
+        probe = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _ACTION_SENTINEL}]
+        probe += [{"role": role, "content": _nth_sentinel(i)} for i, role in enumerate(key)]
+        text = self.tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False)
+        marker = _ACTION_SENTINEL + self.stop_text
+        start = text.find(marker)
+        rest = text[start + len(marker):] if start >= 0 else ""
+        pieces: list[str] = []
+        for i in range(len(key)):
+            sentinel = _nth_sentinel(i)
+            if start < 0 or rest.count(sentinel) != 1:
+                raise ValueError(
+                    f"chat_template: cannot find assistant content followed by {self.stop_text!r} and the "
+                    f"messages {list(key)} each once in its rendering {text!r}"
+                )
+            before, rest = rest.split(sentinel)
+            pieces.append(before)
+        pieces.append(rest)
+        self._runs[key] = pieces
+        return pieces
+
+    def observation_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """Tokens of a run of non-assistant messages after an assistant turn, ending with the next assistant opening.
+
+        Template text is encoded as such; each content with ``encode_text`` (special-token strings
+        in it stay plain text, so a message cannot forge a turn boundary). For one message this is
+        ``turn_ids(role, content)``.
+
+        Raises:
+            ValueError: as ``run_segments``.
+        """
+        pieces = self.run_segments([m["role"] for m in messages])
+        ids = list(self.tokenizer.encode(pieces[0], add_special_tokens=False))
+        for message, piece in zip(messages, pieces[1:], strict=True):
+            ids += self.encode_text(message["content"])
+            ids += list(self.tokenizer.encode(piece, add_special_tokens=False))
+        return ids
 
     def encode_text(self, text: str) -> list[int]:
         """Content tokens; special-token strings inside ``text`` are encoded as plain text."""

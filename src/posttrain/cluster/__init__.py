@@ -11,6 +11,8 @@ that launches the JobSet is ``posttrain.kfp.train_cluster``.
   re-attach after a retried step, follow it with a watch and explain a failure; the run's Argo
   Workflow owns the JobSet, and ``cancel_on_termination`` tells a cancelled run (delete) from an
   evicted launcher (keep) (needs the ``kfp`` extra, which brings ``kubernetes``).
+* ``gateway``: the rollout gateway's replicated job in the JobSet, and its Secret, Service and
+  NetworkPolicy (``apply_gateway_objects`` creates them, owned by the JobSet; docs/gateway.md).
 * ``jobset_status``: ``jobset_status`` / ``pod_failures`` read what a JobSet is doing and which of its
   containers failed; the launcher reports through them.
 * ``tenant``: ``render_tenant`` renders a team's Namespace, Kueue queues, RBAC, ConfigMap and Redis ACL

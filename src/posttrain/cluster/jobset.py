@@ -86,6 +86,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from posttrain.cluster.gateway import GATEWAY_TERMINATION_GRACE_S, TOKEN_ENV, gateway_container
 from posttrain.cluster.jobset_webhook import JobSetRejected, validate_create
 from posttrain.config import GeneratorConfig, LearnerConfig, RunConfig
 from posttrain.config.resources import PodResources, quantity_bytes
@@ -355,8 +356,10 @@ def build_sao_jobset(
     tenant_config_map: str | None = TENANT_CONFIG_MAP,
     s3_credentials_secret: str | None = S3_CREDENTIALS_SECRET,
     ttl_seconds_after_finished: int = 86400,
+    gateway_resources: PodResources | None = None,
+    gateway_token_env: str = TOKEN_ENV,
 ) -> dict[str, Any]:
-    """Build the SAO JobSet (learner x1, generator xN, redis x1) as a plain dict.
+    """Build the SAO JobSet (learner x1, generator xN, redis x1, optionally gateway x1) as a plain dict.
 
     Args:
         run_id: Pipeline run id; the JobSet name is ``jobset_name(run_id)`` and the full id is kept in
@@ -391,6 +394,12 @@ def build_sao_jobset(
             (S3 prefix, MLflow experiment and tracking URI, Redis key prefix), or None.
         s3_credentials_secret: Secret mounted as environment into learner and generators, or None.
         ttl_seconds_after_finished: Seconds a finished JobSet (and its pods) is kept for inspection.
+        gateway_resources: With a value, a ``gateway`` replicated job (one pod of these resources on
+            the generator image; ``posttrain.cluster.gateway``), restarted alone when it fails (``restart_job``); its
+            Secret, Service and NetworkPolicy are created beside the JobSet
+            (``posttrain.cluster.gateway.apply_gateway_objects``). None: no gateway. With a gateway,
+            ``num_generators`` may be 0 (the gateway's traffic is the only episode source).
+        gateway_token_env: Environment variable the gateway pod gets its token in (``gateway.token_env``).
 
     Returns:
         The JobSet object, ready for ``CustomObjectsApi.create_namespaced_custom_object``.
@@ -407,9 +416,10 @@ def build_sao_jobset(
     for field, value in (("tenant", tenant), ("queue_name", queue_name), ("redis_password_secret", redis_password_secret)):
         if not isinstance(value, str) or len(value) > 63 or not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", value):
             raise ValueError(f"{field}: {value!r} is not a DNS-1123 label (lowercase a-z0-9 '-', <= 63)")
-    if not 1 <= num_generators <= 1024:
-        raise ValueError(f"num_generators: must be in [1, 1024] (JobSet's limit of replicas per replicatedJob with "
-                         f"RestartJob rules), got {num_generators}")
+    least = 0 if gateway_resources is not None else 1  # gateway-only runs have no generator pod
+    if not least <= num_generators <= 1024:
+        raise ValueError(f"num_generators: must be in [{least}, 1024] (JobSet's limit of replicas per replicatedJob "
+                         f"with RestartJob rules), got {num_generators}")
     if not isinstance(learner_nodes, int) or not 1 <= learner_nodes <= MAX_LEARNER_NODES:
         raise ValueError(f"learner_nodes: must be an integer in [1, {MAX_LEARNER_NODES}], got {learner_nodes!r}")
     if not 0 <= max_restarts <= 100:
@@ -524,12 +534,18 @@ def build_sao_jobset(
                         _pod_spec(generator, generator_resources, "OnFailure", [], role_security,
                                   GENERATOR_TERMINATION_GRACE_S), 3, "redis",
                         *pod_meta),
-    ]
+    ][: 3 if num_generators else 2]
+    restart_alone = ["learner", "generator"] if num_generators else ["learner"]
+    if gateway_resources is not None:
+        gateway = gateway_container(role_container("gateway", images.generator, gateway_resources, []), name,
+                                    config_uri, gateway_token_env)
+        replicated_jobs.append(_replicated_job(
+            "gateway", name, 1, 1, _pod_spec(gateway, gateway_resources, "OnFailure", [], role_security,
+                                             GATEWAY_TERMINATION_GRACE_S), 3, "redis", *pod_meta))
+        restart_alone.append("gateway")
     if restart_job:
-        failure_rules = [
-            {"name": "learnerRestartsAlone", "action": "RestartJob", "targetReplicatedJobs": ["learner"]},
-            {"name": "generatorRestartsAlone", "action": "RestartJob", "targetReplicatedJobs": ["generator"]},
-        ]
+        failure_rules = [{"name": f"{role}RestartsAlone", "action": "RestartJob", "targetReplicatedJobs": [role]}
+                         for role in restart_alone]
     else:
         failure_rules = [{"name": "anyFailureRestartsTheGroup", "action": "RestartJobSet"}]
     labels = {**_labels("sao", name), QUEUE_LABEL: queue_name}
@@ -574,8 +590,9 @@ def sao_jobset_for_config(
 ) -> dict[str, Any]:
     """``build_sao_jobset`` with pod counts and resources from a run config.
 
-    ``generator.num_processes`` generator pods of ``generator.resources``; ``learner.nodes`` learner
-    pods of ``learner.resources``, each running ``torchrun`` with ``learner.resources.gpus`` processes.
+    ``generator.num_processes`` generator pods of ``generator.resources`` (none with ``gateway.mode:
+    only``); ``learner.nodes`` learner pods of ``learner.resources``, each running ``torchrun`` with
+    ``learner.resources.gpus`` processes; with ``gateway.mode`` set, one gateway pod of ``gateway.resources``.
 
     Args:
         cfg: The run config (the one staged at ``config_uri``).
@@ -594,11 +611,14 @@ def sao_jobset_for_config(
     Raises:
         ValueError: as ``build_sao_jobset``; also when ``options`` sets a size the config owns.
     """
-    owned = {"num_generators", "learner_nodes", "learner_resources", "generator_resources"} & options.keys()
+    owned = {"num_generators", "learner_nodes", "learner_resources", "generator_resources", "gateway_resources",
+             "gateway_token_env"} & options.keys()
     if owned:
         raise ValueError(f"{sorted(owned)}: set by the run config (learner.*, generator.*), not as arguments")
+    gw = cfg.gateway
     return build_sao_jobset(
-        run_id, tenant, images, cfg.generator.num_processes, queue_name, config_uri, redis_password_secret,
-        learner_nodes=cfg.learner.nodes, learner_resources=cfg.learner.resources,
-        generator_resources=cfg.generator.resources, **options,
+        run_id, tenant, images, 0 if gw.mode == "only" else cfg.generator.num_processes, queue_name, config_uri,
+        redis_password_secret, learner_nodes=cfg.learner.nodes, learner_resources=cfg.learner.resources,
+        generator_resources=cfg.generator.resources,
+        gateway_resources=gw.resources if gw.mode != "disabled" else None, gateway_token_env=gw.token_env, **options,
     )

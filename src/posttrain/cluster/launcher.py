@@ -59,7 +59,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -452,8 +452,11 @@ class JobSetFailed(JobSetError):
 
 
 def _check_preflight(api: CustomObjectsApi, core: CoreV1Api, namespace: str, jobset: Mapping[str, Any],
-                     request_timeout: float) -> None:
+                     request_timeout: float, ensured_secrets: Collection[str] = ()) -> None:
     """Check the LocalQueue, Secrets (and keys) and ConfigMaps the JobSet refers to.
+
+    Secrets in ``ensured_secrets`` the caller has just created itself (the rollout gateway's token,
+    ``posttrain.cluster.gateway``) are not read: the launcher's Role may create them, not read them.
 
     Raises:
         PreflightError: one of them is missing, unreadable, or the Redis password is not URL-safe.
@@ -490,6 +493,8 @@ def _check_preflight(api: CustomObjectsApi, core: CoreV1Api, namespace: str, job
         except ApiException as exc:
             raise fail(f"Kueue LocalQueue {queue!r} (label {QUEUE_LABEL})", exc) from exc
     for name, keys in sorted(secrets.items()):
+        if name in ensured_secrets:
+            continue
         try:
             secret = _api(f"reading Secret {namespace}/{name}", core.read_namespaced_secret, name, namespace,
                           _request_timeout=kube_timeout(request_timeout))
@@ -620,6 +625,7 @@ def launch_or_attach(
     replace_failed: bool = True,
     deletion_timeout_s: float = DELETION_WAIT_S,
     request_timeout: float = REQUEST_TIMEOUT_S,
+    ensured_secrets: Collection[str] = (),
 ) -> str:
     """Create the JobSet, or attach to the one a previous attempt of the same run created.
 
@@ -640,6 +646,8 @@ def launch_or_attach(
             and the wait reports the old failure).
         deletion_timeout_s: Seconds to wait for a JobSet that is being deleted.
         request_timeout: Seconds per API request.
+        ensured_secrets: Secrets the caller created just before (the gateway's token); the preflight
+            does not read them.
 
     Returns:
         The JobSet name.
@@ -667,7 +675,7 @@ def launch_or_attach(
         body["metadata"]["ownerReferences"] = [*(meta.get("ownerReferences") or []), owner.reference()]
     run_id = (meta.get("annotations") or {}).get(RUN_ID_ANNOTATION)
     if preflight:
-        _check_preflight(api, core, namespace, body, request_timeout)
+        _check_preflight(api, core, namespace, body, request_timeout, ensured_secrets)
     for _attempt in range(3):  # create; at most twice more after a deletion we waited out
         try:
             _api(f"creating JobSet {namespace}/{name}", api.create_namespaced_custom_object, JOBSET_GROUP, JOBSET_VERSION,

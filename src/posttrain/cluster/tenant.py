@@ -429,6 +429,10 @@ def render_tenant(
                 {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
                  "resourceNames": [REDIS_CREDENTIALS_SECRET, S3_CREDENTIALS_SECRET]},
                 {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"], "resourceNames": [TENANT_CONFIG_MAP]},
+                # A run with the rollout gateway: its token Secret, Service and NetworkPolicy
+                # (posttrain.cluster.gateway); created only, never read, changed or deleted by the launcher.
+                {"apiGroups": [""], "resources": ["services", "secrets"], "verbs": ["create"]},
+                {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]},
             ],
         },
         {

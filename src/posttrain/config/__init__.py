@@ -4,6 +4,7 @@ This package imports no torch, so ``posttrain validate-config`` is instant.
 """
 
 from posttrain.config.common import DPOLossConfig, GKDLossConfig, GRPOLossConfig, OptimConfig, SAOLossConfig
+from posttrain.config.gateway import GatewayConfig
 from posttrain.config.load import ConfigError, load_config, parse_overrides
 from posttrain.config.resources import PodResources
 from posttrain.config.run import RunConfig
@@ -40,6 +41,7 @@ __all__ = [
     "CriticConfig",
     "DataConfig",
     "EvalConfig",
+    "GatewayConfig",
     "GeneratorConfig",
     "LearnerConfig",
     "ModelConfig",

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from posttrain.config.common import _Strict
+from posttrain.config.gateway import GatewayConfig
 from posttrain.config.sections import (
     DataConfig,
     EvalConfig,
@@ -75,6 +76,8 @@ class RunConfig(_Strict):
     """Technique grpo: group size, clipping, KL, uniform-group dropping, synchronous or asynchronous."""
     gkd: GKDTechniqueConfig = Field(default_factory=GKDTechniqueConfig)
     """Technique gkd: teacher, on-policy share lambda, divergence (beta, temperature), batch shape, optimizer."""
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    """The rollout gateway: an OpenAI-compatible server whose episodes train with SAO (docs/gateway.md)."""
 
     @field_validator("checkpoints_uri")
     @classmethod
@@ -179,9 +182,31 @@ class RunConfig(_Strict):
                     f"generator.admission_lease_s ({self.generator.admission_lease_s}) must be greater than "
                     f"generator.episode_timeout_s ({self.generator.episode_timeout_s})"
                 )
+            self._gateway_checks()
             if self.sao.micro_batch_size > self.sao.batch_size:
                 raise ValueError(
                     f"sao.micro_batch_size ({self.sao.micro_batch_size}) must be <= sao.batch_size "
                     f"({self.sao.batch_size})"
                 )
+        elif self.gateway.mode != "disabled":
+            raise ValueError(
+                f"gateway.mode {self.gateway.mode!r} needs technique sao (one rollout per episode; GRPO needs "
+                f"groups of one task), got technique {self.technique!r}"
+            )
         return self
+
+    def _gateway_checks(self) -> None:
+        """Cross-checks of the ``gateway`` section against the generator's bounds (technique sao)."""
+        gw, gen = self.gateway, self.generator
+        if gw.mode == "disabled":
+            return
+        if gw.idle_timeout_s >= gen.admission_lease_s:
+            raise ValueError(
+                f"gateway.idle_timeout_s ({gw.idle_timeout_s}) must be less than generator.admission_lease_s "
+                f"({gen.admission_lease_s}): an abandoned episode must give its ticket back before the lease runs out"
+            )
+        if gw.agents and gw.verifier != "environment":
+            raise ValueError(
+                f"gateway.agents ({gw.agents}) needs gateway.verifier 'environment': the example agents close "
+                f"their episodes with a task id, got verifier {gw.verifier!r}"
+            )

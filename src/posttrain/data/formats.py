@@ -4,6 +4,7 @@ One JSON object per line; the formats are documented with an example file each i
 ``docs/data.md`` (examples in ``data/examples/``)::
 
     sft  {"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]}
+         (optional "provenance": {"source": "...", ...}: where the row came from, string values)
     cpt  {"text": "..."}
     dpo  {"prompt": "...", "chosen": "...", "rejected": "..."}
     rl   {"prompt": "...", "reference": "42"}           (the verifier checks the answer against ``reference``)
@@ -80,7 +81,7 @@ def _check_keys(obj: dict[str, Any], allowed: tuple[str, ...], path: Path, linen
 
 
 def parse_sft_row(obj: dict[str, Any], path: Path, lineno: int, seen: set[str]) -> SFTExample:
-    """Validate one chat row: ``messages`` (and optional ``id``).
+    """Validate one chat row: ``messages`` (and optional ``id`` and ``provenance``, an object of strings).
 
     The conversation starts with a non-assistant message, ends with an assistant message, and
     has no two assistant messages in a row (the shape ``render_sft_example`` renders).
@@ -88,8 +89,11 @@ def parse_sft_row(obj: dict[str, Any], path: Path, lineno: int, seen: set[str]) 
     Raises:
         DatasetError: naming the field (``messages``, ``messages[i].role``, ``messages[i].content``, ``id``).
     """
-    _check_keys(obj, ("messages", "id"), path, lineno)
+    _check_keys(obj, ("messages", "id", "provenance"), path, lineno)
     example_id = _row_id(obj, "id", path, lineno, seen)
+    provenance = obj.get("provenance", {})
+    if not isinstance(provenance, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in provenance.items()):
+        raise DatasetError(path, lineno, "provenance", "expected an object of string values")
     messages = obj.get("messages")
     if messages is None:
         raise DatasetError(path, lineno, "messages", "missing")
@@ -118,7 +122,7 @@ def parse_sft_row(obj: dict[str, Any], path: Path, lineno: int, seen: set[str]) 
         raise DatasetError(
             path, lineno, f"messages[{len(out) - 1}].role", "the conversation must end with an assistant message"
         )
-    return SFTExample(example_id=example_id, messages=out)
+    return SFTExample(example_id=example_id, messages=out, provenance=dict(provenance))
 
 
 def parse_cpt_row(obj: dict[str, Any], path: Path, lineno: int, seen: set[str]) -> SFTExample:

@@ -5,7 +5,9 @@ sandbox, waits for it with CPU, wall-clock, memory, output, file-size and proces
 everything it started, and returns a ``SandboxResult``. Environments (the SWE repository-repair
 environment, the math Python tool) call it for every tool call.
 
-Run ``python -m posttrain.envs.sandbox 'echo hello; id'`` to see what this machine provides.
+Run ``python -m posttrain.envs.sandbox 'echo hello; id'`` to see what this machine provides;
+``python -m posttrain.envs.sandbox --exec -- ARGV...`` runs one command in a sandbox and passes its
+output and exit status through (for tool runners outside this package: ``examples/external_agent``).
 
 One file on purpose (over the project's 500 lines): this is the security boundary between
 model-written commands and the host. Each guarantee below is kept by several pieces at once (the
@@ -754,8 +756,40 @@ def run_in_sandbox(
     )
 
 
+EXEC_LIMIT_EXIT = 124
+"""Exit status of ``--exec`` when a wall-clock or CPU limit ended the command (as ``timeout(1)``)."""
+
+
+def _exec(argv: list[str]) -> int:
+    """``--exec [--wall-time S] [--cpu-time S] -- ARGV...``: run ARGV in a sandbox, pass its output and exit status through.
+
+    For callers outside this package (an agent's tool runner) that run one command per call:
+    stdout and stderr go to this process's, the exit status is the command's, or
+    ``EXEC_LIMIT_EXIT`` when a limit killed it.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m posttrain.envs.sandbox --exec")
+    parser.add_argument("--wall-time", type=float, default=SandboxLimits.wall_time_s, help="wall-clock seconds")
+    parser.add_argument("--cpu-time", type=float, default=SandboxLimits.cpu_time_s, help="CPU seconds per process")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- ARGV...")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command after --")
+    result = run_in_sandbox(command, wall_time_s=args.wall_time, cpu_time_s=args.cpu_time)
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    if result.killed_reason is not None:
+        sys.stderr.write(f"sandbox: killed ({result.killed_reason} limit)\n")
+        return EXEC_LIMIT_EXIT
+    return result.exit_code
+
+
 def _main(argv: list[str]) -> int:
-    """Print this machine's sandbox capabilities, then run ``argv[1]`` (a shell line) in it."""
+    """Print this machine's sandbox capabilities, then run ``argv[1]`` (a shell line) in it; ``--exec``: see ``_exec``."""
+    if len(argv) > 1 and argv[1] == "--exec":
+        return _exec(argv[2:])
     caps = sandbox_capabilities()
     print(f"capabilities: {caps}")
     if len(argv) > 1:

@@ -40,20 +40,25 @@ class RolloutSender:
         self.admission = admission
         self.stats = stats
         self.generator_id = generator_id
-        self._pending: set[asyncio.Task[None]] = set()
+        self._pending: set[asyncio.Task[list[bool]]] = set()
 
     @property
     def pending(self) -> int:
         """Shielded sends not finished yet (count)."""
         return len(self._pending)
 
-    async def send(self, pairs: Sequence[tuple[Ticket, Rollout]]) -> None:
+    async def send(self, pairs: Sequence[tuple[Ticket, Rollout]]) -> list[bool]:
         """XADD each rollout in order, then consume its ticket, or release it when the send failed.
 
         Args:
             pairs: Each rollout with the admission ticket it was run under.
+
+        Returns:
+            For each pair, whether its rollout reached the stream.
         """
+        sent: list[bool] = []
         for ticket, rollout in pairs:
+            sent.append(False)
             try:
                 await asyncio.to_thread(self.queue.put, rollout)
             except RecordError as exc:
@@ -67,15 +72,20 @@ class RolloutSender:
                 log.error("generator %s: rollout of %s not sent: %s", self.generator_id, rollout.task_id, exc)
                 continue
             self.admission.consume(ticket)
+            sent[-1] = True
             self.stats.rollouts += 1
             self.stats.action_tokens += rollout.num_action_tokens
             self.stats.total_tokens += len(rollout.token_ids)
+        return sent
 
-    async def send_shielded(self, pairs: Sequence[tuple[Ticket, Rollout]]) -> None:
+    async def send_shielded(self, pairs: Sequence[tuple[Ticket, Rollout]]) -> list[bool]:
         """``send`` on its own task, which cancelling the caller does not interrupt.
 
         A ticket is never left neither consumed nor released: when the caller is cancelled (the
         generator is stopping), the send goes on and ``drain`` awaits it.
+
+        Returns:
+            For each pair, whether its rollout reached the stream.
 
         Raises:
             asyncio.CancelledError: the caller was cancelled (the send itself continues).
@@ -83,7 +93,7 @@ class RolloutSender:
         task = asyncio.create_task(self.send(pairs))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
-        await asyncio.shield(task)
+        return await asyncio.shield(task)
 
     async def drain(self) -> None:
         """Wait for every shielded send still running; log (not raise) the errors they ended with."""

@@ -87,7 +87,7 @@ def abort_stale_episodes(config: RunConfig) -> bool:
     return config.generator.abort_stale_episodes and async_rl_settings(config).staleness_rule == "episode"
 
 
-async def _first_version(store: WeightStore, where: object, timeout_s: float, stopping: asyncio.Event) -> int | None:
+async def first_version(store: WeightStore, where: object, timeout_s: float, stopping: asyncio.Event) -> int | None:
     """The store's latest version, polled every 0.5 s for up to ``FIRST_WEIGHTS_TIMEOUT_S`` seconds.
 
     Each read has the store's deadline (``timeout_s``); None when ``stopping`` is set first (SIGTERM).
@@ -109,7 +109,7 @@ async def _first_version(store: WeightStore, where: object, timeout_s: float, st
     return None
 
 
-async def _learner_started(client: redis.Redis, keys: StreamKeys, stopping: asyncio.Event) -> bool:
+async def wait_for_learner(client: redis.Redis, keys: StreamKeys, stopping: asyncio.Event) -> bool:
     """Wait until the run's policy-version key exists (the learner set it, after restoring positions).
 
     Polled every 0.5 s for up to ``FIRST_WEIGHTS_TIMEOUT_S`` seconds. False when ``stopping`` is
@@ -179,10 +179,10 @@ async def _serve(config: RunConfig, ctx: RunContext, generator_id: str, redis_ur
     for signum in (signal.SIGTERM, signal.SIGINT):  # SIGINT: a Ctrl-C reaches the run's whole process group
         asyncio.get_running_loop().add_signal_handler(signum, stopping.set)
     store = open_weight_store(ctx)
-    version = await _first_version(store, ctx.weights_dir, config.weights_timeout_s, stopping)
+    version = await first_version(store, ctx.weights_dir, config.weights_timeout_s, stopping)
     # Reserve only once the learner has set the version key: a resumed learner first gives back the
     # positions its checkpoint recorded (a fresh Redis has lost them; posttrain.rollout.positions).
-    if version is None or not await _learner_started(client, ctx.keys, stopping):
+    if version is None or not await wait_for_learner(client, ctx.keys, stopping):
         return GeneratorSummary(generator_id, GeneratorStats().snapshot())  # SIGTERM or stop key: nothing taken
     # The client retries over queue.reconnect_window_s, so the reservation adds no retries of its own.
     seeds = EpisodeSeeds(config.seed, position,
@@ -226,11 +226,11 @@ async def _serve(config: RunConfig, ctx: RunContext, generator_id: str, redis_ur
         await sender.drain()
         await announcements.close()
         engine.close()
-        _say_goodbye(client, ctx.keys, generator_id, stats)
+        say_goodbye(client, ctx.keys, generator_id, stats)
     return GeneratorSummary(generator_id, stats.snapshot())
 
 
-def _say_goodbye(client: redis.Redis, keys: StreamKeys, generator_id: str, stats: GeneratorStats) -> None:
+def say_goodbye(client: redis.Redis, keys: StreamKeys, generator_id: str, stats: GeneratorStats) -> None:
     """Publish the final stats; with Redis gone, log one line instead of raising.
 
     The error that stopped the generator (a Redis outage longer than the window, most often) is

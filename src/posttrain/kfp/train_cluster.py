@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -41,6 +42,9 @@ from posttrain.kfp.artifacts import (
 from posttrain.kfp.config_fields import with_fields
 from posttrain.kfp.kube import kube_clients, runs_uri
 from posttrain.storage import is_s3_uri, storage_for
+
+if TYPE_CHECKING:
+    from kubernetes.client import CoreV1Api, CustomObjectsApi
 
 
 def _bool_from_env(key: str) -> bool:
@@ -158,10 +162,19 @@ def train_sao_cluster(
     # The run's Workflow owns the JobSet (deleting the run deletes it; a moved launcher pod does not).
     pod_name, pod_namespace = launcher_pod_from_env()
     owner = run_owner(core, pod_name, pod_namespace, namespace)
+    gateway = staged.gateway.mode != "disabled"
+    ensured: list[str] = []
+    if gateway:  # the token Secret the gateway pod reads exists before its JobSet; the run's Workflow owns it
+        from posttrain.cluster.gateway import ensure_gateway_secret, gateway_object_name
+
+        ensure_gateway_secret(core, name, namespace, owner.reference() if owner else None)
+        ensured.append(gateway_object_name(name))
     # SIGTERM: a cancelled run deletes the JobSet, an evicted or drained launcher leaves it running.
     with cancel_on_termination(api, core, namespace, name, pod_name=pod_name, pod_namespace=pod_namespace,
                                workflow=owner):
-        launch_or_attach(api, core, namespace, body, owner=owner)
+        launch_or_attach(api, core, namespace, body, owner=owner, ensured_secrets=ensured)
+        if gateway:  # Service and NetworkPolicy (and the Secret) owned by the JobSet: deleted with it
+            _gateway_objects(api, core, namespace, name, staged.gateway.agent_pod_labels)
         lr = cfg.learner.resources
         print(f"JobSet {namespace}/{name}: queue {queue}, priority {priority_class or '(none)'}, "
               f"Istio sidecars {'kept' if istio_sidecar else 'opted out'}, "
@@ -179,6 +192,27 @@ def train_sao_cluster(
     metrics = {"jobset_restarts": float(status.restarts), "generators": float(cfg.generator.num_processes)}
     md = f"# SAO training on the cluster: JobSet {namespace}/{name}\n\n" + markdown_table({**info, **metrics})
     return StepOutputs(metrics=metrics, metadata=info, markdown=md, html=_learner_curve(cfg))
+
+
+def _gateway_objects(api: CustomObjectsApi, core: CoreV1Api, namespace: str, name: str,
+                     agent_labels: dict[str, str]) -> None:
+    """Create the gateway's Service and NetworkPolicy, owned by the JobSet ``name``."""
+    from kubernetes.client import NetworkingV1Api
+
+    from posttrain.cluster.gateway import GATEWAY_PORT, apply_gateway_objects
+    from posttrain.cluster.jobset_status import (
+        JOBSET_GROUP,
+        JOBSET_PLURAL,
+        JOBSET_VERSION,
+        REQUEST_TIMEOUT_S,
+        kube_timeout,
+    )
+
+    stored = api.get_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name,
+                                              _request_timeout=kube_timeout(REQUEST_TIMEOUT_S))
+    done = apply_gateway_objects(core, NetworkingV1Api(core.api_client), stored, agent_labels)
+    print(f"gateway: {', '.join(done)}; agents with labels {agent_labels} reach http://{name}-gateway.{namespace}.svc:"
+          f"{GATEWAY_PORT} with the token in Secret {name}-gateway", flush=True)
 
 
 def _learner_curve(cfg: RunConfig) -> str:

@@ -44,6 +44,7 @@ from posttrain.rollout.redis_streams import connect, unreachable_message
 from posttrain.rollout.telemetry import generator_counters, read_generator_stats
 from posttrain.runners.common import RunSummary, metrics_sink, plot_reward_curve, prepare, warm_start
 from posttrain.runners.console import RUN_LOG, engine_output_to_log, plural, seconds_since_start
+from posttrain.runners.gateway import GatewayProcesses, start_gateway, stop_agents
 from posttrain.runtime import RunContext
 from posttrain.services.embedded_redis import resolve_redis
 from posttrain.tracking import MetricsSink
@@ -156,10 +157,15 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> L
         store = open_weight_store(ctx)
         if store.latest_version() is None:
             store.publish(load_policy(start_model).state_dict(), 0, start_model)
-        # A re-run of a finished run: the learner only writes its summary, so no generator is started.
+        # A re-run of a finished run: the learner only writes its summary, so no generator (or gateway) starts.
         done = (checkpoint_version(ctx) or 0) >= async_rl_settings(ctx.config).steps
-        procs = [] if done else start_generators(ctx, url, config_path)
+        mode = ctx.config.gateway.mode
+        procs = [] if done or mode == "only" else start_generators(ctx, url, config_path)
+        gateway: GatewayProcesses | None = None
         try:
+            if mode != "disabled" and not done:  # an OpenAI-compatible server whose episodes train too (docs/gateway.md)
+                gateway = start_gateway(ctx, url, config_path)
+                procs.append(gateway.gateway)
             if ctx.config.learner.local_ranks > 1:
                 summary = run_learner_ranks(ctx, url, config_path, start_model)
             else:  # one rank in this process, on learner.device
@@ -176,13 +182,42 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> L
             # The first cause, in one line naming the URL; stop_generators below raises nothing more.
             raise RedisUnreachableError(unreachable_message(url, ctx.config.queue.reconnect_window_s, exc)) from None
         finally:
+            if gateway is not None:
+                stop_agents(gateway.agents)  # before the stop key: the gateway then closes with nothing in flight
             stop_generators(ctx, client, procs)
-        summary.counters["generators"] = float(len(procs))
+        summary.counters["generators"] = float(len(procs) - (gateway is not None))
+        if gateway is not None:  # its final counts (abandoned on stop...) are published as it stops
+            try:
+                summary.counters.update(gateway_counters(read_generator_stats(client, ctx.keys)))
+            except (redis.ConnectionError, redis.TimeoutError):
+                summary.counters.update(gateway_counters(gen_stats))
         summary.counters.update(generator_counters(gen_stats))
         return summary
     finally:
         if server is not None:
             server.stop()
+
+
+def gateway_counters(stats: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The gateway's episode counts from the run's telemetry (``gateway_<field>``; 0 when it published none)."""
+    from posttrain.runners.gateway import GATEWAY_ID
+
+    mine = stats.get(GATEWAY_ID, {})
+    return {f"gateway_{k}": float(mine.get(k, 0.0)) for k in (
+        "episodes_opened", "episodes_closed", "rollouts", "abandoned", "splits", "history_refused", "infra_errors",
+        "admission_timeouts", "verified")}
+
+
+def gateway_rows(counters: dict[str, float]) -> list[tuple[str, str]]:
+    """Summary rows of the gateway's episodes (none for a run without a gateway)."""
+    if "gateway_episodes_opened" not in counters:
+        return []
+    c = {k[len("gateway_"):]: v for k, v in counters.items() if k.startswith("gateway_")}
+    return [("gateway episodes (opened, closed, abandoned)",
+             f"{c['episodes_opened']:.0f}, {c['episodes_closed']:.0f}, {c['abandoned']:.0f}"),
+            ("gateway rollouts sent (edited histories split, refused)",
+             f"{c['rollouts']:.0f} ({c['splits']:.0f}, {c['history_refused']:.0f})"),
+            ("gateway infra errors, 429s", f"{c['infra_errors']:.0f}, {c['admission_timeouts']:.0f}")]
 
 
 def _write_stopped_summary(ctx: RunContext, config: RunConfig, sft_accuracy: float, reason: str,
@@ -339,8 +374,11 @@ def run_sao(config: RunConfig) -> RunSummary:
             before = evaluate_policy(ctx, sft_dir)
         tracker.log_metrics({f"eval_sft/{k}": v for k, v in before.items()}, step=0)
         print(f"      accuracy after SFT: {before['accuracy']:.3f}", flush=True)
-        clock.begin("SAO", f"SAO: {config.generator.num_processes} generators + learner, {config.sao.steps} "
-                           f"policy versions{_resuming(ctx)} (generator logs: {ctx.run_dir / 'logs'})")
+        sources = {"disabled": f"{config.generator.num_processes} generators",
+                   "with_generators": f"{config.generator.num_processes} generators + the gateway",
+                   "only": f"the gateway ({config.gateway.agents} example agents)"}[config.gateway.mode]
+        clock.begin("SAO", f"SAO: {sources} + learner, {config.sao.steps} policy versions{_resuming(ctx)} "
+                           f"(generator logs: {ctx.run_dir / 'logs'})")
         try:
             summary = train_sao(ctx, sft_dir, progress_sink(sink, config.sao.steps, config.sao.checkpoint_every,
                                                              clock.clock))
@@ -382,6 +420,7 @@ def run_sao(config: RunConfig) -> RunSummary:
         ("dead letters", f"{summary.counters.get('dead_letters', 0):.0f}"),
         ("quarantined rows", str(quarantined)),
         ("generators", f"{summary.counters['generators']:.0f}"),
+        *gateway_rows(summary.counters),
         ("generator busy fraction", f"{summary.counters['generator_busy_fraction']:.2f}"),
         ("max episodes in flight", f"{summary.counters['generator_max_in_flight']:.0f}"),
         ("registered model version", version),

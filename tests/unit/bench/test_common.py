@@ -36,7 +36,7 @@ def test_markdown_table_aligns_numbers_right_and_checks_row_width() -> None:
 def test_targets_read_each_result_and_judge_it(tmp_path: Path) -> None:
     """Busy 0.95 >= 0.9 met; the throughput ratio read at equal episodes in flight (``equal/``, 60 / 50 = 1.2 < 1.5,
     not met; the equal-batch files' 600 / 50 is not the target); stream worst of 0.6 and 0.4 is 0.4 < 0.5; the
-    weight sync 1.85 <= 2 met; the simulator missing."""
+    weight sync 1.85 <= 2 met; the simulator missing; the gateway's 1.15 <= 1.2 met."""
     setting = tmp_path / "async_vs_sync" / "tool_latency"
     (setting / "equal").mkdir(parents=True)
     for where, method, busy, tokens in (("", "sao", 0.95, 600.0), ("", "grpo_sync_g8", 0.1, 50.0),
@@ -46,9 +46,10 @@ def test_targets_read_each_result_and_judge_it(tmp_path: Path) -> None:
     (tmp_path / "weight_sync.json").write_text(json.dumps({"worst_ratio_over_raw": 1.85}))
     (tmp_path / "stream.json").write_text(json.dumps(
         {"rows": [{"ratio_ours_over_raw": 0.6}, {"ratio_ours_over_raw": 0.4}]}))
+    (tmp_path / "gateway.json").write_text(json.dumps({"worst_ratio": 1.15}))
     rows = targets_rows(tmp_path)
     assert [(r["measured"], r["met"]) for r in rows] == [(0.95, True), (pytest.approx(1.2), False), (0.4, False),
-                                                         (1.85, True), (None, None)]
+                                                         (1.85, True), (None, None), (1.15, True)]
 
 
 def test_publish_result_writes_the_file_then_the_section_and_targets_only_when_asked(tmp_path: Path, capsys,
@@ -81,7 +82,7 @@ def test_repository_paths_are_written_relative_so_results_carry_no_machine_path(
 
 def test_every_section_of_the_docs_renders_from_the_committed_results() -> None:
     """Re-rendering every generated section of docs/benchmarks.md from bench/results/ gives the committed text."""
-    from bench import async_vs_sync, stream, vs_trl, weight_sync
+    from bench import async_vs_sync, gateway, stream, vs_trl, weight_sync
     from bench.common import DOCS, read_result, targets_section
     from bench.sim import project
 
@@ -92,7 +93,8 @@ def test_every_section_of_the_docs_renders_from_the_committed_results() -> None:
 
     assert section("async_vs_sync") == async_vs_sync.render()
     assert section("targets") == targets_section()
-    for name, module in (("vs_trl", vs_trl), ("stream", stream), ("weight_sync", weight_sync), ("simulate", project)):
+    for name, module in (("vs_trl", vs_trl), ("stream", stream), ("weight_sync", weight_sync), ("simulate", project),
+                         ("gateway", gateway)):
         assert section(name) == module.render(read_result(name)), name
 
 

@@ -311,3 +311,16 @@ def test_an_interpreter_under_tmp_is_bound_after_the_tmp_tmpfs(monkeypatch):
     bind = next(i for i in range(len(argv) - 2) if argv[i] == "--ro-bind" and argv[i + 1] == "/tmp/checkout/.venv")
     assert tmpfs < bind
     assert argv.count("/tmp") == 1  # the tmpfs target only: /tmp is not re-created over it
+
+
+def test_exec_mode_passes_output_and_exit_status_through_and_reports_a_limit_as_124():
+    """``python -m posttrain.envs.sandbox --exec -- ARGV`` (the example agent's tool runner)."""
+    import subprocess
+    import sys
+
+    run = [sys.executable, "-m", "posttrain.envs.sandbox", "--exec", "--wall-time", "2", "--"]
+    done = subprocess.run([*run, "bash", "-c", "echo out; echo err >&2; exit 3"], capture_output=True, text=True,
+                          timeout=60)
+    assert (done.stdout, done.stderr, done.returncode) == ("out\n", "err\n", 3)
+    slow = subprocess.run([*run, "sleep", "30"], capture_output=True, text=True, timeout=60)
+    assert slow.returncode == 124 and "wall_time" in slow.stderr

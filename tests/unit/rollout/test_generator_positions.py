@@ -11,7 +11,7 @@ import uuid
 import pytest
 import redis
 
-from posttrain.generator.worker import _learner_started
+from posttrain.generator.worker import wait_for_learner
 from posttrain.rollout.keys import StreamKeys
 from posttrain.rollout.positions import check_positions, learner_started, read_positions, restore_positions
 from posttrain.rollout.queue import QueueError
@@ -61,7 +61,7 @@ def test_a_generator_waits_for_the_version_key_before_it_reserves(client) -> Non
 
     async def wait(stopping: asyncio.Event, timeout_s: float) -> bool | None:
         try:
-            return await asyncio.wait_for(_learner_started(client, keys, stopping), timeout_s)
+            return await asyncio.wait_for(wait_for_learner(client, keys, stopping), timeout_s)
         except TimeoutError:
             return None
 
@@ -72,10 +72,10 @@ def test_a_generator_waits_for_the_version_key_before_it_reserves(client) -> Non
         out.append(await wait(stopping, 5.0))
         stopped = asyncio.Event()
         stopped.set()
-        out.append(await _learner_started(client, _keys(), stopped))
+        out.append(await wait_for_learner(client, _keys(), stopped))
         other = _keys()
         client.set(other.stop, "1")
-        out.append(await _learner_started(client, other, asyncio.Event()))
+        out.append(await wait_for_learner(client, other, asyncio.Event()))
         return out
 
     assert asyncio.run(main()) == [None, True, False, False]

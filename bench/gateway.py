@@ -1,0 +1,234 @@
+"""Gateway overhead: episodes through the rollout gateway (HTTP, the openai client) against direct engine calls.
+
+Same tiny model, same engine kind, same episodes: each of ``C`` concurrent episodes runs ``--turns`` turns of
+``--tokens`` sampled tokens (the untrained model rarely samples its end-of-turn token, so nearly every turn is
+full), a short user message between turns. **direct**: the turns are ``engine.generate`` calls in this process, on
+the token ids a generator would send (the prompt rendered once, each new message appended as observation tokens).
+**gateway**: a real ``posttrain gateway`` process (embedded Redis, admission, the stream) serves them to the
+``openai`` client in this process; every episode is closed with a reward call, so its rollout is on the stream
+before the clock stops. Reported per concurrency (medians over rounds, the two paths alternating): wall seconds
+per generated token and gateway / direct (target: at most 1.2x); the CPU seconds per token of each side (the direct
+process; the gateway process and, apart, the client) and the requests per engine batch (the ``hf`` engine runs
+padded batches of what has arrived, so requests that arrive spread out make smaller batches). On a 2-core machine
+the client runs beside the gateway, as an agent would on the same host; its HTTP and JSON work counts against the
+gateway's wall time.
+
+Run: ``.venv/bin/python -m bench.gateway`` (about 5 minutes on 2 cores, ``hf`` engine), ``--engine vllm`` on a GPU.
+"""
+
+import asyncio
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import redis
+
+from bench import common
+from posttrain.chat.format import ChatFormat
+from posttrain.config import load_config
+from posttrain.inference.base import GenerationRequest
+from posttrain.inference.factory import make_engine
+from posttrain.models.hf import load_policy, load_tokenizer
+from posttrain.rollout.redis_streams import RedisPolicyVersionStore
+from posttrain.runners.common import prepare
+from posttrain.runtime import RunContext
+from posttrain.services.embedded_redis import EmbeddedRedis
+from posttrain.weight_sync.factory import open_weight_store
+
+MODEL = "bench-gateway"
+FIRST = "Compute 17 + 25 using the calculator."
+FOLLOW_UP = "Go on."
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` has used, from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def direct_round(engine: Any, chat: ChatFormat, concurrency: int, episodes: int, turns: int, tokens: int) -> tuple[float, int]:
+    """Seconds and generated tokens for ``episodes`` episodes, ``concurrency`` at a time, by direct engine calls."""
+    prompt = chat.prompt_ids([{"role": "user", "content": FIRST}])
+    follow = chat.observation_ids([{"role": "user", "content": FOLLOW_UP}])
+    stop = chat.stop_token_id
+
+    async def episode(sem: asyncio.Semaphore) -> int:
+        async with sem:
+            ids, made = list(prompt), 0
+            for turn in range(turns):
+                result = await engine.generate(GenerationRequest(prompt_token_ids=list(ids), max_new_tokens=tokens,
+                                                                 stop_token_ids=[stop]))
+                ids += result.token_ids + ([] if result.token_ids[-1] == stop else [stop])
+                ids += follow if turn < turns - 1 else []
+                made += len(result.token_ids)
+            return made
+
+    async def go() -> int:
+        sem = asyncio.Semaphore(concurrency)
+        return sum(await asyncio.gather(*(episode(sem) for _ in range(episodes))))
+
+    t0 = time.perf_counter()
+    made = asyncio.run(go())
+    return time.perf_counter() - t0, made
+
+
+def gateway_round(url: str, token: str, concurrency: int, episodes: int, turns: int, tokens: int,
+                  tag: str) -> tuple[float, int]:
+    """Seconds and generated tokens for ``episodes`` episodes through the gateway (each closed, its rollout sent)."""
+
+    async def episode(i: int, sem: asyncio.Semaphore, http: httpx.AsyncClient) -> int:
+        async with sem:
+            eid = f"{tag}-{i}"
+            client = openai.AsyncOpenAI(base_url=f"{url}/episodes/{eid}/v1", api_key=token, http_client=http,
+                                        max_retries=0)
+            messages: list[dict[str, Any]] = [{"role": "user", "content": FIRST}]
+            made = 0
+            for turn in range(turns):
+                reply = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=tokens)
+                made += reply.usage.completion_tokens
+                messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+                if turn < turns - 1:
+                    messages.append({"role": "user", "content": FOLLOW_UP})
+            closed = await http.post(f"{url}/episodes/{eid}/reward", json={"reward": 0.0},
+                                     headers={"Authorization": f"Bearer {token}"})
+            if not closed.json()["rollouts"][0]["sent"]:
+                raise RuntimeError(f"episode {eid}: rollout not sent")
+            return made
+
+    async def go() -> int:
+        sem = asyncio.Semaphore(concurrency)
+        limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+        async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+            return sum(await asyncio.gather(*(episode(i, sem, http) for i in range(episodes))))
+
+    t0 = time.perf_counter()
+    made = asyncio.run(go())
+    return time.perf_counter() - t0, made
+
+
+def render(result: dict[str, Any]) -> str:
+    """The docs section: machine, command and the table."""
+    rows = [[r["concurrency"], r["episodes"], f"{r['direct_tokens']}", f"{r['direct_ms_per_token']:.2f}",
+             f"{r['gateway_ms_per_token']:.2f}", f"**{r['ratio']:.2f}**", f"{r['direct_cpu_ms_per_token']:.2f}",
+             f"{r['gateway_cpu_ms_per_token']:.2f} + {r['client_cpu_ms_per_token']:.2f}",
+             f"{r['direct_batch_rows']:.1f} / {r['gateway_batch_rows']:.1f}"] for r in result["rows"]]
+    worst = max(r["ratio"] for r in result["rows"])
+    return "\n".join([
+        common.machine_line(result["machine"]), "",
+        f"Command: `{result['command']}` ({result['engine']} engine; {result['turns']} turns of {result['tokens']} tokens "
+        f"per episode; medians over {result['rounds']} rounds, the paths alternating).", "",
+        common.markdown_table(["concurrent episodes", "episodes", "tokens per round", "direct ms/token",
+                               "gateway ms/token", "gateway/direct", "CPU ms/token: direct",
+                               "CPU ms/token: gateway + client", "requests per engine batch: direct / gateway"],
+                              rows), "",
+        f"Worst ratio: **{worst:.2f}x** the direct engine's time per generated token (goal: at most 1.2x).",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry (module docstring)."""
+    p = common.parser(__doc__, common.RESULTS_DIR / "gateway.json")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="concurrent episodes")
+    p.add_argument("--episodes-per-slot", type=int, default=2, help="episodes per concurrent slot and round")
+    p.add_argument("--min-episodes", type=int, default=8, help="at least this many episodes per round")
+    p.add_argument("--turns", type=int, default=3, help="turns per episode")
+    p.add_argument("--tokens", type=int, default=24, help="sampled tokens per turn")
+    p.add_argument("--rounds", type=int, default=3, help="rounds per concurrency (medians)")
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    args = p.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    cfg = load_config(None, [f"output_dir={work}", f"run_name={MODEL}", "warm_start.steps=0", "model.tiny.vocab_size=512",
+                             f"generator.engine={args.engine}", f"generator.episodes_in_flight={max(args.concurrency)}",
+                             f"generator.max_new_tokens={args.tokens}",
+                             f"generator.max_episode_tokens={128 + args.turns * (args.tokens + 16)}",
+                             "sao.batch_size=1024", "queue.maxlen=100000", "gateway.mode=only", "gateway.port=0"])
+    ctx = RunContext(cfg)
+    prepare(ctx)
+    store = open_weight_store(ctx)
+    store.publish(load_policy(ctx.base_model_dir).state_dict(), 0, ctx.base_model_dir)
+    config_path = ctx.save_resolved_config()
+    token = secrets.token_urlsafe(24)
+    tokenizer = load_tokenizer(ctx.tokenizer_dir)
+    chat = ChatFormat.for_tokenizer(tokenizer)
+    gen = cfg.generator
+    rows = []
+    with EmbeddedRedis() as server:
+        RedisPolicyVersionStore(redis.Redis.from_url(server.url), ctx.keys).set(0)
+        url_file = work / "url"
+        log = (work / "gateway.log").open("ab")
+        proc = subprocess.Popen([sys.executable, "-m", "posttrain.cli", "gateway", str(config_path), "--url-file",
+                                 str(url_file)], env={**os.environ, "REDIS_URL": server.url, cfg.gateway.token_env: token},
+                                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            while not url_file.is_file():
+                if proc.poll() is not None:
+                    raise RuntimeError((work / "gateway.log").read_text()[-2000:])
+                time.sleep(0.1)
+            url = url_file.read_text().strip()
+            httpx.get(f"{url}/health", timeout=600)
+            engine = make_engine(args.engine, store.path_for(0), seed=cfg.seed,
+                                 max_model_len=gen.max_episode_tokens + gen.max_new_tokens,
+                                 max_batch=gen.episodes_in_flight, kv_cache_gib=gen.vllm_kv_cache_gib)
+            gateway_round(url, token, 1, 1, args.turns, args.tokens, "warmup")  # first-request costs out of the clock
+            direct_round(engine, chat, 1, 1, args.turns, args.tokens)
+            auth = {"Authorization": f"Bearer {token}"}
+
+            def engine_rows() -> tuple[float, float]:
+                snap = httpx.get(f"{url}/v1/gateway/stats", headers=auth, timeout=60).json()
+                return snap["engine_batches"], snap["engine_batch_rows"]
+
+            for c in args.concurrency:
+                n = max(c * args.episodes_per_slot, args.min_episodes)
+                direct, through, cpu = [], [], {"direct": 0.0, "gateway": 0.0, "client": 0.0}
+                rows_of = {"direct": [0, 0], "gateway": [0.0, 0.0]}
+                for k in range(args.rounds):
+                    history = getattr(engine, "batch_sizes", None)  # the hf engine's; vLLM batches continuously
+                    mine, sizes = time.process_time(), len(history) if history is not None else 0
+                    done = direct_round(engine, chat, c, n, args.turns, args.tokens)
+                    cpu["direct"] += time.process_time() - mine
+                    new = list(history)[sizes:] if history is not None and len(history) < (history.maxlen or 0) else []
+                    rows_of["direct"][0] += len(new)
+                    rows_of["direct"][1] += sum(new)
+                    direct.append(done)
+                    batches, served = engine_rows()
+                    mine, theirs = time.process_time(), process_cpu_s(proc.pid)
+                    through.append(gateway_round(url, token, c, n, args.turns, args.tokens, f"c{c}-r{k}"))
+                    cpu["client"] += time.process_time() - mine
+                    cpu["gateway"] += process_cpu_s(proc.pid) - theirs
+                    after = engine_rows()
+                    rows_of["gateway"][0] += after[0] - batches
+                    rows_of["gateway"][1] += after[1] - served
+                d = statistics.median(s / t for s, t in direct)
+                g = statistics.median(s / t for s, t in through)
+                made_d, made_g = sum(t for _, t in direct), sum(t for _, t in through)
+                rows.append({"concurrency": c, "episodes": n, "direct_tokens": direct[0][1], "gateway_tokens": through[0][1],
+                             "direct_ms_per_token": d * 1e3, "gateway_ms_per_token": g * 1e3, "ratio": g / d,
+                             "direct_cpu_ms_per_token": cpu["direct"] / made_d * 1e3,
+                             "gateway_cpu_ms_per_token": cpu["gateway"] / made_g * 1e3,
+                             "client_cpu_ms_per_token": cpu["client"] / made_g * 1e3,
+                             "direct_batch_rows": rows_of["direct"][1] / max(rows_of["direct"][0], 1),
+                             "gateway_batch_rows": rows_of["gateway"][1] / max(rows_of["gateway"][0], 1),
+                             "direct_rounds": direct, "gateway_rounds": through})
+                print(f"concurrency {c}: direct {d * 1e3:.2f} ms/token, gateway {g * 1e3:.2f} ms/token, "
+                      f"ratio {g / d:.2f}", file=sys.stderr, flush=True)
+            engine.close()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    result = {"command": common.command_line("bench.gateway", argv), "machine": common.machine_info(),
+              "engine": args.engine, "turns": args.turns, "tokens": args.tokens, "rounds": args.rounds, "rows": rows,
+              "worst_ratio": max(r["ratio"] for r in rows)}
+    common.publish_result(args.out, result, "gateway", lambda: render(result), docs=not args.no_docs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
