@@ -17,9 +17,10 @@ run's Redis; each generator of a run needs its own index: ``generator.seeds``). 
 Before its first episode a generator waits for the learner's first weights and for the policy-version
 key, and only then reserves its episode numbers (``generator.seeds``): a learner resumed on a Redis
 that lost its data first writes back the positions its checkpoint recorded (``rollout.positions``).
-It then releases the admission tickets its previous life (same id) still held: that life was
-killed with those episodes in flight, and the heartbeat the new life renews would keep the learner
-from ever returning them; they are counted as lost in flight and their tasks re-issued (issue 32).
+Before any of that, it releases the admission tickets its previous life (same id) still held: that
+life was killed with those episodes in flight, and the heartbeat the new life renews would keep the
+learner from ever returning them; they are counted as lost in flight and their tasks re-issued
+(issue 32).
 
 Tickets are granted only while the engine serves weights within ``max_staleness`` versions of the
 learner's (``AsyncTicketGate(served_version=)``): at tau = 0 a slot woken by a new version used to
@@ -185,6 +186,15 @@ async def _serve(config: RunConfig, ctx: RunContext, generator_id: str, redis_ur
     position = generator_index(index, generator_id)
     stopping = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
+    admission = RedisAdmissionController(client, ctx.keys, batch_size=settings.batch_rollouts,
+                                         max_staleness=settings.max_staleness, lease_s=gen.admission_lease_s,
+                                         retries=0, owner=generator_id)
+    # First thing (the heartbeat this life renews hides its previous life's death from the learner): every
+    # ticket this id holds now is the previous life's, its episode lost in flight.
+    lost = admission.release_leases_of(generator_id)
+    if lost:
+        log.warning("generator %s: its previous life left %d episodes in flight; counted as lost in flight and "
+                    "their tasks re-issued", generator_id, lost)
     store = open_weight_store(ctx)
     version = await _first_version(store, ctx.weights_dir, config.weights_timeout_s, stopping)
     # Reserve only once the learner has set the version key: a resumed learner first gives back the
@@ -195,14 +205,7 @@ async def _serve(config: RunConfig, ctx: RunContext, generator_id: str, redis_ur
     seeds = EpisodeSeeds(config.seed, position,
                          reserve=lambda n: client.hincrby(ctx.keys.generator_positions, str(position), n))
     stats = GeneratorStats()
-    admission = RedisAdmissionController(client, ctx.keys, batch_size=settings.batch_rollouts,
-                                         max_staleness=settings.max_staleness, lease_s=gen.admission_lease_s,
-                                         retries=0, owner=generator_id)
-    # Before this life takes a ticket: every ticket of this id now is its previous life's, lost in flight.
-    stats.lost_in_flight = admission.release_leases_of(generator_id)
-    if stats.lost_in_flight:
-        log.warning("generator %s: its previous life left %d episodes in flight; counted as lost in flight and "
-                    "their tasks re-issued", generator_id, stats.lost_in_flight)
+    stats.lost_in_flight = lost
     engine = MeteredEngine(make_engine(
         gen.engine, store.path_for(version), policy_version=version, seed=seed,
         max_model_len=gen.max_episode_tokens + gen.max_new_tokens, kv_cache_gib=gen.vllm_kv_cache_gib,

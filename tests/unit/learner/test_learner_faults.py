@@ -33,7 +33,13 @@ def test_an_out_of_vocabulary_entry_is_dead_lettered_and_the_learner_goes_on(tmp
     Before: ``IndexError: index out of range in self`` in the forward pass, the entry left pending.
     Now: it is dead-lettered with the reason, its admission place comes back (refunded 4 warm-up + 1),
     and the run trains its 3 versions on 16 other rollouts.
+
+    The same run gets one rollout marked ``outcome="infra_error"`` (issue 32: its sandbox died; a producer
+    sent it anyway), with a ticket: dropped on arrival (ledger reason ``infra_error: tool_killed``, its
+    entry id), never trained, its place refunded (+1), counted apart from stale drops.
     """
+    import msgspec
+
     config = _prepared(tmp_path, "sao", tiny_model)
     versions = MemoryPolicyVersionStore()
     admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=2)
@@ -41,21 +47,29 @@ def test_an_out_of_vocabulary_entry_is_dead_lettered_and_the_learner_goes_on(tmp
     transport, generator = _transport(tmp_path, config, tiny_model, stream, admission, versions)
     poison = generator.rollout(0, None, reward=1.0)
     poison.token_ids[3] = tiny_model.vocab_size + 100
-    ticket = admission.acquire(0)
-    assert ticket is not None
-    poison_id = generator.queue.put(poison)
-    admission.consume(ticket)
+    failed = msgspec.structs.replace(generator.rollout(1, None, 0.0), outcome="infra_error", infra_cause="tool_killed")
+    put = []
+    for rollout in (poison, failed):
+        ticket = admission.acquire(0)
+        assert ticket is not None
+        put.append(generator.queue.put(rollout))
+        admission.consume(ticket)
+    poison_id, failed_id = put
 
     summary = run_learner(config, transport, start_model_dir=tiny_model.path, progress=False)
 
     assert summary.policy_version == 3
     ids = _trained_entry_ids(config)
-    assert len(ids) == len(set(ids)) == 16 and poison_id not in ids
+    assert len(ids) == len(set(ids)) == 16 and poison_id not in ids and failed_id not in ids
     [dead] = transport.queue.dead_letters()
     assert dead.original_id == poison_id
     assert dead.reason == (f"token_ids[3]: id {tiny_model.vocab_size + 100} is outside the model's vocabulary "
                            f"(vocab_size {tiny_model.vocab_size})")
-    assert admission.state().refunded_total == 5
+    lines = [json.loads(x) for x in (RunContext(config).run_dir / "learner_ledger.jsonl").read_text().splitlines()]
+    dropped = [d for line in lines for d in line["dropped"]]
+    assert [(d["entry_id"], d["reason"]) for d in dropped] == [(failed_id, "infra_error: tool_killed")]
+    assert (summary.counters["infra_dropped"], summary.counters["stale_dropped"]) == (1, 0)
+    assert admission.state().refunded_total == 4 + 1 + 1
     assert transport.queue.pending() == []
 
 
@@ -244,34 +258,6 @@ def test_a_learner_killed_between_a_drop_and_its_ledger_line_loses_no_dropped_en
     assert stream.pel == {}  # the last checkpoint acknowledged the second drops too
     assert summary.counters["stale_dropped"] == 4
     assert admission.state().refunded_total == 4 + 4
-
-
-def test_a_rollout_sent_with_an_infra_error_outcome_is_never_trained(tmp_path, tiny_model):
-    """A producer sends one rollout marked ``outcome="infra_error"`` (its sandbox died), with a ticket. The
-    learner drops it on arrival (ledger reason ``infra_error: tool_killed``), gives its place back, counts it
-    apart from stale drops, and trains its 3 versions on 16 other rollouts."""
-    import msgspec
-
-    config = _prepared(tmp_path, "sao", tiny_model)
-    versions = MemoryPolicyVersionStore()
-    admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=2)
-    transport, generator = _transport(tmp_path, config, tiny_model, MemoryStream(), admission, versions)
-    failed = msgspec.structs.replace(generator.rollout(0, None, 0.0), outcome="infra_error", infra_cause="tool_killed")
-    ticket = admission.acquire(0)
-    assert ticket is not None
-    failed_id = generator.queue.put(failed)
-    admission.consume(ticket)
-
-    summary = run_learner(config, transport, start_model_dir=tiny_model.path, progress=False)
-
-    assert summary.policy_version == 3
-    ids = _trained_entry_ids(config)
-    assert len(ids) == 16 and failed_id not in ids
-    lines = [json.loads(x) for x in (RunContext(config).run_dir / "learner_ledger.jsonl").read_text().splitlines()]
-    dropped = [d for line in lines for d in line["dropped"]]
-    assert [(d["entry_id"], d["reason"]) for d in dropped] == [(failed_id, "infra_error: tool_killed")]
-    assert (summary.counters["infra_dropped"], summary.counters["stale_dropped"]) == (1, 0)
-    assert admission.state().refunded_total == 4 + 1 and transport.queue.pending() == []
 
 
 def test_a_run_whose_infra_failure_share_passes_the_bound_stops_with_one_line_after_a_checkpoint(tmp_path, tiny_model):
