@@ -189,6 +189,21 @@ def test_the_embedded_redis_dying_under_posttrain_run_ends_with_the_first_cause_
     assert sum("Traceback" in line for line in lines) == 0
 
 
+def _freeze_with_episodes_in_flight(ctx: RunContext, client: redis.Redis, procs: list) -> None:
+    """SIGSTOP every role at a moment some admission ticket is held (an episode in flight), so a SIGKILL
+    that follows lands mid-episode; a tiny model's episode is shorter than a look at the leases."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for p in procs:
+            p.send_signal(signal.SIGSTOP)
+        if client.zcard(ctx.keys.admission_leases) > 0:
+            return
+        for p in procs:
+            p.send_signal(signal.SIGCONT)
+        time.sleep(0.05)
+    raise AssertionError("no episode in flight within 120 s")
+
+
 def test_every_role_sigkilled_mid_episode_then_restarted_loses_nothing_and_tau_0_wastes_nothing(tmp_path):
     """Issue 32 (the audit's (e) and row 10), one run of 2 generators and a learner at tau = 0, B = 2.
 
@@ -206,7 +221,7 @@ def test_every_role_sigkilled_mid_episode_then_restarted_loses_nothing_and_tau_0
     """
     # A heartbeat that outlives the restart (the audit's 120 s lease, default TTL 30 s): the new lives
     # renew it, so only their own start can give back what the previous lives held.
-    ctx = _ctx(tmp_path, "kill-every-role", 12, "generator.heartbeat_ttl_s=120", "generator.admission_lease_s=600",
+    ctx = _ctx(tmp_path, "kill-every-role", 14, "generator.heartbeat_ttl_s=120", "generator.admission_lease_s=600",
                "sao.max_staleness=0", "sao.checkpoint_every=4", "sao.batch_size=2", "sao.micro_batch_size=2")
     with EmbeddedRedis() as server:
         client = redis.Redis.from_url(server.url)
@@ -216,7 +231,7 @@ def test_every_role_sigkilled_mid_episode_then_restarted_loses_nothing_and_tau_0
             _wait(lambda: learner.poll() is not None or (ctx.run_dir / "learner_ledger.jsonl").exists()
                   and max(r["policy_version"] for r in _ledger(ctx)) >= 10, 400, "10 policy versions")
             assert learner.poll() is None, _lines(ctx, "learner")[-20:]
-            _wait(lambda: client.zcard(ctx.keys.admission_leases) > 0, 60, "episodes in flight")
+            _freeze_with_episodes_in_flight(ctx, client, [learner, *gens])
             for p in [learner, *gens]:
                 p.send_signal(signal.SIGKILL)
             for p in [learner, *gens]:
@@ -233,7 +248,8 @@ def test_every_role_sigkilled_mid_episode_then_restarted_loses_nothing_and_tau_0
             _stop(ctx, client, gens)
             if learner.poll() is None:
                 learner.kill()
-        assert [d for line in first_life for d in line["dropped"]] == []  # tau = 0: nothing wasted
+        first_drops = [(line["iteration"], d["reason"]) for line in first_life for d in line["dropped"]]
+        assert first_drops == [], f"tau = 0 wasted rollouts in the first life: {first_drops}"
         assert max(line["policy_version"] for line in first_life) >= 10
         lines = _ledger(ctx)
         recorded = {e for line in lines for e in line["entry_ids"]} | {
@@ -250,9 +266,9 @@ def test_every_role_sigkilled_mid_episode_then_restarted_loses_nothing_and_tau_0
         surviving = {row["iteration"]: row for row in lines}
         assert state["counters"]["stale_dropped"] == sum(len(row["dropped"]) for row in surviving.values())
         admission = {k.decode(): int(v) for k, v in client.hgetall(ctx.keys.admission).items()}
-        assert admission.get("lost_total", 0) == len(held)  # every ticket held at the kill, counted once
-        assert admission.get("reissued_total", 0) >= len(assigned)
-        assert client.zcard(ctx.keys.admission_leases) == 0 and client.llen(ctx.keys.reissue) == 0
+        assert admission.get("lost_total", 0) == len(held), (admission, held)  # each ticket held at the kill, once
+        assert admission.get("reissued_total", 0) >= len(assigned), (admission, assigned)
+        assert client.zcard(ctx.keys.admission_leases) == 0 and client.llen(ctx.keys.reissue) == 0, admission
         stats = {k.decode(): json.loads(v) for k, v in client.hgetall(ctx.keys.generator_stats).items()}
         assert sum(s["reissued"] for s in stats.values()) >= len(assigned)  # the lost tasks ran again
         assert any("previous life left" in line for i in range(2) for line in _lines(ctx, f"g{i}-again"))
