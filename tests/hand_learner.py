@@ -1,9 +1,10 @@
 """Real generator processes over the embedded Redis, with the test playing the learner by hand.
 
 Shared by the integration tests that check what generators sample (``test_distinct_generators``,
-``test_generator_restart``): the run is prepared and warm-started, version 0 is published to the
-weight store, and the policy-version key is set far ahead so admission never blocks; the test then
-reads the stream itself.
+``test_generator_restart``): the run is prepared and warm-started, the start model is published to
+the weight store as version ``VERSION_AHEAD`` and the policy-version key set to it, so admission
+never blocks (no ticket goes to an engine behind the key by more than tau); the test then reads
+the stream itself.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def hand_run(tmp_path: Path, overrides: list[str], run_name: str) -> Iterator[Ha
     ctx = RunContext(cfg)
     prepare(ctx)
     model_dir = warm_start(ctx)
-    open_weight_store(ctx).publish(load_policy(model_dir).state_dict(), 0, model_dir)
+    open_weight_store(ctx).publish(load_policy(model_dir).state_dict(), VERSION_AHEAD, model_dir)
     config_path = ctx.save_resolved_config()
     with EmbeddedRedis() as server:
         client = redis.Redis.from_url(server.url)

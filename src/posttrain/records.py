@@ -10,21 +10,41 @@ Run ``python -c "from posttrain.records import Rollout; help(Rollout)"`` for the
 from __future__ import annotations
 
 import math
+import re
 from typing import Literal
 
 import msgspec
 import numpy as np
 
-ROLLOUT_SCHEMA_VERSION = 2
+ROLLOUT_SCHEMA_VERSION = 3
 """Version of the ``Rollout`` wire format. Bump it on any incompatible change.
 
 The per-token arrays travel as little-endian bytes (int32 token ids, float32 logprobs, uint8
 mask) inside the msgpack map, so encoding and validating a rollout needs no python object per
 token; with numpy arrays in and out the queue runs near the raw Redis loop (see
-docs/benchmarks.md, stream)."""
+docs/benchmarks.md, stream).
+
+Version 3 added ``outcome`` and ``infra_cause``; version 2 entries (written before) still decode,
+as ``outcome="completed"`` (``READABLE_SCHEMA_VERSIONS``)."""
+
+READABLE_SCHEMA_VERSIONS = (2, 3)
+"""Wire versions ``decode_rollout`` accepts; older ones decode as the current version with the
+defaults of the fields they lack."""
 
 FinishReason = Literal["stop", "length", "tool_error", "timeout"]
 """Why an episode ended: the model stopped, a token/turn limit was hit, a tool failed, or wall time ran out."""
+
+Outcome = Literal["completed", "infra_error"]
+"""Whose the episode's result is. ``completed``: the agent's (success or failure, the reward says
+which). ``infra_error``: the infrastructure failed under it (the sandbox died, the grader could not
+run, a tool was killed by something other than the episode's own limits); such a rollout is never
+trained, whatever its reward (issue 32)."""
+
+INFRA_CAUSE_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
+"""What an ``infra_cause`` looks like (it names metrics: ``infra/<cause>``), e.g. ``tool_killed``."""
+
+
+_INFRA_CAUSE_RE = re.compile(INFRA_CAUSE_PATTERN)
 
 
 class RecordError(ValueError):
@@ -86,6 +106,10 @@ class Rollout(msgspec.Struct, kw_only=True):
         started_at: Unix time (seconds) when the episode started.
         finished_at: Unix time (seconds) when the episode finished.
         metrics: Extra per-rollout numbers (``correct``, ``tool_calls``...), all floats.
+        outcome: ``completed`` (the agent's result) or ``infra_error`` (the infrastructure failed
+            under the episode: never trained; ``Outcome``).
+        infra_cause: Why, for ``infra_error`` (``tool_killed``, ``grader_killed``,
+            ``grader_not_started``, ``sandbox_error``...; ``INFRA_CAUSE_PATTERN``); empty otherwise.
     """
 
     schema_version: int = ROLLOUT_SCHEMA_VERSION
@@ -105,6 +129,8 @@ class Rollout(msgspec.Struct, kw_only=True):
     started_at: float = 0.0
     finished_at: float = 0.0
     metrics: dict[str, float] = msgspec.field(default_factory=dict)
+    outcome: Outcome = "completed"
+    infra_cause: str = ""
 
     @property
     def num_action_tokens(self) -> int:
@@ -122,7 +148,8 @@ class Rollout(msgspec.Struct, kw_only=True):
         Raises:
             RecordError: unequal lengths, a non-finite logprob or reward, no action token,
                 a negative policy version, ``turn_policy_versions`` without one entry per run of
-                action tokens, or an unknown schema version. The message names the field.
+                action tokens, an ``infra_cause`` that does not match the ``outcome``, or an
+                unknown schema version. The message names the field.
         """
         tokens, logprobs, mask = _arrays(self)
         _check_arrays(tokens, logprobs, mask)
@@ -225,6 +252,11 @@ def _check_scalars(r: Rollout) -> None:
         raise RecordError(
             f"policy_version: {r.policy_version} is not the oldest of turn_policy_versions {r.turn_policy_versions}"
         )
+    if r.outcome == "infra_error" and not _INFRA_CAUSE_RE.match(r.infra_cause):
+        raise RecordError(f"infra_cause: an infra_error needs a cause matching {INFRA_CAUSE_PATTERN}, "
+                          f"got {r.infra_cause!r}")
+    if r.outcome == "completed" and r.infra_cause:
+        raise RecordError(f"infra_cause: {r.infra_cause!r} given for a completed episode (outcome infra_error?)")
 
 
 class PreferencePair(msgspec.Struct, kw_only=True, frozen=True):
@@ -269,6 +301,8 @@ class _RolloutWire(msgspec.Struct, kw_only=True):
     started_at: float = 0.0
     finished_at: float = 0.0
     metrics: dict[str, float] = msgspec.field(default_factory=dict)
+    outcome: Outcome = "completed"
+    infra_cause: str = ""
 
 
 class _VersionOnly(msgspec.Struct):
@@ -372,8 +406,12 @@ def encode_rollout(rollout: Rollout) -> bytes:
     return _pack(rollout, *_checked_arrays(rollout))
 
 
+def _readable() -> str:
+    return " and ".join(str(v) for v in READABLE_SCHEMA_VERSIONS)
+
+
 def decode_rollout(payload: bytes, *, arrays: bool = False) -> Rollout:
-    """Decode and validate a msgpack rollout.
+    """Decode and validate a msgpack rollout (any of ``READABLE_SCHEMA_VERSIONS``; returned as the current one).
 
     Args:
         payload: ``encode_rollout`` bytes.
@@ -394,11 +432,14 @@ def decode_rollout(payload: bytes, *, arrays: bool = False) -> Rollout:
             version = _version_decoder.decode(payload).schema_version
         except (msgspec.DecodeError, msgspec.ValidationError):
             version = ROLLOUT_SCHEMA_VERSION
-        if version != ROLLOUT_SCHEMA_VERSION:
-            raise RecordError(f"schema_version: got {version}, this build reads {ROLLOUT_SCHEMA_VERSION}") from exc
+        if version not in READABLE_SCHEMA_VERSIONS:
+            raise RecordError(f"schema_version: got {version}, this build reads {_readable()}") from exc
         raise RecordError(f"undecodable rollout: {exc}") from exc
-    if wire.schema_version != ROLLOUT_SCHEMA_VERSION:  # checked before the arrays: their layout is versioned
-        raise RecordError(f"schema_version: got {wire.schema_version}, this build reads {ROLLOUT_SCHEMA_VERSION}")
+    if wire.schema_version not in READABLE_SCHEMA_VERSIONS:  # checked before the arrays: their layout is versioned
+        raise RecordError(f"schema_version: got {wire.schema_version}, this build reads {_readable()}")
+    if wire.schema_version < 3 and (wire.outcome != "completed" or wire.infra_cause):
+        raise RecordError(f"outcome: schema_version {wire.schema_version} has no outcome field")
+    wire.schema_version = ROLLOUT_SCHEMA_VERSION  # an older entry reads as the current version with defaults
     if len(wire.token_ids) % 4 or len(wire.behaviour_logprobs) % 4:
         raise RecordError("token_ids/behaviour_logprobs: byte length is not a multiple of 4")
     tokens = np.frombuffer(wire.token_ids, dtype="<i4")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import pytest
@@ -36,6 +36,7 @@ from posttrain.rollout.admission import (
     AdmissionState,
     MemoryAdmissionController,
     RedisAdmissionController,
+    ReissuedTask,
     Ticket,
 )
 from posttrain.rollout.keys import StreamKeys
@@ -182,7 +183,7 @@ def acquire_all(ctl: AdmissionController) -> list[Ticket]:
 
 
 def counters(s: AdmissionState) -> dict[str, int]:
-    return {k: v for k, v in s.__dict__.items() if k not in ("learner_version", "capacity")}
+    return {k: v for k, v in s.__dict__.items() if k not in ("learner_version", "capacity", "infra_by_cause")}
 
 
 # ---------------------------------------------------------------- policy version store
@@ -454,6 +455,77 @@ def test_a_live_lease_keeps_its_slot(backend: AdmissionBackend) -> None:
     assert (s.in_flight, s.consumed, s.expired_total, s.late_total) == (1, 1, 0, 0)
 
 
+@contract
+def test_no_ticket_while_the_engine_serves_weights_older_than_tau(backend: AdmissionBackend) -> None:
+    """B=2, tau=0, learner at v1 (capacity 4, 2 consumed at v0): an engine still on v0 gets nothing
+    (issue 32: its episode would sample stale tokens, dropped at tau 0), one on v1 gets a ticket.
+    tau=1 lets the v0 engine through. Unknown (None) is not checked."""
+    versions = backend.version_store()
+    ctl = backend.controller(batch_size=2, max_staleness=0)
+    for _ in range(2):
+        ticket = ctl.acquire(0.0, served_version=0)
+        assert ticket is not None
+        ctl.consume(ticket)
+    versions.set(1)
+    assert ctl.acquire(0.0, served_version=0) is None
+    assert ctl.state().engine_behind_total == 1 and ctl.state().in_flight == 0
+    assert ctl.acquire(0.0, served_version=1) is not None
+    assert ctl.acquire(0.0) is not None  # None: not checked
+    loose = backend.controller(batch_size=2, max_staleness=1)
+    versions.set(2)  # tau 1: capacity 8, started 4
+    assert loose.acquire(0.0, served_version=1) is not None
+    assert loose.acquire(0.0, served_version=0) is None
+
+
+@contract
+def test_refunds_by_entry_are_made_once_and_a_retrained_entry_takes_its_place_back(backend: AdmissionBackend) -> None:
+    """4 consumed. Entries a, b dropped: refunded (consumed 2). A learner restart delivers them again:
+    dropped again, nothing comes back twice. Entry a trained after all (the resumed learner is at an
+    older version): its place is taken back (consumed 3). b acknowledged: forgotten, so a refund of a
+    new id c counts again."""
+    ctl = backend.controller(batch_size=4, max_staleness=0)
+    for _ in range(4):
+        ticket = ctl.acquire(0.0)
+        assert ticket is not None
+        ctl.consume(ticket)
+    assert ctl.refund(2, ["a", "b"]) == 2 and ctl.state().consumed == 2
+    assert ctl.refund(2, ["a", "b"]) == 0 and ctl.state().consumed == 2
+    assert ctl.settle(trained=["a", "z"], acked=["b"]) == 1
+    s = ctl.state()
+    assert (s.consumed, s.retaken_total, s.refunded_total) == (3, 1, 2)
+    assert ctl.refund(2, ["b", "c"]) == 2 and ctl.state().consumed == 1
+    with pytest.raises(ValueError, match="entry_ids: expected one per refunded rollout"):
+        ctl.refund(2, ["d"])
+
+
+@contract
+def test_an_infra_failure_returns_its_slot_is_counted_by_cause_and_its_task_comes_back(
+        backend: AdmissionBackend) -> None:
+    """B=2, tau=0: both tickets taken. One episode fails for the infrastructure (tool killed): its slot
+    is back, infra 1 (tool_killed 1), its task queued once. Another gives up: abandoned 1, nothing
+    queued. The queue is first in, first out and empty after."""
+    ctl = backend.controller(batch_size=2, max_staleness=0)
+    t1, t2 = ctl.acquire(0.0), ctl.acquire(0.0)
+    assert t1 is not None and t2 is not None and ctl.acquire(0.0) is None
+    ctl.assign(t1, ReissuedTask("task-7"))
+    ctl.release_infra(t1, "tool_killed", ReissuedTask("task-7", 1, "tool_killed"))
+    again = ctl.acquire(0.0)
+    assert again is not None  # the slot came back
+    ctl.release_infra(t2, "grader_killed", None)
+    s = ctl.state()
+    assert (s.infra_total, s.infra_by_cause, s.reissued_total, s.abandoned_total, s.in_flight) == (
+        2, {"tool_killed": 1, "grader_killed": 1}, 1, 1, 1)
+    assert ctl.take_reissued() == ReissuedTask("task-7", 1, "tool_killed")
+    assert ctl.take_reissued() is None
+    ctl.consume(again)
+    s = ctl.state()
+    assert (s.completed_total, s.infra_share) == (1, 2 / 3)
+    m = s.as_metrics()
+    assert m["admission/infra_tool_killed"] == 1.0 and all(isinstance(v, float) for v in m.values())
+    with pytest.raises(ValueError, match="cannot be released"):
+        ctl.release_infra(t1, "tool_killed", None)
+
+
 # ---------------------------------------------------------------- state
 
 
@@ -514,8 +586,8 @@ class FaultyController:
             clock=clock,
         )
 
-    def acquire(self, timeout_s: float) -> Ticket | None:
-        return self.inner.acquire(timeout_s)
+    def acquire(self, timeout_s: float, served_version: int | None = None) -> Ticket | None:
+        return self.inner.acquire(timeout_s, served_version)
 
     def consume(self, ticket: Ticket) -> None:
         self.inner.consume(ticket)
@@ -523,8 +595,20 @@ class FaultyController:
     def release(self, ticket: Ticket) -> None:
         self.inner.release(ticket)
 
-    def refund(self, count: int) -> None:
-        self.inner.refund(count)
+    def release_infra(self, ticket: Ticket, cause: str, reissue: ReissuedTask | None) -> None:
+        self.inner.release_infra(ticket, cause, reissue)
+
+    def assign(self, ticket: Ticket, task: ReissuedTask) -> None:
+        self.inner.assign(ticket, task)
+
+    def take_reissued(self) -> ReissuedTask | None:
+        return self.inner.take_reissued()
+
+    def refund(self, count: int, entry_ids: Sequence[str] | None = None) -> int:
+        return self.inner.refund(count, entry_ids)
+
+    def settle(self, trained: Sequence[str] = (), acked: Sequence[str] = ()) -> int:
+        return self.inner.settle(trained, acked)
 
     def rebase(self, learner_version: int) -> int:
         return self.inner.rebase(learner_version)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.rollout.admission import RedisAdmissionController
+from posttrain.rollout.admission import RedisAdmissionController, ReissuedTask
 from posttrain.rollout.keys import StreamKeys
 from posttrain.rollout.liveness import Heartbeat, beat, farewell, live_generators
 from posttrain.rollout.queue import RedisUnreachableError
@@ -73,6 +73,45 @@ def test_a_dead_generators_tickets_come_back_as_soon_as_its_heartbeat_lapses(ser
     assert learner.return_leases_of_dead() == 0 and learner.state().in_flight == 1
     g1.consume(kept)
     assert client.hlen(keys.admission_owners) == 0  # no owner entry outlives its lease
+
+
+def test_a_restarted_generator_releases_its_previous_lifes_tickets_as_lost_and_their_tasks_come_back(
+        server) -> None:
+    """Issue 32. B=3, tau=0. g0 takes 2 tickets (tasks t1, t2) and is SIGKILLed; a new life under the
+    same id renews the same heartbeat, so the dead-owner rule never frees them (before the fix they
+    stayed leased for the whole lease). At its start the new life releases them: both counted lost in
+    flight, both tasks queued again, in order; g1's ticket is kept. Later g1 dies too: the learner's
+    dead-owner rule returns its ticket the same way (lost 3, t3 re-issued)."""
+    keys = _keys()
+    client = connect(server.url)
+    first_life = RedisAdmissionController(client, keys, batch_size=3, max_staleness=0, lease_s=3600.0, owner="g0")
+    g1 = RedisAdmissionController(client, keys, batch_size=3, max_staleness=0, lease_s=3600.0, owner="g1")
+    learner = RedisAdmissionController(client, keys, batch_size=3, max_staleness=0)
+    beat(client, keys, "g0", ttl_s=60.0)
+    beat(client, keys, "g1", ttl_s=60.0)
+    for task in ("t1", "t2"):
+        ticket = first_life.acquire(0.0)
+        assert ticket is not None
+        first_life.assign(ticket, ReissuedTask(task))
+    kept = g1.acquire(0.0)
+    assert kept is not None
+    g1.assign(kept, ReissuedTask("t3"))
+    second_life = RedisAdmissionController(client, keys, batch_size=3, max_staleness=0, lease_s=3600.0, owner="g0")
+    beat(client, keys, "g0", ttl_s=60.0)  # the new life's heartbeat: g0 looks alive throughout
+    assert learner.return_leases_of_dead() == 0 and second_life.acquire(0.0) is None  # full, and nobody frees it
+    assert second_life.release_leases_of("g0") == 2
+    s = learner.state()
+    assert (s.in_flight, s.lost_total, s.reissued_total, s.expired_total) == (1, 2, 2, 2)
+    assert [second_life.take_reissued(), second_life.take_reissued()] == [ReissuedTask("t1"), ReissuedTask("t2")]
+    assert second_life.release_leases_of("g0") == 0  # nothing of the previous life is left
+    client.delete(keys.heartbeat("g1"))
+    assert learner.return_leases_of_dead() == 1
+    assert learner.take_reissued() == ReissuedTask("t3", 0, "lost_in_flight") and learner.take_reissued() is None
+    s = learner.state()
+    assert (s.in_flight, s.lost_total, s.reissued_total) == (0, 3, 3)
+    assert client.hlen(keys.admission_owners) == 0 and client.hlen(keys.admission_tasks) == 0
+    with pytest.raises(ValueError, match="owner: must be a generator id"):
+        learner.release_leases_of("")
 
 
 def test_heartbeats_lapse_by_ttl_and_farewell_ends_them_at_once(server) -> None:

@@ -187,3 +187,88 @@ def test_the_embedded_redis_dying_under_posttrain_run_ends_with_the_first_cause_
     lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
     assert lines[-1].startswith(f"posttrain: Redis at {url} unreachable (retried for 2 s"), lines[-30:]
     assert sum("Traceback" in line for line in lines) == 0
+
+
+def _freeze_with_episodes_in_flight(ctx: RunContext, client: redis.Redis, procs: list) -> None:
+    """SIGSTOP every role at a moment some admission ticket is held (an episode in flight), so a SIGKILL
+    that follows lands mid-episode; a tiny model's episode is shorter than a look at the leases."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for p in procs:
+            p.send_signal(signal.SIGSTOP)
+        if client.zcard(ctx.keys.admission_leases) > 0:
+            return
+        for p in procs:
+            p.send_signal(signal.SIGCONT)
+        time.sleep(0.05)
+    raise AssertionError("no episode in flight within 120 s")
+
+
+def test_every_role_sigkilled_mid_episode_then_restarted_loses_nothing_and_tau_0_wastes_nothing(tmp_path):
+    """Issue 32 (the audit's (e) and row 10), one run of 2 generators and a learner at tau = 0, B = 2.
+
+    First life, 10 policy versions: no rollout is dropped as stale (before the fix, 2-4 after nearly
+    every update, "no fresh token": a generator woken by a new version started episodes on the old
+    weights before its reload). Then, with episodes in flight, the learner and both generators are
+    SIGKILLed together and restarted under the same ids. Afterwards:
+
+    * every acknowledged entry is in a ledger line (trained, or dropped with its entry id) or dead-lettered,
+      and nothing is left pending;
+    * every ticket held at the kill was released as lost in flight and its task re-issued, and the
+      re-issued tasks were run again (before: the new lives renewed the same heartbeats, so the
+      tickets stayed leased until the lease ran out and nothing counted or re-issued them);
+    * the final ``stale_dropped`` equals the drops in the surviving ledger.
+    """
+    # A heartbeat that outlives the restart (the audit's 120 s lease, default TTL 30 s): the new lives
+    # renew it, so only their own start can give back what the previous lives held.
+    ctx = _ctx(tmp_path, "kill-every-role", 14, "generator.heartbeat_ttl_s=120", "generator.admission_lease_s=600",
+               "sao.max_staleness=0", "sao.checkpoint_every=4", "sao.batch_size=2", "sao.micro_batch_size=2")
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        gens = _start_generators(ctx, server.url, client)
+        learner = _spawn(ctx, "learner", server.url)
+        try:
+            _wait(lambda: learner.poll() is not None or (ctx.run_dir / "learner_ledger.jsonl").exists()
+                  and max(r["policy_version"] for r in _ledger(ctx)) >= 10, 400, "10 policy versions")
+            assert learner.poll() is None, _lines(ctx, "learner")[-20:]
+            _freeze_with_episodes_in_flight(ctx, client, [learner, *gens])
+            for p in [learner, *gens]:
+                p.send_signal(signal.SIGKILL)
+            for p in [learner, *gens]:
+                p.wait()
+            first_life = _ledger(ctx)
+            held = {t.decode() for t in client.zrange(ctx.keys.admission_leases, 0, -1)}
+            assigned = {t.decode() for t in client.hkeys(ctx.keys.admission_tasks)} & held
+            assert held and client.hlen(ctx.keys.admission_owners) >= len(held)
+            gens = [_spawn(ctx, "generator", server.url, "--generator-index", str(i), log_name=f"g{i}-again")
+                    for i in range(2)]
+            learner = _spawn(ctx, "learner", server.url, "--start-model", str(ctx.sft_model_dir), log_name="again")
+            assert learner.wait(timeout=420) == 0, _lines(ctx, "again")[-20:]
+        finally:
+            _stop(ctx, client, gens)
+            if learner.poll() is None:
+                learner.kill()
+        first_drops = [(line["iteration"], d["reason"]) for line in first_life for d in line["dropped"]]
+        assert first_drops == [], f"tau = 0 wasted rollouts in the first life: {first_drops}"
+        assert max(line["policy_version"] for line in first_life) >= 10
+        lines = _ledger(ctx)
+        recorded = {e for line in lines for e in line["entry_ids"]} | {
+            d["entry_id"] for line in lines for d in line["dropped"]}
+        dead = {d[b"original_id"].decode() for _, d in client.xrange(ctx.keys.dead_letter)}
+        group = next(g for g in client.xinfo_groups(ctx.keys.rollouts) if g["name"] == b"learner")
+        last = group["last-delivered-id"].decode()
+        delivered = [eid.decode() for eid, _ in client.xrange(ctx.keys.rollouts, max=last)]
+        trained, pending = _trained_and_pending(ctx, client)
+        assert not pending
+        missing = [e for e in delivered if e not in recorded | dead]
+        assert delivered and not missing, f"acknowledged but in no ledger line: {missing}"
+        state = json.loads((latest_checkpoint(ctx.checkpoints_dir) / "state.json").read_text())["state"]
+        surviving = {row["iteration"]: row for row in lines}
+        assert state["counters"]["stale_dropped"] == sum(len(row["dropped"]) for row in surviving.values())
+        admission = {k.decode(): int(v) for k, v in client.hgetall(ctx.keys.admission).items()}
+        assert admission.get("lost_total", 0) == len(held), (admission, held)  # each ticket held at the kill, once
+        assert admission.get("reissued_total", 0) >= len(assigned), (admission, assigned)
+        assert client.zcard(ctx.keys.admission_leases) == 0 and client.llen(ctx.keys.reissue) == 0, admission
+        stats = {k.decode(): json.loads(v) for k, v in client.hgetall(ctx.keys.generator_stats).items()}
+        assert sum(s["reissued"] for s in stats.values()) >= len(assigned)  # the lost tasks ran again
+        assert any("previous life left" in line for i in range(2) for line in _lines(ctx, f"g{i}-again"))

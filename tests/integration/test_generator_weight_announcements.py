@@ -18,6 +18,7 @@ import redis
 from posttrain.config import load_config
 from posttrain.models.hf import load_policy
 from posttrain.rollout.admission import RedisAdmissionController
+from posttrain.rollout.queue import decode_entry
 from posttrain.rollout.redis_streams import RedisPolicyVersionStore
 from posttrain.runners.common import prepare, warm_start
 from posttrain.runtime import RunContext
@@ -53,7 +54,8 @@ def test_generator_reloads_on_announcement_and_releases_its_tickets_on_stop(tmp_
     """B = 2, tau = 0: capacity 2 at v0, so the generator sends 2 rollouts and waits.
 
     Publish + announce v1 -> capacity 4: 1 reload, >= 1 announcement received, 4 rollouts sent.
-    Version key 10 (capacity 22) + announcement -> rollouts flow again; then the stop key -> the
+    Publish v10, version key 10 (capacity 22) + announcement -> rollouts flow again (once the engine
+    serves v10: at tau = 0 no ticket is granted to an engine behind the learner); then the stop key -> the
     process exits 0, no ticket stays in flight (episodes cancelled by the stop released theirs),
     and granted = consumed + released = the rollouts the generator reported.
     """
@@ -86,8 +88,12 @@ def test_generator_reloads_on_announcement_and_releases_its_tickets_on_stop(tmp_
             assert snap["weight_announcements"] >= 1
             assert snap["busy_measured_by_engine"] == 1.0
             assert snap["rollouts"] == 4  # capacity (1 + 0 + 1) * 2
+            sent = [decode_entry({k.decode(): v for k, v in fields.items()})
+                    for _, fields in client.xrange(ctx.keys.rollouts)]
+            assert [r.policy_version for r in sent] == [0, 0, 1, 1]  # granted at v1: sampled with v1 weights
             # Version key at 10 (capacity 22) and announced: the 4 slots now run back to back, and
             # the stop below most likely lands while some episodes are in flight.
+            store.publish(model.state_dict(), 10, model_dir)
             versions.set(10)
             announce_weights(client, ctx.keys, 10)
             _wait(lambda: _stats(client, ctx).get("rollouts", 0) >= 8, 240, "8 rollouts after the version key moved")

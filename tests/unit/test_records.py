@@ -52,6 +52,9 @@ def test_arrays_travel_packed_not_as_msgpack_lists():
         ({"token_ids": []}, "token_ids: empty"),
         ({"reward": math.inf}, "reward: not finite"),
         ({"policy_version": 4}, "policy_version: 4 is not the oldest"),
+        ({"outcome": "infra_error"}, "infra_cause: an infra_error needs a cause"),
+        ({"outcome": "infra_error", "infra_cause": "Tool Killed"}, "infra_cause: an infra_error needs a cause"),
+        ({"infra_cause": "tool_killed"}, "infra_cause: 'tool_killed' given for a completed episode"),
     ],
 )
 def test_invalid_rollouts_are_refused_on_encode_and_on_decode(changes, message):
@@ -142,11 +145,32 @@ def test_two_dimensional_arrays_are_refused_naming_the_field():
 
 
 def test_other_schema_version_with_valid_layout_is_named():
-    """A v3 entry with the v2 layout is refused by version, not decoded."""
+    """A v4 entry with the v3 layout is refused by version, not decoded."""
     raw = msgspec.msgpack.decode(encode_rollout(_rollout()))
-    raw["schema_version"] = 3
-    with pytest.raises(RecordError, match="schema_version: got 3, this build reads 2"):
+    raw["schema_version"] = 4
+    with pytest.raises(RecordError, match="schema_version: got 4, this build reads 2 and 3"):
         decode_rollout(msgspec.msgpack.encode(raw), arrays=True)
+
+
+def test_a_version_2_entry_still_decodes_as_a_completed_episode_of_the_current_version():
+    """An entry written before ``outcome`` existed (v2: no ``outcome``/``infra_cause`` keys) stays
+    decodable, so a stream left by an older generator is not dead-lettered on upgrade; it reads
+    as ``completed``. A v2 entry that claims an outcome is refused (v2 had none)."""
+    raw = msgspec.msgpack.decode(encode_rollout(_rollout()))
+    del raw["outcome"], raw["infra_cause"]
+    raw["schema_version"] = 2
+    back = decode_rollout(msgspec.msgpack.encode(raw))
+    assert back == _rollout() and back.schema_version == ROLLOUT_SCHEMA_VERSION == 3
+    assert back.outcome == "completed" and encode_rollout(back)  # re-encodes as v3
+    raw["outcome"], raw["infra_cause"] = "infra_error", "tool_killed"
+    with pytest.raises(RecordError, match="outcome: schema_version 2 has no outcome field"):
+        decode_rollout(msgspec.msgpack.encode(raw))
+
+
+def test_an_infra_error_outcome_and_its_cause_survive_the_wire():
+    r = _rollout(outcome="infra_error", infra_cause="grader_killed", reward=0.0)
+    back = decode_rollout(encode_rollout(r), arrays=True)
+    assert (back.outcome, back.infra_cause) == ("infra_error", "grader_killed")
 
 
 def test_to_arrays_converts_once_to_the_wire_dtypes_and_validates():

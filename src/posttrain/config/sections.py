@@ -213,6 +213,17 @@ class GeneratorConfig(_Strict):
     behind the learner's latest: the learner would drop its rollout anyway. Ignored under
     ``sao.staleness_rule: token``, where no episode is cancelled for its age. Its slot and admission ticket go to a new episode, and it is counted in the generator's
     ``stale_aborted``. False lets it finish, and the learner drops it (``stale_dropped``)."""
+    infra_retries: int = Field(2, ge=0, le=100)
+    """Times a task whose episode failed for the infrastructure (the sandbox died, the grader could
+    not run, a tool was killed from outside) is run again; such an episode is never trained. After
+    that many the task is given up with a log line naming it (``admission/abandoned_total``)."""
+    max_infra_error_share: float = Field(0.25, ge=0.0, le=1.0)
+    """The learner checkpoints and stops with one line once more than this share of the finished
+    episodes failed for the infrastructure (counted over the run, after ``infra_min_episodes``):
+    a broken sandbox or grader must not quietly eat the run. 1.0 never stops."""
+    infra_min_episodes: int = Field(20, ge=1, le=1_000_000)
+    """Finished episodes (trained or failed for the infrastructure) before
+    ``max_infra_error_share`` is checked, so one early failure does not stop a run."""
     temperature: float = Field(1.0, gt=0.0, le=10.0)
     """Sampling temperature; SAO training requires 1.0."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)

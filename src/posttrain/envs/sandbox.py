@@ -57,6 +57,10 @@ Guarantees (bwrap mode, caller is root: this project's machines and CI):
     * The parent's environment variables are not visible; ``HOME``, ``/tmp`` and the private work
       directory are new for every call and deleted afterwards.
     * No capabilities, no set-uid privilege gain, no core dumps.
+    * A command that SIGKILL ended without the sandbox's wall or CPU limit doing it (the OOM
+      killer, an eviction, ``kill -9`` from outside) is reported as ``killed_reason="external"``,
+      apart from the command's own failures; callers treat it as an infrastructure failure
+      (``SandboxError`` too is one: ``posttrain.envs.base.InfraError``), never as the agent's.
 
 Not guaranteed:
     * Kernel exploits: this is namespaces plus rlimits, not a virtual machine and not seccomp.
@@ -71,6 +75,14 @@ Not guaranteed:
       isolation only where ``unshare --net`` works (``network_isolated`` says which); no PID
       namespace (processes are still reaped by uid when the caller is root). The Python
       interpreter must be readable by the sandbox uid (``/root/...`` interpreters are not).
+    * Who sent a SIGKILL: a command that kills itself with SIGKILL, or exits 137, looks like an
+      outside kill (``external``) and its episode is not trained (neither rewarded nor
+      penalised); it is counted by cause, and a run whose share of such failures passes
+      ``generator.max_infra_error_share`` stops. The same holds for a program that ignores
+      SIGXCPU and gets SIGKILL at the CPU hard limit in bwrap mode, where its CPU seconds are
+      not visible; in process mode they are (``cpu_s``), so it reads as ``cpu_time`` there. That
+      check sums the CPU of the command and the children it waited for, so an outside kill after
+      that sum passed ``cpu_time_s`` reads as ``cpu_time``.
     * Caller not root: the command runs as the caller's uid (in a user namespace); RLIMIT_NPROC
       then counts the caller's own processes too, so the cap is set to their current number plus
       ``max_processes`` (approximate). Clean-up kills the process group, and in bwrap mode the PID
@@ -97,6 +109,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from posttrain.envs.base import InfraError
+
 Isolation = Literal["auto", "bwrap", "process"]
 """``bwrap``: require bubblewrap; ``process``: rlimits, uid and network namespace only; ``auto``:
 bwrap when it works here, else process mode."""
@@ -113,12 +127,20 @@ _DRAIN_AFTER_KILL_S = 1.0
 _REAP_ROUNDS = 100
 
 
-class SandboxError(RuntimeError):
-    """The sandbox could not be set up, or processes of the sandbox outlived the clean-up."""
+class SandboxError(InfraError):
+    """The sandbox could not be set up, or processes of the sandbox outlived the clean-up.
+
+    An infrastructure failure (``posttrain.envs.base.InfraError``, cause ``sandbox_error``): an
+    episode it ends is never trained.
+    """
+
+    cause = "sandbox_error"
 
 
 class SandboxUnavailableError(SandboxError):
-    """The isolation asked for (``bwrap``) does not work on this machine; the message says why."""
+    """The isolation asked for (``bwrap``) does not work on this machine; the message says why (cause ``sandbox_unavailable``)."""
+
+    cause = "sandbox_unavailable"
 
 
 @dataclass(frozen=True)
@@ -172,11 +194,15 @@ class SandboxResult:
         exit_code: The command's exit status; ``128 + N`` when signal N killed it.
         timed_out: True when the wall-clock or CPU limit ended it.
         truncated: True when stdout or stderr went past the cap.
-        killed_reason: ``wall_time`` or ``cpu_time`` when a limit killed it, else ``None``.
+        killed_reason: ``wall_time`` or ``cpu_time`` when a limit killed it; ``external`` when
+            SIGKILL ended it and neither limit explains it (``killed_externally``); else ``None``.
         isolation: ``bwrap`` or ``process``: the mode actually used.
         network_isolated: True when the command ran in its own network namespace.
         filesystem_isolated: True when the host file system was hidden (bwrap mode).
         wall_s: Seconds from start to the end of clean-up.
+        cpu_s: CPU seconds (user + system) of the command and the children it waited for, from
+            ``wait4``, in process mode; ``None`` in bwrap mode (the command runs under bwrap's own
+            init, whose children's time does not reach this process) or when not reaped here.
     """
 
     stdout: str
@@ -189,11 +215,22 @@ class SandboxResult:
     network_isolated: bool
     filesystem_isolated: bool
     wall_s: float
+    cpu_s: float | None = None
 
     @property
     def ok(self) -> bool:
         """True when the command exited 0 within its limits."""
         return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def killed_externally(self) -> bool:
+        """SIGKILL ended the command and none of its own limits did: an infrastructure failure (issue 32).
+
+        The OOM killer, a node or pod eviction, or an operator's ``kill -9`` look like this. So
+        does a command that SIGKILLs itself or exits 137 (indistinguishable from the outside; see
+        the module's "Not guaranteed").
+        """
+        return self.killed_reason == "external"
 
 
 @dataclass(frozen=True)
@@ -522,10 +559,61 @@ def _clean_env(home: str, tmpdir: str, extra: Mapping[str, str] | None) -> dict[
     return env
 
 
+def _poll(proc: subprocess.Popen[bytes], cpu: list[float]) -> int | None:
+    """``proc.poll()`` that keeps the child's CPU seconds (``os.wait4``) in ``cpu`` when it reaps it.
+
+    The CPU time tells a kill by RLIMIT_CPU's hard limit (SIGKILL after the soft limit's SIGXCPU
+    was ignored) from a SIGKILL from outside.
+    """
+    if proc.returncode is not None:
+        return proc.returncode
+    try:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+    except ChildProcessError:  # reaped elsewhere: fall back to Popen's own bookkeeping
+        return proc.poll()
+    if pid == 0:
+        return None
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    cpu.append(usage.ru_utime + usage.ru_stime)
+    return proc.returncode
+
+
+def _wait(proc: subprocess.Popen[bytes], cpu: list[float], timeout_s: float) -> None:
+    """Reap ``proc`` within ``timeout_s`` seconds, keeping its CPU seconds (``_poll``).
+
+    Raises:
+        subprocess.TimeoutExpired: still running after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while _poll(proc, cpu) is None:
+        if time.monotonic() >= deadline:
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
+        time.sleep(0.005)
+
+
+def _killed_reason(exit_code: int, wall_timed_out: bool, cpu_s: float | None, cpu_soft_s: int) -> str | None:
+    """``wall_time``, ``cpu_time``, ``external`` (a SIGKILL no limit of the sandbox explains) or None.
+
+    RLIMIT_CPU sends SIGXCPU at the soft limit and SIGKILL one second later (the hard limit) to a
+    process that ignores it; that SIGKILL comes after at least ``cpu_soft_s`` CPU seconds.
+    """
+    if wall_timed_out:
+        return "wall_time"
+    if exit_code == 128 + signal.SIGXCPU:
+        return "cpu_time"
+    if exit_code == 128 + signal.SIGKILL:
+        if cpu_s is not None and cpu_s >= cpu_soft_s:
+            return "cpu_time"
+        return "external"
+    return None
+
+
 def _pump(
-    proc: subprocess.Popen[bytes], limits: SandboxLimits, uid: int | None
+    proc: subprocess.Popen[bytes], limits: SandboxLimits, uid: int | None, cpu: list[float]
 ) -> tuple[bytes, bytes, bool, bool]:
     """Read both pipes with a byte cap until they close; kill on the wall limit.
+
+    ``cpu`` receives the command's CPU seconds when this reaps it (``_poll``).
 
     Returns:
         ``(stdout, stderr, wall_timed_out, truncated)``.
@@ -544,10 +632,10 @@ def _pump(
     try:
         while selector.get_map():
             now = time.monotonic()
-            if drain_deadline is None and (now >= deadline or proc.poll() is not None):
+            if drain_deadline is None and (now >= deadline or _poll(proc, cpu) is not None):
                 # Wall limit hit, or the command exited: nothing it started may keep running (or
                 # keep the pipes open), so kill the group and the uid, then read what is left.
-                timed_out = now >= deadline and proc.poll() is None
+                timed_out = now >= deadline and _poll(proc, cpu) is None
                 _kill_group(proc)
                 if uid is not None:
                     reap_uid(uid)
@@ -720,14 +808,15 @@ def run_in_sandbox(
             )
         except OSError as exc:
             raise SandboxError(f"could not start the sandbox ({argv[0]}): {exc}") from exc
+        cpu: list[float] = []
         try:
-            stdout, stderr, wall_timed_out, truncated = _pump(proc, limits, uid)
+            stdout, stderr, wall_timed_out, truncated = _pump(proc, limits, uid, cpu)
         finally:
             _kill_group(proc)
             if uid is not None:
                 reap_uid(uid)
             try:
-                proc.wait(timeout=10)
+                _wait(proc, cpu, timeout_s=10)
             except subprocess.TimeoutExpired as exc:
                 raise SandboxError(f"sandbox process {proc.pid} did not exit after SIGKILL") from exc
             for stream in (proc.stdout, proc.stderr):
@@ -737,22 +826,20 @@ def run_in_sandbox(
         shutil.rmtree(scratch)
 
     exit_code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-    killed_reason: str | None = None
-    if wall_timed_out:
-        killed_reason = "wall_time"
-    elif exit_code == 128 + signal.SIGXCPU:
-        killed_reason = "cpu_time"
+    cpu_s = cpu[0] if cpu and mode == "process" else None
+    killed_reason = _killed_reason(exit_code, wall_timed_out, cpu_s, cpu_soft)
     return SandboxResult(
         stdout=stdout.decode("utf-8", errors="replace"),
         stderr=stderr.decode("utf-8", errors="replace"),
         exit_code=exit_code,
-        timed_out=killed_reason is not None,
+        timed_out=killed_reason in ("wall_time", "cpu_time"),
         truncated=truncated,
         killed_reason=killed_reason,
         isolation=mode,
         network_isolated=network_isolated,
         filesystem_isolated=mode == "bwrap",
         wall_s=time.monotonic() - started,
+        cpu_s=cpu_s,
     )
 
 

@@ -34,6 +34,12 @@ Limits and finish reasons (``EpisodeLimits``):
 For ``length`` and ``timeout`` the rollout's metrics are those of the environment's last
 ``StepResult`` (environments report their full metric set on every step), plus ``num_turns``.
 
+Infrastructure failures (issue 32): when the environment raises ``InfraError`` (the sandbox died,
+the grader could not run, a tool was killed from outside) the episode ends at once and
+``run_episode`` raises ``EpisodeInfraError`` with the cause and the partial rollout, marked
+``outcome="infra_error"`` (``None`` when no action token was sampled yet). The result is not the
+agent's: callers never train it (the generator re-issues the task).
+
 Policy versions: each turn records ``GenerationResult.policy_version``; the rollout's
 ``policy_version`` is the oldest of them (a rollout whose weights changed between turns is as
 stale as its oldest token).
@@ -54,7 +60,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from posttrain.chat.format import ChatFormat
-from posttrain.envs.base import Environment, StepResult
+from posttrain.envs.base import Environment, InfraError, StepResult
 from posttrain.inference.base import GenerationRequest, GenerationResult, InferenceEngine
 from posttrain.records import FinishReason, Rollout, Task
 
@@ -69,6 +75,22 @@ class EpisodeError(RuntimeError):
     def __init__(self, message: str, finish_reason: FinishReason | None = None) -> None:
         super().__init__(message)
         self.finish_reason = finish_reason
+
+
+class EpisodeInfraError(EpisodeError):
+    """The infrastructure failed under the episode (``posttrain.envs.base.InfraError``): not the agent's result.
+
+    Attributes:
+        cause: The ``InfraError``'s cause (``tool_killed``, ``grader_killed``, ``sandbox_error``...).
+        rollout: The episode up to the failure, ``outcome="infra_error"`` and reward 0.0 (never
+            to be trained; its ``finish_reason`` is ``stop`` and means nothing), or ``None`` when
+            it failed before its first action token.
+    """
+
+    def __init__(self, message: str, cause: str, rollout: Rollout | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.rollout = rollout
 
 
 @dataclass(frozen=True)
@@ -162,6 +184,7 @@ async def run_episode(
         policy versions, and the environment's metrics plus ``num_turns`` (and ``sampling_seed``).
 
     Raises:
+        EpisodeInfraError: the environment raised ``InfraError`` (module docstring).
         EpisodeError: the prompt leaves no room for an action within ``max_episode_tokens``, the
             time ran out before the first action token, the engine returned a malformed result,
             or the environment returned neither ``done`` nor an observation.
@@ -170,7 +193,11 @@ async def run_episode(
     chat = chat or ChatFormat.for_tokenizer(tokenizer)
     started_at = time.time()
     deadline = time.monotonic() + limits.timeout_s
-    episode = env.start(task)
+    try:
+        episode = env.start(task)
+    except InfraError as exc:
+        raise EpisodeInfraError(f"task {task.task_id}: {exc}", exc.cause) from exc
+    infra: InfraError | None = None
     try:
         token_ids = chat.prompt_ids(episode.messages())
         if len(token_ids) >= limits.max_episode_tokens:
@@ -219,6 +246,9 @@ async def run_episode(
             except TimeoutError:
                 finish = "timeout"
                 break
+            except InfraError as exc:  # not the agent's: no reward, no observation
+                infra, finish = exc, "stop"
+                break
             metrics = dict(step.metrics)
             if step.done:
                 reward, finish = float(step.reward), step.finish_reason
@@ -241,6 +271,9 @@ async def run_episode(
     if not versions:
         raise EpisodeError(f"task {task.task_id}: {finish} before the first action token", finish)
     metrics["num_turns"] = float(len(versions))
+    outcome: dict[str, Any] = {}
+    if infra is not None:
+        outcome = {"outcome": "infra_error", "infra_cause": infra.cause}
     if seed is not None:  # exact: generator seeds stay below 2**53 (generator.seeds)
         metrics["sampling_seed"] = float(seed)
     rollout = Rollout(
@@ -260,5 +293,9 @@ async def run_episode(
         started_at=started_at,
         finished_at=time.time(),
         metrics=metrics,
+        **outcome,
     )
-    return rollout.to_arrays() if arrays else rollout.validate()
+    rollout = rollout.to_arrays() if arrays else rollout.validate()
+    if infra is not None:
+        raise EpisodeInfraError(f"task {task.task_id}: {infra}", infra.cause, rollout) from infra
+    return rollout

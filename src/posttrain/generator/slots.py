@@ -18,6 +18,14 @@ generator's stats: a failed episode or group (``failed += 1``; for G = 1 an inva
 in ``stale_aborted_calls_<bucket>`` by the tool calls it had begun), one cancelled by a stop
 (released, then the cancellation propagates).
 
+Infrastructure failures (issue 32; ``EpisodeInfraError``: the sandbox died, the grader could not
+run, a tool was killed from outside) are never sent: the tickets are released through
+``AdmissionController.release_infra``, which counts the failure by cause and queues the task to
+run again, at most ``infra_retries`` times (then the task is given up with a log line naming it,
+and counted in ``abandoned_total``). Before drawing a new task a slot takes the oldest task queued
+to run again (``take_reissued``: these failures, and episodes lost in flight when a generator died
+or restarted); each ticket set records the task it runs (``assign``), so a loss can re-issue it.
+
 ``run_until_stopped`` runs the slots beside the weight watcher until the generator stops.
 Tested in ``tests/unit/generator/test_slots.py``.
 """
@@ -35,14 +43,14 @@ from typing import TYPE_CHECKING
 
 from posttrain.envs.base import Environment
 from posttrain.episodes.group import run_group
-from posttrain.episodes.runner import EpisodeLimits, run_episode
+from posttrain.episodes.runner import EpisodeInfraError, EpisodeLimits, run_episode
 from posttrain.generator.inflight import InFlightEpisodes
 from posttrain.generator.seeds import EpisodeSeeds
 from posttrain.generator.sender import RolloutSender
 from posttrain.inference.base import InferenceEngine
 from posttrain.inference.metering import GeneratorStats
 from posttrain.records import RecordError, Rollout, Task
-from posttrain.rollout.admission import AdmissionController, AsyncTicketGate, Ticket
+from posttrain.rollout.admission import AdmissionController, AsyncTicketGate, ReissuedTask, Ticket
 from posttrain.rollout.lengths import CALL_BUCKETS, bucket_label
 
 if TYPE_CHECKING:
@@ -119,6 +127,8 @@ class EpisodeWork:
         group_size: G: episodes per task run together (1 for SAO).
         temperature: Sampling temperature.
         top_p: Nucleus mass.
+        infra_retries: Times a task whose episode failed for the infrastructure runs again before
+            it is given up (``generator.infra_retries``).
     """
 
     engine: InferenceEngine
@@ -130,6 +140,15 @@ class EpisodeWork:
     group_size: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
+    infra_retries: int = 2
+
+    @functools.cached_property
+    def _tasks_by_id(self) -> dict[str, Task]:
+        return {t.task_id: t for t in self.tasks}
+
+    def task_by_id(self, task_id: str) -> Task | None:
+        """The training task ``task_id``, or None when it is not one of ``tasks``."""
+        return self._tasks_by_id.get(task_id)
 
     async def run(self, task: Task, seed: int, on_turn: Callable[[int], None]) -> list[Rollout]:
         """Run ``task`` once (G = 1) or as a group of G; return the rollouts (per-token fields as arrays).
@@ -201,7 +220,8 @@ class EpisodeSlot:
         tickets = await self.tickets.take()
         if not tickets:
             return
-        task = self.work.tasks[self.rng.randrange(len(self.work.tasks))]
+        task, attempts = self._next_task()
+        self.admission.assign(tickets[0], ReissuedTask(task.task_id, attempts))  # one record per task, G too
         seed = self.seeds.next()
         for _ in tickets:
             self.stats.episode_started()
@@ -211,6 +231,9 @@ class EpisodeSlot:
         except asyncio.CancelledError:  # stopping: give the tickets back before unwinding
             _release(self.admission, tickets)
             raise
+        except EpisodeInfraError as exc:
+            self._infra_failed(task, attempts, tickets, exc)
+            return
         except (OSError, RuntimeError, ValueError) as exc:
             self._failed(task, tickets, exc)
             return
@@ -222,6 +245,37 @@ class EpisodeSlot:
             _release(self.admission, tickets)
             return
         await self.sender.send_shielded(list(zip(tickets, rollouts, strict=True)))
+
+    def _next_task(self) -> tuple[Task, int]:
+        """The oldest task queued to run again (with its failed attempts), else a new draw (0 attempts)."""
+        while (again := self.admission.take_reissued()) is not None:
+            task = self.work.task_by_id(again.task_id)
+            if task is not None:
+                self.stats.reissued += 1
+                log.info("generator %s: running %s again (%s; %d infrastructure failures before)",
+                         self.work.generator_id, again.task_id, again.cause, again.attempts)
+                return task, again.attempts
+            log.warning("generator %s: task %s was queued to run again but is not one of this run's training "
+                        "tasks; skipped", self.work.generator_id, again.task_id)
+        return self.work.tasks[self.rng.randrange(len(self.work.tasks))], 0
+
+    def _infra_failed(self, task: Task, attempts: int, tickets: Sequence[Ticket], exc: EpisodeInfraError) -> None:
+        """Count an infrastructure failure, release the tickets, re-issue the task (or give it up, with a line)."""
+        gid = self.work.generator_id
+        self.stats.infra_errors += 1
+        attempts += 1
+        again = ReissuedTask(task.task_id, attempts, exc.cause) if attempts <= self.work.infra_retries else None
+        self.admission.release_infra(tickets[0], exc.cause, again)
+        _release(self.admission, tickets[1:])
+        if again is None:
+            self.stats.infra_abandoned += 1
+            log.error("generator %s: task %s failed for the infrastructure %d times (last: %s: %s); given up "
+                      "(generator.infra_retries=%d)", gid, task.task_id, attempts, exc.cause, exc,
+                      self.work.infra_retries)
+        else:
+            log.warning("generator %s: episode of %s failed for the infrastructure (%s: %s); not trained, the task "
+                        "runs again (attempt %d of %d)", gid, task.task_id, exc.cause, exc, attempts + 1,
+                        self.work.infra_retries + 1)
 
     def _aborted(self, episodes: int, turns: int) -> None:
         """Count ``episodes`` cancelled as stale by their tool calls begun (``turns`` over all of them).

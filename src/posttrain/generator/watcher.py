@@ -9,7 +9,8 @@ either way, so a missed announcement costs at most that long. At each wake-up it
    (``generator.abort_stale_episodes``; ``InFlightEpisodes.abort_stale``);
 2. reloads the engine's weights in place when the store's (version, directory mtime) stamp
    differs from the one served: a restarted learner re-publishes versions past its checkpoint
-   under the same number in a new directory;
+   under the same number in a new directory; then wakes the admission gate, which grants no
+   ticket while the engine is more than tau versions behind the learner;
 3. publishes the generator's stats (``publish_generator_stats``);
 4. after an announcement, wakes the admission gate (a new version raises capacity).
 
@@ -139,6 +140,7 @@ class WeightWatcher:
                     return False
                 await self.engine.update_weights(path, latest)
                 self.served = current
+                self.gate.wake()  # tickets wait for the engine to catch up (AsyncTicketGate served_version)
         publish_generator_stats(self.client, self.keys, self.generator_id, self.stats.snapshot())
         return True
 

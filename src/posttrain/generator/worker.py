@@ -17,6 +17,15 @@ run's Redis; each generator of a run needs its own index: ``generator.seeds``). 
 Before its first episode a generator waits for the learner's first weights and for the policy-version
 key, and only then reserves its episode numbers (``generator.seeds``): a learner resumed on a Redis
 that lost its data first writes back the positions its checkpoint recorded (``rollout.positions``).
+Before any of that, it releases the admission tickets its previous life (same id) still held: that
+life was killed with those episodes in flight, and the heartbeat the new life renews would keep the
+learner from ever returning them; they are counted as lost in flight and their tasks re-issued
+(issue 32).
+
+Tickets are granted only while the engine serves weights within ``max_staleness`` versions of the
+learner's (``AsyncTicketGate(served_version=)``): at tau = 0 a slot woken by a new version used to
+start its episode on the previous weights, before the watcher's reload, and the learner dropped
+the rollout as "no fresh token" (2-4 per update; issue 32).
 
 Waiting never parks threads: tickets come through ``AsyncTicketGate`` (one poller per process,
 backoff on the event loop), and the ``hf`` engine runs its batches on its own thread, so an
@@ -178,6 +187,15 @@ async def _serve(config: RunConfig, ctx: RunContext, generator_id: str, redis_ur
     stopping = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):  # SIGINT: a Ctrl-C reaches the run's whole process group
         asyncio.get_running_loop().add_signal_handler(signum, stopping.set)
+    admission = RedisAdmissionController(client, ctx.keys, batch_size=settings.batch_rollouts,
+                                         max_staleness=settings.max_staleness, lease_s=gen.admission_lease_s,
+                                         retries=0, owner=generator_id)
+    # First thing (the heartbeat this life renews hides its previous life's death from the learner): every
+    # ticket this id holds now is the previous life's, its episode lost in flight.
+    lost = admission.release_leases_of(generator_id)
+    if lost:
+        log.warning("generator %s: its previous life left %d episodes in flight; counted as lost in flight and "
+                    "their tasks re-issued", generator_id, lost)
     store = open_weight_store(ctx)
     version = await first_version(store, ctx.weights_dir, config.weights_timeout_s, stopping)
     # Reserve only once the learner has set the version key: a resumed learner first gives back the
@@ -188,6 +206,7 @@ async def _serve(config: RunConfig, ctx: RunContext, generator_id: str, redis_ur
     seeds = EpisodeSeeds(config.seed, position,
                          reserve=lambda n: client.hincrby(ctx.keys.generator_positions, str(position), n))
     stats = GeneratorStats()
+    stats.lost_in_flight = lost
     engine = MeteredEngine(make_engine(
         gen.engine, store.path_for(version), policy_version=version, seed=seed,
         max_model_len=gen.max_episode_tokens + gen.max_new_tokens, kv_cache_gib=gen.vllm_kv_cache_gib,
@@ -198,14 +217,12 @@ async def _serve(config: RunConfig, ctx: RunContext, generator_id: str, redis_ur
         EpisodeLimits(max_turns=gen.max_turns, max_new_tokens=gen.max_new_tokens,
                       max_episode_tokens=gen.max_episode_tokens, timeout_s=gen.episode_timeout_s),
         generator_id=generator_id, group_size=settings.group_size, temperature=gen.temperature, top_p=gen.top_p,
+        infra_retries=gen.infra_retries,
     )
     rng = random.Random(seed * 2**32 + seeds.start)  # a restarted generator draws a new task order too
     queue = RedisStreamQueue(client, ctx.keys, consumer=f"generator-{generator_id}", maxlen=config.queue.maxlen,
                              retries=0)
-    admission = RedisAdmissionController(client, ctx.keys, batch_size=settings.batch_rollouts,
-                                         max_staleness=settings.max_staleness, lease_s=gen.admission_lease_s,
-                                         retries=0, owner=generator_id)
-    gate = AsyncTicketGate(admission)
+    gate = AsyncTicketGate(admission, served_version=lambda: engine.policy_version)
     announcements = WeightAnnouncements(redis_url, ctx.keys)
     await announcements.subscribe()
     stats.mark_started()

@@ -51,6 +51,13 @@ class GeneratorStats:
         admission_wait_s: Seconds spent waiting for admission tickets (summed over episode slots).
         stale_aborted: Episodes cancelled in flight because the learner had moved more than
             ``max_staleness`` versions past their oldest policy version (``generator.inflight``).
+        infra_errors: Episodes (GRPO: groups) that failed for the infrastructure (sandbox died,
+            grader could not run, tool killed from outside): not sent, their tasks re-issued.
+        infra_abandoned: Of those, tasks given up after ``generator.infra_retries`` re-issues.
+        reissued: Episodes started on a task taken from the re-issue queue (an infrastructure
+            failure or an episode lost in flight, of any generator).
+        lost_in_flight: Episodes this generator's previous life (same id) left running when it
+            died, released when this life started and re-issued.
         engine_batches: Batches the engine ran (engines that report them: the ``hf`` engine's
             ``batch_observer``; 0 otherwise).
         engine_batch_rows: Requests over those batches (their mean is ``mean_batch_rows``).
@@ -76,6 +83,10 @@ class GeneratorStats:
     weight_wait_timeouts: int = 0
     admission_wait_s: float = 0.0
     stale_aborted: int = 0
+    infra_errors: int = 0
+    infra_abandoned: int = 0
+    reissued: int = 0
+    lost_in_flight: int = 0
     engine_batches: int = 0
     engine_batch_rows: int = 0
     engine_batch_padded_tokens: int = 0

@@ -13,9 +13,16 @@ Two sources share one contract, ``next_batch(learner_version) -> list[QueueEntry
   ``groups_per_batch`` of them at a time; a group with any stale member is dropped whole.
 
 Both read the queue the same way (reclaim entries idle on a dead consumer first, then block for
-new ones up to ``block_s`` seconds) and send every drop through one ``DropRecorder``, which
-counts it, keeps it for the next ledger line, acknowledges its entry and gives its admission place
-back. Nothing is dropped any other way. ``None`` means "no batch yet": the caller asks again.
+new ones up to ``block_s`` seconds) and send every drop through one ``DropRecorder``, which gives
+its admission place back at once (once per entry, even if a restart delivers it again), keeps it
+for the next ledger line and counts it there. Nothing is dropped any other way. A dropped entry is
+acknowledged like a trained one: by the checkpoint that covers its ledger line (the learner adds
+it to the checkpoint's entries), so its ledger line is always written before its ack; a learner
+killed in between delivers it again and judges it again (issue 32: dropped entries used to be
+acked at once, their line written at the next iteration, and a SIGKILL between lost them from
+the ledger and from ``stale_dropped``). A rollout whose ``outcome`` is ``infra_error`` (a producer
+that sent one) is dropped on arrival, never trained (reason ``infra_error: <cause>``).
+``None`` means "no batch yet": the caller asks again.
 """
 
 from __future__ import annotations
@@ -32,28 +39,35 @@ from posttrain.records import Rollout, decode_rollout, encode_rollout
 from posttrain.rollout.admission import AdmissionController, StalenessStats, is_stale
 from posttrain.rollout.queue import QueueEntry, RolloutQueue
 
+INFRA_REASON = "infra_error"
+"""Start of the ledger ``reason`` of a rollout whose ``outcome`` is ``infra_error`` (then ``: <cause>``)."""
+
 
 class DropRecorder:
-    """The one way a learner drops stream entries: counted, kept for the ledger, acknowledged, refunded.
+    """The one way a learner drops stream entries: refunded at once, counted and kept for the next ledger line.
+
+    The entries are not acknowledged here: the learner acknowledges them with the checkpoint that
+    covers their ledger line (module docstring).
 
     Args:
-        queue: The learner's stream consumer (drops are acknowledged there).
-        admission: Admission control (each dropped rollout gives its place back).
+        admission: Admission control (each dropped rollout gives its place back, once per entry).
         staleness: Staleness statistics (drops are counted there too).
         dropped_before: Drops counted by earlier incarnations of this learner (from its checkpoint).
+        infra_before: Rollouts with ``outcome="infra_error"`` dropped by earlier incarnations.
 
     Attributes:
-        total: Entries dropped over the run, ``dropped_before`` included.
+        total: Entries dropped for staleness or group assembly over the run and written to the
+            ledger, ``dropped_before`` included (infrastructure failures excepted).
+        infra: Entries dropped because their ``outcome`` was ``infra_error``, ``infra_before`` included.
     """
 
-    def __init__(
-        self, queue: RolloutQueue, admission: AdmissionController, staleness: StalenessStats, dropped_before: float = 0.0
-    ) -> None:
-        self._queue = queue
+    def __init__(self, admission: AdmissionController, staleness: StalenessStats, dropped_before: float = 0.0,
+                 infra_before: float = 0.0) -> None:
         self._admission = admission
         self._staleness = staleness
-        self._for_ledger: list[tuple[Rollout, str]] = []
+        self._for_ledger: list[tuple[QueueEntry, str]] = []
         self.total = float(dropped_before)
+        self.infra = float(infra_before)
 
     def drop(self, entries: Sequence[QueueEntry], reasons: Sequence[str]) -> None:
         """Drop ``entries`` for the given reasons (one each; e.g. ``stale``, ``stale group``).
@@ -65,26 +79,49 @@ class DropRecorder:
             raise ValueError(f"reasons: expected {len(entries)} like entries, got {len(reasons)}")
         if not entries:
             return
-        self._staleness.record_dropped(len(entries))
-        self.total += len(entries)
-        self._for_ledger.extend((e.rollout, r) for e, r in zip(entries, reasons, strict=True))
-        self._queue.ack([e.entry_id for e in entries])
-        self._admission.refund(len(entries))
+        self._staleness.record_dropped(sum(1 for r in reasons if not r.startswith(INFRA_REASON)))
+        self._for_ledger.extend(zip(entries, reasons, strict=True))
+        self._admission.refund(len(entries), [e.entry_id for e in entries])
 
-    def take_for_ledger(self) -> list[tuple[Rollout, str]]:
-        """The drops since the last call, as ``(rollout, reason)``, for the next ledger line."""
+    @property
+    def seen(self) -> float:
+        """Entries dropped for staleness or group assembly so far: ``total`` plus those not yet in a ledger line."""
+        return self.total + sum(1 for _, r in self._for_ledger if not r.startswith(INFRA_REASON))
+
+    def take_for_ledger(self) -> list[tuple[QueueEntry, str]]:
+        """The drops since the last call, as ``(entry, reason)``, for the next ledger line; counted now."""
         out, self._for_ledger = self._for_ledger, []
+        infra = sum(1 for _, r in out if r.startswith(INFRA_REASON))
+        self.infra += infra
+        self.total += len(out) - infra
         return out
 
 
 class DropLog(Protocol):
-    """What the loop reads of the drops: their running total and the ones for the next ledger line."""
+    """What the loop reads of the drops: their running totals and the ones for the next ledger line."""
 
     total: float
+    infra: float
 
-    def take_for_ledger(self) -> list[tuple[Rollout, str]]:
-        """The drops since the last call, as ``(rollout, reason)``."""
+    @property
+    def seen(self) -> float:
+        """``total`` plus the drops not yet in a ledger line (what the progress bound counts)."""
         ...
+
+    def take_for_ledger(self) -> list[tuple[QueueEntry, str]]:
+        """The drops since the last call, as ``(entry, reason)``."""
+        ...
+
+
+def infra_failed(entries: Sequence[QueueEntry]) -> tuple[list[QueueEntry], list[QueueEntry]]:
+    """``(completed, infra)``: entries split by their rollout's ``outcome`` (``infra_error`` never trains)."""
+    completed = [e for e in entries if e.rollout.outcome != "infra_error"]
+    return completed, [e for e in entries if e.rollout.outcome == "infra_error"]
+
+
+def infra_reasons(entries: Sequence[QueueEntry]) -> list[str]:
+    """The ledger reason of each infra-failed entry: ``infra_error: <cause>``."""
+    return [f"{INFRA_REASON}: {e.rollout.infra_cause}" for e in entries]
 
 
 class BatchSource(Protocol):
@@ -168,7 +205,9 @@ class SingleRolloutSource:
         """
         need = self._batch - len(self._buffer)
         if need > 0:
-            self._buffer.extend(_read(self._queue, need, self._claim_idle_ms, self._block_s))
+            arrived, infra = infra_failed(_read(self._queue, need, self._claim_idle_ms, self._block_s))
+            self.drops.drop(infra, infra_reasons(infra))
+            self._buffer.extend(arrived)
         fresh: list[QueueEntry] = []
         stale: list[QueueEntry] = []
         for entry in self._buffer:
@@ -211,6 +250,8 @@ class GroupSource:
         """Offer new entries to the group buffer; return complete groups' entries, or None."""
         arrived = self._queue.claim_stale(self._claim_idle_ms)
         arrived += self._queue.get_batch(self._read_size, timeout_s=self._block_s)
+        arrived, infra = infra_failed(arrived)
+        self.drops.drop(infra, infra_reasons(infra))
         ready, dropped = collect_groups(self._assembler, arrived, learner_version=learner_version,
                                         max_staleness=self._tau, num_groups=self._groups)
         self.drops.drop(dropped, [self._assembler.drop_reason(e) for e in dropped])
@@ -233,8 +274,10 @@ class _NoDrops:
     """The drop log of a rank that does not read the stream (rank 0 drops, counts and logs)."""
 
     total = 0.0
+    infra = 0.0
+    seen = 0.0
 
-    def take_for_ledger(self) -> list[tuple[Rollout, str]]:
+    def take_for_ledger(self) -> list[tuple[QueueEntry, str]]:
         """Nothing: drops are rank 0's."""
         return []
 

@@ -1,5 +1,8 @@
 """When the asynchronous learner checkpoints, and the rule that acknowledgement comes after the checkpoint.
 
+The entries a checkpoint covers are those of the batches it trained and those dropped while the
+batches were assembled (their ledger lines written before); both are acknowledged after it.
+
 A checkpoint (``posttrain.learner.checkpoint``) is written every ``checkpoint_every`` policy
 versions, at the last version, and when the loop stops with trained entries not yet covered.
 After it is durable (and mirrored to ``checkpoints_uri`` when the run keeps checkpoints on S3,
@@ -48,14 +51,18 @@ class Checkpointer:
         world: The learner's ranks: every rank writes its shards; rank 0 mirrors and acknowledges.
         positions: Returns the generators' positions (``posttrain.rollout.positions.read_positions``),
             called by rank 0 before each checkpoint; None: not recorded (in-memory transports).
+        acked: Called by rank 0 with the entries it acknowledged (``AdmissionController.settle``:
+            the refund records of dropped entries are closed), or None.
     """
 
     def __init__(self, ctx: RunContext, *, state: LearnerState, counters: dict[str, float],
                  parts: dict[str, Trainable], baseline: RunningMeanBaseline | None, queue: RolloutQueue | None,
                  every: int, last_version: int, mirror_uri: str | None, world: World,
-                 positions: Callable[[], dict[str, int]] | None = None) -> None:
+                 positions: Callable[[], dict[str, int]] | None = None,
+                 acked: Callable[..., object] | None = None) -> None:
         self.ctx, self.state, self.counters, self.parts = ctx, state, counters, parts
         self.positions = positions
+        self.acked = acked
         self.baseline, self.queue, self.world = baseline, queue, world
         self.every, self.last_version, self.mirror_uri = every, last_version, mirror_uri
 
@@ -89,6 +96,8 @@ class Checkpointer:
                 mirror_checkpoint(saved, self.mirror_uri)
             if self.queue is not None:
                 self.queue.ack(self.state.consumed_entry_ids)
+                if self.acked is not None:
+                    self.acked(acked=list(self.state.consumed_entry_ids))
         self.state.consumed_entry_ids = []
         return saved
 

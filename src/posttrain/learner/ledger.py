@@ -13,10 +13,14 @@
   that got policy gradient, that the staleness bound masked, that the DIS band masked, and the
   oldest and newest policy version among those that got gradient (null when none did);
 * ``dropped``: one ``rollout_summary`` per rollout dropped while the batch was assembled, with its
-  ``reason``: ``no fresh token`` (SAO, ``staleness_rule: token``: even its newest turn lagged the
-  learner by more than tau), ``stale`` (SAO, ``staleness_rule: episode``: its oldest turn did), or
+  stream ``entry_id`` and its ``reason``: ``no fresh token`` (SAO, ``staleness_rule: token``: even
+  its newest turn lagged the learner by more than tau), ``stale`` (SAO, ``staleness_rule:
+  episode``: its oldest turn did), ``infra_error: <cause>`` (a rollout sent with that outcome), or
   for asynchronous GRPO's groups ``GroupAssembler.drop_reason`` (``stale group``, ``surplus
-  member``, ``no group id``).
+  member``, ``no group id``). A dropped entry is acknowledged only after the checkpoint that
+  covers its line, so every acknowledged entry is in a line (``entry_ids`` or ``dropped``), and a
+  learner killed before that checkpoint judges it again after the restart, as it retrains the
+  batches (the later line for an iteration is the one that stands).
 
 A summary keeps a rollout's lengths, reward, versions and times, not its tokens, so a line stays
 a few kilobytes for a batch of 64. Users read it to see which tasks, lengths and staleness each
@@ -98,7 +102,8 @@ def rollout_summary(rollout: Rollout) -> dict[str, Any]:
 def ledger_line(iteration: int, policy_version: int, rollouts: Iterable[Rollout],
                 entry_ids: Sequence[str] | None = None, dropped: Iterable[tuple[Rollout, str]] = (), *,
                 learner_version: int | None = None, max_staleness: int | None = None,
-                row_tokens: Sequence[Mapping[str, float | None]] | None = None) -> str:
+                row_tokens: Sequence[Mapping[str, float | None]] | None = None,
+                dropped_entry_ids: Sequence[str] | None = None) -> str:
     """One ledger line (JSON, newline-terminated) for an iteration (module docstring).
 
     Args:
@@ -111,9 +116,11 @@ def ledger_line(iteration: int, policy_version: int, rollouts: Iterable[Rollout]
         max_staleness: tau (policy versions); ``None`` leaves the key out.
         row_tokens: Per rollout of the batch, its token accounting (``TrainStepResult.row_tokens``),
             merged into its summary; ``None`` adds nothing.
+        dropped_entry_ids: The stream entry id of each dropped rollout, in ``dropped``'s order,
+            added to its summary as ``entry_id``; ``None`` adds nothing.
 
     Raises:
-        ValueError: ``row_tokens`` and ``rollouts`` differ in length.
+        ValueError: ``row_tokens`` and ``rollouts``, or ``dropped_entry_ids`` and ``dropped``, differ in length.
     """
     line: dict[str, Any] = {"iteration": iteration, "policy_version": policy_version}
     if learner_version is not None:
@@ -129,6 +136,12 @@ def ledger_line(iteration: int, policy_version: int, rollouts: Iterable[Rollout]
         for summary, tokens in zip(line["rollouts"], row_tokens, strict=True):
             summary.update(tokens)
     line["dropped"] = [{**rollout_summary(r), "reason": reason} for r, reason in dropped]
+    if dropped_entry_ids is not None:
+        if len(dropped_entry_ids) != len(line["dropped"]):
+            raise ValueError(f"dropped_entry_ids: expected {len(line['dropped'])} like dropped, "
+                             f"got {len(dropped_entry_ids)}")
+        for summary, entry_id in zip(line["dropped"], dropped_entry_ids, strict=True):
+            summary["entry_id"] = entry_id
     return json.dumps(line) + "\n"
 
 

@@ -17,6 +17,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from posttrain.rollout.admission import AdmissionState
+
 log = logging.getLogger("posttrain.learner")
 
 INTERRUPTED = "interrupted (Ctrl-C)"
@@ -34,6 +36,35 @@ class LearnerStopped(RuntimeError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class InfraShareBound:
+    """Stops the run once too many of its episodes failed for the infrastructure (issue 32).
+
+    Infrastructure failures are never trained; their tasks run again. A sandbox or grader that
+    breaks for good would turn the run into retries, so once at least ``min_episodes`` episodes
+    finished (sent or failed for the infrastructure) and the failed share passes ``max_share``, the
+    learner checkpoints and stops with one line naming the share, the setting and the causes.
+
+    Args:
+        state: Returns the admission counters (``AdmissionController.state``).
+        max_share: ``generator.max_infra_error_share`` (0 to 1; 1 never stops).
+        min_episodes: ``generator.infra_min_episodes``.
+    """
+
+    def __init__(self, state: Callable[[], AdmissionState], max_share: float, min_episodes: int) -> None:
+        self._state, self.max_share, self.min_episodes = state, max_share, min_episodes
+
+    def check(self) -> str | None:
+        """The stop reason (one line) when the bound is passed, else None."""
+        s = self._state()
+        finished = s.infra_total + s.completed_total
+        if finished < self.min_episodes or s.infra_share <= self.max_share:
+            return None
+        causes = ", ".join(f"{cause} {n}" for cause, n in sorted(s.infra_by_cause.items()))
+        return (f"{s.infra_total} of {finished} finished episodes failed for the infrastructure ({causes}): "
+                f"{s.infra_share:.0%} > generator.max_infra_error_share={self.max_share:g}; "
+                "stopped after a final checkpoint (generator logs name the tasks)")
 
 
 class GeneratorWatch:
@@ -66,6 +97,7 @@ class GeneratorWatch:
         self._next_status = self._none_since + self._first_status_s
         self.leases_returned = 0
         self.status_lines = 0
+        self._seen_alive: set[str] = set()
 
     def check(self, waiting: bool = True) -> str | None:
         """Return dead generators' tickets, then the stop reason if none has been alive for ``timeout_s``, else None.
@@ -77,8 +109,13 @@ class GeneratorWatch:
         returned = self._return_dead()
         if returned:
             self.leases_returned += returned
-            log.warning("learner: returned %d admission tickets of generators whose heartbeat lapsed", returned)
+            log.warning("learner: %d episodes of generators whose heartbeat lapsed were lost in flight: their "
+                        "tickets returned, their tasks re-issued", returned)
         alive = self._live()
+        for name in sorted(self._seen_alive - set(alive)):  # a death is never silent (issue 32)
+            log.warning("learner: generator %s stopped renewing its heartbeat (it died or stopped); %d generator(s) "
+                        "alive", name, len(alive))
+        self._seen_alive = set(alive)
         now = self._clock()
         if alive or not waiting:
             if self._none_since is not None and self.status_lines:

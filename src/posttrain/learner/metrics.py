@@ -8,6 +8,10 @@ from ``batch_staleness_metrics``); ``generator/<id>/*`` and ``generator/busy_fra
 gradient norm over the run); ``throughput/rollouts_per_s`` and ``throughput/trained_action_tokens_per_s``
 (cumulative since this process started), ``throughput/action_tokens_per_s`` (this batch's action
 tokens over its step time); ``queue/dead_letters``, ``queue/length``; ``rollouts/correct_mean``;
+``infra/*``: episodes that failed for the infrastructure, never trained (``infra/errors``, by cause
+``infra/<cause>``, ``infra/share``, ``infra/reissued``, ``infra/abandoned``, ``infra/lost_in_flight``;
+``posttrain.rollout.admission.infra_metrics``) and ``infra/dropped_by_learner`` (rollouts sent with
+``outcome="infra_error"``, dropped on arrival);
 the run's length accounting so far (``posttrain.rollout.lengths.length_metrics``: ``length/*``
 started and trained by bucket, ``tokens/stale_masked_share``, ``tokens/dis_masked_share``).
 The names match synchronous GRPO's, so runs of either compare directly.
@@ -18,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from posttrain.learner.types import TrainStepResult
-from posttrain.rollout.admission import StalenessStats
+from posttrain.rollout.admission import AdmissionState, StalenessStats, infra_metrics
 from posttrain.rollout.lengths import length_metrics
 from posttrain.rollout.queue import QueueEntry, RolloutQueue
 from posttrain.rollout.telemetry import generator_counters, generator_metrics
@@ -35,6 +39,7 @@ def learner_metrics(
     generator_stats: Mapping[str, Mapping[str, float]],
     step_s: float,
     elapsed_s: float,
+    admission: AdmissionState | None = None,
 ) -> dict[str, float]:
     """One iteration's metrics (module docstring).
 
@@ -49,6 +54,7 @@ def learner_metrics(
         generator_stats: Generator id -> its latest stats snapshot.
         step_s: Seconds the train step took.
         elapsed_s: Seconds since the learner started training in this process.
+        admission: The admission counters now (``infra/*``); None leaves them out.
     """
     elapsed = max(elapsed_s, 1e-9)
     metrics = dict(result.metrics)
@@ -66,5 +72,8 @@ def learner_metrics(
         "queue/dead_letters": float(queue.dead_letter_count()),
         "queue/length": float(queue.length()),
         "rollouts/correct_mean": sum(e.rollout.metrics.get("correct", 0.0) for e in entries) / len(entries),
+        "infra/dropped_by_learner": counters.get("infra_dropped", 0.0),
     })
+    if admission is not None:
+        metrics.update(infra_metrics(admission))
     return metrics

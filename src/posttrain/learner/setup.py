@@ -36,7 +36,7 @@ from posttrain.learner.critic import CriticModel
 from posttrain.learner.export import save_final_model
 from posttrain.learner.gkd_step import FixedSequences, load_fixed_sequences
 from posttrain.learner.ledger import LEDGER_NAME, append_ledger, ledger_line
-from posttrain.learner.liveness import INTERRUPTED, GeneratorWatch, LearnerStopped
+from posttrain.learner.liveness import INTERRUPTED, GeneratorWatch, InfraShareBound, LearnerStopped
 from posttrain.learner.metrics import learner_metrics
 from posttrain.learner.optim import NonFiniteStreak, build_optimizer
 from posttrain.learner.progress import IterationOutcome, ProgressWatch, outcome_of, print_line
@@ -52,6 +52,7 @@ from posttrain.rollout.admission import (
     RedisAdmissionController,
     StalenessStats,
     batch_staleness_metrics,
+    infra_metrics,
 )
 from posttrain.rollout.lengths import count_batch
 from posttrain.rollout.liveness import live_generators
@@ -161,6 +162,8 @@ class Learner:
         watch: Rank 0's watch on generator heartbeats (None: not watched).
         progress: Iterations in a row that trained no token (``learner.progress``); stops the run at
             ``learner.max_iterations_without_progress``.
+        infra_bound: Rank 0's check of the run's infrastructure-failure share
+            (``generator.max_infra_error_share``; None elsewhere).
         stop_requested: Set by the SIGTERM or SIGINT handler (the reason); the loop checkpoints and stops.
     """
 
@@ -180,6 +183,7 @@ class Learner:
     world: World = field(default_factory=World)
     watch: GeneratorWatch | None = None
     progress: ProgressWatch = field(default_factory=lambda: ProgressWatch(LearnerConfig().max_iterations_without_progress))
+    infra_bound: InfraShareBound | None = None
     stop_requested: str | None = None
     drops_seen: float = 0.0
     iterations_here: int = 0
@@ -206,6 +210,8 @@ class Learner:
         reason = self.stop_requested or self.progress.reason
         if reason is None and self.watch is not None:
             reason = self.watch.check(waiting)
+        if reason is None and self.infra_bound is not None:
+            reason = self.infra_bound.check()
         if self.world.distributed:
             flag = self.world.broadcast_bytes((reason or "").encode() if self.world.is_main else None)
             reason = flag.decode() or None
@@ -224,6 +230,8 @@ class Learner:
         The result's metrics gain the batch's per-rollout staleness (``batch_staleness_metrics``).
         """
         lags = [self.staleness.observe(e.rollout.policy_version, self.state.policy_version) for e in entries]
+        if self.transport is not None:  # an entry refunded when dropped by a dead predecessor takes its place back
+            self.transport.admission.settle(trained=[e.entry_id for e in entries])
         t0 = time.monotonic()
         result = self.step(entries, self.state.iteration, self.world, self.state.policy_version)
         self.last_step_s = time.monotonic() - t0
@@ -240,14 +248,17 @@ class Learner:
         refunding those rows as well let admitted, unread rollouts grow by that many every version
         until the excess went stale.
         """
-        if self.transport is not None and not result.policy_updated:
-            self.transport.admission.refund(len(entries))
+        if self.transport is not None and not result.policy_updated:  # by entry: a replay after a crash refunds once
+            self.transport.admission.refund(len(entries), [e.entry_id for e in entries])
 
     def record(self, entries: Sequence[QueueEntry], result: TrainStepResult) -> None:
-        """Count the iteration (skipped steps too), keep its entries for the next checkpoint, append its ledger line.
+        """Count the iteration (skipped steps too), append its ledger line, keep its entries for the next checkpoint.
 
-        Rank 0 also adds the batch and its drops to the length accounting (``rollout.lengths``,
-        ``length/*`` and ``tokens/*`` counters, checkpointed with the others).
+        The entries dropped while the batch was assembled are written in the same line and join
+        the checkpoint's entries: acknowledged, like the batch, only after the checkpoint that
+        covers this line (issue 32). Rank 0 also adds the batch and its drops to the length
+        accounting (``rollout.lengths``, ``length/*`` and ``tokens/*`` counters, checkpointed with
+        the others).
         """
         self.state.iteration += 1
         self.iterations_here += 1
@@ -257,13 +268,17 @@ class Learner:
             dropped = self.source.drops.take_for_ledger()
             append_ledger(self.ctx.run_dir / LEDGER_NAME, ledger_line(
                 self.state.iteration, version, [e.rollout for e in entries], [e.entry_id for e in entries],
-                dropped, learner_version=self.state.policy_version,
-                max_staleness=self.settings.max_staleness, row_tokens=result.row_tokens))
-            count_batch(self.counters, [e.rollout for e in entries], [r for r, _ in dropped], result.row_tokens)
+                [(e.rollout, r) for e, r in dropped], learner_version=self.state.policy_version,
+                max_staleness=self.settings.max_staleness, row_tokens=result.row_tokens,
+                dropped_entry_ids=[e.entry_id for e, _ in dropped]))
+            self.state.consumed_entry_ids.extend(e.entry_id for e, _ in dropped)
+            count_batch(self.counters, [e.rollout for e in entries],
+                        [e.rollout for e, _ in dropped if e.rollout.outcome != "infra_error"], result.row_tokens)
         self.counters["rollouts_trained"] += len(entries)
         self.counters["action_tokens_trained"] = self.counters.get("action_tokens_trained", 0.0) + (
             result.action_tokens_trained)
         self.counters["stale_dropped"] = self.source.drops.total
+        self.counters["infra_dropped"] = self.source.drops.infra
         self.counters["skipped_nonfinite"] += result.skipped_nonfinite
 
     def observe_progress(self, entries: Sequence[QueueEntry], result: TrainStepResult) -> None:
@@ -272,8 +287,8 @@ class Learner:
         Critic-only warm-up iterations (``critic_warmup_iterations``) are not counted; the rollouts dropped
         while the batch was assembled count in its stale-drop share.
         """
-        dropped = self.source.drops.total - self.drops_seen
-        self.drops_seen = self.source.drops.total
+        dropped = self.source.drops.seen - self.drops_seen
+        self.drops_seen = self.source.drops.seen
         if self.state.iteration > self.settings.critic_warmup_iterations:
             self.progress.observe(outcome_of(result, len(entries), int(dropped)))
 
@@ -283,7 +298,7 @@ class Learner:
         Such an iteration makes no progress (every rollout stale), so a learner whose every rollout is dropped
         stops too.
         """
-        while self.source.drops.total - self.drops_seen >= self.settings.batch_rollouts:
+        while self.source.drops.seen - self.drops_seen >= self.settings.batch_rollouts:
             self.drops_seen += self.settings.batch_rollouts
             self.progress.observe(IterationOutcome(published=False, rollouts=0, dropped=self.settings.batch_rollouts))
 
@@ -315,13 +330,20 @@ class Learner:
             result, entries, iteration=self.state.iteration, counters=self.counters, staleness=self.staleness,
             queue=self.transport.queue, generator_stats=self.transport.generator_stats(),
             step_s=self.last_step_s, elapsed_s=time.monotonic() - self.started,
+            admission=self.transport.admission.state(),
         ), **self.progress.metrics()}
 
     def finish(self) -> LearnerSummary:
-        """Save the final model once the last version is published; return the run's summary."""
+        """Save the final model once the last version is published; return the run's summary.
+
+        Its counters gain the run's infrastructure failures (``infra_metrics``: ``infra/errors``,
+        ``infra/<cause>``, ``infra/reissued``...) from the admission counters.
+        """
         self.counters["stale_dropped"] = self.source.drops.total
+        self.counters["infra_dropped"] = self.source.drops.infra
         if self.transport is not None:
             self.counters["dead_letters"] = float(self.transport.queue.dead_letter_count())
+            self.counters.update(infra_metrics(self.transport.admission.state()))
         if self.state.policy_version >= self.settings.steps:
             save_final_model(self.ctx, self.policy.model, self.tokenizer, self.world)
         return LearnerSummary(self.state.policy_version, self.state.iteration, self.ctx.final_model_dir,
@@ -484,10 +506,13 @@ def build_learner(config: RunConfig, transport: LearnerTransport | None, *, star
         latest = transport.store.latest_version()
         resumed = resumed_policy.checkpoint is not None or (latest is not None and latest > 0)
         if state.consumed_entry_ids:  # the checkpoint covers them: acknowledge, never train on them again
-            transport.queue.ack(sorted(set(state.consumed_entry_ids)))
+            covered = sorted(set(state.consumed_entry_ids))
+            transport.queue.ack(covered)
+            transport.admission.settle(acked=covered)
         publisher = WeightPublisher(transport.store, transport.versions, transport.announce, start_model_dir,
                                     overwrite=resumed)
-        drops = DropRecorder(transport.queue, transport.admission, staleness, counters["stale_dropped"])
+        drops = DropRecorder(transport.admission, staleness, counters["stale_dropped"],
+                             counters.get("infra_dropped", 0.0))
         inner = make_batch_source(settings, transport.queue, drops, claim_idle_ms=config.queue.claim_idle_ms,
                                   block_s=config.queue.block_ms / 1000)
         flags = b"1" if resumed or latest is None else b"0"
@@ -498,6 +523,7 @@ def build_learner(config: RunConfig, transport: LearnerTransport | None, *, star
         queue=transport.queue if transport is not None and world.is_main else None,
         every=settings.checkpoint_every, last_version=settings.steps, mirror_uri=config.checkpoints_uri, world=world,
         positions=transport.read_positions if transport is not None and world.is_main else None,
+        acked=transport.admission.settle if transport is not None and world.is_main else None,
     )
     learner = Learner(ctx, settings, transport if world.is_main else None, state, counters, policy, tokenizer,
                       RankBatchSource(world, inner),
@@ -507,9 +533,12 @@ def build_learner(config: RunConfig, transport: LearnerTransport | None, *, star
                                       f"{settings.technique}.max_nonfinite_iterations"), world,
                       progress=ProgressWatch(config.learner.max_iterations_without_progress,
                                              print_line if world.is_main else None))
-    learner.drops_seen = learner.source.drops.total
+    learner.drops_seen = learner.source.drops.seen
     if transport is not None and world.is_main and transport.live_generators is not None:
         learner.watch = GeneratorWatch(transport.live_generators, transport.return_dead_leases or (lambda: 0),
                                        timeout_s=config.learner.no_generator_timeout_s)
+    if transport is not None and world.is_main:
+        learner.infra_bound = InfraShareBound(transport.admission.state, config.generator.max_infra_error_share,
+                                              config.generator.infra_min_episodes)
     learner.publish(state.policy_version, write_weights=write_weights)
     return learner

@@ -57,9 +57,12 @@ class LearnerSummary:
         iterations: Learner iterations done in total.
         final_model_dir: The trained policy (HF directory).
         counters: ``rollouts_trained``, ``stale_dropped``, ``dead_letters``...
+        generators: What became of the generators ``posttrain run`` started (``2``, or ``2 started,
+            1 died: g0 (killed by SIGKILL)``); empty when the learner ran on its own.
     """
 
     policy_version: int
     iterations: int
     final_model_dir: Path
     counters: dict[str, float]
+    generators: str = ""

@@ -72,6 +72,21 @@ class StreamKeys:
         return f"{self.base}:admission:owners"
 
     @property
+    def admission_tasks(self) -> str:
+        """Hash of in-flight ticket id -> the task its episode runs (``ReissuedTask`` JSON), re-issued if lost."""
+        return f"{self.base}:admission:tasks"
+
+    @property
+    def admission_refunded(self) -> str:
+        """Set of stream entry ids whose admission place the learner refunded and has not yet acknowledged."""
+        return f"{self.base}:admission:refunded"
+
+    @property
+    def reissue(self) -> str:
+        """List of tasks to run again (``ReissuedTask`` JSON): infrastructure failures and episodes lost in flight."""
+        return f"{self.base}:reissue"
+
+    @property
     def generators(self) -> str:
         """Set of the generator ids that ever sent a heartbeat in this run."""
         return f"{self.base}:generators"
@@ -123,6 +138,9 @@ class StreamKeys:
             "admission": self.admission,
             "admission_leases": self.admission_leases,
             "admission_owners": self.admission_owners,
+            "admission_tasks": self.admission_tasks,
+            "admission_refunded": self.admission_refunded,
+            "reissue": self.reissue,
             "generators": self.generators,
             "generator_stats": self.generator_stats,
             "generator_positions": self.generator_positions,

@@ -18,7 +18,7 @@ from posttrain.rollout.keys import StreamKeys
 
 LOGGED_FIELDS = (
     "busy_fraction", "rollouts_per_s", "tokens_per_s", "max_in_flight", "rejected", "failed", "stale_aborted",
-    "mean_batch_rows",
+    "mean_batch_rows", "infra_errors", "reissued",
 )
 """Fields of each generator's stats the learner logs as ``generator/<id>/<field>``."""
 

@@ -38,6 +38,7 @@ from posttrain.learner.setup import redis_transport
 from posttrain.learner.types import LearnerSummary
 from posttrain.models.hf import load_policy
 from posttrain.parallel.world import init_world
+from posttrain.rollout.admission import RedisAdmissionController, infra_metrics
 from posttrain.rollout.lengths import length_metrics, summary_rows
 from posttrain.rollout.queue import QueueConnectionError, RedisUnreachableError
 from posttrain.rollout.redis_streams import connect, unreachable_message
@@ -45,6 +46,7 @@ from posttrain.rollout.telemetry import generator_counters, read_generator_stats
 from posttrain.runners.common import RunSummary, metrics_sink, plot_reward_curve, prepare, warm_start
 from posttrain.runners.console import RUN_LOG, engine_output_to_log, plural, seconds_since_start
 from posttrain.runners.gateway import GatewayProcesses, start_gateway, stop_agents
+from posttrain.runners.generator_deaths import GeneratorDeaths
 from posttrain.runtime import RunContext
 from posttrain.services.embedded_redis import resolve_redis
 from posttrain.tracking import MetricsSink
@@ -161,6 +163,7 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> L
         done = (checkpoint_version(ctx) or 0) >= async_rl_settings(ctx.config).steps
         mode = ctx.config.gateway.mode
         procs = [] if done or mode == "only" else start_generators(ctx, url, config_path)
+        deaths = GeneratorDeaths(procs, [f"g{i}" for i in range(len(procs))], ctx.run_dir / "logs").start()
         gateway: GatewayProcesses | None = None
         try:
             if mode != "disabled" and not done:  # an OpenAI-compatible server whose episodes train too (docs/gateway.md)
@@ -184,14 +187,19 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> L
         finally:
             if gateway is not None:
                 stop_agents(gateway.agents)  # before the stop key: the gateway then closes with nothing in flight
+            deaths.stop()  # before stopping them: those exits are expected
             stop_generators(ctx, client, procs)
         summary.counters["generators"] = float(len(procs) - (gateway is not None))
+        summary.counters["generators_died"] = float(len(deaths.died))
+        summary.generators = deaths.summary_value()
         if gateway is not None:  # its final counts (abandoned on stop...) are published as it stops
             try:
                 summary.counters.update(gateway_counters(read_generator_stats(client, ctx.keys)))
             except (redis.ConnectionError, redis.TimeoutError):
                 summary.counters.update(gateway_counters(gen_stats))
         summary.counters.update(generator_counters(gen_stats))
+        state = RedisAdmissionController(client, ctx.keys, batch_size=1, max_staleness=0).state()
+        summary.counters.update(infra_metrics(state))  # the counters of every learner life, ranks > 1 too
         return summary
     finally:
         if server is not None:
@@ -218,6 +226,18 @@ def gateway_rows(counters: dict[str, float]) -> list[tuple[str, str]]:
             ("gateway rollouts sent (edited histories split, refused)",
              f"{c['rollouts']:.0f} ({c['splits']:.0f}, {c['history_refused']:.0f})"),
             ("gateway infra errors, 429s", f"{c['infra_errors']:.0f}, {c['admission_timeouts']:.0f}")]
+
+
+def infra_row(counters: dict[str, float]) -> str:
+    """The summary's infrastructure-failure entry: ``0``, or ``3 (grader_killed 1, tool_killed 2); 3 re-issued, 0 given up``."""
+    total = counters.get("infra/errors", 0.0)
+    if not total:
+        return "0"
+    fixed = {"infra/errors", "infra/share", "infra/reissued", "infra/abandoned", "infra/lost_in_flight"}
+    causes = ", ".join(f"{k[len('infra/'):]} {v:.0f}" for k, v in sorted(counters.items())
+                       if k.startswith("infra/") and k not in fixed)
+    return (f"{total:.0f} ({causes}); {counters.get('infra/reissued', 0.0):.0f} re-issued, "
+            f"{counters.get('infra/abandoned', 0.0):.0f} given up")
 
 
 def _write_stopped_summary(ctx: RunContext, config: RunConfig, sft_accuracy: float, reason: str,
@@ -417,9 +437,12 @@ def run_sao(config: RunConfig) -> RunSummary:
         ("stale episodes cancelled by generators", f"{summary.counters['generator_stale_aborted']:.0f}"),
         ("staleness rule", config.sao.staleness_rule if config.technique == "sao" else "episode"),
         *summary_rows(lengths),
+        ("episodes failed for the infrastructure (never trained)", infra_row(summary.counters)),
+        ("episodes lost in flight (generator died or restarted; re-issued)",
+         f"{summary.counters.get('infra/lost_in_flight', 0):.0f}"),
         ("dead letters", f"{summary.counters.get('dead_letters', 0):.0f}"),
         ("quarantined rows", str(quarantined)),
-        ("generators", f"{summary.counters['generators']:.0f}"),
+        ("generators", summary.generators or f"{summary.counters['generators']:.0f}"),
         *gateway_rows(summary.counters),
         ("generator busy fraction", f"{summary.counters['generator_busy_fraction']:.2f}"),
         ("max episodes in flight", f"{summary.counters['generator_max_in_flight']:.0f}"),

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
+import pytest
+
+from outside_kill import OutsideKiller, victim_code
+from posttrain.envs.base import InfraError
 from posttrain.envs.math.math_tool import MathToolEnv
+from posttrain.envs.math.verifier_pool import VerifierError
 from posttrain.envs.sandbox import SandboxLimits
 from posttrain.envs.tool_calls import TOOL_CALL_FORMAT_PROMPT
 from posttrain.records import Task
@@ -69,3 +75,20 @@ def test_calls_beyond_the_per_action_cap_are_skipped() -> None:
     episode = MathToolEnv(max_calls_per_action=1).start(task())
     result = asyncio.run(episode.step(call("print(1)") + call("print(2)")))
     assert "skipped" in (result.observation or "") and result.metrics["tool_calls"] == 1.0
+
+
+def test_a_python_call_killed_from_outside_is_an_infra_error_not_an_exit_code_shown_to_the_policy() -> None:
+    """Issue 32: the sandbox's python killed from outside (SIGKILL, as the OOM killer would) used to come
+    back as ``[exit code 137]`` in the observation, the policy's mistake; it is now ``InfraError`` (cause
+    ``tool_killed``), which ends the episode untrained."""
+    marker = f"victim-{uuid.uuid4().hex}"
+    killer = OutsideKiller(marker, timeout_s=60)
+    episode = MathToolEnv(sandbox_limits=SandboxLimits(cpu_time_s=10.0, wall_time_s=60.0)).start(task())
+    with pytest.raises(InfraError, match="killed from outside") as failure:
+        asyncio.run(episode.step(call(victim_code(marker))))
+    assert killer.join() and failure.value.cause == "tool_killed"
+
+
+def test_an_answer_checker_that_cannot_run_is_an_infra_error() -> None:
+    """The math-verify worker failing to start is the grader failing, not a wrong answer."""
+    assert issubclass(VerifierError, InfraError) and VerifierError("no worker").cause == "grader_not_started"

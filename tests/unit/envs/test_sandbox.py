@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import posttrain
+from outside_kill import OutsideKiller
 from posttrain.envs.sandbox import (
     SandboxLimits,
     run_in_sandbox,
@@ -178,6 +179,29 @@ def test_sleeping_command_is_killed_at_the_wall_limit(isolation):
     assert result.timed_out
     assert result.killed_reason == "wall_time"
     assert result.exit_code == 128 + 9
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_a_command_killed_from_outside_is_an_external_kill_not_its_own_failure(isolation):
+    """Issue 32. ``sleep`` SIGKILLed by another process (as the OOM killer or an eviction would): exit
+    137 as before, but reported as ``external`` (an infrastructure failure), not as a limit hit and
+    not as a plain non-zero exit the caller would show the agent. Before the fix: killed_reason None."""
+    marker = f"victim-{uuid.uuid4().hex}"
+    killer = OutsideKiller(marker, timeout_s=60)
+    result = run_in_sandbox(f"sleep 60; : {marker}", isolation=isolation, wall_time_s=60)
+    assert killer.join(), "the victim never appeared"
+    assert (result.exit_code, result.killed_reason, result.killed_externally) == (137, "external", True)
+    assert not result.timed_out
+
+
+def test_a_sigkill_at_the_cpu_hard_limit_is_the_cpu_limit_not_an_outside_kill():
+    """Process mode: a program that ignores SIGXCPU gets SIGKILL at the hard limit (soft + 1 s of CPU):
+    its own CPU limit (``cpu_time``; its CPU seconds show it), not ``external``. (In bwrap mode its
+    CPU seconds are not visible and it reads as ``external``: the sandbox's "Not guaranteed".)"""
+    code = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass\n"
+    result = run_in_sandbox(code=code, isolation="process", cpu_time_s=1, wall_time_s=30)
+    assert (result.exit_code, result.killed_reason, result.timed_out) == (137, "cpu_time", True)
+    assert result.cpu_s is not None and result.cpu_s >= 1
 
 
 @pytest.mark.parametrize("isolation", MODES)

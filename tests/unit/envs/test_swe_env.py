@@ -8,12 +8,14 @@ module is skipped there with the reason.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 
 import pytest
 
-from posttrain.envs.base import Environment, Episode
-from posttrain.envs.sandbox import sandbox_capabilities
+from outside_kill import OutsideKiller
+from posttrain.envs.base import Environment, Episode, InfraError
+from posttrain.envs.sandbox import SandboxError, SandboxLimits, SandboxUnavailableError, sandbox_capabilities
 from posttrain.envs.swe.env import SWEEnvironment, SWELimits
 from posttrain.envs.swe.tasks import load_swe_tasks, parse_patch
 from posttrain.envs.swe.workspace import LocalSandboxBackend
@@ -214,6 +216,71 @@ def test_exiting_zero_during_import_does_not_pass(episode):
                        new_str='"""Split item lists into pages."""\nimport os\nos._exit(0)'))
     final = step(episode, call("submit"))
     assert final.reward == 0.0 and final.metrics["hidden_tests"] == 0.0
+
+
+def test_a_bash_call_killed_from_outside_is_an_infra_error_not_an_exit_code_shown_to_the_agent(episode):
+    """Issue 32: SIGKILL of a ``bash`` call from outside used to come back as ``exit code: 137``, the
+    policy's mistake; it is now ``InfraError`` (cause ``tool_killed``), which ends the episode untrained."""
+    marker = f"victim-{uuid.uuid4().hex}"
+    killer = OutsideKiller(marker, timeout_s=60)
+    with pytest.raises(InfraError, match="bash tool call killed from outside") as failure:
+        step(episode, call("bash", command=f"sleep 60; : {marker}"))
+    assert killer.join() and failure.value.cause == "tool_killed"
+
+
+def test_a_grading_run_killed_from_outside_is_an_infra_error_not_reward_zero():
+    """Issue 32: the reference fix, then repository code that sleeps while pytest imports it, and the
+    grading run SIGKILLed from outside. Before: ``reward 0.0, finish_reason stop, hidden_tests 0``,
+    trained. Now: ``InfraError`` cause ``grader_killed``."""
+    env = SWEEnvironment(limits=SWELimits(grading=SandboxLimits(cpu_time_s=60, wall_time_s=60)))
+    episode = env.start(PAGE_TASK)
+    try:
+        _apply_reference_fix(env, episode)
+        step(episode, call("edit", path="pager/__init__.py", old_str='"""Split item lists into pages."""',
+                           new_str='"""Split item lists into pages."""\nimport time\ntime.sleep(60)'))
+        killer = OutsideKiller("--junitxml", timeout_s=60)  # the grading run's own command line
+        with pytest.raises(InfraError, match="grading run was killed from outside") as failure:
+            step(episode, call("submit"))
+        assert killer.join() and failure.value.cause == "grader_killed"
+    finally:
+        episode.close()
+
+
+class _NoPythonBackend:
+    """Local workspaces whose commands find no ``python`` (as a sandbox whose interpreter is missing)."""
+
+    def open_workspace(self, snapshot: Path):
+        workspace = LocalSandboxBackend().open_workspace(snapshot)
+        run = workspace.run
+        workspace.run = lambda command, limits: run(f"PATH=/nonexistent {command}", limits)  # type: ignore[method-assign]
+        return workspace
+
+
+def test_a_grader_that_cannot_start_is_an_infra_error_even_for_the_reference_fix():
+    """Issue 32: the grader's ``python`` not found (exit 127) gave the reference fix reward 0.0; it is now
+    ``InfraError`` cause ``grader_not_started``, naming the exit code."""
+    env = SWEEnvironment(backend=_NoPythonBackend())
+    episode = env.start(PAGE_TASK)
+    try:
+        _apply_reference_fix(env, episode)
+        with pytest.raises(InfraError, match=r"the grader did not start \(exit code 127\)") as failure:
+            step(episode, call("submit"))
+        assert failure.value.cause == "grader_not_started"
+    finally:
+        episode.close()
+
+
+def test_sandbox_failures_are_infrastructure_errors_with_their_cause():
+    """No bubblewrap where ``isolation="bwrap"`` is asked for, or a sandbox that cannot start: infra errors."""
+    assert issubclass(SandboxError, InfraError) and SandboxError("x").cause == "sandbox_error"
+    assert SandboxUnavailableError("no bwrap").cause == "sandbox_unavailable"
+
+
+def _apply_reference_fix(env: SWEEnvironment, episode) -> None:
+    for file_patch in parse_patch(env.spec(PAGE_TASK.reference).fix_patch.read_text()):
+        for hunk in file_patch.hunks:
+            step(episode, call("edit", path=file_patch.path, old_str="".join(hunk.old_lines),
+                               new_str="".join(hunk.new_lines)))
 
 
 def test_extra_calls_beyond_the_per_action_cap_are_not_run():

@@ -23,11 +23,11 @@ import pytest
 from fixtures_models import TinyModel
 from posttrain.chat.format import ChatFormat, render_sft_example
 from posttrain.data.tokenizer import train_tokenizer
-from posttrain.envs.base import StepResult
+from posttrain.envs.base import InfraError, StepResult
 from posttrain.envs.synthetic.arith import SyntheticArithEnv
 from posttrain.envs.synthetic.tool import SyntheticToolEnv, reference_episode
 from posttrain.envs.tool_calls import format_tool_result
-from posttrain.episodes.runner import EpisodeError, EpisodeLimits, run_episode
+from posttrain.episodes.runner import EpisodeError, EpisodeInfraError, EpisodeLimits, run_episode
 from posttrain.generator.inflight import InFlightEpisodes
 from posttrain.inference.base import GenerationRequest, GenerationResult, InferenceEngine
 from posttrain.models.hf import load_tokenizer
@@ -293,6 +293,53 @@ def test_slow_environment_step_ends_with_timeout_and_closes_the_episode(tok: Any
     rollout = run(ScriptedEngine([Turn(action(tok, "#### 1"))]), tok, env, tool_task(), limits)
     assert rollout.finish_reason == "timeout"
     assert env.closed
+
+
+class ToolKilledEnv:
+    """``synthetic_tool`` whose second step fails as a tool killed from outside would (``InfraError``)."""
+
+    name = "synthetic_tool"
+
+    def __init__(self) -> None:
+        self.inner, self.closed = SyntheticToolEnv(), False
+
+    def start(self, task: Task) -> Any:
+        env, inner = self, self.inner.start(task)
+
+        class Episode:
+            steps = 0
+
+            def messages(self) -> list[dict[str, str]]:
+                return inner.messages()
+
+            async def step(self, action_text: str) -> StepResult:
+                self.steps += 1
+                if self.steps == 2:
+                    raise InfraError("calculator killed from outside (exit code 137)", "tool_killed")
+                return await inner.step(action_text)
+
+            def close(self) -> None:
+                env.closed = True
+                inner.close()
+
+        return Episode()
+
+
+def test_an_infrastructure_failure_ends_the_episode_as_infra_error_not_as_the_agents_result(tok: Any) -> None:
+    """Issue 32: turn 1 calls the tool (observation), turn 2's step fails for the infrastructure. The
+    loop raises ``EpisodeInfraError`` (cause ``tool_killed``) carrying the two turns as a rollout
+    marked ``outcome="infra_error"``, reward 0.0, which survives the wire; the episode is closed."""
+    env = ToolKilledEnv()
+    turns = [Turn(action(tok, reference_episode(tool_task())[0])), Turn(action(tok, "#### 61"), policy_version=1)]
+    with pytest.raises(EpisodeInfraError, match="calculator killed from outside") as failure:
+        run(ScriptedEngine(turns), tok, env, tool_task(), LIMITS)
+    partial = failure.value.rollout
+    assert failure.value.cause == "tool_killed" and env.closed and partial is not None
+    assert (partial.outcome, partial.infra_cause, partial.reward, partial.turn_policy_versions) == (
+        "infra_error", "tool_killed", 0.0, [0, 1])
+    assert len(spans(partial.action_mask)) == 2
+    assert isinstance(failure.value, EpisodeError)  # callers that only know EpisodeError still stop on it
+    encode_rollout(partial)
 
 
 def test_timeout_before_the_first_action_raises_episode_error(tok: Any) -> None:

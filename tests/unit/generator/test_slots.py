@@ -18,6 +18,7 @@ import msgspec
 import pytest
 
 from posttrain.data.tokenizer import train_tokenizer
+from posttrain.envs.base import InfraError
 from posttrain.envs.synthetic.tool import SyntheticToolEnv, reference_episode
 from posttrain.envs.tool_calls import format_tool_result
 from posttrain.episodes.runner import EpisodeLimits
@@ -29,7 +30,7 @@ from posttrain.inference.base import GenerationRequest, GenerationResult
 from posttrain.inference.metering import GeneratorStats
 from posttrain.models.hf import load_tokenizer
 from posttrain.records import Rollout, Task
-from posttrain.rollout.admission import AsyncTicketGate, MemoryAdmissionController
+from posttrain.rollout.admission import AsyncTicketGate, MemoryAdmissionController, ReissuedTask
 from posttrain.rollout.memory_queue import MemoryPolicyVersionStore, MemoryRolloutQueue
 
 LIMITS = EpisodeLimits(max_turns=4, max_new_tokens=64, max_episode_tokens=400, timeout_s=30.0)
@@ -109,13 +110,39 @@ class Generator:
         return [entry.rollout for entry in self.queue.get_batch(100, 0.0)]
 
 
+class InfraFailingEnv:
+    """``synthetic_tool`` whose every step fails for the infrastructure (a tool killed from outside); records tasks."""
+
+    name = "synthetic_tool"
+
+    def __init__(self) -> None:
+        self.inner, self.started = SyntheticToolEnv(), []
+
+    def start(self, task: Task) -> Any:
+        self.started.append(task.task_id)
+        inner = self.inner.start(task)
+
+        class Episode:
+            def messages(self) -> list[dict[str, str]]:
+                return inner.messages()
+
+            async def step(self, action_text: str) -> Any:
+                raise InfraError("python tool call killed from outside (exit code 137)", "tool_killed")
+
+            def close(self) -> None:
+                inner.close()
+
+        return Episode()
+
+
 def make_generator(tok: Any, tasks: list[Task], mode: Mode, group_size: int, batch_size: int, seed: int = 7,
-                   ) -> Generator:
+                   env: Any = None, infra_retries: int = 2) -> Generator:
     """Call inside the event loop: the gate and the stop event belong to it."""
     admission = MemoryAdmissionController(MemoryPolicyVersionStore(0), batch_size=batch_size, max_staleness=0)
     queue, stats, running, stopping = MemoryRolloutQueue(), GeneratorStats(), InFlightEpisodes(), asyncio.Event()
     engine = ScriptedEngine(tok, mode)
-    work = EpisodeWork(engine, tok, SyntheticToolEnv(), tasks, LIMITS, "g0", group_size=group_size)
+    work = EpisodeWork(engine, tok, env or SyntheticToolEnv(), tasks, LIMITS, "g0", group_size=group_size,
+                       infra_retries=infra_retries)
     taker = TicketTaker(AsyncTicketGate(admission), admission, group_size, stats, stopping, wait_s=0.05)
     sender = RolloutSender(queue, admission, stats, "g0")
     slot = EpisodeSlot(work, taker, admission, running, sender, stats, random.Random(seed), stopping,
@@ -187,6 +214,34 @@ def test_a_failed_episode_or_group_releases_its_tickets_and_counts_once(
     assert gen.counts() == (group_size, 0, group_size, 0)
     assert gen.sent() == []
     assert (gen.stats.failed, gen.stats.rejected, gen.stats.rollouts, gen.stats.in_flight) == (failed, rejected, 0, 0)
+
+
+def test_an_infrastructure_failure_is_never_sent_its_slot_returns_and_its_task_runs_again_boundedly(
+        tok: Any, tasks: list[Task], caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 32, B = 2, ``infra_retries=1``; every step fails for the infrastructure (tool killed).
+
+    Step 1 draws task T: not sent, its ticket released, counted (tool_killed), T queued again.
+    Step 2 runs T again (taken from the queue, not drawn): fails; 2 failures > 1 retry: given up, with
+    a line naming T. Step 3 draws a new task. Nothing is ever sent; every ticket came back."""
+    async def go() -> Generator:
+        gen = make_generator(tok, tasks, "answer", group_size=1, batch_size=2, env=env, infra_retries=1)
+        for _ in range(3):
+            await gen.slot.step()
+        return gen
+
+    env = InfraFailingEnv()
+    draws = random.Random(7)
+    first, third = tasks[draws.randrange(len(tasks))], tasks[draws.randrange(len(tasks))]
+    with caplog.at_level("WARNING", logger="posttrain.generator"):
+        gen = asyncio.run(go())
+    assert env.started == [first.task_id, first.task_id, third.task_id]
+    assert gen.sent() == [] and gen.counts() == (3, 0, 3, 0)
+    s = gen.admission.state()
+    assert (s.infra_total, s.infra_by_cause, s.reissued_total, s.abandoned_total) == (3, {"tool_killed": 3}, 2, 1)
+    assert (gen.stats.infra_errors, gen.stats.infra_abandoned, gen.stats.reissued, gen.stats.failed) == (3, 1, 1, 0)
+    assert gen.admission.take_reissued() == ReissuedTask(third.task_id, 1, "tool_killed")
+    given_up = [r.message for r in caplog.records if "given up" in r.message]
+    assert len(given_up) == 1 and first.task_id in given_up[0] and "tool_killed" in given_up[0]
 
 
 @pytest.mark.parametrize("group_size", [1, 2])

@@ -25,9 +25,10 @@ def test_rollouts_left_in_the_buffer_are_checked_for_staleness_again_when_their_
     """A dead learner read 12 rollouts (4 of version 0, 4 of version 0, 4 of version 1) and never
     acknowledged them. Its successor reclaims all 12 in one read, more than a batch (B = 4), and
     trains the first 4 at version 0. At version 2 (tau = 1) the next 4 in the buffer lag by 2 > tau:
-    they are dropped as stale (acknowledged, refunded, kept for the ledger) and the 4 of version 1
-    (lag 1) make the batch. Checked only on arrival, the version-0 rollouts were trained at lag 2.
-    One turn each, so both staleness rules drop the same rollouts (with their own reason)."""
+    they are dropped as stale (refunded, kept for the ledger; acknowledged later, with the
+    checkpoint that covers their ledger line) and the 4 of version 1 (lag 1) make the batch.
+    Checked only on arrival, the version-0 rollouts were trained at lag 2. One turn each, so both
+    staleness rules drop the same rollouts (with their own reason)."""
     stream = MemoryStream()
     generator = MemoryRolloutQueue(stream, consumer="generator")
     versions = MemoryPolicyVersionStore()
@@ -40,7 +41,7 @@ def test_rollouts_left_in_the_buffer_are_checked_for_staleness_again_when_their_
     assert len(MemoryRolloutQueue(stream, consumer="learner-dead").get_batch(12, timeout_s=0)) == 12
     queue = MemoryRolloutQueue(stream, consumer="learner-0")
     staleness = StalenessStats(1)
-    drops = DropRecorder(queue, admission, staleness)
+    drops = DropRecorder(admission, staleness)
     source = SingleRolloutSource(queue, drops, batch_rollouts=4, max_staleness=1, claim_idle_ms=0, block_s=0,
                                  staleness_rule=rule)
 
@@ -49,11 +50,15 @@ def test_rollouts_left_in_the_buffer_are_checked_for_staleness_again_when_their_
     second = source.next_batch(2)
 
     assert second is not None and [e.rollout.rollout_id for e in second] == ["r8", "r9", "r10", "r11"]
-    assert drops.total == 4 and staleness.dropped == 4
-    assert [(r.rollout_id, reason) for r, reason in drops.take_for_ledger()] == [
+    assert (drops.total, drops.seen, staleness.dropped) == (0, 4, 4)  # total counts them once in a ledger line
+    dropped = drops.take_for_ledger()
+    assert [(e.rollout.rollout_id, reason) for e, reason in dropped] == [
         ("r4", reason), ("r5", reason), ("r6", reason), ("r7", reason)]
+    assert drops.total == 4
     assert admission.state().consumed == 8  # 12 put, 4 refunded
-    assert sorted(queue.pending()) == sorted(e.entry_id for e in first + second)  # the drops are acknowledged
+    assert len(queue.pending()) == 12  # nothing acknowledged yet: the drops wait for their ledger line's checkpoint
+    assert admission.refund(4, [e.entry_id for e, _ in dropped]) == 0  # delivered again later: refunded once only
+    assert admission.state().consumed == 8
 
 
 def _two_turns(versions: list[int]) -> Rollout:

@@ -33,7 +33,13 @@ def test_an_out_of_vocabulary_entry_is_dead_lettered_and_the_learner_goes_on(tmp
     Before: ``IndexError: index out of range in self`` in the forward pass, the entry left pending.
     Now: it is dead-lettered with the reason, its admission place comes back (refunded 4 warm-up + 1),
     and the run trains its 3 versions on 16 other rollouts.
+
+    The same run gets one rollout marked ``outcome="infra_error"`` (issue 32: its sandbox died; a producer
+    sent it anyway), with a ticket: dropped on arrival (ledger reason ``infra_error: tool_killed``, its
+    entry id), never trained, its place refunded (+1), counted apart from stale drops.
     """
+    import msgspec
+
     config = _prepared(tmp_path, "sao", tiny_model)
     versions = MemoryPolicyVersionStore()
     admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=2)
@@ -41,21 +47,29 @@ def test_an_out_of_vocabulary_entry_is_dead_lettered_and_the_learner_goes_on(tmp
     transport, generator = _transport(tmp_path, config, tiny_model, stream, admission, versions)
     poison = generator.rollout(0, None, reward=1.0)
     poison.token_ids[3] = tiny_model.vocab_size + 100
-    ticket = admission.acquire(0)
-    assert ticket is not None
-    poison_id = generator.queue.put(poison)
-    admission.consume(ticket)
+    failed = msgspec.structs.replace(generator.rollout(1, None, 0.0), outcome="infra_error", infra_cause="tool_killed")
+    put = []
+    for rollout in (poison, failed):
+        ticket = admission.acquire(0)
+        assert ticket is not None
+        put.append(generator.queue.put(rollout))
+        admission.consume(ticket)
+    poison_id, failed_id = put
 
     summary = run_learner(config, transport, start_model_dir=tiny_model.path, progress=False)
 
     assert summary.policy_version == 3
     ids = _trained_entry_ids(config)
-    assert len(ids) == len(set(ids)) == 16 and poison_id not in ids
+    assert len(ids) == len(set(ids)) == 16 and poison_id not in ids and failed_id not in ids
     [dead] = transport.queue.dead_letters()
     assert dead.original_id == poison_id
     assert dead.reason == (f"token_ids[3]: id {tiny_model.vocab_size + 100} is outside the model's vocabulary "
                            f"(vocab_size {tiny_model.vocab_size})")
-    assert admission.state().refunded_total == 5
+    lines = [json.loads(x) for x in (RunContext(config).run_dir / "learner_ledger.jsonl").read_text().splitlines()]
+    dropped = [d for line in lines for d in line["dropped"]]
+    assert [(d["entry_id"], d["reason"]) for d in dropped] == [(failed_id, "infra_error: tool_killed")]
+    assert (summary.counters["infra_dropped"], summary.counters["stale_dropped"]) == (1, 0)
+    assert admission.state().refunded_total == 4 + 1 + 1
     assert transport.queue.pending() == []
 
 
@@ -172,3 +186,112 @@ def test_a_learner_resumed_on_a_fresh_redis_gives_the_generators_their_positions
         assert read_positions(client, ctx.keys) == {"0": 64, "3": 128}
         final = json.loads((latest_checkpoint(ctx.checkpoints_dir) / "state.json").read_text())["state"]
         assert final["generator_positions"] == {"0": 64, "3": 128}
+
+
+def test_a_learner_killed_between_a_drop_and_its_ledger_line_loses_no_dropped_entry_nor_its_count(
+        tmp_path, tiny_model, monkeypatch):
+    """Issue 32 (the audit's kill of every role, its learner half). B = 4, tau = 1, checkpoint at v2 and v4.
+
+    When v2 is announced, 4 rollouts of version 0 arrive (with tickets) behind the v1 ones; the
+    iteration at learner v3 reads them (lag 3 > 1) and drops them, then the learner dies before
+    its ledger line (the train step raises, as a SIGKILL there would). A new learner resumes from
+    the v2 checkpoint on the same stream and finishes.
+
+    Before the fix the 4 were acknowledged at once: acked, in no ledger line, and ``stale_dropped``
+    ended 0 (the checkpoint's count). Now they stay pending until the checkpoint covering their line:
+    the second life drops them again, every acknowledged entry is in the ledger, ``stale_dropped``
+    is 4, and their admission places came back once (4 warm-up + 4 refunds, not 12)."""
+    import msgspec
+
+    from posttrain.learner.setup import Learner
+    from posttrain.rollout.queue import ROLLOUT_ID_FIELD
+
+    config = _prepared(tmp_path, "sao", tiny_model)
+    config = RunConfig.model_validate({**config.model_dump(), "sao": {
+        **config.sao.model_dump(), "steps": 4, "max_staleness": 1, "checkpoint_every": 2}})
+    versions = MemoryPolicyVersionStore()
+    admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=1)
+    stream = MemoryStream()
+
+    def transport() -> LearnerTransport:
+        t, generator = _transport(tmp_path, config, tiny_model, stream, admission, versions)
+        fill = generator.announce
+
+        def announce(version: int) -> None:
+            if version == 2 and not stale:
+                for k in range(4):
+                    ticket = admission.acquire(0)
+                    assert ticket is not None
+                    old = msgspec.structs.replace(generator.rollout(100 + k, None, 0.0), policy_version=0,
+                                                  turn_policy_versions=[0])
+                    stale.append(generator.queue.put(old))
+                    admission.consume(ticket)
+            fill(version)
+
+        t.announce = announce
+        return t
+
+    stale: list[str] = []
+    train = Learner.train
+
+    def die_after_a_drop(self: Learner, entries):  # the first life dies with drops not yet in a ledger line
+        if self.source.drops._for_ledger:
+            raise RuntimeError("SIGKILL")
+        return train(self, entries)
+
+    monkeypatch.setattr(Learner, "train", die_after_a_drop)
+    try:
+        run_learner(config, transport(), start_model_dir=tiny_model.path, progress=False)
+        raise AssertionError("the first life was to die")
+    except RuntimeError as exc:
+        assert str(exc) == "SIGKILL"
+    monkeypatch.setattr(Learner, "train", train)
+    summary = run_learner(config, transport(), start_model_dir=tiny_model.path, progress=False)
+
+    assert summary.policy_version == 4 and len(stale) == 4
+    lines = [json.loads(x) for x in (RunContext(config).run_dir / "learner_ledger.jsonl").read_text().splitlines()]
+    in_ledger = {r["rollout_id"] for line in lines for r in line["rollouts"] + line["dropped"]}
+    delivered = [seq for seq in stream.entries if seq <= stream.last_delivered]
+    acked = [seq for seq in delivered if seq not in stream.pel]
+    acked_rollouts = {stream.entries[seq][ROLLOUT_ID_FIELD].decode() for seq in acked}
+    assert acked and acked_rollouts <= in_ledger, f"acked but in no ledger line: {acked_rollouts - in_ledger}"
+    assert stream.pel == {}  # the last checkpoint acknowledged the second drops too
+    assert summary.counters["stale_dropped"] == 4
+    assert admission.state().refunded_total == 4 + 4
+
+
+def test_a_run_whose_infra_failure_share_passes_the_bound_stops_with_one_line_after_a_checkpoint(tmp_path, tiny_model):
+    """``generator.max_infra_error_share=0.25`` over at least 4 episodes. When v1 is announced 8 episodes
+    have failed for the infrastructure (4 grader_killed, 4 tool_killed) and the generator then sends
+    its 8 more (20 completed): 8 of 28 is 29%. The learner checkpoints the 2 iterations it trained and
+    stops with one line naming the share, the setting and the causes (exit 1)."""
+    from posttrain.learner.liveness import LearnerStopped
+    from posttrain.rollout.admission import ReissuedTask
+
+    config = _prepared(tmp_path, "sao", tiny_model)
+    config = RunConfig.model_validate({**config.model_dump(), "generator": {
+        **config.generator.model_dump(), "max_infra_error_share": 0.25, "infra_min_episodes": 4}})
+    versions = MemoryPolicyVersionStore()
+    admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=2)
+    transport, generator = _transport(tmp_path, config, tiny_model, MemoryStream(), admission, versions)
+
+    def announce(version: int) -> None:
+        for cause in ("grader_killed", "tool_killed") * 4 if version == 1 else ():
+            ticket = admission.acquire(0)
+            assert ticket is not None
+            admission.release_infra(ticket, cause, ReissuedTask("t0", 1, cause))
+        generator.announce(version)
+
+    transport.announce = announce
+    try:
+        run_learner(config, transport, start_model_dir=tiny_model.path, progress=False)
+        raise AssertionError("the run was to stop")
+    except LearnerStopped as exc:
+        message, code = str(exc), exc.exit_code
+    assert code == 1 and "\n" not in message
+    assert message.startswith("learner stopped at policy version ")
+    assert message.startswith("learner stopped at policy version 1 of 3: 8 of 28 finished episodes failed for the "
+                              "infrastructure (grader_killed 4, tool_killed 4): 29% > "
+                              "generator.max_infra_error_share=0.25; stopped after a final checkpoint"), message
+    saved = json.loads((latest_checkpoint(RunContext(config).checkpoints_dir) / "state.json").read_text())["state"]
+    assert saved["iteration"] == 2

@@ -19,8 +19,12 @@ Rules of an episode:
   ``finish_reason="tool_error"`` and reward 0.0. A well-formed action resets the count.
 * An action without tool calls is final: the last ``\boxed{}`` is verified against the reference
   with math-verify (``verify_answer``); reward 1.0 if correct, else 0.0.
-* A sandbox that cannot start (``SandboxError``) is an infrastructure failure, not the policy's:
-  it propagates out of ``step`` so the generator drops the episode instead of training on it.
+* Infrastructure failures are not the policy's (issue 32): a sandbox that cannot start
+  (``SandboxError``), a ``python`` call killed by something other than its own limits (SIGKILL
+  from outside: ``InfraError`` cause ``tool_killed``, never shown to the policy as an exit code),
+  and an answer checker that cannot run (``VerifierError``) propagate out of ``step``; the agent
+  loop ends the episode as ``outcome="infra_error"`` and the generator re-issues its task instead
+  of training on it.
 
 Every step reports ``correct``, ``tool_calls``, ``tool_timeouts`` and ``malformed_actions``.
 
@@ -33,7 +37,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from posttrain.envs.base import StepResult
+from posttrain.envs.base import InfraError, StepResult
 from posttrain.envs.math.verify import averify_answer
 from posttrain.envs.sandbox import SandboxLimits, SandboxResult, run_in_sandbox
 from posttrain.envs.tool_calls import (
@@ -160,6 +164,7 @@ class MathToolEpisode:
 
         Raises:
             posttrain.envs.sandbox.SandboxError: the sandbox could not run at all.
+            InfraError: the call was killed from outside (cause ``tool_killed``).
         """
         if call.name != TOOL_NAME:
             text = f"error: unknown tool {call.name!r}; the only tool is {TOOL_NAME!r}"
@@ -169,6 +174,9 @@ class MathToolEpisode:
             return self._result('error: arguments must be {"code": "<python source>"}'), False
         self.tool_calls += 1
         result = await asyncio.to_thread(run_in_sandbox, code=code, limits=self.env.sandbox_limits)
+        if result.killed_externally:
+            raise InfraError(f"python tool call of task {self.task.task_id} killed from outside (exit code "
+                             f"{result.exit_code}, no limit of its own reached)", "tool_killed")
         if result.timed_out:
             self.tool_timeouts += 1
         return self._result(render_sandbox_output(result)), True
@@ -177,7 +185,8 @@ class MathToolEpisode:
         """Run the action's python calls, or verify its boxed final answer.
 
         Raises:
-            posttrain.envs.sandbox.SandboxError: the sandbox could not run at all.
+            InfraError: the infrastructure failed under the episode (module docstring): a
+                ``SandboxError``, a call killed from outside, or a ``VerifierError``.
         """
         try:
             calls = parse_tool_calls(action_text)

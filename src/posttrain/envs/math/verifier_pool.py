@@ -24,6 +24,7 @@ import logging
 import os
 import queue
 import selectors
+import signal
 import subprocess
 import sys
 import threading
@@ -31,11 +32,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from posttrain.envs.base import InfraError
+
 log = logging.getLogger(__name__)
 
 
-class VerifierError(RuntimeError):
-    """The verifier worker process could not be started (a broken installation, not bad input)."""
+class VerifierError(InfraError):
+    """The verifier worker could not be started, or was killed from outside mid-call (not bad input).
+
+    An infrastructure failure (``posttrain.envs.base.InfraError``): the answer checker of the math
+    environments could not run, so an episode it ends is not trained (cause ``grader_not_started``,
+    or ``grader_killed`` for a worker SIGKILLed by something else than this pool).
+    """
+
+    cause = "grader_not_started"
 
 
 def serve_requests() -> int:
@@ -141,6 +151,14 @@ class _Worker:
                 stream.close()
 
 
+def _exit_code(worker: _Worker, wait_s: float) -> int | None:
+    """The worker's exit status (negative: killed by that signal), waiting up to ``wait_s`` seconds; None if it runs."""
+    try:
+        return worker.proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        return None
+
+
 class MathVerifier:
     """A bounded pool of math-verify worker processes with per-call deadlines.
 
@@ -167,7 +185,7 @@ class MathVerifier:
         """Run one request on a worker; ``None`` when it timed out (the worker is then replaced).
 
         Raises:
-            VerifierError: a worker could not be started.
+            VerifierError: a worker could not be started, or was SIGKILLed from outside during the call.
         """
         worker = self._slots.get()
         try:
@@ -176,6 +194,11 @@ class MathVerifier:
                 with self._lock:
                     self._all.append(worker)
             reply = worker.ask(gold, pred, timeout_s)
+            if reply is None and _exit_code(worker, 0.2) == -signal.SIGKILL:  # not ours: we kill only after an overrun
+                worker.kill()
+                worker = None
+                raise VerifierError("math-verify worker was killed from outside (SIGKILL) while checking an answer",
+                                    "grader_killed")
             if reply is None:
                 log.warning("math-verify worker overran %.1f s on reference %.80r; restarting it", timeout_s, gold)
                 worker.kill()

@@ -18,8 +18,11 @@ Episode rules (what ``step`` does with one action):
       is an ordinary observation, never an episode end.
     * Finish reasons set here: ``stop`` (submitted) and ``tool_error``. The agent loop enforces
       turn, token and wall-time budgets and reports ``length``/``timeout`` itself.
-    * An infrastructure failure (``SandboxError``: the sandbox cannot start or clean up) is
-      raised, not blamed on the agent.
+    * An infrastructure failure is raised as ``InfraError`` (``posttrain.envs.base``), never
+      blamed on the agent: the sandbox cannot start or clean up (``SandboxError``), a ``bash``
+      call killed from outside (``tool_killed``), a grading run killed from outside
+      (``grader_killed``) or one whose python or pytest could not start (``grader_not_started``,
+      e.g. exit 127). The agent loop ends such an episode as ``outcome="infra_error"``.
 
 Guarantees (with ``LocalSandboxBackend``; the sandbox's and the grader's own lists apply too):
     * Each episode works on its own copy of the snapshot, owned by its own sandbox uid; the
@@ -53,7 +56,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from posttrain.envs.base import StepResult
+from posttrain.envs.base import InfraError, StepResult
 from posttrain.envs.sandbox import SandboxLimits
 from posttrain.envs.swe.tasks import ENV_NAME, SWETaskSpec, default_tasks_root, load_task_spec
 from posttrain.envs.swe.tools import (
@@ -162,7 +165,7 @@ class SWEEpisode:
 
         Raises:
             RuntimeError: the episode has already finished.
-            SandboxError: the sandbox failed (infrastructure, not the agent).
+            InfraError: the infrastructure failed (module docstring): not the agent's doing.
         """
         return await asyncio.to_thread(self.step_sync, action_text)
 
@@ -237,6 +240,8 @@ class SWEEpisode:
         """Grade the workspace with the hidden tests and finish."""
         self.finished = True
         result = grade(self.workspace, self.spec.hidden_test_files(), self.limits.grading)
+        if result.infra_cause is not None:
+            raise InfraError(f"task {self.task.task_id}: {result.infra_detail}", result.infra_cause)
         reward = 1.0 if result.passed else 0.0
         self.metrics.update(
             submitted=1.0,

@@ -8,7 +8,15 @@ and returns the text the agent reads; a call that is well formed but fails raise
 name or bad arguments raises ``ToolArgumentError`` (malformed).
 
 Grading (``grade``) copies the hidden tests into a fresh ``_grader_<random>/`` directory of the
-workspace after the agent has submitted, and runs ``python -m pytest`` on them in the sandbox.
+workspace after the agent has submitted, and runs pytest on them in the sandbox. The grader's
+python writes a start line to stderr before pytest (and so any of the agent's code) runs.
+
+Infrastructure failures are not the agent's (issue 32): a ``bash`` call that SIGKILL ended without
+its own limits doing it raises ``InfraError`` (cause ``tool_killed``) instead of showing the agent
+``exit code: 137``; a grading run killed that way is ``grader_killed``, and one that never wrote
+its start line (no python or pytest in the sandbox, exit 127; bubblewrap failing to start) is
+``grader_not_started``. ``grade`` reports them in ``GradeResult.infra_cause``; the environment
+raises them.
 
 Guarantees:
     * The hidden tests are not in the workspace before ``grade`` runs; the agent's processes are
@@ -20,11 +28,17 @@ Guarantees:
       *appends* the repository to ``sys.path``, after the installed packages.
     * A pass needs exit code 0 *and* a JUnit report that counts at least one test, with no
       failure, error or skip, so code that calls ``os._exit(0)`` during collection does not pass.
+    * The agent's code cannot make its failure look like a grader that did not start: the start
+      line is written before pytest imports anything of the repository, and nothing the agent
+      leaves in it runs earlier (see the list above).
     * ``view`` and ``edit`` (which run in the trusted process) refuse paths that leave the
       repository, symbolic links anywhere in the path, files with several hard links, non-regular
       files and files larger than the configured cap.
 
 Not guaranteed:
+    * Repository code that SIGKILLs its own test process during grading looks like an outside kill
+      (``grader_killed``): the episode is not trained rather than rewarded 0 (see
+      ``posttrain.envs.sandbox``'s "Not guaranteed").
     * A "fix" that special-cases the hidden tests' inputs, or repository code that forges the
       JUnit report during the test run, is not detected: the grader trusts the code under test
       as far as the test outcome goes (hidden tests are never shown, which makes this hard).
@@ -38,6 +52,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from posttrain.envs.base import InfraError
 from posttrain.envs.sandbox import SandboxLimits, SandboxResult
 
 
@@ -220,11 +235,21 @@ def format_command_result(result: SandboxResult) -> str:
 
 
 def run_bash(workspace: Workspace, arguments: Mapping[str, Any], limits: SandboxLimits) -> str:
-    """``bash``: run ``arguments["command"]`` in the workspace with ``limits``."""
+    """``bash``: run ``arguments["command"]`` in the workspace with ``limits``.
+
+    Raises:
+        ToolUseError: an empty command.
+        InfraError: the command was killed from outside (cause ``tool_killed``), or the sandbox
+            failed (``SandboxError``).
+    """
     command = arguments["command"]
     if not command.strip():
         raise ToolUseError("bash: command is empty")
-    return format_command_result(workspace.run(command, limits))
+    result = workspace.run(command, limits)
+    if result.killed_externally:
+        raise InfraError(f"bash tool call killed from outside (exit code {result.exit_code}, no limit of its own "
+                         f"reached, {result.wall_s:.1f} s)", "tool_killed")
+    return format_command_result(result)
 
 
 def _numbered(lines: list[str], first: int) -> str:
@@ -329,6 +354,10 @@ class GradeResult:
         exit_code: pytest's exit code in the sandbox.
         timed_out: True when the grading run hit a time limit.
         output: pytest's output (capped by the sandbox), for logs.
+        infra_cause: ``grader_killed`` or ``grader_not_started`` when the grading run failed for
+            the infrastructure (module docstring; ``passed`` is then False and means nothing),
+            else ``None``.
+        infra_detail: One line on that failure (exit code, the end of stderr).
     """
 
     passed: bool
@@ -339,7 +368,12 @@ class GradeResult:
     exit_code: int
     timed_out: bool
     output: str
+    infra_cause: str | None = None
+    infra_detail: str = ""
 
+
+_GRADER_START = "posttrain grader started"
+"""What the grader's python writes to stderr, before pytest, once it runs (with the grader's directory)."""
 
 _GRADER_CONFTEST = b'''"""Grader set-up: the repository goes on sys.path after the installed packages."""
 
@@ -379,10 +413,11 @@ def grade(workspace: Workspace, hidden_tests: Mapping[str, bytes], limits: Sandb
         limits: Sandbox limits of the test run.
 
     Returns:
-        The ``GradeResult``; ``passed`` is the reward condition.
+        The ``GradeResult``; ``passed`` is the reward condition unless ``infra_cause`` is set.
 
     Raises:
         ValueError: ``hidden_tests`` is empty or holds a ``conftest.py``/``pytest.ini`` of its own.
+        posttrain.envs.sandbox.SandboxError: the sandbox could not run at all.
     """
     if not hidden_tests:
         raise ValueError("hidden_tests: empty")
@@ -394,8 +429,13 @@ def grade(workspace: Workspace, hidden_tests: Mapping[str, bytes], limits: Sandb
     files[f"{grader}/conftest.py"] = _GRADER_CONFTEST
     files[f"{grader}/pytest.ini"] = b"[pytest]\n"
     workspace.add_files(files)
+    start_line = f"{_GRADER_START} {grader}"
+    # ``python -m pytest`` with a start line first: written before pytest imports anything of the
+    # repository, so its absence means the grader never ran (its python or pytest is missing).
+    starter = f"import sys, pytest; sys.stderr.write('{start_line}\\n'); sys.stderr.flush(); " \
+              "raise SystemExit(pytest.console_main())"
     command = (
-        "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -s -P -m pytest -q -p no:cacheprovider "
+        f'PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -s -P -c "{starter}" -q -p no:cacheprovider '
         f"-c {grader}/pytest.ini --rootdir {grader} --junitxml {grader}/report.xml {grader}"
     )
     result = workspace.run(command, limits)
@@ -412,8 +452,9 @@ def grade(workspace: Workspace, hidden_tests: Mapping[str, bytes], limits: Sandb
         and errors == 0
         and skipped == 0
     )
+    infra_cause, infra_detail = _grading_infra_failure(result, start_line)
     return GradeResult(
-        passed=passed,
+        passed=passed and infra_cause is None,
         tests=tests,
         failures=failures,
         errors=errors,
@@ -421,4 +462,18 @@ def grade(workspace: Workspace, hidden_tests: Mapping[str, bytes], limits: Sandb
         exit_code=result.exit_code,
         timed_out=result.timed_out,
         output=(result.stdout + result.stderr)[-4000:],
+        infra_cause=infra_cause,
+        infra_detail=infra_detail,
     )
+
+
+def _grading_infra_failure(result: SandboxResult, start_line: str) -> tuple[str | None, str]:
+    """``(cause, detail)`` when the grading run failed for the infrastructure, else ``(None, "")``."""
+    tail = " ".join(result.stderr.strip().splitlines()[-2:])[-300:]
+    if result.killed_externally:
+        return "grader_killed", (f"the grading run was killed from outside (exit code {result.exit_code}, no limit of "
+                                 f"its own reached, {result.wall_s:.1f} s)")
+    if start_line not in result.stderr:
+        return "grader_not_started", (f"the grader did not start (exit code {result.exit_code}"
+                                      f"{', timed out' if result.timed_out else ''}): {tail or 'no output'}")
+    return None, ""

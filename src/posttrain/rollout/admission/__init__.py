@@ -13,8 +13,13 @@ dropped) and ``in_flight`` the tickets granted and not yet consumed or released.
 consumes B rollouts per version, so a rollout admitted at version v is trained by version
 v + tau at the latest (if consumed in order, and if its engine was at v when it started).
 
-Lifecycle: ``ticket = ctl.acquire(timeout_s)`` (None on timeout) -> run the episode ->
-``queue.put(rollout); ctl.consume(ticket)``, or ``ctl.release(ticket)`` if the episode failed.
+Lifecycle: ``ticket = ctl.acquire(timeout_s, served_version)`` (None on timeout, or while the
+generator's engine lags the learner by more than tau) -> ``ctl.assign(ticket, task)`` -> run the
+episode -> ``queue.put(rollout); ctl.consume(ticket)``, or ``ctl.release(ticket)`` if the episode
+failed, or ``ctl.release_infra(ticket, cause, reissue)`` if it failed for the infrastructure (the
+task queued to run again: ``ctl.take_reissued()``; issue 32). A generator that dies mid-episode
+loses its tickets' episodes in flight: the learner (heartbeat lapsed) or the generator's next life
+(same id, at start) returns them, counts them in ``lost_total`` and re-issues their tasks.
 The learner calls ``ctl.refund(n)`` for rollouts it dropped (stale or dead-lettered) and for
 every rollout of a batch that made no policy version (an SAO critic-only warm-up batch, a GRPO
 batch whose groups all had equal rewards) so their slots come back: capacity is counted in
@@ -47,7 +52,14 @@ from posttrain.rollout.admission.async_gate import AsyncTicketGate
 from posttrain.rollout.admission.memory_controller import MemoryAdmissionController
 from posttrain.rollout.admission.redis_controller import RedisAdmissionController
 from posttrain.rollout.admission.staleness import StalenessStats, batch_staleness_metrics, is_stale
-from posttrain.rollout.admission.tickets import AdmissionController, AdmissionState, Ticket, capacity
+from posttrain.rollout.admission.tickets import (
+    AdmissionController,
+    AdmissionState,
+    ReissuedTask,
+    Ticket,
+    capacity,
+    infra_metrics,
+)
 
 __all__ = [
     "AdmissionController",
@@ -55,9 +67,11 @@ __all__ = [
     "AsyncTicketGate",
     "MemoryAdmissionController",
     "RedisAdmissionController",
+    "ReissuedTask",
     "StalenessStats",
     "Ticket",
     "batch_staleness_metrics",
     "capacity",
+    "infra_metrics",
     "is_stale",
 ]

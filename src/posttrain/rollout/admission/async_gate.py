@@ -13,6 +13,7 @@ Example: see ``tests/unit/rollout/test_admission_async_gate.py``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from posttrain.rollout.admission.tickets import AdmissionController, Ticket
 
@@ -30,6 +31,9 @@ class AsyncTicketGate:
         controller: The run's admission controller (Redis or in-memory).
         min_interval_s: First sleep after a refused poll (seconds, > 0).
         max_interval_s: Longest sleep between polls (seconds, >= ``min_interval_s``).
+        served_version: Returns the policy version the generator's engine serves now; passed to
+            every poll (``AdmissionController.acquire``), so no ticket is granted while the engine
+            is more than tau versions behind the learner. None: not checked.
 
     Attributes:
         polls: Controller checks made so far (granted or refused).
@@ -40,12 +44,13 @@ class AsyncTicketGate:
     """
 
     def __init__(self, controller: AdmissionController, min_interval_s: float = 0.005,
-                 max_interval_s: float = 0.1) -> None:
+                 max_interval_s: float = 0.1, served_version: Callable[[], int] | None = None) -> None:
         if not min_interval_s > 0:
             raise ValueError(f"min_interval_s: must be > 0 seconds, got {min_interval_s}")
         if not max_interval_s >= min_interval_s:
             raise ValueError(f"max_interval_s: must be >= min_interval_s={min_interval_s}, got {max_interval_s}")
         self.controller = controller
+        self.served_version = served_version
         self.min_interval_s = min_interval_s
         self.max_interval_s = max_interval_s
         self.polls = 0
@@ -91,7 +96,10 @@ class AsyncTicketGate:
             while True:
                 woken.clear()
                 self.polls += 1
-                ticket = self.controller.acquire(0.0)
+                if self.served_version is None:
+                    ticket = self.controller.acquire(0.0)
+                else:
+                    ticket = self.controller.acquire(0.0, served_version=self.served_version())
                 if ticket is not None:
                     self.granted += 1
                     return ticket

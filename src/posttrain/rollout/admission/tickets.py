@@ -10,10 +10,11 @@ Example: ``capacity(learner_version=2, max_staleness=1, batch_size=8) == 32``.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 
@@ -54,6 +55,40 @@ class Ticket:
 
 
 @dataclass(frozen=True)
+class ReissuedTask:
+    """A task to run again: its episode failed for the infrastructure, or was lost in flight (issue 32).
+
+    Attributes:
+        task_id: The ``Task.task_id``.
+        attempts: Episodes of this task that failed for the infrastructure so far (a loss in flight
+            does not count: it says nothing about the task).
+        cause: Why it came back: an infrastructure cause (``tool_killed``...), or ``lost_in_flight``
+            (its generator died, or restarted, with the episode running).
+    """
+
+    task_id: str
+    attempts: int = 0
+    cause: str = "lost_in_flight"
+
+    def encode(self) -> str:
+        """The JSON string stored in Redis (and moved as it is by the admission scripts)."""
+        return json.dumps({"task_id": self.task_id, "attempts": self.attempts, "cause": self.cause})
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> ReissuedTask:
+        """The inverse of ``encode``; a record assigned to a ticket and lost reads as ``lost_in_flight``.
+
+        Raises:
+            ValueError: not such a JSON object (the message quotes it).
+        """
+        try:
+            data = json.loads(raw)
+            return cls(str(data["task_id"]), int(data.get("attempts", 0)), str(data.get("cause", "lost_in_flight")))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"re-issued task record: not a task record: {raw!r:.200}") from exc
+
+
+@dataclass(frozen=True)
 class AdmissionState:
     """Snapshot of the admission counters (all counts of rollouts).
 
@@ -67,6 +102,18 @@ class AdmissionState:
         unticketed_total: Refunds beyond the consumed count (entries that reached the stream
             without a ticket, from a producer outside admission); nothing was given back for them.
         rebased_total: Rollouts counted as consumed by ``rebase`` after the counters were lost.
+        completed_total: Tickets consumed (rollouts put on the stream), over the run.
+        infra_total: Episodes that failed for the infrastructure (``release_infra``); their
+            slots came back and their rollouts were never sent.
+        infra_by_cause: ``infra_total`` split by cause (``tool_killed``, ``grader_killed``...).
+        reissued_total: Tasks queued to be run again (infrastructure failures and losses in flight).
+        abandoned_total: Tasks given up after ``generator.infra_retries`` re-issues (reported).
+        lost_total: Episodes lost in flight: their generator died or restarted while they ran
+            (their leases were returned at once, their tasks re-issued).
+        retaken_total: Rollouts refunded when dropped and trained after all (a learner resumed
+            from an older checkpoint): their places were taken back (``settle``).
+        engine_behind_total: Grants refused because the asking generator's engine served weights
+            more than tau versions behind the learner (``acquire(served_version=)``).
     """
 
     learner_version: int
@@ -80,25 +127,67 @@ class AdmissionState:
     late_total: int
     unticketed_total: int = 0
     rebased_total: int = 0
+    completed_total: int = 0
+    infra_total: int = 0
+    infra_by_cause: dict[str, int] = field(default_factory=dict)
+    reissued_total: int = 0
+    abandoned_total: int = 0
+    lost_total: int = 0
+    retaken_total: int = 0
+    engine_behind_total: int = 0
 
     @property
     def started(self) -> int:
         """``consumed + in_flight``: what ``capacity`` bounds."""
         return self.consumed + self.in_flight
 
+    @property
+    def infra_share(self) -> float:
+        """Share of finished episodes that failed for the infrastructure: ``infra / (infra + completed)`` (0 when none)."""
+        finished = self.infra_total + self.completed_total
+        return self.infra_total / finished if finished else 0.0
+
     def as_metrics(self) -> dict[str, float]:
-        """Flat floats for MLflow: ``admission/<field>``."""
-        fields = {k: float(v) for k, v in self.__dict__.items()}
+        """Flat floats for MLflow: ``admission/<field>``, each cause as ``admission/infra_<cause>``."""
+        fields = {k: float(v) for k, v in self.__dict__.items() if k != "infra_by_cause"}
         fields["started"] = float(self.started)
+        fields.update({f"infra_{cause}": float(n) for cause, n in sorted(self.infra_by_cause.items())})
         return {f"admission/{k}": v for k, v in fields.items()}
+
+
+def infra_metrics(state: AdmissionState) -> dict[str, float]:
+    """The run's infrastructure failures from the admission counters (issue 32), for metrics and the summary.
+
+    Keys: ``infra/errors`` (episodes that failed for the infrastructure, never trained),
+    ``infra/share`` (of the finished episodes), ``infra/<cause>`` for each cause seen,
+    ``infra/reissued`` (tasks queued to run again), ``infra/abandoned`` (given up after
+    ``generator.infra_retries``), ``infra/lost_in_flight`` (episodes their generator died or
+    restarted under).
+    """
+    out = {
+        "infra/errors": float(state.infra_total),
+        "infra/share": state.infra_share,
+        "infra/reissued": float(state.reissued_total),
+        "infra/abandoned": float(state.abandoned_total),
+        "infra/lost_in_flight": float(state.lost_total),
+    }
+    out.update({f"infra/{cause}": float(n) for cause, n in sorted(state.infra_by_cause.items())})
+    return out
 
 
 @runtime_checkable
 class AdmissionController(Protocol):
     """Admission tickets shared by all generators of a run."""
 
-    def acquire(self, timeout_s: float) -> Ticket | None:
-        """Wait up to ``timeout_s`` seconds for a ticket; None if capacity stayed full."""
+    def acquire(self, timeout_s: float, served_version: int | None = None) -> Ticket | None:
+        """Wait up to ``timeout_s`` seconds for a ticket; None if capacity stayed full.
+
+        ``served_version``: the policy version the asking generator's engine serves now. While the
+        learner is more than tau versions ahead of it no ticket is granted (counted in
+        ``engine_behind_total``): the episode's first turn would be sampled with weights already
+        too stale to train. At tau = 0 a generator woken by a new version used to start episodes
+        on the previous weights before its reload, and the learner dropped them (issue 32).
+        """
         ...
 
     def consume(self, ticket: Ticket) -> None:
@@ -109,11 +198,39 @@ class AdmissionController(Protocol):
         """The episode failed and produced no rollout: give the slot back."""
         ...
 
-    def refund(self, count: int) -> None:
+    def release_infra(self, ticket: Ticket, cause: str, reissue: ReissuedTask | None) -> None:
+        """The episode failed for the infrastructure: give the slot back, count it by ``cause``, re-issue its task.
+
+        ``reissue``: the task to queue again (``take_reissued``), or None when it is given up
+        (counted in ``abandoned_total``). Raises ValueError for an unknown or closed ticket.
+        """
+        ...
+
+    def assign(self, ticket: Ticket, task: ReissuedTask) -> None:
+        """Record the task ``ticket``'s episode runs, so a loss in flight can re-issue it (Redis: with the lease)."""
+        ...
+
+    def take_reissued(self) -> ReissuedTask | None:
+        """The oldest task queued to run again, removed from the queue; None when there is none."""
+        ...
+
+    def refund(self, count: int, entry_ids: Sequence[str] | None = None) -> int:
         """The learner dropped ``count`` consumed rollouts (stale, dead-lettered): give their slots back.
 
         At most ``consumed`` slots come back; the rest (entries that came without a ticket) is
-        counted in ``unticketed_total``. Raises ValueError for ``count < 0``.
+        counted in ``unticketed_total``. With ``entry_ids`` (one per rollout) a refund is made once
+        per entry: an entry dropped again after a learner restart gives nothing back twice
+        (``settle`` forgets it once acknowledged). Returns the slots given back. Raises ValueError
+        for ``count < 0`` or ``entry_ids`` of another length.
+        """
+        ...
+
+    def settle(self, trained: Sequence[str] = (), acked: Sequence[str] = ()) -> int:
+        """Close the refund record of stream entries (see ``refund``'s ``entry_ids``).
+
+        ``trained``: entries about to be trained; one refunded when dropped (by a learner that then
+        died before its checkpoint) takes its place back (``retaken_total``). ``acked``: entries
+        acknowledged, never delivered again: their record is forgotten. Returns the places taken back.
         """
         ...
 
@@ -148,6 +265,23 @@ def check_controller_args(batch_size: int, max_staleness: int, lease_s: float, p
         raise ValueError(f"lease_s: must be > 0 seconds, got {lease_s}")
     if poll_interval_s <= 0:
         raise ValueError(f"poll_interval_s: must be > 0 seconds, got {poll_interval_s}")
+
+
+def engine_behind(learner_version: int, served_version: int | None, max_staleness: int) -> bool:
+    """Whether an engine serving ``served_version`` is more than tau versions behind the learner (None: unknown, no)."""
+    return served_version is not None and learner_version - served_version > max_staleness
+
+
+def check_refund_args(count: int, entry_ids: Sequence[str] | None) -> None:
+    """Validate ``refund``'s arguments.
+
+    Raises:
+        ValueError: ``count < 0``, or ``entry_ids`` given with a length other than ``count``.
+    """
+    if count < 0:
+        raise ValueError(f"count: must be >= 0, got {count}")
+    if entry_ids is not None and len(entry_ids) != count:
+        raise ValueError(f"entry_ids: expected one per refunded rollout ({count}), got {len(entry_ids)}")
 
 
 def poll_until_granted(
