@@ -103,21 +103,27 @@ def test_bad_arguments_fail_in_one_line_before_the_warm_start(tmp_path, capsys, 
 
 @pytest.fixture(scope="module")
 def quick_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One folder for every study's ``--quick`` run: they share its warm start."""
+    """One folder for the ``--quick`` runs."""
     return tmp_path_factory.mktemp("learning_race_quick")
 
 
-@pytest.mark.parametrize("study", ["race", "correction", "baseline", "grid"])
 @pytest.mark.slow
 @pytest.mark.integration
-@pytest.mark.timeout(1800)  # each SAO run starts a generator process and an embedded server: ~2 min at load 20
-def test_quick_training_study_writes_its_json_and_plots(quick_dir: Path, study: str) -> None:
-    """``--quick``: every variant once (seed 0), 2 versions, snapshots at versions 1 and 2 graded with the warm start;
-    the plots exist; docs untouched."""
-    assert main([study, "--quick", "--out-dir", str(quick_dir)]) == 0
-    result = json.loads((quick_dir / f"{study}.json").read_text())
+@pytest.mark.timeout(1800)  # each run starts a generator process (SAO, async GRPO) and an embedded server
+def test_quick_race_trains_every_method_and_writes_its_json_and_plots(quick_dir: Path) -> None:
+    """``race --quick``: every method once (seed 0), 2 versions, snapshots at versions 1 and 2 graded with the warm
+    start; the plots exist; docs untouched.
+
+    The one training smoke of the studies: the race holds every method's code path (SAO, synchronous GRPO G = 4 and
+    G = 8, asynchronous GRPO + DIS). The ablations run SAO with other settings through the same ``train_study``:
+    their settings are checked by ``test_each_ablation_changes_only_its_own_setting``, their plot and section by
+    ``test_an_ablation_section_and_plot_show_reward_staleness_and_masking_per_variant``, and their learner paths
+    (no critic: running mean, batch whitening; TIS and no correction) by ``tests/unit/learner/test_loop.py``'s
+    ``test_sao_loop_without_a_critic_trains_each_version_with_its_baseline_and_correction``."""
+    assert main(["race", "--quick", "--out-dir", str(quick_dir)]) == 0
+    result = json.loads((quick_dir / "race.json").read_text())
     assert result["quick"] and result["seeds"] == [0] and result["versions"] == 2
-    assert list(result["variants"]) == list(STUDY_VARIANTS[study])
+    assert list(result["variants"]) == list(STUDY_VARIANTS["race"]) == list(METHODS)
     for variant in result["variants"].values():
         (run,) = variant["runs"]
         assert [c[0] for c in run["accuracy_curve"]] == [0, 1, 2] and run["policy_versions"] == 2
@@ -125,8 +131,7 @@ def test_quick_training_study_writes_its_json_and_plots(quick_dir: Path, study: 
         assert [v for v, _ in run["train_reward_by_version"]] == [1, 2] == [v for v, _ in run["version_times_s"]]
         assert run["first_version_s"] == pytest.approx(run["version_times_s"][0][1], abs=0.01)
         assert run["accuracy_curve"][1][1] == pytest.approx(run["first_version_s"], abs=0.01)
-    names = {"race": ["learning_race_race_seconds.png", "learning_race_race_rollouts.png"]}.get(
-        study, [f"learning_race_{study}.png"])
+    names = ["learning_race_race_seconds.png", "learning_race_race_rollouts.png"]
     assert [Path(p).name for p in result["plots"]] == names
     assert all((quick_dir / "plots" / n).stat().st_size > 0 for n in names)
 
@@ -198,3 +203,24 @@ def test_the_tail_race_keeps_the_race_resources_with_a_heavier_tool_latency_tail
     assert "![accuracy vs seconds](results/learning_race_tail_seconds.png)" in render_training(result)
     assert [p.name for p in plot_study(result, tmp_path)] == ["learning_race_tail_seconds.png",
                                                              "learning_race_tail_rollouts.png"]
+
+
+def test_an_ablation_section_and_plot_show_reward_staleness_and_masking_per_variant(tmp_path: Path) -> None:
+    """An ablation (``baseline``: gae / running_mean / batch_norm; one seed, 4 versions): one plot of held-out accuracy
+    and training reward against version; the section's row per variant gives the last quarter's training reward
+    (version 4's 0.5), the token lag, staleness and masked fraction, and the resources name the advantage."""
+    from bench.learning_race import plot_study, render_training
+
+    race = race_result([0], [0])
+    run = race["variants"]["sao"]["runs"][0]
+    variants = {v: {"resources": equal_resources(load_variant("baseline", v, 4)), "runs": [run]}
+                for v in STUDY_VARIANTS["baseline"]}
+    result = {**race, "study": "baseline", "variants": variants}
+    text = render_training(result)
+    rows = {line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith("| ") and " | 1 | " in line}
+    assert list(rows) == ["gae", "running_mean", "batch_norm"]
+    assert all("| 0.700 | 0.500 | 1.00 | 1.00 | 0.000 | 400 |" in row for row in rows.values())
+    assert "| running_mean | 32 | 32 | 32 x 1 | 1 | 2 |" in text and "running_mean | dis |" in text
+    assert "![baseline](results/learning_race_baseline.png)" in text and "s to target (median" not in text
+    assert [p.name for p in plot_study(result, tmp_path)] == ["learning_race_baseline.png"]
+    assert (tmp_path / "learning_race_baseline.png").stat().st_size > 0

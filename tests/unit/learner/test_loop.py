@@ -18,6 +18,7 @@ Run: ``python -m pytest -q tests/unit/learner/test_loop.py``.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import uuid
@@ -572,3 +573,29 @@ def test_gkd_with_a_teacher_of_another_vocabulary_is_refused_in_one_line_before_
         run_learner(config, transport, start_model_dir=tiny_model.path, progress=False)
     assert "\n" not in str(err.value)
     assert transport.store.latest_version() is None and generator.announced == []
+
+
+@pytest.mark.parametrize(("advantage", "correction"), [("running_mean", "tis"), ("batch_norm", "none")])
+def test_sao_loop_without_a_critic_trains_each_version_with_its_baseline_and_correction(tmp_path, tiny_model, advantage,
+                                                                                        correction):
+    """The learning race's ablations (b) and (a) through the whole loop (``bench.learning_race``'s quick ``baseline``
+    and ``correction`` runs checked this before one quick smoke replaced them): no critic, so no warm-up iteration and
+    no critic in the checkpoint; three versions of B = 4 from the alternating rewards, every entry trained once; the
+    running-mean baseline's window (the last 8 rewards) is saved with the checkpoint."""
+    config = _prepared(tmp_path, "sao", tiny_model).model_copy(deep=True)
+    config.sao.advantage, config.sao.loss.correction = advantage, correction
+    versions = MemoryPolicyVersionStore()
+    admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=2)
+    transport, generator = _transport(tmp_path, config, tiny_model, MemoryStream(), admission, versions)
+    logged: list[dict[str, float]] = []
+
+    summary = run_learner(config, transport, start_model_dir=tiny_model.path, progress=False,
+                          sink=lambda metrics, version: logged.append(metrics))
+
+    assert (summary.policy_version, summary.iterations) == (3, 3)
+    assert not any(k.startswith("value/") for m in logged for k in m)
+    ids = _trained_entry_ids(config)
+    assert len(ids) == len(set(ids)) == 12 and transport.queue.pending() == []
+    checkpoint = latest_checkpoint(RunContext(config).checkpoints_dir)
+    state = json.loads((checkpoint / "state.json").read_text())["state"]
+    assert state["baseline_rewards"] == ([0.0, 1.0] * 4 if advantage == "running_mean" else [])
