@@ -7,9 +7,11 @@ import pytest
 import yaml
 from components.images import BASE_IMAGE, TRAINER_IMAGE
 from pipelines.compile import COMPILED_DIR, drifted, main
-from pipelines.post_training import PIPELINES
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+NAMES = sorted(p.stem for p in COMPILED_DIR.glob("*.yaml"))
+"""The committed pipelines, named from the files so that collecting this module defines (compiles) no pipeline;
+``test_every_pipeline_has_a_committed_file`` checks they are ``PIPELINES``'s."""
 
 
 def load(name):
@@ -38,7 +40,9 @@ def test_check_mode_reports_a_drifted_file_and_a_stale_one(tmp_path, capsys):
 
 
 def test_every_pipeline_has_a_committed_file():
-    assert sorted(p.stem for p in COMPILED_DIR.glob("*.yaml")) == sorted(PIPELINES)
+    from pipelines import PIPELINES
+
+    assert NAMES == sorted(PIPELINES)
 
 
 def test_post_training_parameters_are_only_the_per_run_knobs():
@@ -62,7 +66,7 @@ def test_post_training_branches_on_the_technique_after_preparing():
     assert tasks["condition-branches-1"]["dependentTasks"] == ["prepare-dataset"]
 
 
-@pytest.mark.parametrize("name", sorted(PIPELINES))
+@pytest.mark.parametrize("name", NAMES)
 def test_steps_run_in_the_project_images_and_install_nothing(name):
     ir, _ = load(name)
     for label, executor in ir["deploymentSpec"]["executors"].items():
@@ -95,7 +99,7 @@ def test_post_training_passes_benchmarks_limit_and_promotion_metric_to_every_bra
     assert sorted(wired["promote_on"]) == [("register-model", "promote_on")] * 5
 
 
-@pytest.mark.parametrize("name", sorted(PIPELINES))
+@pytest.mark.parametrize("name", NAMES)
 def test_caching_is_off_for_every_step(name):
     ir, _ = load(name)
     dags = [ir["root"]["dag"]] + [c["dag"] for c in ir["components"].values() if "dag" in c]
@@ -106,7 +110,7 @@ def test_caching_is_off_for_every_step(name):
             assert task.get("cachingOptions", {}).get("enableCache", False) is False, task_name
 
 
-@pytest.mark.parametrize("name", sorted(PIPELINES))
+@pytest.mark.parametrize("name", NAMES)
 def test_every_step_gets_the_tenant_config_and_s3_credentials(name):
     ir, platform = load(name)
     for label in ir["deploymentSpec"]["executors"]:
@@ -156,11 +160,11 @@ def test_compile_writes_every_pipeline(tmp_path):
     from pipelines.compile import compile_all
 
     written = compile_all(tmp_path)
-    assert sorted(written) == sorted(PIPELINES)
+    assert sorted(written) == NAMES
     assert all(Path(p).read_text().startswith("# PIPELINE DEFINITION") for p in written.values())
 
 
-@pytest.mark.parametrize("name", sorted(PIPELINES))
+@pytest.mark.parametrize("name", NAMES)
 def test_every_image_reference_names_the_lock_registry_and_tag(name):
     """No bare ``posttrain/x:tag`` (which Kubernetes resolves to docker.io): refs come from images/digests.yaml."""
     from components.images import LOCK
@@ -204,7 +208,7 @@ def test_compile_writes_the_registry_and_digests_of_a_lock_file(tmp_path):
                for k, v in t.get("inputs", {}).get("parameters", {}).items() if k.endswith("_image")}
     assert images == {f"ghcr.io/acme/posttrain/{role}:1.2.3@{digests[role]}" for role in digests}
     # --check against the committed lock: every file written with other references has drifted.
-    assert sorted(drifted(out)) == sorted(PIPELINES)
+    assert sorted(drifted(out)) == NAMES
     bad = compile_("--registry", "posttrain")
     assert bad.returncode == 2
     assert "--registry: 'posttrain' has no registry host" in bad.stderr
@@ -223,7 +227,7 @@ def test_image_lock_errors_name_the_file_and_field(tmp_path):
     assert load_lock(lock, registry="localhost:5000/p").ref("trainer") == "localhost:5000/p/trainer:1"
 
 
-@pytest.mark.parametrize("name", sorted(PIPELINES))
+@pytest.mark.parametrize("name", NAMES)
 def test_only_the_steps_safe_to_repeat_have_retries(name):
     """evaluate and the SAO launcher retry (pipelines.post_training.RETRY); prepare, sft/dpo/grpo and register do not."""
     ir, _ = load(name)

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pipelines.post_training import post_training
 
 from posttrain.config import load_config
 from posttrain.tracking import show_model
@@ -52,6 +51,14 @@ GKD_TINY = [
 DPO_TINY = ["run_name=e2e-dpo", "dpo.steps=2", "dpo.max_examples=16", "dpo.checkpoint_every=1",
             "data.num_train_tasks=50", "data.num_eval_tasks=8", "eval.num_tasks=8",
             "tracking.registered_model=e2e-dpo-policy"]
+
+
+def post_training(**arguments):
+    """Run the ``post_training`` pipeline locally (imported here: defining the pipelines compiles them, which
+    collecting these tests should not pay)."""
+    from pipelines import post_training as pipeline
+
+    return pipeline(**arguments)
 
 
 def write_config(path, base, overrides):
