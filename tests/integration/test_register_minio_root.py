@@ -5,13 +5,13 @@ KFP's MinIO), which the tenant's S3 endpoint does not serve: reading it there fa
 NoSuchBucket. The train step therefore copies the checkpoint under the tenant's ``$S3_PREFIX``
 and registration reads that copy; the registered version is an MLflow model that loads.
 
-The server has only the tenant bucket ``posttrain`` (no ``mlpipeline``), as a tenant store would.
+The shared test S3 server (``tests/conftest.py``) has the tenant bucket ``posttrain`` and no ``mlpipeline``, as a tenant
+store would.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,7 @@ from components.register_model.component import register_model
 from kfp.dsl import Dataset, Markdown, Metrics, Model
 
 from posttrain.config import load_config
-from posttrain.services.s3 import S3Server, start_s3_server
+from posttrain.services.s3 import S3Server
 from posttrain.storage import S3Storage
 
 pytestmark = pytest.mark.integration
@@ -30,14 +30,6 @@ SFT_TINY = ["run_name=minio-sft", "sft.steps=1", "sft.checkpoint_every=1", "data
 KFP_MODEL_URI = "minio://mlpipeline/v2/artifacts/post-training/run-1/train-sft/model"
 """Where KFP's default pipeline root puts the train step's Model artifact."""
 
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = start_s3_server(tmp_path_factory.mktemp("weed"), buckets=["posttrain"])
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

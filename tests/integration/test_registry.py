@@ -7,13 +7,12 @@ check the alias arithmetic); the others register the tiny model, which MLflow th
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from posttrain.eval.cli import models_cli
-from posttrain.services.s3 import S3Server, start_s3_server
+from posttrain.services.s3 import S3Server
 from posttrain.storage import S3Storage
 from posttrain.tracking import (
     Lineage,
@@ -133,12 +132,6 @@ def test_missing_metric_and_missing_checkpoint_are_clear_errors(uri: str, ckpt: 
     with pytest.raises(TrackingError, match="no config.json"):
         register_checkpoint(str(tmp_path / "nowhere"), registered_model=name, lineage=LINEAGE, tracking_uri=uri)
 
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = start_s3_server(tmp_path_factory.mktemp("weed"), buckets=["ckpts"])
-    yield server
-    server.stop()
 
 
 def test_checkpoint_in_s3_is_registered_as_a_model_that_loads(

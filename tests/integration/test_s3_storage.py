@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from posttrain.services.s3 import S3Server, start_s3_server
+from posttrain.services.s3 import S3Server
 from posttrain.storage import (
     LocalStorage,
     S3Storage,
@@ -21,15 +20,6 @@ from posttrain.storage import (
 
 pytestmark = pytest.mark.integration
 
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = start_s3_server(tmp_path_factory.mktemp("weed"), buckets=["ckpts"])
-    try:
-        yield server
-    finally:
-        server.stop()
-        assert server.process.poll() is not None, "weed mini still running after stop()"
 
 
 @pytest.fixture()

@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from posttrain.config import load_config
 from posttrain.rollout.queue import decode_entry
 from posttrain.runtime import RunContext
 from posttrain.services.embedded_redis import EmbeddedRedis
-from posttrain.services.s3 import S3Server, start_s3_server
+from posttrain.services.s3 import S3Server
 from posttrain.storage import S3Storage
 
 pytestmark = pytest.mark.integration
@@ -41,14 +40,6 @@ OVERRIDES = [
     "sao.micro_batch_size=4", "sao.max_staleness=2", "sao.checkpoint_every=2", "sao.critic.warmup_steps=1",
 ]
 
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = start_s3_server(tmp_path_factory.mktemp("weed"), buckets=["runs"])
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _write_tasks(path: Path, tasks: list) -> None:

@@ -245,7 +245,12 @@ def test_daemonised_process_does_not_survive_the_call(isolation):
 
 
 @pytest.mark.parametrize("isolation", MODES)
-def test_home_and_scratch_are_private_and_deleted(isolation):
+def test_home_and_scratch_are_private_and_deleted(isolation, monkeypatch):
+    # The sandbox's scratch goes under a temp root of this test's own, so that another process's sandbox (a parallel
+    # test worker, another checkout's suite) stays out of the count; world-traversable like /tmp, for the sandbox uid.
+    own = Path(tempfile.mkdtemp(prefix="sandbox-count-"))
+    own.chmod(0o755)
+    monkeypatch.setattr(tempfile, "tempdir", str(own))
     before = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("posttrain-sandbox-")}
     first = run_in_sandbox('echo kept > "$HOME/note"; cat "$HOME/note"', isolation=isolation)
     second = run_in_sandbox('cat "$HOME/note"', isolation=isolation)
@@ -253,6 +258,7 @@ def test_home_and_scratch_are_private_and_deleted(isolation):
     assert first.stdout.strip() == "kept"
     assert second.exit_code != 0 and "kept" not in second.stdout
     assert after <= before
+    own.rmdir()  # empty: both sandboxes deleted their scratch
 
 
 @pytest.mark.parametrize("isolation", MODES)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,19 +12,11 @@ from posttrain.learner.remote_checkpoint import (
     mirror_checkpoint,
     mirror_start_model,
 )
-from posttrain.services.s3 import S3Server, start_s3_server
+from posttrain.services.s3 import S3Server
 from posttrain.storage import S3Storage, StorageError
 
 URI = "s3://ckpt/team-a/run-1/checkpoints"
 
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = start_s3_server(tmp_path_factory.mktemp("weed"), buckets=["ckpt"])
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

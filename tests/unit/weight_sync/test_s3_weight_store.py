@@ -6,7 +6,6 @@ publishes through one, generators read through others.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,21 +13,13 @@ import torch
 
 from fixtures_models import TinyModel
 from posttrain.models.hf import load_policy, load_tokenizer
-from posttrain.services.s3 import S3Server, start_s3_server
+from posttrain.services.s3 import S3Server
 from posttrain.storage import S3Storage, StorageError
 from posttrain.weight_sync import S3WeightStore, WeightStore
 from posttrain.weight_sync.s3_store import PUBLISHED_FILE
 
 pytestmark = pytest.mark.integration
 
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = start_s3_server(tmp_path_factory.mktemp("weed"), buckets=["weights"])
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture()
