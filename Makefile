@@ -1,4 +1,5 @@
-# posttrain: `make demo` runs the SAO pipeline on embedded services; `make test` runs the tests.
+# posttrain: `make demo` runs the SAO pipeline on embedded services; `make test` runs the tests
+# (`make test-fast`: the unit and contract tests).
 # Both create .venv from requirements.lock on a fresh machine first.
 PY ?= python3
 VENV := .venv
@@ -18,7 +19,7 @@ define install_torch
 	  $(1) install --quiet --no-deps --index-url $(TORCH_INDEX) "$(TORCH_PIN)"; }
 endef
 
-.PHONY: setup demo test lint lock clean bench-deps
+.PHONY: setup demo test test-fast lint lock clean bench-deps
 
 $(STAMP): requirements.lock pyproject.toml
 	@# bubblewrap isolates the code sandbox's filesystem (src/posttrain/envs/sandbox.py).
@@ -40,10 +41,20 @@ SEED ?= 0
 demo: setup
 	OMP_NUM_THREADS=1 $(BIN)/posttrain run configs/sao_demo_cpu.yaml seed=$(SEED) run_name=sao-demo-seed$(SEED)
 
+# make test: the whole suite (CI runs it). make test-fast: the unit and contract tests without the
+# slow or integration ones (no training runs, no role processes), for the edit-test loop.
 # One intra-op thread per process: tests start several processes on a 2-core machine, and
-# oversubscribed torch threads made single steps 10-100x slower there.
+# oversubscribed torch threads made single steps 10-100x slower there. TEST_WORKERS pytest-xdist
+# processes run the test files (--dist loadfile: a file's tests, and its module fixtures, stay in one
+# process); much of the suite waits on the processes and servers it starts, which a second worker
+# overlaps. TEST_WORKERS=0 runs in this process (pdb, -x).
+TEST_WORKERS ?= 2
+PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: setup
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PYTEST) -m "not slow and not integration" tests/unit tests/contracts $(PYTEST_ARGS)
 
 # The peer bench/vs_trl.py compares against (pinned; not a dependency of posttrain).
 bench-deps: setup
