@@ -200,14 +200,17 @@ class ControlPlane:
         if sums(source) == sums(dest):
             return
         dest.mkdir(parents=True, exist_ok=True)
-        for path in source.iterdir():
-            if path.name.endswith(".tmp"):
-                continue
-            (dest / path.name).unlink(missing_ok=True)
+        # Each file appears whole, binaries before their .sum, by a rename over the old name: the cache is shared by
+        # every session on the machine (parallel test workers, other checkouts), and writing into a file another
+        # session had linked would change (or, while it runs, fail on: ETXTBSY) that session's binary.
+        files = [p for p in source.iterdir() if ".tmp" not in p.name]
+        for path in sorted(files, key=lambda p: p.name.endswith(".sum")):
+            staged = dest / f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}"
             try:
-                os.link(path, dest / path.name)
+                os.link(path, staged)
             except OSError:
-                shutil.copy2(path, dest / path.name)
+                shutil.copy2(path, staged)
+            os.replace(staged, dest / path.name)
 
     def stop(self) -> None:
         """Stop every process ``start`` started (idempotent)."""
@@ -611,7 +614,8 @@ def shared_control_plane(tmp_root: Callable[[], Path], bin_cache: Path | None = 
 @pytest.fixture(scope="session")
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """The session's real control plane (see the module docstring); stopped at the end of the session."""
-    cache = tmp_path_factory.getbasetemp().parent / "posttrain-control-plane-bin"
+    base = tmp_path_factory.getbasetemp()  # pytest-N, or pytest-N/popen-gwK in a pytest-xdist worker
+    cache = (base.parent.parent if os.environ.get("PYTEST_XDIST_WORKER") else base.parent) / "posttrain-control-plane-bin"
     plane = shared_control_plane(lambda: tmp_path_factory.mktemp("control-plane"), cache)
     yield plane
     plane.stop()
