@@ -458,15 +458,17 @@ def _quick_exit(log_path: Any) -> None:
     and every Ctrl-C (0.4 s with the heap frozen, ``gc.freeze``). Exit handlers, stream flushes and module
     teardown still run. Native extensions then report the objects they still see at their teardown (triton's
     nanobind lists hundreds of "leaked" types), so file descriptors 1 and 2 point at the log file first: the
-    console keeps the run's last line.
+    console keeps the run's last line. A run refused before any work has no log directory: nothing is created
+    for it, and its exit's lines stay on the console.
     """
     from pathlib import Path
 
     sys.stdout.flush()
     sys.stderr.flush()
     gc.freeze()
+    if not Path(log_path).parent.is_dir():
+        return  # a run refused before any work made no run directory, and its exit must not make one
     try:
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
