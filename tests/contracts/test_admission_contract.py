@@ -526,6 +526,24 @@ def test_an_infra_failure_returns_its_slot_is_counted_by_cause_and_its_task_come
         ctl.release_infra(t1, "tool_killed", None)
 
 
+@contract
+def test_an_external_agents_infra_failure_is_counted_by_cause_but_left_to_its_client(
+        backend: AdmissionBackend) -> None:
+    """The rollout gateway's infra_error close (B=1, tau=0): the slot comes back, the failure counts in
+    infra_total by cause (and so in the share bound), neither re-issued nor given up but left to the
+    client (client_retry_total 1), nothing queued. A task to re-issue as well is refused."""
+    ctl = backend.controller(batch_size=1, max_staleness=0)
+    ticket = ctl.acquire(0.0)
+    assert ticket is not None
+    ctl.release_infra(ticket, "sandbox_error", None, client_retries=True)
+    s = ctl.state()
+    assert (s.infra_total, s.infra_by_cause, s.client_retry_total, s.reissued_total, s.abandoned_total) == (
+        1, {"sandbox_error": 1}, 1, 0, 0)
+    assert ctl.take_reissued() is None and ctl.acquire(0.0) is not None
+    with pytest.raises(ValueError, match="retried by the run or by its client, not both"):
+        ctl.release_infra(ticket, "sandbox_error", ReissuedTask("t"), client_retries=True)
+
+
 # ---------------------------------------------------------------- state
 
 
@@ -595,8 +613,9 @@ class FaultyController:
     def release(self, ticket: Ticket) -> None:
         self.inner.release(ticket)
 
-    def release_infra(self, ticket: Ticket, cause: str, reissue: ReissuedTask | None) -> None:
-        self.inner.release_infra(ticket, cause, reissue)
+    def release_infra(self, ticket: Ticket, cause: str, reissue: ReissuedTask | None, *,
+                      client_retries: bool = False) -> None:
+        self.inner.release_infra(ticket, cause, reissue, client_retries=client_retries)
 
     def assign(self, ticket: Ticket, task: ReissuedTask) -> None:
         self.inner.assign(ticket, task)

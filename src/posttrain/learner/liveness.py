@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from posttrain.rollout.admission import AdmissionState
+from posttrain.rollout.infra import InfraCounts, share_exceeded
 
 log = logging.getLogger("posttrain.learner")
 
@@ -46,25 +46,24 @@ class InfraShareBound:
     finished (sent or failed for the infrastructure) and the failed share passes ``max_share``, the
     learner checkpoints and stops with one line naming the share, the setting and the causes.
 
+    Synchronous GRPO uses the same bound on its own tally (``posttrain.rollout.infra.InfraTally``).
+
     Args:
-        state: Returns the admission counters (``AdmissionController.state``).
+        state: Returns the counters: the admission counters (``AdmissionController.state``), or
+            any ``posttrain.rollout.infra.InfraCounts``.
         max_share: ``generator.max_infra_error_share`` (0 to 1; 1 never stops).
         min_episodes: ``generator.infra_min_episodes``.
     """
 
-    def __init__(self, state: Callable[[], AdmissionState], max_share: float, min_episodes: int) -> None:
+    def __init__(self, state: Callable[[], InfraCounts], max_share: float, min_episodes: int) -> None:
         self._state, self.max_share, self.min_episodes = state, max_share, min_episodes
 
     def check(self) -> str | None:
         """The stop reason (one line) when the bound is passed, else None."""
-        s = self._state()
-        finished = s.infra_total + s.completed_total
-        if finished < self.min_episodes or s.infra_share <= self.max_share:
+        reason = share_exceeded(self._state(), self.max_share, self.min_episodes)
+        if reason is None:
             return None
-        causes = ", ".join(f"{cause} {n}" for cause, n in sorted(s.infra_by_cause.items()))
-        return (f"{s.infra_total} of {finished} finished episodes failed for the infrastructure ({causes}): "
-                f"{s.infra_share:.0%} > generator.max_infra_error_share={self.max_share:g}; "
-                "stopped after a final checkpoint (generator logs name the tasks)")
+        return f"{reason}; stopped after a final checkpoint (generator logs name the tasks)"
 
 
 class GeneratorWatch:

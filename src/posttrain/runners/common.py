@@ -36,6 +36,7 @@ from posttrain.data.jsonl_log import read_json_lines
 from posttrain.eval.heldout import evaluate_policy
 from posttrain.learner.resume import ResumedPolicy
 from posttrain.parallel.world import World
+from posttrain.rollout.infra import causes_text, is_cause_metric
 from posttrain.runners.console import RUN_LOG, engine_output_to_log, seconds_since_start
 from posttrain.runtime import RunContext
 from posttrain.tracking import MetricsSink
@@ -455,3 +456,20 @@ def reward_curve(metrics_path: Path) -> list[float]:
     if not metrics_path.exists():
         return []
     return [float(row["reward/mean"]) for row in read_json_lines(metrics_path, "step") if "reward/mean" in row]
+
+
+def infra_row(counters: dict[str, float]) -> str:
+    """The summary's infrastructure-failure entry from the ``infra/*`` counters (``posttrain.rollout.infra.infra_metrics``).
+
+    ``0``, or ``3 (grader_killed 1, tool_killed 2); 3 re-issued, 0 given up``, and ``, 1 left to its client
+    (gateway)`` when external agents closed episodes with ``infra_error``. SAO, asynchronous and synchronous
+    GRPO and GKD print it.
+    """
+    total = counters.get("infra/errors", 0.0)
+    if not total:
+        return "0"
+    causes = causes_text({k[len("infra/"):]: v for k, v in counters.items() if is_cause_metric(k)})
+    client = counters.get("infra/left_to_client", 0.0)
+    return (f"{total:.0f} ({causes}); {counters.get('infra/reissued', 0.0):.0f} re-issued, "
+            f"{counters.get('infra/abandoned', 0.0):.0f} given up"
+            + (f", {client:.0f} left to its client (gateway)" if client else ""))

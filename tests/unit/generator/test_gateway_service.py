@@ -196,19 +196,51 @@ def test_a_streamed_turn_is_one_event_and_the_same_record(tiny_model, hf_engine)
     assert entry.rollout.num_action_tokens == chunks[-1].usage.completion_tokens
 
 
-def test_infra_error_close_sends_nothing_and_gives_the_ticket_back(tiny_model, hf_engine):
+def test_infra_error_close_sends_nothing_and_counts_in_the_runs_infra_metrics_and_bound_by_the_clients_cause(
+        tiny_model, hf_engine):
+    """Two episodes whose client's sandbox failed: one closed naming its cause (tool_killed), one naming none
+    (unspecified). Nothing is sent, the tickets come back, and each counts once by cause in the admission
+    counters the learner reads: the run's infra/* metrics, the summary's row and the share bound
+    (generator.max_infra_error_share), as our own generators' failures do; neither is re-issued (the client
+    retries). A cause outside the list, or a cause without infra_error, is a one-line 400 that closes nothing."""
+    from posttrain.learner.liveness import InfraShareBound
+    from posttrain.rollout.infra import infra_metrics
+    from posttrain.runners.common import infra_row
+
     rig = _rig(tiny_model, hf_engine, max_new_tokens=4)
 
-    async def go() -> dict:
-        await rig.client("ep-infra").chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
-        assert rig.admission.state().in_flight == 1
-        return (await rig.close("ep-infra", infra_error=True, reward=0.0)).json()
+    async def go() -> tuple[dict, httpx.Response, httpx.Response, dict]:
+        for episode in ("ep-infra", "ep-other"):
+            await rig.client(episode).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
+        assert rig.admission.state().in_flight == 2
+        first = (await rig.close("ep-infra", infra_error=True, infra_cause="tool_killed")).json()
+        unknown = await rig.close("ep-other", infra_error=True, infra_cause="disk_full")
+        no_flag = await rig.close("ep-other", infra_cause="tool_killed", reward=1.0)
+        assert rig.admission.state().in_flight == 1  # both refused: the episode is still open
+        second = (await rig.close("ep-other", infra_error=True)).json()
+        return first, unknown, no_flag, second
 
-    closed = asyncio.run(go())
-    assert closed["status"] == "infra_error" and closed["rollouts"] == []
+    first, unknown, no_flag, second = asyncio.run(go())
+    assert first["status"] == "infra_error" and first["rollouts"] == [] and first["infra_cause"] == "tool_killed"
+    assert second["infra_cause"] == "unspecified"
+    for refused in (unknown, no_flag):
+        error = refused.json()["error"]
+        assert refused.status_code == 400 and (error["code"], error["param"]) == ("invalid_infra_cause", "infra_cause")
+        assert "\n" not in error["message"]
+    assert "'disk_full' is not a known cause; expected one of sandbox_error," in unknown.json()["error"]["message"]
     state = rig.admission.state()
-    assert state.in_flight == 0 and state.consumed == 0 and state.released_total == 1
-    assert rig.queue.get_batch(4, 0.1) == [] and rig.service.stats.infra_errors == 1
+    assert (state.in_flight, state.consumed, state.released_total) == (0, 0, 2)
+    assert rig.queue.get_batch(4, 0.1) == [] and rig.service.stats.infra_errors == 2
+    assert state.infra_by_cause == {"tool_killed": 1, "unspecified": 1}
+    assert (state.client_retry_total, state.reissued_total, state.abandoned_total) == (2, 0, 0)
+    assert rig.admission.take_reissued() is None
+    metrics = infra_metrics(state)
+    assert (metrics["infra/errors"], metrics["infra/tool_killed"], metrics["infra/left_to_client"]) == (2.0, 1.0, 2.0)
+    assert infra_row(metrics) == "2 (tool_killed 1, unspecified 1); 0 re-issued, 0 given up, 2 left to its client (gateway)"
+    reason = InfraShareBound(rig.admission.state, max_share=0.25, min_episodes=2).check()
+    assert reason is not None and reason.startswith(
+        "2 of 2 finished episodes failed for the infrastructure (tool_killed 1, unspecified 1): 100% > "
+        "generator.max_infra_error_share=0.25")
 
 
 def test_a_repeated_close_returns_the_first_answer_and_sends_nothing_twice(tiny_model, hf_engine):

@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from posttrain.runners.common import infra_row
 from posttrain.runners.generator_deaths import GeneratorDeaths, describe_exit
-from posttrain.runners.sao import infra_row
 
 
 def _sleeper() -> subprocess.Popen[bytes]:

@@ -7,7 +7,7 @@ Routes (every one but ``/health`` needs ``Authorization: Bearer <run token>``):
 ``POST /v1/chat/completions`` + ``X-Episode-Id: <id>``      the same, episode named by a header
 ``POST /episodes/{episode_id}/v1/completions``              one text-completion turn (or with the header)
 ``GET  /v1/models``, ``GET /v1/models/{model}``             the served model (also under ``/episodes/{id}``)
-``POST /episodes/{episode_id}/reward``                      close: ``{"reward", "metrics", "infra_error", "task_id"}``
+``POST /episodes/{episode_id}/reward``                      close: ``{"reward", "metrics", "infra_error", "infra_cause", "task_id"}``
 ``GET  /v1/gateway/stats``                                  the gateway's counters
 ``GET  /health``                                            liveness, no token
 =========================================================  ===============================================

@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from posttrain.envs.base import INFRA_CAUSES
+
 
 class GatewayError(Exception):
     """A request the gateway refuses, with the OpenAI error object's fields.
@@ -135,12 +137,27 @@ class CompletionRequest(_SamplingFields):
     suffix: str | None = None
 
 
+UNSPECIFIED_INFRA_CAUSE = "unspecified"
+"""The cause counted for an ``infra_error`` close that names none."""
+
+CLIENT_INFRA_CAUSES = (*INFRA_CAUSES, UNSPECIFIED_INFRA_CAUSE)
+"""The causes an ``infra_error`` close may name (``infra_cause``): the platform's own
+(``posttrain.envs.base.INFRA_CAUSES``) and ``unspecified``. A fixed list: each cause names a metric
+(``infra/<cause>``), so a client cannot create metrics at will."""
+
+
 class CloseRequest(_Lenient):
-    """``POST /episodes/{id}/reward``: close the episode with a reward, a task id to verify, or an infra error."""
+    """``POST /episodes/{id}/reward``: close the episode with a reward, a task id to verify, or an infra error.
+
+    ``infra_cause`` (with ``infra_error: true``): why the client's infrastructure failed, one of
+    ``CLIENT_INFRA_CAUSES`` (checked by the service, which answers 400 ``invalid_infra_cause`` for
+    another); ``unspecified`` when left out.
+    """
 
     reward: float | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     infra_error: bool = False
+    infra_cause: str | None = Field(None, max_length=200)
     task_id: str | None = Field(None, min_length=1, max_length=200)
 
 

@@ -15,7 +15,8 @@ the open episodes (``EpisodeBook``). Per request:
   with the segment's text (or token ids) so far; only the rest is tokenised.
 * **close** (``close``): the reward (given, or from the verifier with a task id), then one
   rollout per segment goes to the stream and consumes that segment's ticket; an ``infra_error``
-  close sends nothing and releases the tickets.
+  close sends nothing, releases the tickets and counts the failure by its cause in the run's
+  infrastructure counters (``release_infra``; the client, not the run, retries the task).
 * **reap** (``reap``): episodes idle for ``gateway.idle_timeout_s``, or open longer than
   ``generator.episode_timeout_s``, are abandoned: tickets released, counted.
 
@@ -46,6 +47,8 @@ from posttrain.chat.openai import split_action
 from posttrain.generator.gateway.episodes import Api, Episode, EpisodeBook, HistoryRule, Segment
 from posttrain.generator.gateway.history import Canonical, canonical, check_history
 from posttrain.generator.gateway.protocol import (
+    CLIENT_INFRA_CAUSES,
+    UNSPECIFIED_INFRA_CAUSE,
     ChatCompletionRequest,
     ChatMessage,
     CloseRequest,
@@ -556,24 +559,35 @@ class GatewayService:
                                    code=f"episode_{outcome['status']}")
             raise GatewayError(404, f"episode {episode_id!r} was never opened here", code="episode_not_found")
         _check_metrics(req.metrics)
+        cause = _infra_cause(req)
         if req.reward is not None and not math.isfinite(req.reward):
             raise GatewayError(400, f"reward: must be a finite number, got {req.reward}", param="reward")
         async with episode.lock:
             if self.book.get(episode_id) is not episode:  # closed or abandoned while this call waited
                 return await self.close(episode_id, req)
-            if req.infra_error:
-                return self._close_infra(episode, req)
+            if cause is not None:
+                return self._close_infra(episode, cause)
             reward, metrics, env_name, task_id, finish = await self._reward(episode, req)
             return await self._close_with(episode, reward, metrics, env_name, task_id, finish)
 
-    def _close_infra(self, episode: Episode, req: CloseRequest) -> dict[str, Any]:
-        self._release([s.ticket for s in episode.segments])
+    def _close_infra(self, episode: Episode, cause: str) -> dict[str, Any]:
+        """Close an episode whose client's infrastructure failed: nothing trained, counted in the run's infra counters.
+
+        The episode counts once, by ``cause``, in the admission counters the learner reads
+        (``infra/*`` metrics, the summary's row, ``generator.max_infra_error_share``), as a failure
+        of our own generators does; its first segment's ticket carries the count, the others are
+        released. It is not re-issued: the task is the client's, and so is the retry
+        (``client_retry_total``, ``infra/left_to_client``).
+        """
+        tickets = [s.ticket for s in episode.segments]
+        self.admission.release_infra(tickets[0], cause, None, client_retries=True)
+        self._release(tickets[1:])
         self.stats.infra_errors += 1
         outcome = {"episode_id": episode.episode_id, "status": "infra_error", "reason": "closed with infra_error",
-                   "rollouts": [], "segments": len(episode.segments)}
+                   "infra_cause": cause, "rollouts": [], "segments": len(episode.segments)}
         self.book.finish(episode, outcome)
-        log.info("gateway %s: episode %s closed with infra_error (%d segment(s), nothing trained)",
-                 self.settings.generator_id, episode.episode_id, len(episode.segments))
+        log.info("gateway %s: episode %s closed with infra_error (%s; %d segment(s), nothing trained; its client "
+                 "retries the task)", self.settings.generator_id, episode.episode_id, cause, len(episode.segments))
         return outcome
 
     async def _reward(self, episode: Episode, req: CloseRequest) -> tuple[float, dict[str, float], str, str, Any]:
@@ -684,6 +698,27 @@ def _one_prompt(prompt: Any) -> str | list[int]:
     if not prompt:
         raise GatewayError(400, "prompt: empty", param="prompt")
     return prompt  # type: ignore[no-any-return]
+
+
+def _infra_cause(req: CloseRequest) -> str | None:
+    """The infrastructure cause of an ``infra_error`` close (``unspecified`` when not named), None for another close.
+
+    Raises:
+        GatewayError: 400 ``invalid_infra_cause``: a cause outside ``CLIENT_INFRA_CAUSES``, or a cause
+            without ``infra_error: true``.
+    """
+    if not req.infra_error:
+        if req.infra_cause is not None:
+            raise GatewayError(400, f"infra_cause: given ({req.infra_cause!r:.60}) without infra_error: true; send "
+                                    "both to close an episode whose infrastructure failed", param="infra_cause",
+                               code="invalid_infra_cause")
+        return None
+    if req.infra_cause is None:
+        return UNSPECIFIED_INFRA_CAUSE
+    if req.infra_cause not in CLIENT_INFRA_CAUSES:
+        raise GatewayError(400, f"infra_cause: {req.infra_cause!r:.60} is not a known cause; expected one of "
+                                f"{', '.join(CLIENT_INFRA_CAUSES)}", param="infra_cause", code="invalid_infra_cause")
+    return req.infra_cause
 
 
 def _check_metrics(metrics: dict[str, float]) -> None:

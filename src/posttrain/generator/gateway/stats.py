@@ -24,7 +24,8 @@ class GatewayStats(GeneratorStats):
             ``generator.episode_timeout_s``, or still open when the gateway stopped.
         splits: New segments started because a client edited an episode's history (rule ``split``).
         history_refused: Requests refused for an edited history (rule ``refuse``).
-        infra_errors: Episodes closed with ``infra_error`` (nothing trained).
+        infra_errors: Episodes closed with ``infra_error`` (nothing trained; counted by cause in the
+            admission counters too, ``client_retry_total``).
         admission_timeouts: Requests refused with 429 (no ticket within ``gateway.admission_wait_s``).
         verified: Episodes graded by the verifier.
         verifier_errors: Verifier runs that failed (the episode stayed open).

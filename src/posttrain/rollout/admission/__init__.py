@@ -58,8 +58,8 @@ from posttrain.rollout.admission.tickets import (
     ReissuedTask,
     Ticket,
     capacity,
-    infra_metrics,
 )
+from posttrain.rollout.infra import infra_metrics
 
 __all__ = [
     "AdmissionController",

@@ -22,6 +22,7 @@ from posttrain.rollout.admission.tickets import (
     capacity,
     check_controller_args,
     check_refund_args,
+    check_release_infra_args,
     engine_behind,
     poll_until_granted,
 )
@@ -65,7 +66,7 @@ class MemoryAdmissionController:
         self._consumed = 0
         self._totals = {"granted": 0, "released": 0, "expired": 0, "refunded": 0, "late": 0, "unticketed": 0,
                         "rebased": 0, "completed": 0, "infra": 0, "reissued": 0, "abandoned": 0, "lost": 0,
-                        "retaken": 0, "engine_behind": 0}
+                        "retaken": 0, "engine_behind": 0, "client_retry": 0}
         self._base_version = 0
         self._infra: dict[str, int] = {}
         self._tasks: dict[str, ReissuedTask] = {}  # ticket_id -> the task its episode runs
@@ -133,17 +134,21 @@ class MemoryAdmissionController:
             if self._leases.pop(ticket.ticket_id, None) is not None:
                 self._totals["released"] += 1
 
-    def release_infra(self, ticket: Ticket, cause: str, reissue: ReissuedTask | None) -> None:
+    def release_infra(self, ticket: Ticket, cause: str, reissue: ReissuedTask | None, *,
+                      client_retries: bool = False) -> None:
         """Give the slot back, count the infrastructure failure by ``cause``, queue ``reissue`` (``AdmissionController``).
 
         Raises:
-            ValueError: the ticket is unknown or already consumed/released.
+            ValueError: the ticket is unknown or already consumed/released; ``client_retries`` with a ``reissue``.
         """
+        check_release_infra_args(reissue, client_retries)
         self.release(ticket)
         with self._lock:
             self._totals["infra"] += 1
             self._infra[cause] = self._infra.get(cause, 0) + 1
-            if reissue is None:
+            if client_retries:
+                self._totals["client_retry"] += 1
+            elif reissue is None:
                 self._totals["abandoned"] += 1
             else:
                 self._reissue.append(reissue)

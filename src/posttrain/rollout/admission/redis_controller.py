@@ -24,6 +24,7 @@ from posttrain.rollout.admission.tickets import (
     capacity,
     check_controller_args,
     check_refund_args,
+    check_release_infra_args,
     poll_until_granted,
 )
 from posttrain.rollout.keys import StreamKeys
@@ -82,7 +83,8 @@ if live == 1 then redis.call('HINCRBY', KEYS[1], 'released_total', 1) end
 return live
 """
 
-# KEYS as _RELEASE_LUA plus KEYS[5] re-issue list; ARGV ticket_id, cause, task record ('' = given up).
+# KEYS as _RELEASE_LUA plus KEYS[5] re-issue list; ARGV ticket_id, cause, task record ('' = given up),
+# '1' when the episode's client owns the retry (the gateway's external agents; then the record is '').
 _RELEASE_INFRA_LUA = """
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
@@ -93,6 +95,8 @@ redis.call('HINCRBY', KEYS[1], 'infra:' .. ARGV[2], 1)
 if ARGV[3] ~= '' then
   redis.call('RPUSH', KEYS[5], ARGV[3])
   redis.call('HINCRBY', KEYS[1], 'reissued_total', 1)
+elseif ARGV[4] == '1' then
+  redis.call('HINCRBY', KEYS[1], 'client_retry_total', 1)
 else
   redis.call('HINCRBY', KEYS[1], 'abandoned_total', 1)
 end
@@ -193,7 +197,7 @@ return {redis.call('ZCARD', KEYS[2]), redis.call('HGETALL', KEYS[1])}
 
 _STATE_FIELDS = ("granted_total", "released_total", "expired_total", "refunded_total", "late_total",
                  "unticketed_total", "rebased_total", "completed_total", "infra_total", "reissued_total",
-                 "abandoned_total", "lost_total", "retaken_total", "engine_behind_total")
+                 "abandoned_total", "lost_total", "retaken_total", "engine_behind_total", "client_retry_total")
 _ID_CHUNK = 1000
 
 
@@ -311,17 +315,20 @@ class RedisAdmissionController:
         self._open.close(ticket, "released")
         self._run("release", lambda: self._release(keys=self._ticket_keys(), args=[ticket.ticket_id]))
 
-    def release_infra(self, ticket: Ticket, cause: str, reissue: ReissuedTask | None) -> None:
+    def release_infra(self, ticket: Ticket, cause: str, reissue: ReissuedTask | None, *,
+                      client_retries: bool = False) -> None:
         """Give the slot back, count the failure by ``cause`` and queue ``reissue``, in one script.
 
         Raises:
-            ValueError: the ticket is unknown or already consumed/released.
+            ValueError: the ticket is unknown or already consumed/released; ``client_retries`` with a ``reissue``.
             QueueConnectionError: the server stayed unreachable.
         """
+        check_release_infra_args(reissue, client_retries)
         self._open.close(ticket, "released")
         record = reissue.encode() if reissue is not None else ""
         self._run("release_infra", lambda: self._release_infra(
-            keys=[*self._ticket_keys(), self.keys.reissue], args=[ticket.ticket_id, cause, record]))
+            keys=[*self._ticket_keys(), self.keys.reissue],
+            args=[ticket.ticket_id, cause, record, "1" if client_retries else "0"]))
 
     def assign(self, ticket: Ticket, task: ReissuedTask) -> None:
         """Record the task ``ticket`` runs (``HSET``); a loss in flight moves it to the re-issue list.

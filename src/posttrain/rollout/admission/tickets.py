@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from posttrain.rollout.infra import infra_share
+
 
 def capacity(learner_version: int, max_staleness: int, batch_size: int) -> int:
     """Rollouts that may have been started in total at ``learner_version``: ``(v + tau + 1) * B``.
@@ -114,6 +116,11 @@ class AdmissionState:
             from an older checkpoint): their places were taken back (``settle``).
         engine_behind_total: Grants refused because the asking generator's engine served weights
             more than tau versions behind the learner (``acquire(served_version=)``).
+        client_retry_total: Infrastructure failures of external agents' episodes (the rollout
+            gateway's ``infra_error`` closes): counted by cause in ``infra_total``, neither re-issued
+            nor given up, since their client owns the retry (``release_infra(client_retries=True)``).
+
+    The infrastructure counters are an ``posttrain.rollout.infra.InfraCounts`` (``infra_metrics``).
     """
 
     learner_version: int
@@ -135,6 +142,7 @@ class AdmissionState:
     lost_total: int = 0
     retaken_total: int = 0
     engine_behind_total: int = 0
+    client_retry_total: int = 0
 
     @property
     def started(self) -> int:
@@ -144,8 +152,7 @@ class AdmissionState:
     @property
     def infra_share(self) -> float:
         """Share of finished episodes that failed for the infrastructure: ``infra / (infra + completed)`` (0 when none)."""
-        finished = self.infra_total + self.completed_total
-        return self.infra_total / finished if finished else 0.0
+        return infra_share(self.infra_total, self.completed_total)
 
     def as_metrics(self) -> dict[str, float]:
         """Flat floats for MLflow: ``admission/<field>``, each cause as ``admission/infra_<cause>``."""
@@ -153,26 +160,6 @@ class AdmissionState:
         fields["started"] = float(self.started)
         fields.update({f"infra_{cause}": float(n) for cause, n in sorted(self.infra_by_cause.items())})
         return {f"admission/{k}": v for k, v in fields.items()}
-
-
-def infra_metrics(state: AdmissionState) -> dict[str, float]:
-    """The run's infrastructure failures from the admission counters (issue 32), for metrics and the summary.
-
-    Keys: ``infra/errors`` (episodes that failed for the infrastructure, never trained),
-    ``infra/share`` (of the finished episodes), ``infra/<cause>`` for each cause seen,
-    ``infra/reissued`` (tasks queued to run again), ``infra/abandoned`` (given up after
-    ``generator.infra_retries``), ``infra/lost_in_flight`` (episodes their generator died or
-    restarted under).
-    """
-    out = {
-        "infra/errors": float(state.infra_total),
-        "infra/share": state.infra_share,
-        "infra/reissued": float(state.reissued_total),
-        "infra/abandoned": float(state.abandoned_total),
-        "infra/lost_in_flight": float(state.lost_total),
-    }
-    out.update({f"infra/{cause}": float(n) for cause, n in sorted(state.infra_by_cause.items())})
-    return out
 
 
 @runtime_checkable
@@ -198,11 +185,15 @@ class AdmissionController(Protocol):
         """The episode failed and produced no rollout: give the slot back."""
         ...
 
-    def release_infra(self, ticket: Ticket, cause: str, reissue: ReissuedTask | None) -> None:
+    def release_infra(self, ticket: Ticket, cause: str, reissue: ReissuedTask | None, *,
+                      client_retries: bool = False) -> None:
         """The episode failed for the infrastructure: give the slot back, count it by ``cause``, re-issue its task.
 
         ``reissue``: the task to queue again (``take_reissued``), or None when it is given up
-        (counted in ``abandoned_total``). Raises ValueError for an unknown or closed ticket.
+        (counted in ``abandoned_total``). ``client_retries``: an external agent's episode (the
+        rollout gateway), whose retry is its client's: with ``reissue`` None it is counted in
+        ``client_retry_total`` instead of ``abandoned_total``. Raises ValueError for an unknown or
+        closed ticket, or for ``client_retries`` with a ``reissue``.
         """
         ...
 
@@ -265,6 +256,17 @@ def check_controller_args(batch_size: int, max_staleness: int, lease_s: float, p
         raise ValueError(f"lease_s: must be > 0 seconds, got {lease_s}")
     if poll_interval_s <= 0:
         raise ValueError(f"poll_interval_s: must be > 0 seconds, got {poll_interval_s}")
+
+
+def check_release_infra_args(reissue: ReissuedTask | None, client_retries: bool) -> None:
+    """Validate ``release_infra``'s arguments.
+
+    Raises:
+        ValueError: ``client_retries`` with a ``reissue``: the run re-issues the task, or its client does.
+    """
+    if client_retries and reissue is not None:
+        raise ValueError(f"release_infra: client_retries=True with a task to re-issue ({reissue.task_id}): "
+                         "a failed episode is retried by the run or by its client, not both")
 
 
 def engine_behind(learner_version: int, served_version: int | None, max_staleness: int) -> bool:
