@@ -207,6 +207,7 @@ def _cmd_learner(args: argparse.Namespace) -> int:
     from posttrain.learner.setup import redis_transport
     from posttrain.parallel.world import init_world, shutdown_world
     from posttrain.runners.common import metrics_sink
+    from posttrain.services.embedded_redis import EMBEDDED_REDIS_ENV
 
     cfg = _config(args)
     world = init_world(cfg.learner)  # torchrun: one process per rank, FSDP2 over them
@@ -224,7 +225,8 @@ def _cmd_learner(args: argparse.Namespace) -> int:
 
             tracker = Tracker.for_learner(cfg)
         with _redis_named(redis_url, cfg.queue.reconnect_window_s):
-            transport = redis_transport(cfg, redis_url) if world.is_main else None
+            transport = (redis_transport(cfg, redis_url, starts_empty=os.environ.get(EMBEDDED_REDIS_ENV) == "1")
+                         if world.is_main else None)
         with (tracker if tracker is not None else contextlib.nullcontext(),
               _redis_named(redis_url, cfg.queue.reconnect_window_s)):
             summary = run_learner(

@@ -92,6 +92,11 @@ class LearnerTransport:
             ``posttrain.rollout.positions``), recorded in each checkpoint; None: not recorded.
         restore_positions: Raises the generators' positions to at least the given ones (never
             lowers one) and returns the indexes it raised; None: nothing restored.
+        starts_empty: The Redis is the embedded server ``posttrain run`` started for this call
+            (``posttrain.services.embedded_redis``): it starts empty on every run, so a resumed learner
+            finding the admission counters and generator positions behind its checkpoint is the
+            expected case, said in an info line of the run log. False (an external Redis): the same
+            finding means the server lost its data, a warning.
     """
 
     queue: RolloutQueue
@@ -104,13 +109,15 @@ class LearnerTransport:
     return_dead_leases: Callable[[], int] | None = None
     read_positions: Callable[[], dict[str, int]] | None = None
     restore_positions: Callable[[dict[str, int]], list[str]] | None = None
+    starts_empty: bool = False
 
 
-def redis_transport(config: RunConfig, redis_url: str) -> LearnerTransport:
+def redis_transport(config: RunConfig, redis_url: str, *, starts_empty: bool = False) -> LearnerTransport:
     """The learner's transport over the run's Redis and its configured weight store.
 
     The queue delivers per-token fields as numpy views of the payload (``arrays=True``), which
-    collation copies into tensors without a per-token Python loop.
+    collation copies into tensors without a per-token Python loop. ``starts_empty``: ``redis_url`` is
+    the embedded server ``posttrain run`` started for this call (``LearnerTransport.starts_empty``).
 
     Raises:
         posttrain.config.ConfigError: the technique does not use the asynchronous runtime.
@@ -136,6 +143,7 @@ def redis_transport(config: RunConfig, redis_url: str) -> LearnerTransport:
         return_dead_leases=admission.return_leases_of_dead,
         read_positions=lambda: read_positions(client, ctx.keys),
         restore_positions=lambda positions: restore_positions(client, ctx.keys, positions),
+        starts_empty=starts_empty,
     )
 
 
@@ -374,16 +382,19 @@ def guard_transport(config: RunConfig, transport: LearnerTransport, model: nn.Mo
     gen = config.generator
     transport.queue.set_limits(RolloutLimits(vocab, gen.max_episode_tokens + gen.max_new_tokens),
                                transport.admission.refund)
+    # The embedded server of ``posttrain run`` starts empty on every run: finding it so on a resume is the
+    # expected case (an info line in the run log); an external Redis found so has lost its data (a warning).
+    level, why = ((logging.INFO, "the run's embedded Redis starts empty on a resume") if transport.starts_empty
+                  else (logging.WARNING, "a fresh Redis? an external server that lost its data"))
     added = transport.admission.rebase(policy_version)
     if added:
-        log.warning("admission counters were behind the checkpoint's policy version %d (a fresh Redis?): "
-                    "counted %d rollouts of the versions they never saw as consumed", policy_version, added)
+        log.log(level, "admission counters were behind the checkpoint's policy version %d (%s): counted %d "
+                "rollouts of the versions they never saw as consumed", policy_version, why, added)
     if generator_positions and transport.restore_positions is not None:
         raised = transport.restore_positions(dict(generator_positions))
         if raised:
-            log.warning("generator positions were behind the checkpoint's (a fresh Redis?): restored them for "
-                        "generator index %s, so no (task, seed) pair trained before is sampled again",
-                        ", ".join(raised))
+            log.log(level, "generator positions were behind the checkpoint's (%s): restored them for generator "
+                    "index %s, so no (task, seed) pair trained before is sampled again", why, ", ".join(raised))
 
 
 def critic_optimizer_steps(sao: SAOConfig) -> int:

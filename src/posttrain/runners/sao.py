@@ -43,12 +43,19 @@ from posttrain.rollout.lengths import length_metrics, summary_rows
 from posttrain.rollout.queue import QueueConnectionError, RedisUnreachableError
 from posttrain.rollout.redis_streams import connect, unreachable_message
 from posttrain.rollout.telemetry import generator_counters, read_generator_stats
-from posttrain.runners.common import RunSummary, metrics_sink, plot_reward_curve, prepare, warm_start
+from posttrain.runners.common import (
+    RunSummary,
+    infra_row,
+    metrics_sink,
+    plot_reward_curve,
+    prepare,
+    warm_start,
+)
 from posttrain.runners.console import RUN_LOG, engine_output_to_log, plural, seconds_since_start
 from posttrain.runners.gateway import GatewayProcesses, start_gateway, stop_agents
 from posttrain.runners.generator_deaths import GeneratorDeaths
 from posttrain.runtime import RunContext
-from posttrain.services.embedded_redis import resolve_redis
+from posttrain.services.embedded_redis import EMBEDDED_REDIS_ENV, REDIS_URL_ENV, resolve_redis
 from posttrain.tracking import MetricsSink
 from posttrain.weight_sync.factory import open_weight_store
 
@@ -98,12 +105,14 @@ def stop_generators(ctx: RunContext, client: Any, procs: list[subprocess.Popen[b
                 p.wait()
 
 
-def run_learner_ranks(ctx: RunContext, redis_url: str, config_path: Path, start_model: Path) -> LearnerSummary:
+def run_learner_ranks(ctx: RunContext, redis_url: str, config_path: Path, start_model: Path, *,
+                      starts_empty: bool = False) -> LearnerSummary:
     """The learner as ``learner.local_ranks`` FSDP2 ranks: ``torchrun --standalone`` of ``posttrain learner``.
 
     Its output goes to ``<run>/learner.log``; its metrics to ``<run>/metrics.jsonl`` (and MLflow when
     a tracking URI is set), as an in-process learner's do. The summary is read back from its last
-    checkpoint (written at the final version) and the dead-letter stream.
+    checkpoint (written at the final version) and the dead-letter stream. ``starts_empty``:
+    ``redis_url`` is the embedded server this call started (``EMBEDDED_REDIS_ENV`` tells the ranks).
 
     Raises:
         RuntimeError: the learner exited with a non-zero status (the log's tail is in the message).
@@ -113,8 +122,8 @@ def run_learner_ranks(ctx: RunContext, redis_url: str, config_path: Path, start_
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
            "-m", "posttrain.cli", "learner", str(config_path), "--start-model", str(start_model)]
     with log_path.open("ab") as log:
-        code = subprocess.run(cmd, env={**os.environ, "REDIS_URL": redis_url}, stdout=log, stderr=subprocess.STDOUT,
-                              check=False).returncode
+        env = {**os.environ, REDIS_URL_ENV: redis_url, EMBEDDED_REDIS_ENV: "1" if starts_empty else ""}
+        code = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
     if code != 0:
         tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
         raise RuntimeError(f"learner on {ranks} ranks exited with status {code}; {log_path} ends with:\n{tail}")
@@ -170,9 +179,10 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> L
                 gateway = start_gateway(ctx, url, config_path)
                 procs.append(gateway.gateway)
             if ctx.config.learner.local_ranks > 1:
-                summary = run_learner_ranks(ctx, url, config_path, start_model)
+                summary = run_learner_ranks(ctx, url, config_path, start_model, starts_empty=server is not None)
             else:  # one rank in this process, on learner.device
-                summary = run_learner(ctx.config, redis_transport(ctx.config, url), start_model_dir=start_model,
+                summary = run_learner(ctx.config, redis_transport(ctx.config, url, starts_empty=server is not None),
+                                      start_model_dir=start_model,
                                       sink=sink, world=init_world(ctx.config.learner), progress=False)
             gen_stats = read_generator_stats(client, ctx.keys)
         except LearnerStopped as exc:  # SIGTERM, Ctrl-C, no live generator: after a final checkpoint
@@ -226,18 +236,6 @@ def gateway_rows(counters: dict[str, float]) -> list[tuple[str, str]]:
             ("gateway rollouts sent (edited histories split, refused)",
              f"{c['rollouts']:.0f} ({c['splits']:.0f}, {c['history_refused']:.0f})"),
             ("gateway infra errors, 429s", f"{c['infra_errors']:.0f}, {c['admission_timeouts']:.0f}")]
-
-
-def infra_row(counters: dict[str, float]) -> str:
-    """The summary's infrastructure-failure entry: ``0``, or ``3 (grader_killed 1, tool_killed 2); 3 re-issued, 0 given up``."""
-    total = counters.get("infra/errors", 0.0)
-    if not total:
-        return "0"
-    fixed = {"infra/errors", "infra/share", "infra/reissued", "infra/abandoned", "infra/lost_in_flight"}
-    causes = ", ".join(f"{k[len('infra/'):]} {v:.0f}" for k, v in sorted(counters.items())
-                       if k.startswith("infra/") and k not in fixed)
-    return (f"{total:.0f} ({causes}); {counters.get('infra/reissued', 0.0):.0f} re-issued, "
-            f"{counters.get('infra/abandoned', 0.0):.0f} given up")
 
 
 def _write_stopped_summary(ctx: RunContext, config: RunConfig, sft_accuracy: float, reason: str,

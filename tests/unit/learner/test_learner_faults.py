@@ -11,8 +11,10 @@ Run: ``python -m pytest -q tests/unit/learner/test_learner_faults.py``.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
+import pytest
 import redis
 from test_loop import _prepared, _trained_entry_ids, _transport
 
@@ -186,6 +188,32 @@ def test_a_learner_resumed_on_a_fresh_redis_gives_the_generators_their_positions
         assert read_positions(client, ctx.keys) == {"0": 64, "3": 128}
         final = json.loads((latest_checkpoint(ctx.checkpoints_dir) / "state.json").read_text())["state"]
         assert final["generator_positions"] == {"0": 64, "3": 128}
+
+
+@pytest.mark.parametrize("starts_empty", [True, False], ids=["embedded-server", "external-redis"])
+def test_a_resume_on_the_runs_own_embedded_redis_is_an_info_line_an_external_redis_that_lost_its_data_a_warning(
+        tmp_path, tiny_model, caplog, starts_empty):
+    """A learner resumed at version 3 finds the admission counters at 0 and the generators' positions gone.
+
+    On the embedded server ``posttrain run`` starts for the call, that is by design (it starts empty on every
+    run): a resumed ``make demo`` printed two warnings "(a fresh Redis?)" on the console. Now they are info
+    lines of the run log (the console shows WARNING and above), saying so. On an external Redis the same
+    finding means the server lost its data: still two warnings."""
+    from posttrain.learner.setup import guard_transport
+    from posttrain.models.hf import load_policy
+
+    config = _prepared(tmp_path, "sao", tiny_model)
+    transport, admission = _fresh_transport(tmp_path, config, tiny_model)
+    transport.restore_positions = lambda positions: sorted(positions)  # the emptied hash: every index raised
+    transport.starts_empty = starts_empty
+    with caplog.at_level(logging.INFO, logger="posttrain.learner"):
+        guard_transport(config, transport, load_policy(tiny_model.path), 3, {"0": 64})
+
+    records = [r for r in caplog.records if r.name == "posttrain.learner"]
+    assert admission.state().rebased_total == 3 * 4 and len(records) == 2
+    assert [r.levelno for r in records] == [logging.INFO if starts_empty else logging.WARNING] * 2
+    why = "the run's embedded Redis starts empty on a resume" if starts_empty else "an external server that lost its data"
+    assert all(why in r.getMessage() for r in records)
 
 
 def test_a_learner_killed_between_a_drop_and_its_ledger_line_loses_no_dropped_entry_nor_its_count(
