@@ -1,4 +1,13 @@
-"""One GRPO group: ``group_size`` episodes of one task run concurrently, sharing a fresh ``group_id``."""
+"""One GRPO group: ``group_size`` episodes of one task run concurrently, sharing a fresh ``group_id``.
+
+Infrastructure failures (issue 32; ``EpisodeInfraError``: the sandbox died, the grader could not run,
+a tool was killed from outside) are not the agent's: with ``infra_retries > 0`` the failed member's
+episode runs again in its group (a new seed; the others keep theirs), at most ``infra_retries``
+times, each failure told to ``on_infra``. Synchronous GRPO re-runs members this way: its weights do
+not change while a batch is sampled, so the re-run member is a sample of the same policy as its
+siblings. The asynchronous generator re-issues a failed group's task whole instead
+(``generator.slots``), since its weights move between turns.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +18,18 @@ from typing import Any
 
 from posttrain.chat.format import ChatFormat
 from posttrain.envs.base import Environment
-from posttrain.episodes.runner import EpisodeLimits, run_episode
+from posttrain.episodes.runner import EpisodeInfraError, EpisodeLimits, run_episode
 from posttrain.inference.base import InferenceEngine
 from posttrain.records import Rollout, Task
+
+
+def member_seed(seed: int, member: int, group_size: int, attempt: int = 0) -> int:
+    """The sampling seed of member ``member`` of a group, on its ``attempt``-th run (0 first).
+
+    ``seed + 1000 * (member + group_size * attempt)``: the first runs use ``seed + 1000 * k``; a re-run
+    never takes a sibling's seed.
+    """
+    return seed + 1000 * (member + group_size * attempt)
 
 
 async def run_group(
@@ -29,6 +47,8 @@ async def run_group(
     chat: ChatFormat | None = None,
     arrays: bool = False,
     on_turn: Callable[[int], None] | None = None,
+    infra_retries: int = 0,
+    on_infra: Callable[[EpisodeInfraError, bool], None] | None = None,
 ) -> list[Rollout]:
     """Run ``group_size`` episodes of one task concurrently; they share a fresh ``group_id``.
 
@@ -39,30 +59,48 @@ async def run_group(
         task: The prompt.
         limits: Turn, token and wall-time budgets of each episode.
         group_size: G.
-        seed: Episode ``k`` samples with seed ``seed + 1000 * k``.
+        seed: Episode ``k`` samples with seed ``seed + 1000 * k`` (``member_seed``).
         generator_id: Stored in each rollout.
         temperature: Sampling temperature.
         top_p: Nucleus mass.
         chat: Prebuilt ``ChatFormat``.
         arrays: Per-token fields as numpy arrays (see ``run_episode``).
         on_turn: Called with every member's turn policy versions (see ``run_episode``).
+        infra_retries: Times a member whose episode failed for the infrastructure runs again (module
+            docstring); 0 raises at the first failure.
+        on_infra: Called with each infrastructure failure and whether the member runs again.
 
     Returns:
         G validated rollouts.
 
     Raises:
-        Whatever an episode raises (``EpisodeError``, engine errors): a partial group is never returned.
+        EpisodeInfraError: a member failed for the infrastructure ``infra_retries + 1`` times.
+        Whatever an episode raises (``EpisodeError``, engine errors): a partial group is never
+            returned, and the members still running are cancelled first.
     """
     group_id = uuid.uuid4().hex
-    return list(
-        await asyncio.gather(
-            *(
-                run_episode(
-                    engine, tokenizer, env, task, limits, generator_id=generator_id, seed=seed + 1000 * k,
-                    temperature=temperature, top_p=top_p, group_id=group_id, chat=chat, arrays=arrays,
-                    on_turn=on_turn,
+
+    async def member(k: int) -> Rollout:
+        for attempt in range(infra_retries + 1):
+            try:
+                return await run_episode(
+                    engine, tokenizer, env, task, limits, generator_id=generator_id,
+                    seed=member_seed(seed, k, group_size, attempt), temperature=temperature, top_p=top_p,
+                    group_id=group_id, chat=chat, arrays=arrays, on_turn=on_turn,
                 )
-                for k in range(group_size)
-            )
-        )
-    )
+            except EpisodeInfraError as exc:
+                again = attempt < infra_retries
+                if on_infra is not None:
+                    on_infra(exc, again)
+                if not again:
+                    raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    members = [asyncio.ensure_future(member(k)) for k in range(group_size)]
+    try:
+        return list(await asyncio.gather(*members))
+    except BaseException:
+        for m in members:
+            m.cancel()
+        await asyncio.gather(*members, return_exceptions=True)
+        raise

@@ -53,17 +53,19 @@ class InfraShareBound:
             any ``posttrain.rollout.infra.InfraCounts``.
         max_share: ``generator.max_infra_error_share`` (0 to 1; 1 never stops).
         min_episodes: ``generator.infra_min_episodes``.
+        logs: Where the failed tasks are named, for the line.
     """
 
-    def __init__(self, state: Callable[[], InfraCounts], max_share: float, min_episodes: int) -> None:
-        self._state, self.max_share, self.min_episodes = state, max_share, min_episodes
+    def __init__(self, state: Callable[[], InfraCounts], max_share: float, min_episodes: int,
+                 logs: str = "generator logs") -> None:
+        self._state, self.max_share, self.min_episodes, self.logs = state, max_share, min_episodes, logs
 
     def check(self) -> str | None:
         """The stop reason (one line) when the bound is passed, else None."""
         reason = share_exceeded(self._state(), self.max_share, self.min_episodes)
         if reason is None:
             return None
-        return f"{reason}; stopped after a final checkpoint (generator logs name the tasks)"
+        return f"{reason}; stopped after a final checkpoint ({self.logs} name the tasks)"
 
 
 class GeneratorWatch:

@@ -11,6 +11,7 @@ from posttrain.config import RunConfig
 from posttrain.runners.common import (
     RunSummary,
     evaluate_and_log,
+    infra_row,
     reward_curve,
     start_model,
     tracked_run,
@@ -60,6 +61,7 @@ def run_grpo(config: RunConfig) -> RunSummary:
             ("policy versions", str(summary.policy_version)),
             ("rollouts trained", f"{c.get('rollouts_trained', 0.0):.0f}"),
             ("optimizer steps skipped (non-finite gradient)", f"{c.get('skipped_nonfinite', 0.0):.0f}"),
+            ("episodes failed for the infrastructure (never trained)", infra_row(c)),
             ("train reward, first -> last quarter", f"{early:.3f} -> {late:.3f}"),
             ("generator busy fraction", f"{c.get('generator_busy_fraction', 0.0):.2f}"),
             ("quarantined rows", str(quarantined)),

@@ -26,6 +26,17 @@ reference) is sharded with FSDP2 and every rank generates:
    with the same seeds;
 4. ``grpo_train_step`` trains each rank's share of it; rank 0 writes the ledger and metrics.
 
+**Infrastructure failures** (issue 32; ``EpisodeInfraError``: the sandbox died, the grader could not
+run, a tool was killed from outside) are treated as the asynchronous generator treats them: never
+trained as reward 0. The failed member's episode runs again in its group (``run_group(infra_retries=)``,
+a new seed, at most ``generator.infra_retries`` times); a group whose member still fails is given up
+and the batch trains on the other groups (an iteration left with no group, or fewer rollouts than
+ranks, takes no step). Failures are counted by cause in an ``InfraTally`` summed over the ranks, with
+the asynchronous runtime's metrics (``infra/*``, ``posttrain.rollout.infra.infra_metrics``), the
+summary's row, and its bound: past ``generator.max_infra_error_share`` of the finished episodes (after
+``generator.infra_min_episodes``) the run checkpoints and stops with one line
+(``posttrain.learner.liveness.InfraShareBound``). The tally is checkpointed with the counters.
+
 Why not rank 0 generating alone and broadcasting: generation is most of a synchronous GRPO
 iteration (the learner waits for the slowest rollout), so N engines cut it about N-fold, while an
 inference copy of the weights costs far less memory than the training state a rank already holds
@@ -36,6 +47,8 @@ engine must sit on that rank's device (unverified here: the CPU tests use the ``
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import random
 import time
 from pathlib import Path
@@ -47,7 +60,7 @@ from tqdm import tqdm
 from posttrain.chat.format import ChatFormat
 from posttrain.config import RunConfig
 from posttrain.episodes.group import run_group
-from posttrain.episodes.runner import EpisodeLimits
+from posttrain.episodes.runner import EpisodeInfraError, EpisodeLimits
 from posttrain.inference.factory import make_engine
 from posttrain.inference.metering import GeneratorStats, MeteredEngine
 from posttrain.learner.accumulate import EpochSampler
@@ -56,21 +69,24 @@ from posttrain.learner.checkpoint import save_checkpoint
 from posttrain.learner.export import save_final_model
 from posttrain.learner.grpo_step import grpo_train_step
 from posttrain.learner.ledger import LEDGER_NAME, append_ledger, ledger_line
-from posttrain.learner.liveness import LearnerStopped
+from posttrain.learner.liveness import InfraShareBound, LearnerStopped
 from posttrain.learner.optim import NonFiniteStreak
-from posttrain.learner.progress import ProgressWatch, outcome_of, print_line
+from posttrain.learner.progress import IterationOutcome, ProgressWatch, outcome_of, print_line
 from posttrain.learner.resume import resume_policy
 from posttrain.learner.types import LearnerSummary, TrainStepResult
 from posttrain.models.hf import load_policy, load_tokenizer
 from posttrain.parallel.placement import full_state_dict, prepare_model
 from posttrain.parallel.shares import rank_share
 from posttrain.parallel.world import World, init_world
-from posttrain.records import Rollout, decode_rollout, encode_rollout
+from posttrain.records import Rollout, Task, decode_rollout, encode_rollout
+from posttrain.rollout.infra import InfraTally, infra_metrics
 from posttrain.runtime import RunContext
 from posttrain.tracking import MetricsSink
 from posttrain.weight_sync.factory import open_weight_store
 
 _GROUPS = msgspec.msgpack.Decoder(list[tuple[int, list[bytes]]])
+
+log = logging.getLogger("posttrain.runners.grpo_sync")
 
 
 def gather_groups(world: World, index: list[int], groups: list[list[Rollout]]) -> list[Rollout]:
@@ -139,6 +155,9 @@ class SyncGRPO:
         self.sampler.take(self.state.iteration * grpo.prompts_per_step)
         self.limits = EpisodeLimits(max_turns=gen.max_turns, max_new_tokens=gen.max_new_tokens,
                                     max_episode_tokens=gen.max_episode_tokens, timeout_s=gen.episode_timeout_s)
+        self.infra = InfraTally.from_metrics(self.counters)  # the run's, summed over ranks; counts on after a resume
+        self.infra_bound = InfraShareBound(lambda: self.infra, gen.max_infra_error_share, gen.infra_min_episodes,
+                                           logs="the run log's lines")
 
     def publish(self, version: int) -> Path:
         """Publish ``version``: the weights gathered from every rank, written by rank 0; its directory.
@@ -162,15 +181,55 @@ class SyncGRPO:
         seeds = random.Random(self.config.seed * 1_000_003 + self.state.iteration)
         group_seeds = [seeds.randrange(2**31) for _ in prompts]
         mine = rank_share(range(len(prompts)), self.world)
-        groups = await asyncio.gather(*(
-            run_group(self.engine, self.tokenizer, self.env, prompts[i], self.limits, group_size=grpo.group_size,
-                      seed=group_seeds[i], temperature=gen.temperature, top_p=gen.top_p, chat=self.chat)
-            for i in mine
-        ))
-        return gather_groups(self.world, mine, list(groups))
+        tally = InfraTally()
+
+        async def group(i: int) -> list[Rollout] | None:
+            try:
+                rollouts = await run_group(
+                    self.engine, self.tokenizer, self.env, prompts[i], self.limits, group_size=grpo.group_size,
+                    seed=group_seeds[i], temperature=gen.temperature, top_p=gen.top_p, chat=self.chat,
+                    infra_retries=gen.infra_retries, on_infra=functools.partial(self._infra_failed, tally, prompts[i]))
+            except EpisodeInfraError:  # counted and logged in _infra_failed: the group is given up
+                return None
+            tally.completed(len(rollouts))
+            return rollouts
+
+        groups = await asyncio.gather(*(group(i) for i in mine))
+        kept = [(i, g) for i, g in zip(mine, groups, strict=True) if g is not None]
+        rollouts = gather_groups(self.world, [i for i, _ in kept], [g for _, g in kept])
+        self.infra.add(self._summed(tally))
+        return rollouts
+
+    def _infra_failed(self, tally: InfraTally, task: Task, exc: EpisodeInfraError, again: bool) -> None:
+        """Count one infrastructure failure of a member of ``task``'s group (run again, or its group given up)."""
+        tally.failed(exc.cause, reissued=again)
+        if again:
+            log.info("synchronous GRPO: an episode of %s failed for the infrastructure (%s: %s); not trained, it runs "
+                     "again in its group (generator.infra_retries=%d)", task.task_id, exc.cause, exc,
+                     self.config.generator.infra_retries)
+        else:
+            log.warning("synchronous GRPO: an episode of %s failed for the infrastructure %d times in a row (last: %s: "
+                        "%s); its group is given up, the batch trains without it (generator.infra_retries=%d)",
+                        task.task_id, self.config.generator.infra_retries + 1, exc.cause, exc,
+                        self.config.generator.infra_retries)
+
+    def _summed(self, tally: InfraTally) -> InfraTally:
+        """``tally`` summed over the ranks (each samples its own groups), the same on every rank."""
+        if not self.world.distributed:
+            return tally
+        total = InfraTally()
+        for part in self.world.all_gather_bytes(msgspec.msgpack.encode(tally)):
+            total.add(msgspec.msgpack.decode(part, type=InfraTally))
+        return total
 
     async def train_one(self, rollouts: list[Rollout]) -> TrainStepResult:
-        """One GRPO step on the batch; after an update, publish the version and load it into the engine."""
+        """One GRPO step on the batch; after an update, publish the version and load it into the engine.
+
+        A batch with fewer rollouts than ranks (every group given up for the infrastructure) takes no
+        step: the iteration is counted, skipped and makes no progress.
+        """
+        if len(rollouts) < max(self.world.size, 1):
+            return self._skip_empty(rollouts)
         batch = collate_rollouts(rollouts, self.pad_id)
         result = await asyncio.to_thread(
             grpo_train_step, policy=self.policy, batch=batch, group_ids=[str(r.group_id) for r in rollouts],
@@ -197,8 +256,19 @@ class SyncGRPO:
         self.progress.observe(outcome_of(result, len(rollouts)))  # the same on every rank: the whole batch's
         return result
 
+    def _skip_empty(self, rollouts: list[Rollout]) -> TrainStepResult:
+        """The iteration of a batch too small to train (its groups given up): counted, skipped, no progress."""
+        self.state.iteration += 1
+        self.counters["skipped_batches"] += 1
+        if self.world.is_main:
+            append_ledger(self.ctx.run_dir / LEDGER_NAME, ledger_line(self.state.iteration, self.state.policy_version,
+                                                                      rollouts))
+        self.progress.observe(IterationOutcome(published=False, rollouts=len(rollouts)))
+        return TrainStepResult(policy_updated=False, metrics={})
+
     def save_checkpoint(self) -> None:
         """A learner checkpoint of the policy, its optimizer and the counters (every rank writes its shards)."""
+        self.counters.update(infra_metrics(self.infra))
         self.state.counters = dict(self.counters)
         save_checkpoint(self.ctx.checkpoints_dir, state=self.state, parts=self.parts,
                         resolved_config_yaml=self.ctx.resolved_config_yaml(), world=self.world)
@@ -221,7 +291,7 @@ class SyncGRPO:
             result = await self.train_one(rollouts)
             step_s = time.monotonic() - t1
             elapsed = max(time.monotonic() - t_start, 1e-9)
-            metrics = {**result.metrics, **self.progress.metrics()}
+            metrics = {**result.metrics, **self.progress.metrics(), **infra_metrics(self.infra)}
             metrics.update({
                 "learner/step_s": step_s,
                 "learner/iteration": float(self.state.iteration),
@@ -232,20 +302,22 @@ class SyncGRPO:
                 "throughput/action_tokens_per_s": sum(r.num_action_tokens for r in rollouts) / max(step_s, 1e-9),
                 "throughput/trained_action_tokens_per_s": (self.counters["action_tokens_trained"] - tokens_before)
                 / elapsed,
-                "rollouts/correct_mean": sum(r.metrics.get("correct", 0.0) for r in rollouts) / len(rollouts),
+                "rollouts/correct_mean": sum(r.metrics.get("correct", 0.0) for r in rollouts) / max(len(rollouts), 1),
             })
             if sink is not None and self.world.is_main:
                 sink(metrics, self.state.policy_version)
             bar.update(1)
-            stalled = self.progress.reason is not None and self.state.iteration < grpo.steps
+            reason = self.progress.reason or self.infra_bound.check()  # the same on every rank (summed tally)
+            stalled = reason is not None and self.state.iteration < grpo.steps
             if self.state.iteration % grpo.checkpoint_every == 0 or self.state.iteration >= grpo.steps or stalled:
                 self.save_checkpoint()
             if stalled:
                 bar.close()
                 raise LearnerStopped(f"synchronous GRPO stopped at iteration {self.state.iteration} of {grpo.steps} "
-                                     f"(policy version {self.state.policy_version}): {self.progress.reason}", 1)
+                                     f"(policy version {self.state.policy_version}): {reason}", 1)
         bar.close()
         self.counters["generator_busy_fraction"] = self.stats.snapshot()["busy_fraction"]
+        self.counters.update(infra_metrics(self.infra))
 
     def run(self, sink: MetricsSink | None = None, progress: bool = True) -> LearnerSummary:
         """Train to ``grpo.steps`` iterations, checkpointing on the way; write the final model.
@@ -255,8 +327,9 @@ class SyncGRPO:
             posttrain.learner.optim.NonFiniteGradientError: ``grpo.max_nonfinite_iterations`` iterations in a
                 row skipped an optimizer step for a non-finite gradient norm.
             posttrain.learner.liveness.LearnerStopped: ``learner.max_iterations_without_progress`` iterations
-                in a row trained no token (every group uniform: ``posttrain.learner.progress``); raised after
-                a checkpoint (one line, exit status 1).
+                in a row trained no token (every group uniform: ``posttrain.learner.progress``), or more than
+                ``generator.max_infra_error_share`` of the finished episodes failed for the infrastructure;
+                raised after a checkpoint (one line, exit status 1).
         """
         try:
             asyncio.run(self._loop(sink, progress))
@@ -289,13 +362,14 @@ def run_grpo_sync(
 
     Returns:
         ``LearnerSummary`` (``counters``: ``rollouts_trained``, ``rollouts_kept``,
-        ``generator_busy_fraction``, ``skipped_batches``, ``skipped_nonfinite``...).
+        ``generator_busy_fraction``, ``skipped_batches``, ``skipped_nonfinite``, ``infra/*``...).
 
     Raises:
         posttrain.episodes.runner.EpisodeError: an episode could not produce a rollout.
         posttrain.learner.optim.NonFiniteGradientError: ``grpo.max_nonfinite_iterations`` iterations in a row
             skipped an optimizer step for a non-finite gradient norm.
         posttrain.learner.liveness.LearnerStopped: ``learner.max_iterations_without_progress`` iterations in a
-            row trained no token; raised after a checkpoint (one line).
+            row trained no token, or the infrastructure-failure share passed ``generator.max_infra_error_share``;
+            raised after a checkpoint (one line).
     """
     return SyncGRPO(config, start_model_dir, world).run(sink, progress)
