@@ -330,6 +330,13 @@ def _outage_errors() -> tuple[type[BaseException], ...]:
     return (QueueConnectionError, redis.ConnectionError, redis.TimeoutError, WeightStoreTimeout, PermissionError)
 
 
+def _refused_error() -> type[BaseException]:
+    """An evaluation that refused to report an accuracy (too many samples failed for the infrastructure)."""
+    from posttrain.eval.infra import AccuracyRefused
+
+    return AccuracyRefused
+
+
 class Terminated(Exception):
     """SIGTERM arrived where nothing stops gracefully (``run_with_one_line_errors(..., sigterm=True)``); status 143."""
 
@@ -341,7 +348,9 @@ def one_line_error(exc: BaseException) -> tuple[str, int] | None:
       or record (file:line:field), the learner's placement, checkpoint and non-finite-gradient errors: status 2;
     * ``LearnerStopped`` (SIGTERM, Ctrl-C, no progress, no live generator; the learner checkpointed first): its
       own status (143 for SIGTERM, 130 for Ctrl-C, else 1); ``Terminated``: 143;
-    * an unreachable Redis or weight store (the message names the URL or operation): status 1.
+    * an unreachable Redis or weight store (the message names the URL or operation): status 1;
+    * an evaluation that refused its accuracy (``AccuracyRefused``: too many samples failed for the
+      infrastructure): status 1.
 
     Args:
         exc: The error.
@@ -367,6 +376,9 @@ def one_line_error(exc: BaseException) -> tuple[str, int] | None:
         return str(exc), int(getattr(exc, "exit_code", 1))
     if isinstance(exc, _outage_errors()):
         # Redis gone past queue.reconnect_window_s; a weight store that hangs or cannot be read.
+        return str(exc), 1
+    if isinstance(exc, _refused_error()):
+        # More than eval.max_infra_error_share of an evaluation's samples failed for the infrastructure.
         return str(exc), 1
     return None
 

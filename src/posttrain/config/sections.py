@@ -383,3 +383,12 @@ class EvalConfig(_Strict):
     """k for avg@k / pass@k."""
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     """0 means greedy."""
+    infra_retries: int = Field(2, ge=0, le=100)
+    """Times a sample whose episode or grading failed for the infrastructure (a sandbox that died or
+    could not start, a grader or answer checker killed from outside: ``InfraError``) runs again, with
+    the same seed; after that it is left out of the accuracy and counted by cause
+    (``eval_<label>/infra_*``), never scored as a wrong answer."""
+    max_infra_error_share: float = Field(0.1, ge=0.0, le=1.0)
+    """Most samples left out for the infrastructure (a share of all samples) with which an accuracy
+    is still reported; above it the evaluation refuses to give one, in one line: the samples that
+    ran may not stand for the set (hard tasks time out sandboxes more often). 1.0 never refuses."""

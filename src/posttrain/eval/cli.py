@@ -59,6 +59,10 @@ def eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--judge-model", default=None, help="model name for the judge endpoint")
     p.add_argument("--namespace", default="default", help="Kubernetes namespace for --backend kubernetes")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--infra-retries", type=int, default=2,
+                   help="runs again of a sample whose episode or grading failed for the infrastructure (same seed)")
+    p.add_argument("--max-infra-share", type=float, default=0.1,
+                   help="most samples left out for the infrastructure (share) with which an accuracy is reported")
     return p
 
 
@@ -83,6 +87,9 @@ def eval_cli(argv: list[str] | None = None,
         return _error(f"--limit must be >= 1, got {args.limit}")
     if args.k < 1:
         return _error(f"--k must be >= 1, got {args.k}")
+    if args.infra_retries < 0 or not 0.0 <= args.max_infra_share <= 1.0:
+        return _error(f"--infra-retries must be >= 0 and --max-infra-share in [0, 1], got {args.infra_retries} and "
+                      f"{args.max_infra_share}")
     if bool(args.judge_url) != bool(args.judge_model):
         return _error("--judge-url and --judge-model must be given together")
     from posttrain.envs.math.verifier_pool import VerifierError
@@ -115,19 +122,28 @@ def eval_cli(argv: list[str] | None = None,
                 swe_backend=args.backend,
                 namespace=args.namespace,
                 seed=args.seed,
+                infra_retries=args.infra_retries,
+                max_infra_error_share=args.max_infra_share,
             )
         paths = write_reports([report], Path(args.out), baseline=[baseline] if baseline else None)
     except (EvalError, SweGradingError, VerifierError, ValueError, OSError) as exc:
         return _error(exc)
     s = report.scores
     files = ", ".join(str(p) for p in paths.values())
+    if report.accuracy_refused:  # too many samples failed for the infrastructure: no accuracy, one line
+        print(f"error: {report.accuracy_refused}; reports: {files}", file=sys.stderr)
+        return 1
+    left_out = sum(report.infra_errors.values())
+    infra = (f", {left_out} samples left out (infrastructure failed: "
+             f"{', '.join(f'{c} {n}' for c, n in report.infra_errors.items())})" if left_out else "")
     if s is None:
-        print(f"{report.benchmark}: no task fully graded ({report.num_needs_judge} samples need a judge); reports: {files}")
+        print(f"{report.benchmark}: no task fully graded ({report.num_needs_judge} samples need a judge{infra}); "
+              f"reports: {files}")
     else:
         print(
             f"{report.benchmark}: avg@{s.samples_per_task} = {s.avg_at_k:.4f} "
             f"[{s.ci_low:.4f}, {s.ci_high:.4f}] over {s.num_tasks} tasks, "
-            f"{report.num_needs_judge} samples need a judge; reports: {files}"
+            f"{report.num_needs_judge} samples need a judge{infra}; reports: {files}"
         )
     return 0
 

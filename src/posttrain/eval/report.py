@@ -2,7 +2,8 @@
 
 ``build_report(samples, ...)`` turns graded samples into one ``EvalReport`` per benchmark: the
 headline scores over the fully graded tasks (avg@k with a confidence interval, pass@k),
-per-category scores, the range "needs judge" samples could move avg@k, response-length
+per-category scores, the range "needs judge" samples could move avg@k, the samples left out
+because their infrastructure failed (by cause; no scores past a bound), response-length
 statistics (responses truncated at the token budget and prompts longer than the context counted
 apart), and how each sample was graded. ``read_report`` loads the JSON written by
 ``posttrain.eval.report_render.write_reports``, which also renders Markdown, HTML and a PNG.
@@ -20,7 +21,9 @@ from pathlib import Path
 
 import msgspec
 
+from posttrain.eval.infra import INFRA_STATUS, refusal
 from posttrain.eval.metrics import LengthStats, ScoreSummary, avg_at_k, length_stats, summarize_scores
+from posttrain.rollout.infra import InfraTally
 
 REPORT_SCHEMA_VERSION = 1
 """Version of the ``EvalReport`` JSON layout."""
@@ -35,7 +38,8 @@ class SampleRecord(msgspec.Struct, kw_only=True):
     Attributes:
         task_id: The task.
         sample_index: 0..k-1.
-        status: ``correct``, ``wrong`` or ``needs_judge``.
+        status: ``correct``, ``wrong``, ``needs_judge``, or ``infra_error`` (its episode or grading
+            failed for the infrastructure after the retries: left out of the scores).
         method: What decided it (``math_verify``, ``exact_number``, ``judge``, ``tests``...).
         reason: Grader reason code.
         extracted: Final answer found in the response (math), or None.
@@ -46,6 +50,7 @@ class SampleRecord(msgspec.Struct, kw_only=True):
             ``tool_error``, ``timeout``, or ``prompt_too_long`` (the prompt alone fills the context;
             nothing was sampled).
         judge_reply: The judge's reply when a judge graded it, else "".
+        infra_cause: For ``infra_error``, the cause (``grader_killed``, ``sandbox_error``...), else "".
     """
 
     task_id: str
@@ -59,6 +64,7 @@ class SampleRecord(msgspec.Struct, kw_only=True):
     num_tokens: int = 0
     finish_reason: str = "stop"
     judge_reply: str = ""
+    infra_cause: str = ""
 
 
 class EvalReport(msgspec.Struct, kw_only=True):
@@ -89,6 +95,12 @@ class EvalReport(msgspec.Struct, kw_only=True):
         wall_s: Wall time of the evaluation (seconds).
         created_at: Unix time (seconds).
         details: Free-form strings (SWE backend, judge model, data licence...).
+        infra_errors: Samples left out because their episode or grading failed for the
+            infrastructure after the retries, by cause (never scored wrong).
+        infra_task_ids: Tasks with such a sample (excluded from ``scores``, as "needs judge" ones).
+        infra_retried: Runs again of samples whose infrastructure failed (those that then ran included).
+        accuracy_refused: Why ``scores`` is None although samples were graded: more than
+            ``eval.max_infra_error_share`` of the samples were left out (one line); else "".
     """
 
     schema_version: int = REPORT_SCHEMA_VERSION
@@ -113,6 +125,10 @@ class EvalReport(msgspec.Struct, kw_only=True):
     wall_s: float = 0.0
     created_at: float = msgspec.field(default_factory=time.time)
     details: dict[str, str] = msgspec.field(default_factory=dict)
+    infra_errors: dict[str, int] = msgspec.field(default_factory=dict)
+    infra_task_ids: list[str] = msgspec.field(default_factory=list)
+    infra_retried: int = 0
+    accuracy_refused: str = ""
 
 
 def build_report(
@@ -128,12 +144,17 @@ def build_report(
     wall_s: float = 0.0,
     details: dict[str, str] | None = None,
     seed: int = 0,
+    infra_retried: int = 0,
+    max_infra_error_share: float = 1.0,
 ) -> EvalReport:
     """Aggregate graded samples into an ``EvalReport``.
 
     Tasks with any "needs judge" sample are left out of ``scores`` and ``categories`` (and listed
     in ``needs_judge_task_ids``); ``avg_at_k_bounds`` shows the range they could move avg@k over
-    all tasks.
+    all tasks. Tasks with a sample left out for the infrastructure (status ``infra_error``) are left
+    out of both (``infra_task_ids``; counts by cause in ``infra_errors``): pass@k needs all k samples of
+    a task. When those samples are more than ``max_infra_error_share`` of all, ``scores`` and
+    ``categories`` stay empty and ``accuracy_refused`` says why (``posttrain.eval.infra.refusal``).
 
     Args:
         samples: ``[num_tasks * k]`` graded samples; every task must have exactly ``samples_per_task``.
@@ -147,6 +168,8 @@ def build_report(
         wall_s: Wall time (seconds).
         details: Extra strings for the report.
         seed: Bootstrap seed for the CI.
+        infra_retried: Runs again of samples whose infrastructure failed (reported).
+        max_infra_error_share: ``eval.max_infra_error_share``.
 
     Raises:
         ValueError: no samples, or a task whose sample count differs from ``samples_per_task`` (named).
@@ -159,8 +182,18 @@ def build_report(
     for task_id, group in by_task.items():
         if len(group) != samples_per_task:
             raise ValueError(f"task {task_id}: {len(group)} samples, expected samples_per_task={samples_per_task}")
-    graded = {t: g for t, g in by_task.items() if all(s.status != "needs_judge" for s in g)}
-    pending = sorted(t for t in by_task if t not in graded)
+    infra_tasks = {t for t, g in by_task.items() if any(s.status == INFRA_STATUS for s in g)}
+    tally = InfraTally(reissued_total=infra_retried)
+    for s in samples:
+        if s.status == INFRA_STATUS:
+            tally.failed(s.infra_cause or "unspecified", reissued=False)
+        else:
+            tally.completed()
+    refused = refusal(tally, max_infra_error_share, benchmark) or ""
+    graded = {t: g for t, g in by_task.items()
+              if t not in infra_tasks and all(s.status != "needs_judge" for s in g) and not refused}
+    pending = sorted(t for t, g in by_task.items() if any(s.status == "needs_judge" for s in g))
+    counted = [g for t, g in by_task.items() if t not in infra_tasks]
     table = [[s.status == "correct" for s in sorted(g, key=lambda s: s.sample_index)] for g in graded.values()]
     scores = summarize_scores(table, seed=seed) if table else None
     categories: dict[str, ScoreSummary] = {}
@@ -170,13 +203,13 @@ def build_report(
             by_cat[g[0].category].append([s.status == "correct" for s in sorted(g, key=lambda s: s.sample_index)])
     for cat, rows in by_cat.items():
         categories[cat] = summarize_scores(rows, seed=seed)
-    lower = avg_at_k([[s.status == "correct" for s in g] for g in by_task.values()])
-    upper = avg_at_k([[s.status != "wrong" for s in g] for g in by_task.values()])
+    lower = avg_at_k([[s.status == "correct" for s in g] for g in counted]) if counted else 0.0
+    upper = avg_at_k([[s.status != "wrong" for s in g] for g in counted]) if counted else 0.0
 
     def _lengths(status: str | None) -> LengthStats | None:
         xs = [
             s.num_tokens for s in samples
-            if (status is None or s.status == status) and s.finish_reason != PROMPT_TOO_LONG
+            if (status is None or s.status == status) and s.finish_reason not in (PROMPT_TOO_LONG, INFRA_STATUS)
         ]
         return length_stats(xs) if xs else None
 
@@ -201,6 +234,10 @@ def build_report(
         grading_methods=dict(Counter(s.method for s in samples)),
         wall_s=wall_s,
         details=dict(details or {}),
+        infra_errors={cause: n for cause, n in sorted(tally.infra_by_cause.items())},
+        infra_task_ids=sorted(infra_tasks),
+        infra_retried=infra_retried,
+        accuracy_refused=refused,
     )
 
 

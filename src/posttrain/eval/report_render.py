@@ -25,6 +25,7 @@ from pathlib import Path
 
 import msgspec
 
+from posttrain.eval.infra import INFRA_STATUS
 from posttrain.eval.metrics import LengthStats
 from posttrain.eval.report import PROMPT_TOO_LONG, EvalReport, read_report
 
@@ -38,6 +39,7 @@ METHOD_LABELS: dict[str, str] = {
     "tests": "repository tests",
     "episode_error": "episode failed",
     PROMPT_TOO_LONG: "prompt longer than the context",
+    INFRA_STATUS: "left out: infrastructure failed",
 }
 """Readable name of each ``SampleRecord.method`` in the Markdown and HTML reports (others show raw)."""
 
@@ -141,6 +143,16 @@ def _method_table(r: EvalReport, b: EvalReport | None) -> tuple[list[str], list[
     return header, rows
 
 
+def _infra_note(r: EvalReport) -> str:
+    """One sentence on the samples of ``r`` left out because their infrastructure failed (or the refusal)."""
+    if r.accuracy_refused:
+        return r.accuracy_refused
+    causes = ", ".join(f"{cause} {n}" for cause, n in sorted(r.infra_errors.items()))
+    return (f"{r.benchmark}: {sum(r.infra_errors.values())} samples on {len(r.infra_task_ids)} tasks failed for the "
+            f"infrastructure ({causes}) after {r.infra_retried} runs again in all; they are not the model's answers, so "
+            "their tasks are left out of the scores above")
+
+
 def render_markdown(reports: Sequence[EvalReport], baseline: Sequence[EvalReport] | None = None) -> str:
     """The Markdown report (score table, categories, lengths, needs-judge notes)."""
     lines = ["# Evaluation report", ""]
@@ -164,6 +176,11 @@ def render_markdown(reports: Sequence[EvalReport], baseline: Sequence[EvalReport
                 f"automatically and are excluded from the scores above; counting them all wrong / all right gives "
                 f"avg@k between {_pct(lo)}% and {_pct(hi)}%."
             )
+        lines.append("")
+    infra = [r for r in reports if r.infra_errors or r.accuracy_refused]
+    if infra:
+        lines += ["## Infrastructure failures", ""]
+        lines += [f"- {_infra_note(r)}" for r in infra]
         lines.append("")
     lines.append("CI: Wilson score interval for k=1, percentile bootstrap over tasks for k>1. pass@k: unbiased estimator (Chen et al. 2021).")
     return "\n".join(lines) + "\n"
@@ -241,6 +258,9 @@ def render_html(reports: Sequence[EvalReport], baseline: Sequence[EvalReport] | 
                 f"<p>{esc(r.benchmark)}: {r.num_needs_judge} samples need a judge and are excluded from the scores "
                 f"(all wrong / all right: {_pct(lo)}% / {_pct(hi)}%).</p>"
             )
+    for r in reports:
+        if r.infra_errors or r.accuracy_refused:
+            parts.append(f"<p>{esc(_infra_note(r))}</p>")
     parts.append("<p>CI: Wilson (k=1) or bootstrap over tasks (k&gt;1). pass@k: unbiased estimator (Chen et al. 2021).</p>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"

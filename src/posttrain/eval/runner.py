@@ -16,6 +16,14 @@ from responses truncated at the token budget (finish reason ``length``). Any oth
 is recorded wrong with method ``episode_error``. Both are counted in the report's
 ``finish_reasons`` and ``grading_methods``.
 
+Infrastructure failures (issue 32; ``posttrain.eval.infra``): a sample whose episode or grading
+failed for the infrastructure (``InfraError``: the math-verify worker killed from outside, the SWE
+sandbox that could not start) runs again with the same seed, at most ``infra_retries`` times; one
+that still fails is recorded with status and method ``infra_error`` and its cause, left out of the
+scores (its task with it, as a "needs judge" task is) and counted by cause in the report
+(``infra_errors``). Past ``max_infra_error_share`` of the samples the report gives no scores and
+says why in one line (``accuracy_refused``).
+
 Run: ``python -m posttrain.eval.cli eval --benchmark gsm8k --model runs/x/final --limit 20``.
 """
 
@@ -36,8 +44,10 @@ import msgspec
 from posttrain.envs.base import StepResult
 from posttrain.eval.benchmarks import Benchmark, BenchmarkDataError, get_benchmark, load_tasks
 from posttrain.eval.grading import JudgeClient, grade_math, resolve_with_judge
+from posttrain.eval.infra import INFRA_STATUS, InfraFailure, with_infra_retries
 from posttrain.eval.report import PROMPT_TOO_LONG, EvalReport, SampleRecord, build_report
 from posttrain.records import Task
+from posttrain.rollout.infra import InfraTally
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +91,7 @@ class _Sample:
     num_tokens: int
     finish_reason: str
     error: str = ""
+    infra_cause: str = ""
 
 
 def _sample_seed(seed: int, task_index: int, sample_index: int) -> int:
@@ -99,13 +110,20 @@ async def _sample_all(
     seed: int,
     concurrency: int,
     timeout_s: float,
+    infra_retries: int = 0,
+    tally: InfraTally | None = None,
 ) -> list[_Sample]:
-    """Run ``k`` one-turn episodes per task, at most ``concurrency`` at once."""
+    """Run ``k`` one-turn episodes per task, at most ``concurrency`` at once.
+
+    An episode that failed for the infrastructure runs again with its seed, at most ``infra_retries``
+    times (each retry counted in ``tally.reissued_total``); then its sample carries the cause.
+    """
     from posttrain.chat.format import ChatFormat
     from posttrain.episodes.runner import EpisodeError, EpisodeLimits, run_episode
 
     chat = ChatFormat(tokenizer)
     env = _EvalEnvironment()
+    retries = tally if tally is not None else InfraTally()
     limits = EpisodeLimits(max_turns=1, max_new_tokens=max_new_tokens, max_episode_tokens=max_model_len, timeout_s=timeout_s)
     gate = asyncio.Semaphore(concurrency)
 
@@ -121,7 +139,7 @@ async def _sample_all(
             )
         async with gate:
             try:
-                rollout = await run_episode(
+                out = await with_infra_retries(lambda: run_episode(
                     engine,
                     tokenizer,
                     env,
@@ -132,9 +150,12 @@ async def _sample_all(
                     temperature=temperature,
                     top_p=1.0,
                     chat=chat,
-                )
+                ), infra_retries, retries)
             except EpisodeError as exc:
                 return _Sample(task, i, "", 0, exc.finish_reason or "length", error=str(exc))
+        if isinstance(out, InfraFailure):
+            return _Sample(task, i, "", 0, INFRA_STATUS, error=str(out), infra_cause=out.cause)
+        rollout = out
         actions = [t for t, a in zip(rollout.token_ids, rollout.action_mask, strict=True) if a]
         body = actions[:-1] if actions and actions[-1] == chat.stop_token_id else actions
         text = tokenizer.decode(body, skip_special_tokens=True)
@@ -148,25 +169,39 @@ def _category(bench: Benchmark, task: Task) -> str:
     return task.metadata.get(bench.category_key, "") if bench.category_key else ""
 
 
+def _infra_record(bench: Benchmark, s: _Sample, cause: str, error: str) -> SampleRecord:
+    """The record of a sample left out because its infrastructure kept failing (``posttrain.eval.infra``)."""
+    return SampleRecord(task_id=s.task.task_id, sample_index=s.index, status=INFRA_STATUS, method=INFRA_STATUS,
+                        reason=error[:300], category=_category(bench, s.task), response=s.text[-4000:],
+                        num_tokens=s.num_tokens, finish_reason=s.finish_reason, infra_cause=cause)
+
+
 async def _grade_math(
-    bench: Benchmark, samples: Sequence[_Sample], judge: JudgeClient | None, timeout_s: float, concurrency: int
+    bench: Benchmark, samples: Sequence[_Sample], judge: JudgeClient | None, timeout_s: float, concurrency: int,
+    infra_retries: int = 0, tally: InfraTally | None = None,
 ) -> list[SampleRecord]:
     gate = asyncio.Semaphore(concurrency)
+    retries = tally if tally is not None else InfraTally()
 
     async def one(s: _Sample) -> SampleRecord:
+        if s.infra_cause:
+            return _infra_record(bench, s, s.infra_cause, s.error)
         if s.error:
             method = PROMPT_TOO_LONG if s.finish_reason == PROMPT_TOO_LONG else "episode_error"
             return SampleRecord(task_id=s.task.task_id, sample_index=s.index, status="wrong", method=method,
                                 reason=s.error[:300], category=_category(bench, s.task), finish_reason=s.finish_reason)
         async with gate:
-            g = await asyncio.to_thread(
+            out = await with_infra_retries(lambda: asyncio.to_thread(
                 grade_math,
                 s.text,
                 s.task.reference,
                 answer_style=bench.answer_style,
                 unparsable_answer_needs_judge=bench.unparsable_answer_needs_judge,
                 timeout_s=timeout_s,
-            )
+            ), infra_retries, retries)
+            if isinstance(out, InfraFailure):  # the answer checker kept failing (VerifierError)
+                return _infra_record(bench, s, out.cause, str(out))
+            g = out
             if judge is not None and g.status == "needs_judge":
                 g = await asyncio.to_thread(
                     resolve_with_judge, g, judge, problem=s.task.metadata.get("problem", s.task.prompt),
@@ -204,11 +239,13 @@ def _swe_runner(bench: Benchmark, backend: SweBackendKind, namespace: str, swe_b
 
 
 async def _grade_swe(
-    bench: Benchmark, samples: Sequence[_Sample], run: Any, concurrency: int
+    bench: Benchmark, samples: Sequence[_Sample], run: Any, concurrency: int, infra_retries: int = 0,
+    tally: InfraTally | None = None,
 ) -> list[SampleRecord]:
     from posttrain.eval.swe.patches import extract_patch
 
     gate = asyncio.Semaphore(concurrency)
+    retries = tally if tally is not None else InfraTally()
 
     async def one(s: _Sample) -> SampleRecord:
         def record(status: str, method: str, reason: str) -> SampleRecord:
@@ -218,13 +255,18 @@ async def _grade_swe(
                 finish_reason=s.finish_reason,
             )
 
+        if s.infra_cause:
+            return _infra_record(bench, s, s.infra_cause, s.error)
         if s.error:
             return record("wrong", PROMPT_TOO_LONG if s.finish_reason == PROMPT_TOO_LONG else "episode_error", s.error)
         patch = extract_patch(s.text)
         if patch is None:
             return record("wrong", "no_answer", "no diff in the response")
         async with gate:
-            result = await asyncio.to_thread(run, s.task, patch)
+            out = await with_infra_retries(lambda: asyncio.to_thread(run, s.task, patch), infra_retries, retries)
+        if isinstance(out, InfraFailure):  # the grading sandbox kept failing (SweInfraError)
+            return _infra_record(bench, s, out.cause, str(out))
+        result = out
         status = "correct" if result.grade.resolved else "wrong"
         return record(status, "tests", f"{result.grade.status}: {result.grade.reason}")
 
@@ -257,6 +299,8 @@ def evaluate(
     concurrency: int = 16,
     verify_timeout_s: float = 10.0,
     episode_timeout_s: float = 3600.0,
+    infra_retries: int = 2,
+    max_infra_error_share: float = 0.1,
     label: str = "",
     engine: Any = None,
     tokenizer: Any = None,
@@ -283,6 +327,10 @@ def evaluate(
         concurrency: Episodes (and gradings) in flight at once.
         verify_timeout_s: math-verify deadline per answer (seconds).
         episode_timeout_s: Wall-time budget per response (seconds).
+        infra_retries: Runs again of a sample whose episode or grading failed for the
+            infrastructure (same seed), before it is left out (``eval.infra_retries``).
+        max_infra_error_share: Above this share of samples left out the report gives no scores
+            (``accuracy_refused``; ``eval.max_infra_error_share``).
         label: Name of the model in reports (``base``, ``trained``...).
         engine: A ready ``InferenceEngine`` to use instead of building one (not closed here).
         tokenizer: A ready tokenizer to use instead of loading the model's.
@@ -294,12 +342,14 @@ def evaluate(
     Raises:
         EvalError: unknown benchmark, missing data, a model without config or tokenizer, or a SWE
             backend that does not fit the benchmark.
-        ValueError: ``samples_per_task``, ``limit`` or ``concurrency`` below 1.
+        ValueError: ``samples_per_task``, ``limit`` or ``concurrency`` below 1, ``infra_retries`` below 0.
     """
     if samples_per_task < 1:
         raise ValueError(f"samples_per_task: must be >= 1, got {samples_per_task}")
     if concurrency < 1:
         raise ValueError(f"concurrency: must be >= 1, got {concurrency}")
+    if infra_retries < 0:
+        raise ValueError(f"infra_retries: must be >= 0, got {infra_retries}")
     try:
         bench = get_benchmark(benchmark)
         tasks = load_tasks(benchmark, limit=limit)
@@ -338,20 +388,22 @@ def evaluate(
                 raise EvalError(f"engine {engine_kind}: {exc}") from exc
             engine_name = type(engine).__name__
         started = time.monotonic()
+        retried = InfraTally()  # counts the runs again of both stages
         try:
             samples = asyncio.run(
                 _sample_all(
                     engine, tokenizer, tasks, k=samples_per_task, max_new_tokens=new_tokens, max_model_len=context,
                     temperature=temp, seed=seed, concurrency=concurrency, timeout_s=episode_timeout_s,
+                    infra_retries=infra_retries, tally=retried,
                 )
             )
         finally:
             if own_engine:
                 engine.close()
     if bench.kind == "math":
-        records = asyncio.run(_grade_math(bench, samples, judge, verify_timeout_s, concurrency))
+        records = asyncio.run(_grade_math(bench, samples, judge, verify_timeout_s, concurrency, infra_retries, retried))
     else:
-        records = asyncio.run(_grade_swe(bench, samples, swe_run, concurrency))
+        records = asyncio.run(_grade_swe(bench, samples, swe_run, concurrency, infra_retries, retried))
     details = {"licence": bench.licence, "context_tokens": str(context)}
     if judge is not None:
         details["judge_model"] = judge.model
@@ -360,7 +412,7 @@ def evaluate(
     report = build_report(
         records, benchmark=bench.name, model=str(model_dir), samples_per_task=samples_per_task, temperature=temp,
         max_new_tokens=new_tokens, label=label, engine=engine_name, wall_s=time.monotonic() - started,
-        details=details, seed=seed,
+        details=details, seed=seed, infra_retried=retried.reissued_total, max_infra_error_share=max_infra_error_share,
     )
     if out_dir is not None:
         out = Path(out_dir)

@@ -94,14 +94,18 @@ def training_run_id(cfg: RunConfig, metadata: Mapping[str, Any]) -> str:
 
 def _heldout(cfg: RunConfig, local: Path, limit: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
     from posttrain.eval.heldout import heldout_rollouts, heldout_scores
+    from posttrain.eval.infra import AccuracyRefused
     from posttrain.runtime import RunContext
 
     if limit:
         cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"num_tasks": min(cfg.eval.num_tasks, limit)})})
-    rollouts = heldout_rollouts(RunContext(cfg), local)
+    samples = heldout_rollouts(RunContext(cfg), local)
     rows = [{"task": r.task_id, "status": "correct" if r.metrics.get("correct", 0.0) >= 1.0 else "wrong",
-             "reward": r.reward, "tokens": r.num_action_tokens, "answer": ""} for r in rollouts]
-    return heldout_scores(rollouts), rows
+             "reward": r.reward, "tokens": r.num_action_tokens, "answer": ""} for r in samples.rollouts]
+    try:
+        return heldout_scores(samples, max_infra_share=cfg.eval.max_infra_error_share), rows
+    except AccuracyRefused as exc:
+        raise PipelineStepError(f"benchmarks: {HELDOUT}: {exc}") from exc
 
 
 def _benchmark(cfg: RunConfig, local: Path, name: str, limit: int, out_dir: Path) -> tuple[dict[str, float], list[dict[str, Any]]]:
@@ -115,15 +119,20 @@ def _benchmark(cfg: RunConfig, local: Path, name: str, limit: int, out_dir: Path
         report = run_benchmark(
             local, name, engine_kind=cfg.generator.engine, limit=limit or None,
             samples_per_task=cfg.eval.samples_per_task, out_dir=out_dir, seed=cfg.seed, label=cfg.run_name,
+            infra_retries=cfg.eval.infra_retries, max_infra_error_share=cfg.eval.max_infra_error_share,
             swe_backend="kubernetes" if name == "swe_bench_verified" else "local",
             namespace=os.environ.get("POSTTRAIN_NAMESPACE", "default"),
         )
     except EvalError as exc:
         raise PipelineStepError(f"benchmarks: {name}: {exc}") from exc
+    if report.accuracy_refused:
+        raise PipelineStepError(f"benchmarks: {report.accuracy_refused}")
     records = [msgspec.json.decode(line, type=SampleRecord)
                for line in (out_dir / f"{name}.samples.jsonl").read_bytes().splitlines() if line.strip()]
     metrics = {"num_tasks": float(report.num_tasks), "needs_judge": float(report.num_needs_judge),
-               "avg_at_k_low": report.avg_at_k_bounds[0], "avg_at_k_high": report.avg_at_k_bounds[1]}
+               "avg_at_k_low": report.avg_at_k_bounds[0], "avg_at_k_high": report.avg_at_k_bounds[1],
+               "infra_errors": float(sum(report.infra_errors.values())), "infra_retried": float(report.infra_retried),
+               **{f"infra_{cause}": float(n) for cause, n in report.infra_errors.items()}}
     if report.scores is not None:  # None: no task fully graded; the accuracy is then unknown, not 0
         metrics["accuracy"] = report.scores.avg_at_k
         metrics["graded_tasks"] = float(report.scores.num_tasks)
@@ -174,11 +183,13 @@ def evaluate(
         with no fully graded task), and for heldout ``reward_mean``, ``action_tokens_mean``,
         ``num_rollouts``, for the others ``num_tasks``, ``graded_tasks``, ``needs_judge``,
         ``avg_at_k_low`` / ``avg_at_k_high`` (ungraded samples counted wrong / right),
-        ``response_tokens_mean``; Markdown and HTML pages with the scores, the MLflow run and one
-        row per graded sample.
+        ``response_tokens_mean``; for all, ``infra_errors`` (samples left out because their
+        infrastructure failed, ``infra_<cause>`` by cause) and ``infra_retried``; Markdown and HTML
+        pages with the scores, the MLflow run and one row per graded sample.
 
     Raises:
-        PipelineStepError: an unknown benchmark, a negative ``limit``, or a benchmark that cannot run.
+        PipelineStepError: an unknown benchmark, a negative ``limit``, a benchmark that cannot run, or
+            one whose samples failed for the infrastructure past ``eval.max_infra_error_share``.
         posttrain.storage.StorageError: the checkpoint cannot be read.
     """
     from posttrain.storage import materialize

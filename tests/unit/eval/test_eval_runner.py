@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from fakes.fake_openai_judge import FakeJudge
@@ -21,6 +22,8 @@ from posttrain.eval.benchmarks import load_tasks
 from posttrain.eval.cli import eval_cli
 from posttrain.eval.grading import JudgeClient
 from posttrain.eval.runner import EvalError, evaluate
+from posttrain.eval.swe.instances import SweInfraError
+from posttrain.eval.swe.local_backend import LocalSweBackend
 from posttrain.inference.base import GenerationRequest, GenerationResult
 from posttrain.models.hf import load_tokenizer
 
@@ -183,3 +186,63 @@ def test_prompt_longer_than_the_context_is_its_own_finish_reason_not_truncation(
     too_long = [r for r in rows if r["finish_reason"] == "prompt_too_long"]
     assert len(too_long) == 2 and all(r["status"] == "wrong" and "tokens; the context is" in r["reason"] for r in too_long)
     assert report.response_tokens is not None and report.response_tokens.count == 1
+
+
+@dataclass
+class FailingSandbox:
+    """The real local SWE backend behind a grading sandbox that fails (issue 32): the sandbox of an
+    instance's grading run cannot start ``fails[instance_id]`` times (or every time, -1), as the backend
+    reports it (``SweInfraError``, cause ``sandbox_error``); the other runs grade for real."""
+
+    fails: dict[str, int]
+    inner: LocalSweBackend = field(default_factory=LocalSweBackend)
+    calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def run(self, instance: Any, patch: str) -> Any:
+        self.calls[instance.instance_id] += 1
+        left = self.fails.get(instance.instance_id, 0)
+        if left == -1 or self.calls[instance.instance_id] <= left:
+            raise SweInfraError(f"sandbox failed: {instance.instance_id}: bubblewrap could not set up the mount",
+                                "sandbox_error")
+        return self.inner.run(instance, patch)
+
+
+def test_a_sample_whose_grading_infrastructure_fails_is_retried_then_left_out_with_its_cause_and_a_bound_refuses_the_accuracy(
+        tiny_model: TinyModel, tmp_path: Path) -> None:
+    """3 SWE repair tasks, each answered with its reference fix (all resolvable). Task 0 grades; task 1's grading
+    sandbox fails once, then grades on the retry; task 2's fails on every run (1 + 2 retries) and is left out,
+    not scored unresolved: avg@1 = 2/2 over the 2 graded tasks, 1 sample left out (sandbox_error), 3 retries.
+    At eval.max_infra_error_share 0.2 the same samples (1 of 3 left out, 33%) give no accuracy: one line
+    saying why. Before, the first sandbox failure ended the evaluation with the grading error."""
+    from posttrain.eval.report import SampleRecord, build_report
+    from posttrain.eval.report_render import render_markdown
+
+    tok = load_tokenizer(tiny_model.path)
+    tasks = load_tasks("swe_repair", limit=3)
+    replies = {t.prompt.split("\n")[1][:60]: [f"Here is the fix:\n```diff\n{(Path(t.reference) / 'fix.patch').read_text()}```\n"]
+               for t in tasks}
+    ids = [Path(t.reference).name for t in tasks]
+    sandbox = FailingSandbox({ids[1]: 1, ids[2]: -1})
+    report = evaluate(tiny_model.path, "swe_repair", limit=3, max_model_len=8192, engine=OracleEngine(tok, replies),
+                      tokenizer=tok, swe_backend_obj=sandbox, out_dir=tmp_path, max_infra_error_share=0.5)
+
+    assert dict(sandbox.calls) == {ids[0]: 1, ids[1]: 2, ids[2]: 3}
+    assert report.scores is not None and (report.scores.avg_at_k, report.scores.num_tasks) == (1.0, 2)
+    assert report.infra_errors == {"sandbox_error": 1} and report.infra_task_ids == [tasks[2].task_id]
+    assert report.infra_retried == 3 and report.accuracy_refused == ""
+    assert report.grading_methods == {"tests": 2, "infra_error": 1} and report.avg_at_k_bounds == (1.0, 1.0)
+    note = "swe_repair: 1 samples on 1 tasks failed for the infrastructure (sandbox_error 1)"
+    assert note in render_markdown([report])
+
+    records = [msgspec.json.decode(line, type=SampleRecord)
+               for line in (tmp_path / "swe_repair.samples.jsonl").read_bytes().splitlines()]
+    left_out = [r for r in records if r.status == "infra_error"]
+    assert len(left_out) == 1 and left_out[0].infra_cause == "sandbox_error"
+    refused = build_report(records, benchmark="swe_repair", model="m", samples_per_task=1, temperature=0.0,
+                           max_new_tokens=8, infra_retried=3, max_infra_error_share=0.2)
+    assert refused.scores is None and refused.categories == {}
+    assert refused.accuracy_refused == (
+        "swe_repair: 1 of 3 samples failed for the infrastructure (sandbox_error 1): 33% > "
+        "eval.max_infra_error_share=0.2; no accuracy reported (the samples that ran may not stand for the set; fix "
+        "the sandbox or grader and evaluate again)")
+    assert refused.accuracy_refused in render_markdown([refused])

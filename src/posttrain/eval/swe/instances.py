@@ -3,7 +3,7 @@
 ``load_swe_instances`` reads ``data/swe_bench_verified`` (the 50-instance mini set and the
 Verified image map) into ``SweInstance`` records: repository, base commit, gold and test patches,
 the FAIL_TO_PASS / PASS_TO_PASS test lists and the evaluation image. ``SweGradingError`` is the
-one error type of SWE evaluation.
+one error type of SWE evaluation (``SweInfraError`` when the grading infrastructure failed).
 
 Example: ``load_swe_instances()["django__django-11790"].fail_to_pass``.
 """
@@ -17,11 +17,20 @@ from pathlib import Path
 
 import msgspec
 
+from posttrain.envs.base import InfraError
 from posttrain.eval.benchmarks import BenchmarkDataError, data_dir, swe_eval_image
 
 
 class SweGradingError(RuntimeError):
     """A SWE evaluation could not be run (bad instance data, oversized patch, API failure)."""
+
+
+class SweInfraError(SweGradingError, InfraError):
+    """The grading infrastructure failed under a SWE evaluation (its sandbox could not start or clean up).
+
+    An ``InfraError`` with the sandbox's ``cause``: the evaluation runs the sample again and leaves it
+    out of the scores if it keeps failing (``posttrain.eval.infra``), never scoring it as unresolved.
+    """
 
 
 class SweInstance(msgspec.Struct, kw_only=True, frozen=True):

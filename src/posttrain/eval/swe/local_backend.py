@@ -35,7 +35,7 @@ from typing import Any, Literal
 import msgspec
 
 from posttrain.eval.swe.eval_script import shell_quote
-from posttrain.eval.swe.instances import SweGradingError
+from posttrain.eval.swe.instances import SweGradingError, SweInfraError
 from posttrain.eval.swe.log_grading import (
     MARK_END,
     MARK_PATCH_APPLIED,
@@ -112,15 +112,16 @@ class LocalSweBackend:
                 max_output_bytes=1 << 20,
                 isolation=self.isolation,
             )
-        except SandboxError as exc:
-            raise SweGradingError(f"sandbox failed: {exc}") from exc
+        except SandboxError as exc:  # an infrastructure failure: retried, then left out (posttrain.eval.infra)
+            raise SweInfraError(f"sandbox failed: {exc}", exc.cause) from exc
 
     def run(self, instance: LocalRepairInstance, model_patch: str) -> SweRunResult:
         """Evaluate ``model_patch`` on a fresh copy of ``instance.repo_dir``.
 
         Raises:
-            SweGradingError: the repository directory is missing, a hidden file path is absolute or
-                climbs out (``..``), or the sandbox could not start.
+            SweGradingError: the repository directory is missing, or a hidden file path is absolute or
+                climbs out (``..``).
+            SweInfraError: the sandbox could not start (an infrastructure failure, with its cause).
         """
         started = time.monotonic()
         repo = Path(instance.repo_dir)
