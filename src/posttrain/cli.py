@@ -203,6 +203,7 @@ def _learner_inputs(cfg: Any, start_model: str | None, world: Any) -> tuple[Any,
 
 
 def _cmd_learner(args: argparse.Namespace) -> int:
+    from posttrain.config.roles import samples_on_policy
     from posttrain.learner.loop import run_learner
     from posttrain.learner.setup import redis_transport
     from posttrain.parallel.world import init_world, shutdown_world
@@ -211,10 +212,11 @@ def _cmd_learner(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     world = init_world(cfg.learner)  # torchrun: one process per rank, FSDP2 over them
+    stream = samples_on_policy(cfg)  # GKD at gkd.lmbda 0 trains on fixed sequences only: no Redis at all
     try:
         # Rank 0's REDIS_URL, missing, malformed or unreachable: one line before the model is prepared.
-        redis_url = _redis_url_from_env() if world.is_main else ""
-        if world.is_main:
+        redis_url = _redis_url_from_env() if world.is_main and stream else ""
+        if world.is_main and stream:
             _check_redis_first(redis_url, cfg.queue.reconnect_window_s)
         cfg, ctx, start = _learner_inputs(cfg, args.start_model, world)
         # Cluster pods get MLFLOW_TRACKING_URI from the tenant ConfigMap: metrics go to MLflow, into
@@ -226,7 +228,7 @@ def _cmd_learner(args: argparse.Namespace) -> int:
             tracker = Tracker.for_learner(cfg)
         with _redis_named(redis_url, cfg.queue.reconnect_window_s):
             transport = (redis_transport(cfg, redis_url, starts_empty=os.environ.get(EMBEDDED_REDIS_ENV) == "1")
-                         if world.is_main else None)
+                         if world.is_main and stream else None)
         with (tracker if tracker is not None else contextlib.nullcontext(),
               _redis_named(redis_url, cfg.queue.reconnect_window_s)):
             summary = run_learner(

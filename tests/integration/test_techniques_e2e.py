@@ -164,3 +164,32 @@ def test_grpo_async_run_trains_on_whole_groups_with_dis(tmp_path):
         assert len({r["group_id"] for r in line["rollouts"]}) == config.grpo.prompts_per_step
         assert all(d["reason"] in ("stale group", "surplus member", "no group id") for d in line["dropped"])
     _check_outputs(config, "reward/mean")
+
+
+def test_gkd_at_lambda_0_distils_on_fixed_sequences_without_redis_generators_or_waiting_for_rollouts(
+        tmp_path, capsys, monkeypatch):
+    """``posttrain run configs/gkd_cpu.yaml gkd.lmbda=0`` (supervised KD): REDIS_URL names a closed port, so any
+    Redis use would fail after a 1 s reconnect window, and no generator process may start. The run builds its
+    teacher and student, distils 4 versions on fixed sequences alone (every row fixed, no rollout), evaluates and
+    registers; the console's progress line shows the distillation loss. Before, gkd.lmbda 0 was refused."""
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:9")
+    fixed = tmp_path / "fixed.jsonl"  # the task's own kind of answers, as a team's ground truth would be
+    fixed.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"What is {a} + {b}?"},
+                                                      {"role": "assistant", "content": f"#### {a + b}"}]}) + "\n"
+                             for a in range(4) for b in range(4)), encoding="utf-8")
+    config = _config("gkd", tmp_path, "gkd.lmbda=0", f"gkd.data_path={fixed}", "gkd.steps=4", "gkd.batch_size=8",
+                     "gkd.micro_batch_size=8", "gkd.checkpoint_every=2", "gkd.teacher.build_steps=20",
+                     "warm_start.steps=5", "eval.num_tasks=4", "eval.samples_per_task=1", "queue.reconnect_window_s=1")
+    summary = run(config)
+
+    out = capsys.readouterr().out
+    assert "[4/5] gkd: 4 policy versions of 0 on-policy + 8 fixed sequences" in out
+    assert "no generator (lambda 0: supervised KD on the fixed sequences)" in out
+    assert "policy version 4/4: distillation loss " in out
+    assert dict(summary.rows)["on-policy share (lambda)"] == "0/8 sequences per batch"
+    assert not list((summary.run_dir / "logs").glob("generator-*")) and not (summary.run_dir / "weights").exists()
+    assert _metric(summary.run_dir, "gkd/on_policy_share") == [0.0] * 4
+    assert all(v > 0 for v in _metric(summary.run_dir, "loss/gkd"))
+    ledger = read_ledger(summary.run_dir / LEDGER_NAME)
+    assert [line["iteration"] for line in ledger] == [1, 2, 3, 4] and not any(line["rollouts"] for line in ledger)
+    _check_outputs(config, "loss/gkd")

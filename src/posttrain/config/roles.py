@@ -71,6 +71,15 @@ class AsyncRLSettings:
     critic_warmup_iterations: int = 0
 
 
+def samples_on_policy(config: RunConfig) -> bool:
+    """Whether the run's learner trains on rollouts generators sample: every asynchronous-runtime run but GKD at ``gkd.lmbda: 0``.
+
+    GKD at lambda 0 (supervised KD) trains on fixed sequences only: no generator, inference engine,
+    rollout stream or admission is started, and its learner reads no Redis.
+    """
+    return uses_async_runtime(config) and not (config.technique == "gkd" and config.gkd.on_policy_rows == 0)
+
+
 def uses_async_runtime(config: RunConfig) -> bool:
     """True for ``technique: sao`` and ``gkd``, and for ``technique: grpo`` with ``grpo.async: true``."""
     return config.technique in ("sao", "gkd") or (config.technique == "grpo" and config.grpo.async_)

@@ -194,7 +194,8 @@ class GKDTechniqueConfig(_Section):
     samples and fixed sequences. Each learner batch has ``batch_size`` sequences:
     ``round(lmbda * batch_size)`` on-policy rollouts the generators sampled from the student on the
     environment's tasks (through the inference engine, the rollout stream and admission, as SAO's),
-    and the rest drawn from the fixed sequences of ``data_path``. The teacher scores every
+    and the rest drawn from the fixed sequences of ``data_path``. With ``lmbda: 0`` every sequence is
+    fixed (supervised KD, which the paper includes): no generator, engine or rollout stream runs. The teacher scores every
     sequence in the learner (frozen, placed and sharded like the student). Sampling settings of
     the on-policy rollouts (engine, temperature, top_p, tokens per turn, processes, episodes in
     flight) are the ``generator`` section's, as for every technique of the asynchronous runtime.
@@ -202,11 +203,11 @@ class GKDTechniqueConfig(_Section):
 
     teacher: TeacherConfig = Field(default_factory=TeacherConfig)
     """The teacher (path, or the SFT steps of one built for the run)."""
-    lmbda: float = Field(1.0, gt=0.0, le=1.0)
+    lmbda: float = Field(1.0, ge=0.0, le=1.0)
     """lambda, the on-policy share: ``round(lmbda * batch_size)`` sequences of each batch are the student's
-    own samples, the rest fixed sequences from ``data_path`` (paper: the student-data fraction;
-    on-policy, 1.0, worked best). At least one on-policy row per batch is required (lambda = 0,
-    supervised KD on fixed sequences only, is not offered)."""
+    own samples (at least one when lambda > 0), the rest fixed sequences from ``data_path`` (paper: the
+    student-data fraction; on-policy, 1.0, worked best). 0 is supervised KD: every sequence is fixed
+    and scored by the teacher, no generator or inference engine is started and no rollout is awaited."""
     data_path: str | None = None
     """JSONL of fixed (off-policy) sequences, chat rows ``{"messages": [...]}`` as for sft (docs/data.md):
     ground-truth or teacher-written answers; their assistant tokens are trained. Required when
@@ -239,8 +240,8 @@ class GKDTechniqueConfig(_Section):
 
     @property
     def on_policy_rows(self) -> int:
-        """On-policy rollouts per batch: ``round(lmbda * batch_size)`` (at least 1)."""
-        return max(1, round(self.lmbda * self.batch_size))
+        """On-policy rollouts per batch: ``round(lmbda * batch_size)``, at least 1 when ``lmbda > 0``; 0 at ``lmbda`` 0."""
+        return max(1, round(self.lmbda * self.batch_size)) if self.lmbda > 0 else 0
 
     @property
     def fixed_rows(self) -> int:

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from posttrain.episodes.runner import EpisodeLimits
 from posttrain.eval.infra import AccuracyRefused, refusal, with_infra_retries
@@ -24,6 +24,9 @@ from posttrain.rollout.infra import InfraTally, causes_text
 from posttrain.runtime import RunContext
 
 log = logging.getLogger("posttrain.eval")
+
+EngineKind = Literal["auto", "vllm", "hf"]
+"""The engines ``posttrain.inference.factory.make_engine`` builds."""
 
 
 @dataclass
@@ -40,7 +43,7 @@ class HeldoutSamples:
     infra: InfraTally = field(default_factory=InfraTally)
 
 
-def evaluate_policy(ctx: RunContext, model_dir: Path, *, engine_kind: str | None = None) -> dict[str, float]:
+def evaluate_policy(ctx: RunContext, model_dir: Path, *, engine_kind: EngineKind | None = None) -> dict[str, float]:
     """Held-out accuracy of ``model_dir`` on ``heldout_tasks`` (at most ``eval.num_tasks``), ``eval.samples_per_task`` samples each.
 
     Returns:
@@ -97,7 +100,7 @@ def heldout_tasks(ctx: RunContext) -> list[Any]:
     return ctx.tasks("eval")[: ctx.config.eval.num_tasks]
 
 
-def heldout_rollouts(ctx: RunContext, model_dir: Path, *, engine_kind: str | None = None) -> HeldoutSamples:
+def heldout_rollouts(ctx: RunContext, model_dir: Path, *, engine_kind: EngineKind | None = None) -> HeldoutSamples:
     """One graded ``Rollout`` per (held-out task, sample): ``eval.num_tasks`` x ``eval.samples_per_task``.
 
     Sample ``k`` of task ``i`` uses seed ``config.seed + i * 1000 + k``; the environment's verifier

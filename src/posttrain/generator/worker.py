@@ -47,7 +47,8 @@ from dataclasses import dataclass
 import redis
 
 from posttrain.config import RunConfig
-from posttrain.config.roles import async_rl_settings
+from posttrain.config.load import ConfigError
+from posttrain.config.roles import async_rl_settings, samples_on_policy
 from posttrain.episodes.runner import EpisodeLimits
 from posttrain.generator.inflight import InFlightEpisodes
 from posttrain.generator.seeds import EpisodeSeeds, generator_index
@@ -165,8 +166,12 @@ async def serve(config: RunConfig, generator_id: str, redis_url: str, seed: int,
         TimeoutError: no weights published, or no policy-version key set by the learner, within
             ``FIRST_WEIGHTS_TIMEOUT_S`` seconds, or a weight-store access passed
             ``weights_timeout_s`` (``WeightStoreTimeout``).
+        posttrain.config.ConfigError: the run samples nothing on-policy (GKD at ``gkd.lmbda: 0``).
         The first error of a slot or the watcher.
     """
+    if not samples_on_policy(config):
+        raise ConfigError("gkd.lmbda: 0 trains on fixed sequences only (supervised KD): the run has no on-policy "
+                          "sample for a generator to draw; start only the learner")
     ctx = RunContext(config)
     # Every command retries over queue.reconnect_window_s (the client's own backoff); the objects add no retries.
     client = connect(redis_url, reconnect_window_s=config.queue.reconnect_window_s)

@@ -258,6 +258,21 @@ class GroupSource:
         return ready
 
 
+class FixedOnlySource:
+    """GKD at ``gkd.lmbda: 0`` (supervised KD): no on-policy rollout is ever read; every batch is the step's fixed rows.
+
+    ``next_batch`` returns an empty batch at once (never None, so the learner never waits for rollouts);
+    the GKD step draws the iteration's ``gkd.batch_size`` fixed sequences itself. Nothing is dropped.
+    """
+
+    def __init__(self) -> None:
+        self.drops: DropLog = _NoDrops()
+
+    def next_batch(self, learner_version: int) -> list[QueueEntry] | None:
+        """``[]``: no rollout, ready now."""
+        return []
+
+
 def make_batch_source(
     settings: AsyncRLSettings, queue: RolloutQueue, drops: DropRecorder, *, claim_idle_ms: int, block_s: float
 ) -> BatchSource:

@@ -35,7 +35,7 @@ def learner_metrics(
     iteration: int,
     counters: Mapping[str, float],
     staleness: StalenessStats,
-    queue: RolloutQueue,
+    queue: RolloutQueue | None,
     generator_stats: Mapping[str, Mapping[str, float]],
     step_s: float,
     elapsed_s: float,
@@ -50,7 +50,7 @@ def learner_metrics(
         counters: Cumulative ``rollouts_trained``, ``action_tokens_trained``, ``skipped_nonfinite``
             and the length accounting (``rollout.lengths.count_batch``).
         staleness: Staleness statistics of consumed and dropped rollouts.
-        queue: The stream consumer (dead letters, length).
+        queue: The stream consumer (dead letters, length); None: no stream (GKD at ``gkd.lmbda: 0``).
         generator_stats: Generator id -> its latest stats snapshot.
         step_s: Seconds the train step took.
         elapsed_s: Seconds since the learner started training in this process.
@@ -69,11 +69,11 @@ def learner_metrics(
         "throughput/rollouts_per_s": counters["rollouts_trained"] / elapsed,
         "throughput/action_tokens_per_s": action_tokens / max(step_s, 1e-9),
         "throughput/trained_action_tokens_per_s": counters["action_tokens_trained"] / elapsed,
-        "queue/dead_letters": float(queue.dead_letter_count()),
-        "queue/length": float(queue.length()),
-        "rollouts/correct_mean": sum(e.rollout.metrics.get("correct", 0.0) for e in entries) / len(entries),
+        "rollouts/correct_mean": sum(e.rollout.metrics.get("correct", 0.0) for e in entries) / max(len(entries), 1),
         "infra/dropped_by_learner": counters.get("infra_dropped", 0.0),
     })
+    if queue is not None:
+        metrics.update({"queue/dead_letters": float(queue.dead_letter_count()), "queue/length": float(queue.length())})
     if admission is not None:
         metrics.update(infra_metrics(admission))
     return metrics

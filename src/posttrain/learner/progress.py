@@ -98,11 +98,12 @@ def outcome_of(result: TrainStepResult, rollouts: int, dropped: int = 0) -> Iter
     Token counts come from the step's per-rollout accounting where it has one (SAO's ``row_tokens``: trained,
     stale-masked and DIS-masked tokens); otherwise from GRPO's metrics: ``grpo/action_tokens_kept`` entered the
     update and ``mask/frac_total`` of them were DIS-masked (absent without the DIS mask: none). Groups come from
-    ``grpo/groups`` and ``grpo/uniform_groups_frac``.
+    ``grpo/groups`` and ``grpo/uniform_groups_frac``. GKD's update tokens are ``gkd/trained_tokens`` (its fixed
+    sequences train too).
 
     Args:
         result: The train step's result.
-        rollouts: Rollouts in the batch (>= 1).
+        rollouts: Rollouts in the batch (0 for GKD at ``gkd.lmbda: 0``, whose rows are all fixed).
         dropped: Rollouts dropped while the batch was assembled.
     """
     m = result.metrics
@@ -113,7 +114,8 @@ def outcome_of(result: TrainStepResult, rollouts: int, dropped: int = 0) -> Iter
                      for r in result.row_tokens)
         update = masked + sum(float(r["trained_tokens"] or 0.0) for r in result.row_tokens)
     elif result.policy_updated:
-        update = float(m.get("grpo/action_tokens_kept", result.action_tokens_trained))
+        # GRPO: the kept groups' action tokens; GKD: every trained token, its fixed sequences' included.
+        update = float(m.get("grpo/action_tokens_kept", m.get("gkd/trained_tokens", result.action_tokens_trained)))
         masked = float(m.get("mask/frac_total", 0.0)) * update
     else:
         update = masked = 0.0

@@ -27,9 +27,15 @@ from torch import nn
 
 from posttrain.advantages import RunningMeanBaseline
 from posttrain.config import ConfigError, RunConfig, SAOConfig
-from posttrain.config.roles import AsyncRLSettings, async_rl_settings
+from posttrain.config.roles import AsyncRLSettings, async_rl_settings, samples_on_policy
 from posttrain.config.sections import LearnerConfig
-from posttrain.learner.batch_source import BatchSource, DropRecorder, RankBatchSource, make_batch_source
+from posttrain.learner.batch_source import (
+    BatchSource,
+    DropRecorder,
+    FixedOnlySource,
+    RankBatchSource,
+    make_batch_source,
+)
 from posttrain.learner.checkpoint import LearnerState
 from posttrain.learner.checkpointer import Checkpointer
 from posttrain.learner.critic import CriticModel
@@ -172,6 +178,9 @@ class Learner:
             ``learner.max_iterations_without_progress``.
         infra_bound: Rank 0's check of the run's infrastructure-failure share
             (``generator.max_infra_error_share``; None elsewhere).
+        publishes: Whether each version's weights go to the weight store for generators (False for GKD at
+            ``gkd.lmbda: 0``, which has none: a version is then a count, and the final model is written as
+            for any run).
         stop_requested: Set by the SIGTERM or SIGINT handler (the reason); the loop checkpoints and stops.
     """
 
@@ -192,6 +201,7 @@ class Learner:
     watch: GeneratorWatch | None = None
     progress: ProgressWatch = field(default_factory=lambda: ProgressWatch(LearnerConfig().max_iterations_without_progress))
     infra_bound: InfraShareBound | None = None
+    publishes: bool = True
     stop_requested: str | None = None
     drops_seen: float = 0.0
     iterations_here: int = 0
@@ -306,7 +316,7 @@ class Learner:
         Such an iteration makes no progress (every rollout stale), so a learner whose every rollout is dropped
         stops too.
         """
-        while self.source.drops.seen - self.drops_seen >= self.settings.batch_rollouts:
+        while self.settings.batch_rollouts and self.source.drops.seen - self.drops_seen >= self.settings.batch_rollouts:
             self.drops_seen += self.settings.batch_rollouts
             self.progress.observe(IterationOutcome(published=False, rollouts=0, dropped=self.settings.batch_rollouts))
 
@@ -325,20 +335,29 @@ class Learner:
         self.publish(self.state.policy_version)
 
     def publish(self, version: int, *, write_weights: bool = True) -> None:
-        """Publish ``version``: every rank gives its shards, rank 0 writes the store, sets the key, announces."""
+        """Publish ``version``: every rank gives its shards, rank 0 writes the store, sets the key, announces.
+
+        Nothing without generators to load it (``publishes`` False, the same on every rank).
+        """
+        if not self.publishes:
+            return
         weights = full_state_dict(self.policy.model, self.world) if write_weights else {}
         if self.publisher is not None:
             self.publisher.publish(weights, version, write_weights=write_weights)
 
     def metrics(self, entries: Sequence[QueueEntry], result: TrainStepResult) -> dict[str, float]:
-        """The iteration's metrics (``posttrain.learner.metrics``); rank 0's only (``{}`` elsewhere)."""
-        if self.transport is None:
+        """The iteration's metrics (``posttrain.learner.metrics``); rank 0's only (``{}`` elsewhere).
+
+        Without a transport (GKD at ``gkd.lmbda: 0``) the stream's, generators' and admission's are left out.
+        """
+        if not self.world.is_main:
             return {}
+        t = self.transport
         return {**learner_metrics(
             result, entries, iteration=self.state.iteration, counters=self.counters, staleness=self.staleness,
-            queue=self.transport.queue, generator_stats=self.transport.generator_stats(),
+            queue=t.queue if t is not None else None, generator_stats=t.generator_stats() if t is not None else {},
             step_s=self.last_step_s, elapsed_s=time.monotonic() - self.started,
-            admission=self.transport.admission.state(),
+            admission=t.admission.state() if t is not None else None,
         ), **self.progress.metrics()}
 
     def finish(self) -> LearnerSummary:
@@ -471,24 +490,30 @@ def build_learner(config: RunConfig, transport: LearnerTransport | None, *, star
     Args:
         config: The run config (``technique: sao`` or ``gkd``, or ``grpo`` with ``grpo.async``).
         transport: Queue, admission, version key, weight store, announcements, telemetry; rank 0's
-            only (None on the other ranks, which never touch the stream or the store).
+            only (None on the other ranks, which never touch the stream or the store). None on every
+            rank for GKD at ``gkd.lmbda: 0``: it trains on fixed sequences only, reads no stream,
+            awaits no rollout and publishes no weights for generators (``FixedOnlySource``); its
+            metrics, ledger, checkpoints and final model are those of any run.
         start_model_dir: Policy to start from when there is no checkpoint (the SFT warm start).
         world: The learner's ranks (one process when None).
 
     Raises:
         posttrain.config.ConfigError: the technique does not use the asynchronous runtime, or a
             batch has fewer rollouts than there are ranks.
-        ValueError: rank 0 without a transport.
+        ValueError: rank 0 without a transport, or a transport for GKD at ``gkd.lmbda: 0``.
         FileNotFoundError: no tokenizer in the run directory, no model at ``start_model_dir``, or (GKD) no
             teacher at ``gkd.teacher.path`` / ``<run>/teacher_model``.
         posttrain.data.tasks.DatasetError: (GKD) a bad row of ``gkd.data_path`` under ``data.on_bad_row: stop``.
         posttrain.learner.checkpoint.CheckpointError: the checkpoint does not fit this model.
     """
     world = world or World()
-    if world.is_main and transport is None:
+    settings = async_rl_settings(config)  # first: a technique off the runtime is a one-line config error
+    on_policy = samples_on_policy(config)
+    if world.is_main and transport is None and on_policy:
         raise ValueError("build_learner: rank 0 needs the transport")
+    if transport is not None and not on_policy:
+        raise ValueError("build_learner: gkd.lmbda 0 trains on fixed sequences only; it takes no transport")
     ctx = RunContext(config)
-    settings = async_rl_settings(config)
     rows = config.gkd.batch_size if settings.technique == "gkd" else settings.batch_rollouts
     if rows < world.size:
         field_name = {"grpo": "grpo.prompts_per_step x grpo.group_size", "gkd": "gkd.batch_size"}.get(
@@ -537,7 +562,7 @@ def build_learner(config: RunConfig, transport: LearnerTransport | None, *, star
         acked=transport.admission.settle if transport is not None and world.is_main else None,
     )
     learner = Learner(ctx, settings, transport if world.is_main else None, state, counters, policy, tokenizer,
-                      RankBatchSource(world, inner),
+                      RankBatchSource(world, inner) if on_policy else FixedOnlySource(),
                       _train_step(config, policy, critic, baseline, start_model_dir, tokenizer, world), publisher,
                       checkpointer, staleness,
                       NonFiniteStreak(settings.max_nonfinite_iterations,
@@ -545,6 +570,7 @@ def build_learner(config: RunConfig, transport: LearnerTransport | None, *, star
                       progress=ProgressWatch(config.learner.max_iterations_without_progress,
                                              print_line if world.is_main else None))
     learner.drops_seen = learner.source.drops.seen
+    learner.publishes = on_policy  # GKD at lambda 0: no generator loads the student's weights
     if transport is not None and world.is_main and transport.live_generators is not None:
         learner.watch = GeneratorWatch(transport.live_generators, transport.return_dead_leases or (lambda: 0),
                                        timeout_s=config.learner.no_generator_timeout_s)

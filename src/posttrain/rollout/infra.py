@@ -45,13 +45,26 @@ class InfraCounts(Protocol):
             is their client's: neither re-issued nor given up by the run.
     """
 
-    infra_total: int
-    completed_total: int
-    infra_by_cause: dict[str, int]
-    reissued_total: int
-    abandoned_total: int
-    lost_total: int
-    client_retry_total: int
+    @property
+    def infra_total(self) -> int: ...  # noqa: D102 - the class docstring lists them
+
+    @property
+    def completed_total(self) -> int: ...  # noqa: D102
+
+    @property
+    def infra_by_cause(self) -> dict[str, int]: ...  # noqa: D102
+
+    @property
+    def reissued_total(self) -> int: ...  # noqa: D102
+
+    @property
+    def abandoned_total(self) -> int: ...  # noqa: D102
+
+    @property
+    def lost_total(self) -> int: ...  # noqa: D102
+
+    @property
+    def client_retry_total(self) -> int: ...  # noqa: D102
 
 
 @dataclass

@@ -19,6 +19,10 @@ Mistakes", ICLR 2024, arXiv 2306.13649). Steps of ``posttrain run configs/gkd_cp
 5. **evaluate** the distilled student, log the share of the gap it closed
    (``gkd/heldout_gap_closed`` = (after - before) / (teacher - before)), register it.
 
+With ``gkd.lmbda: 0`` (supervised KD: every sequence fixed, the paper's off-policy end) step 4 runs
+the learner alone (``distil_fixed_sequences``): no Redis, generator process, inference engine or
+weight publication, and the learner never waits for a rollout.
+
 Under ``torchrun`` it is refused like SAO (it starts its own learner ranks). Run:
 ``posttrain run configs/gkd_cpu.yaml``.
 """
@@ -29,6 +33,11 @@ from pathlib import Path
 
 from posttrain.config import RunConfig
 from posttrain.eval.heldout import heldout_tasks
+from posttrain.learner.checkpoint import latest_checkpoint
+from posttrain.learner.liveness import LearnerStopped
+from posttrain.learner.loop import run_learner
+from posttrain.learner.types import LearnerSummary
+from posttrain.parallel.world import init_world
 from posttrain.runners.common import (
     RunSummary,
     TrackedRun,
@@ -39,9 +48,9 @@ from posttrain.runners.common import (
     tracked_run,
 )
 from posttrain.runners.console import plural
-from posttrain.runners.sao import progress_sink, train_sao
+from posttrain.runners.sao import progress_sink, run_learner_ranks, train_sao
 from posttrain.runtime import RunContext, check_model_dir
-from posttrain.tracking import HELDOUT_METRIC
+from posttrain.tracking import HELDOUT_METRIC, MetricsSink
 
 
 def teacher_model(run: TrackedRun) -> Path:
@@ -68,6 +77,35 @@ def gap_closed(before: float, after: float, teacher: float) -> float | None:
     return (after - before) / gap if gap > 0 else None
 
 
+def distil_fixed_sequences(ctx: RunContext, student: Path, sink: MetricsSink | None) -> LearnerSummary:
+    """GKD at ``gkd.lmbda: 0``: the learner alone distils on fixed sequences (module docstring).
+
+    The same learner as every GKD run (``learner.gkd_step``: teacher scores, checkpoints, resume, ledger,
+    metrics) with no transport: no Redis, no generator, no weight store; on ``learner.local_ranks``
+    ranks under torchrun when more than one.
+
+    Returns:
+        The learner's summary (``counters["generators"]`` 0).
+
+    Raises:
+        posttrain.learner.liveness.LearnerStopped: SIGTERM, Ctrl-C or no progress, after a final checkpoint;
+            the message says how to resume.
+    """
+    config = ctx.config
+    try:
+        if config.learner.local_ranks > 1:
+            summary = run_learner_ranks(ctx, None, ctx.save_resolved_config(), student)
+        else:
+            summary = run_learner(config, None, start_model_dir=student, sink=sink, world=init_world(config.learner),
+                                  progress=False)
+    except LearnerStopped as exc:
+        latest = latest_checkpoint(ctx.checkpoints_dir)
+        where = f" from {latest}" if latest is not None else ""
+        raise LearnerStopped(f"{exc}; run the same command again to resume{where}", exc.exit_code) from None
+    summary.counters["generators"] = 0.0
+    return summary
+
+
 def run_gkd(config: RunConfig) -> RunSummary:
     """Distil ``gkd``'s teacher into the warm-started student (module docstring) and return the run's summary."""
     gkd = config.gkd
@@ -81,12 +119,17 @@ def run_gkd(config: RunConfig) -> RunSummary:
         teacher_scores = evaluate_and_log(run, teacher, "teacher")
         before = evaluate_and_log(run, student, "start")
         print(f"      accuracy: teacher {teacher_scores['accuracy']:.3f}, student {before['accuracy']:.3f}", flush=True)
+        sources = (f"{config.generator.num_processes} generators, tau {gkd.max_staleness}" if gkd.on_policy_rows
+                   else "no generator (lambda 0: supervised KD on the fixed sequences)")
         print(f"[4/5] gkd: {gkd.steps} policy versions of {gkd.on_policy_rows} on-policy + {gkd.fixed_rows} fixed "
               f"sequences ({gkd.loss.divergence}{f', beta {gkd.loss.beta}' if gkd.loss.divergence == 'generalized_jsd' else ''}), "
-              f"{config.generator.num_processes} generators, tau {gkd.max_staleness}"
-              f"{f', learner on {config.learner.local_ranks} ranks' if config.learner.local_ranks > 1 else ''}",
+              f"{sources}{f', learner on {config.learner.local_ranks} ranks' if config.learner.local_ranks > 1 else ''}",
               flush=True)
-        summary = train_sao(RunContext(config), student, progress_sink(run.sink, gkd.steps, gkd.checkpoint_every))
+        sink = progress_sink(run.sink, gkd.steps, gkd.checkpoint_every,
+                             value=("reward/mean", "training reward") if gkd.on_policy_rows
+                             else ("loss/gkd", "distillation loss"))
+        summary = (train_sao(RunContext(config), student, sink) if gkd.on_policy_rows
+                   else distil_fixed_sequences(RunContext(config), student, sink))
         print("[5/5] held-out eval, registration", flush=True)
         after = evaluate_and_log(run, summary.final_model_dir, "gkd")
         closed = gap_closed(before["accuracy"], after["accuracy"], teacher_scores["accuracy"])

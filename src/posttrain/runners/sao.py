@@ -105,7 +105,7 @@ def stop_generators(ctx: RunContext, client: Any, procs: list[subprocess.Popen[b
                 p.wait()
 
 
-def run_learner_ranks(ctx: RunContext, redis_url: str, config_path: Path, start_model: Path, *,
+def run_learner_ranks(ctx: RunContext, redis_url: str | None, config_path: Path, start_model: Path, *,
                       starts_empty: bool = False) -> LearnerSummary:
     """The learner as ``learner.local_ranks`` FSDP2 ranks: ``torchrun --standalone`` of ``posttrain learner``.
 
@@ -113,6 +113,7 @@ def run_learner_ranks(ctx: RunContext, redis_url: str, config_path: Path, start_
     a tracking URI is set), as an in-process learner's do. The summary is read back from its last
     checkpoint (written at the final version) and the dead-letter stream. ``starts_empty``:
     ``redis_url`` is the embedded server this call started (``EMBEDDED_REDIS_ENV`` tells the ranks).
+    ``redis_url`` None: a learner that reads no stream (GKD at ``gkd.lmbda: 0``).
 
     Raises:
         RuntimeError: the learner exited with a non-zero status (the log's tail is in the message).
@@ -122,7 +123,7 @@ def run_learner_ranks(ctx: RunContext, redis_url: str, config_path: Path, start_
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
            "-m", "posttrain.cli", "learner", str(config_path), "--start-model", str(start_model)]
     with log_path.open("ab") as log:
-        env = {**os.environ, REDIS_URL_ENV: redis_url, EMBEDDED_REDIS_ENV: "1" if starts_empty else ""}
+        env = {**os.environ, REDIS_URL_ENV: redis_url or "", EMBEDDED_REDIS_ENV: "1" if starts_empty else ""}
         code = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
     if code != 0:
         tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
@@ -132,7 +133,8 @@ def run_learner_ranks(ctx: RunContext, redis_url: str, config_path: Path, start_
         raise RuntimeError(f"learner on {ranks} ranks finished without a checkpoint in {ctx.checkpoints_dir}")
     state = json.loads((latest / "state.json").read_text(encoding="utf-8"))["state"]
     counters = dict(state["counters"])
-    counters["dead_letters"] = float(redis.Redis.from_url(redis_url).xlen(ctx.keys.dead_letter))
+    if redis_url:
+        counters["dead_letters"] = float(redis.Redis.from_url(redis_url).xlen(ctx.keys.dead_letter))
     return LearnerSummary(state["policy_version"], state["iteration"], ctx.final_model_dir, counters)
 
 
@@ -318,7 +320,8 @@ PROGRESS_SHARES = (("progress/uniform_groups_frac", "uniform groups"), ("progres
 
 
 def progress_sink(sink: MetricsSink, total: int, every: int,
-                  clock: Callable[[], float] = seconds_since_start) -> MetricsSink:
+                  clock: Callable[[], float] = seconds_since_start, *,
+                  value: tuple[str, str] = ("reward/mean", "training reward")) -> MetricsSink:
     """``sink``, plus a console line each ``every`` policy versions with the mean training reward since the last line.
 
     The mean is over the learner batches since the last line (the first line also counts the critic's warm-up
@@ -330,21 +333,23 @@ def progress_sink(sink: MetricsSink, total: int, every: int,
 
     ``(metrics, policy_version)`` calls whose metrics have no ``reward/mean`` (e.g. the warm start's)
     pass through silently. Lines come at multiples of ``every`` (and at ``total``), also in a resumed
-    run, whose first version is past 0.
+    run, whose first version is past 0. ``value``: the metric the line averages and its label (GKD at
+    ``gkd.lmbda: 0``, which samples nothing to reward, shows ``("loss/gkd", "distillation loss")``).
     """
+    key_shown, label_shown = value
     rewards: list[float] = []
     shares: dict[str, list[float]] = {key: [] for key, _ in PROGRESS_SHARES}
     marks = {"next": every}
 
     def tee(metrics: dict[str, float], step: int) -> None:
         sink(metrics, step)
-        if "reward/mean" not in metrics:
+        if key_shown not in metrics:
             return
         if not rewards and "resumed" not in marks:  # a resumed run's first line comes at the next multiple of every
             marks["resumed"] = step
             while marks["next"] < step:
                 marks["next"] += every
-        rewards.append(float(metrics["reward/mean"]))
+        rewards.append(float(metrics[key_shown]))
         for key, values in shares.items():
             if key in metrics:
                 values.append(float(metrics[key]))
@@ -353,7 +358,8 @@ def progress_sink(sink: MetricsSink, total: int, every: int,
             shown = "".join(f", {label} {100 * sum(shares[key]) / len(shares[key]):.0f}%"
                             for key, label in PROGRESS_SHARES if shares[key])
             # Batches, not versions: the critic's warm-up steps train a batch each and publish no version.
-            print(f"      policy version {step}/{total}: training reward {mean:.2f} (mean of "
+            number = f"{mean:.2f}" if key_shown == "reward/mean" else f"{mean:.4f}"
+            print(f"      policy version {step}/{total}: {label_shown} {number} (mean of "
                   f"{plural(len(rewards), 'batch', 'batches')} since the last line){shown}  (at {clock():.0f} s)",
                   flush=True)
             rewards.clear()

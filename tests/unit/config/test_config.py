@@ -232,7 +232,8 @@ def test_staleness_rule_is_token_or_episode_and_a_wrong_value_names_the_field_an
 
 def test_gkd_cross_checks_name_their_fields():
     """lambda < 1 needs fixed sequences; the sampled reverse KL needs every row sampled by the student at the
-    loss temperature; the stream must hold (checkpoint_every + tau + 2) x on-policy rows."""
+    loss temperature; the stream must hold (checkpoint_every + tau + 2) x on-policy rows. lambda 0 (supervised
+    KD) is every row fixed."""
     gkd = ["technique=gkd"]
     with pytest.raises(ConfigError, match=r"gkd\.data_path: required when gkd\.lmbda < 1 .* 16 fixed rows"):
         load_config(None, [*gkd, "gkd.lmbda=0.5"])
@@ -240,8 +241,14 @@ def test_gkd_cross_checks_name_their_fields():
         load_config(None, [*gkd, "gkd.lmbda=0.5", "gkd.data_path=x.jsonl", "gkd.loss.divergence=sampled_reverse_kl"])
     with pytest.raises(ConfigError, match=r"generator\.temperature \(0\.7\) must equal gkd\.loss\.temperature \(1\.0\)"):
         load_config(None, [*gkd, "gkd.loss.divergence=sampled_reverse_kl", "generator.temperature=0.7"])
-    with pytest.raises(ConfigError, match=r"gkd\.lmbda: Input should be greater than 0"):
+    with pytest.raises(ConfigError, match=r"gkd\.data_path: required when gkd\.lmbda < 1 .* leaves 32 fixed rows"):
         load_config(None, [*gkd, "gkd.lmbda=0"])
+    with pytest.raises(ConfigError, match=r"sampled_reverse_kl needs student samples only: gkd\.lmbda \(0\.0\)"):
+        load_config(None, [*gkd, "gkd.lmbda=0", "gkd.data_path=x.jsonl", "gkd.loss.divergence=sampled_reverse_kl"])
+    with pytest.raises(ConfigError, match=r"gkd\.lmbda: Input should be greater than or equal to 0"):
+        load_config(None, [*gkd, "gkd.lmbda=-0.1"])
+    supervised = load_config(None, [*gkd, "gkd.lmbda=0", "gkd.data_path=x.jsonl", "queue.maxlen=10"])
+    assert (supervised.gkd.on_policy_rows, supervised.gkd.fixed_rows) == (0, 32)  # no stream: maxlen is moot
     with pytest.raises(ConfigError, match=r"gkd\.loss\.beta: Input should be less than or equal to 1"):
         load_config(None, [*gkd, "gkd.loss.beta=1.5"])
     with pytest.raises(ConfigError, match=r"queue\.maxlen \(10\) .* on-policy rows round\(gkd\.lmbda x gkd\.batch_size\)"):

@@ -561,6 +561,60 @@ def test_gkd_loop_distils_the_teacher_on_streamed_and_fixed_rows_and_resumes_wit
     assert forward_kl(summary.final_model_dir) < forward_kl(tiny_model.path)
 
 
+def test_gkd_at_lambda_0_distils_on_fixed_sequences_alone_with_no_stream_generator_or_weights_and_resumes(
+        tmp_path, tiny_model):
+    """gkd.lmbda 0 (supervised KD, which the GKD paper includes): every batch is 4 fixed sequences scored by the
+    teacher. The learner runs with no transport at all (no stream, admission, version key or weight store), never
+    waits for a rollout, publishes no weights (nobody samples), and a generator refuses to start in one line.
+    Stopped after 2 iterations and resumed to version 3: each batch's rows are all fixed, the ledger has 3 lines
+    without rollouts, and the student is closer to the teacher on the fixed sequences than the start model.
+    Before, gkd.lmbda 0 was refused ("Input should be greater than 0")."""
+    import asyncio
+
+    from posttrain.config.load import ConfigError
+    from posttrain.config.roles import samples_on_policy
+    from posttrain.generator.worker import serve
+    from posttrain.learner.gkd_step import load_fixed_sequences, mixed_batch
+    from posttrain.losses import DistillLossInputs, generalized_jsd_loss
+
+    base = _gkd_config(tmp_path, tiny_model)
+    config = RunConfig.model_validate({**base.model_dump(), "gkd": {**base.gkd.model_dump(), "lmbda": 0.0}})
+    assert (config.gkd.on_policy_rows, config.gkd.fixed_rows, samples_on_policy(config)) == (0, 4, False)
+    logged: list[dict[str, float]] = []
+    stopped = run_learner(config, None, start_model_dir=tiny_model.path, progress=False, max_iterations=2,
+                          sink=lambda metrics, version: logged.append(metrics))
+    assert (stopped.policy_version, stopped.iterations) == (2, 2)
+    summary = run_learner(config, None, start_model_dir=tiny_model.path, progress=False,
+                          sink=lambda metrics, version: logged.append(metrics))
+
+    assert (summary.policy_version, summary.iterations) == (3, 3) and summary.counters["rollouts_trained"] == 0
+    assert [m["gkd/on_policy_share"] for m in logged] == [0.0, 0.0, 0.0]
+    assert all(m["loss/gkd"] > 0 and m["gkd/trained_tokens"] > 0 and "reward/mean" not in m for m in logged)
+    assert not any(k.startswith(("queue/", "admission/", "generator/")) for m in logged for k in m)
+    assert not RunContext(config).weights_dir.exists()  # nothing published: no generator loads it
+    assert [len(line["rollouts"]) for line in read_ledger(RunContext(config).run_dir / LEDGER_NAME)] == [0, 0, 0]
+    with pytest.raises(ConfigError, match=r"^gkd.lmbda: 0 trains on fixed sequences only .* start only the learner$"):
+        asyncio.run(serve(config, "g0", "redis://127.0.0.1:1", 0))
+    with pytest.raises(ValueError, match="takes no transport"):
+        run_learner(config, _transport(tmp_path, config, tiny_model, MemoryStream(), MemoryAdmissionController(
+            MemoryPolicyVersionStore(), batch_size=1, max_staleness=1), MemoryPolicyVersionStore())[0],
+            start_model_dir=tiny_model.path, progress=False)
+
+    from posttrain.models.hf import load_tokenizer
+
+    fixed = load_fixed_sequences(config.gkd.data_path, load_tokenizer(tiny_model.path), max_seq_len=64, limit=None,
+                                 on_bad_row="stop", quarantine_path=tmp_path / "q.jsonl")
+    batch = mixed_batch([], fixed, tiny_model.pad_id, 0)
+
+    def forward_kl(model_dir: Path) -> float:
+        with torch.no_grad():
+            logits = [load_policy(d).eval()(input_ids=batch.token_ids).logits for d in (model_dir, config.gkd.teacher.path)]
+        return generalized_jsd_loss(DistillLossInputs(logits[0], logits[1], batch.token_ids, batch.action_mask),
+                                    config.gkd.loss).metrics["gkd/divergence"]
+
+    assert forward_kl(summary.final_model_dir) < forward_kl(tiny_model.path)
+
+
 def test_gkd_with_a_teacher_of_another_vocabulary_is_refused_in_one_line_before_anything_is_published(
         tmp_path, tiny_model):
     from posttrain.config.load import ConfigError
