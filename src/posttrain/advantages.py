@@ -7,6 +7,8 @@
 * ``batch_normalized_advantages``: critic-free whitening across a batch of different prompts
   (REINFORCE++ style), for ablations and smoke runs.
 * ``RunningMeanBaseline``: the paper's weak baseline, A = r - mean(previous rewards).
+* ``whiten``: (A - mean) / (std + eps) with given statistics, for optional whitening of any
+  estimator's advantages (OpenRLHF; ``sao.whiten_advantages``).
 
 All functions return ``[B, T]`` float32 advantages that are 0 on observation tokens, and never
 build a graph (inputs are detached; work happens under ``torch.no_grad``).
@@ -189,6 +191,37 @@ def batch_normalized_advantages(rewards: Tensor, action_mask: Tensor, eps: float
         if r.shape[0] >= 2:
             r = (r - r.mean()) / (r.std(correction=1) + eps)
         return _broadcast(r, action_mask)
+
+
+def whiten(advantages: Tensor, action_mask: Tensor, mean: float, std: float, eps: float = 1e-6) -> Tensor:
+    """``(A - mean) / (std + eps)`` on action tokens, 0 elsewhere (OpenRLHF's advantage whitening).
+
+    ``mean`` and ``std`` are given, not computed here, so a learner can pool them over every rank's
+    trained tokens (``learner.rank_rows.reduce_moments``) and whiten each rank's rows alike.
+
+    Args:
+        advantages: [B, T] float. Advantages of any estimator.
+        action_mask: [B, T] bool. Tokens that keep an advantage.
+        mean: Mean of the advantages the statistics were taken over.
+        std: Their standard deviation (>= 0).
+        eps: Added to ``std`` (> 0), so a constant batch gives 0, not a division by zero.
+
+    Returns:
+        [B, T] float32, 0 off ``action_mask``.
+
+    Raises:
+        ValueError: ``action_mask`` is not a [B, T] bool tensor of ``advantages``' shape, ``std < 0``
+            or ``eps <= 0``.
+    """
+    _check_mask(action_mask, int(advantages.shape[0]))
+    if action_mask.shape != advantages.shape:
+        raise ValueError(f"action_mask: expected shape {tuple(advantages.shape)} like advantages, "
+                         f"got {tuple(action_mask.shape)}")
+    if not std >= 0 or not eps > 0:
+        raise ValueError(f"whiten: std must be >= 0 and eps > 0, got std={std}, eps={eps}")
+    with torch.no_grad():
+        out = (advantages.detach().float() - mean) / (std + eps)
+        return torch.where(action_mask, out, torch.zeros((), dtype=torch.float32, device=out.device))
 
 
 class RunningMeanBaseline:

@@ -72,6 +72,11 @@ class SAOLossConfig(_Strict):
     policy gradient). Stale tokens get no gradient in every mode; band metrics are always reported."""
     tis_cap: float = Field(2.0, gt=1.0, le=100.0)
     """Upper truncation C of the ``tis`` weight min(r, C) (slime's default ``--tis-clip 2.0``); unused otherwise."""
+    denominator: Literal["all_action_tokens", "fresh_tokens"] = "all_action_tokens"
+    """What the summed policy loss is divided by (over the whole step: every micro-batch and rank).
+    all_action_tokens: every action token of the batch, stale-masked ones too; fresh_tokens: only the
+    action tokens not masked for staleness (``max_staleness``), so a batch with many stale tokens does
+    not shrink the fresh tokens' gradient. DIS-band-masked tokens count in both."""
 
 
 class GRPOLossConfig(_Strict):

@@ -124,18 +124,28 @@ class SFTConfig(_Strict):
 
 
 class CriticConfig(_Strict):
-    """SAO critic (value model): init from the policy, zero-initialised head."""
+    """SAO critic (value model): init from the policy, scalar value head (zero-initialised, or its bias set
+    from the first batch: ``head_bias_init``)."""
 
     lr: float = Field(5e-6, gt=0.0, le=1.0)
     """Critic learning rate (paper: 5e-6 vs actor 1e-6)."""
     updates_per_step: int = Field(2, ge=1, le=16)
     """K critic updates per policy update (paper: 2)."""
-    warmup_steps: int = Field(10, ge=0)
-    """Critic-only steps before the policy trains (paper: 10)."""
+    warmup_steps: int = Field(10, ge=0, le=100_000)
+    """Critic-only learner iterations before the policy trains (paper: 10; 0 to 100000). Each trains the
+    critic K times on a batch of rollouts of the start policy and publishes no version: with a warm
+    start, these iterations are value pretraining on warm-start rollouts. Counted by the learner's
+    iteration number, which the checkpoint keeps, so a resumed run does not repeat them. Only with
+    ``advantage: gae``."""
     value_clip: float = Field(0.2, gt=0.0, le=100.0)
     """Clip of V_new around V_old in the value loss."""
     grad_clip: float = Field(1.0, gt=0.0, le=1000.0)
     """Critic gradient-norm clip."""
+    head_bias_init: Literal["zero", "first_batch_mean"] = "zero"
+    """zero: the value head's bias starts at 0 (with its zero weight, V = 0 everywhere). first_batch_mean:
+    before the critic's first update (learner iteration 0), the bias is set to the mean reward of that
+    batch over every rank's rows, so the critic does not spend its first versions learning the bias.
+    Never redone on resume (a resumed run starts past iteration 0; the bias is in the critic checkpoint)."""
 
 
 class SAOConfig(_Strict):
@@ -167,6 +177,10 @@ class SAOConfig(_Strict):
     """Critic settings."""
     advantage: Literal["gae", "batch_norm", "running_mean"] = "gae"
     """gae: critic + skip-observation GAE (SAO); batch_norm: critic-free batch whitening; running_mean: weak baseline."""
+    whiten_advantages: bool = False
+    """Whiten the step's advantages, A <- (A - mean) / (std + 1e-6), with mean and std over the fresh
+    (not stale-masked) action tokens of the whole batch, pooled over the ranks (OpenRLHF's advantage
+    whitening). Applies whatever ``advantage`` is; off keeps the estimator's own scale."""
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     """Discount."""
     lam_alpha: float = Field(1.5, gt=0.0, le=1000.0)

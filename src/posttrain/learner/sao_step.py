@@ -10,6 +10,20 @@ size does not change the gradient.
 Per-token staleness (``stale_tokens``): an action token sampled more than ``sao.max_staleness``
 versions before the learner's version gets no policy gradient (``losses.sao``, counted in
 ``mask/frac_stale``); the critic and the advantages still use every token of the episode.
+
+Critic practice options (issue 29; defaults keep the step as it was):
+
+* ``sao.critic.head_bias_init: first_batch_mean``: at learner iteration 0, before the critic's
+  first forward, the value head's bias becomes the batch's mean reward (pooled over ranks).
+* ``sao.critic.warmup_steps``: critic-only iterations (value pretraining on the start policy's
+  rollouts).
+* ``sao.whiten_advantages``: advantages whitened with the mean / std of the batch's fresh action
+  tokens over every rank (OpenRLHF).
+* ``value/explained_variance_before``: the critic's explained variance on the batch before any of
+  its K updates on it (held-out for the critic), next to ``value/explained_variance`` (at the
+  last of the K updates, after K - 1 of them).
+* ``sao.loss.denominator: fresh_tokens``: the policy loss divided by the batch's action tokens not
+  masked for staleness instead of all of its action tokens.
 """
 
 from __future__ import annotations
@@ -24,6 +38,7 @@ from posttrain.advantages import (
     batch_normalized_advantages,
     length_adaptive_lambda,
     skip_observation_gae,
+    whiten,
 )
 from posttrain.config import SAOConfig
 from posttrain.learner.batching import RolloutBatch, length_order, select_rows
@@ -73,6 +88,28 @@ def stale_tokens(action_mask: torch.Tensor, token_versions: torch.Tensor, learne
     return action_mask & (learner_version - token_versions > max_staleness)
 
 
+def set_head_bias_to_mean_reward(critic: nn.Module, rewards: torch.Tensor, world: World) -> float:
+    """Set the critic's value-head bias to the mean of ``rewards`` pooled over every rank; return that mean.
+
+    With the head's weight still zero (a fresh ``CriticModel``), every value becomes the mean reward:
+    the critic starts from the running-mean baseline instead of 0 (``sao.critic.head_bias_init``).
+    Every rank must call this (the mean is a ``world.sum``); under FSDP2 each rank fills its shard.
+
+    Args:
+        critic: A ``CriticModel`` (possibly FSDP2-sharded).
+        rewards: [n] float. This rank's rollouts' rewards (may be empty).
+        world: The learner's ranks.
+
+    Returns:
+        The mean reward (reward units), 0.0 when no rank has a rollout.
+    """
+    n, total = world.sum([float(rewards.numel()), float(rewards.double().sum())])
+    mean = total / n if n else 0.0
+    with torch.no_grad():
+        critic.value_head.bias.fill_(mean)
+    return mean
+
+
 def sao_train_step(
     *,
     policy: Trainable,
@@ -93,8 +130,9 @@ def sao_train_step(
             masks ``[B, T] bool``.
         config: SAO settings (DIS band, γ, α, K, warm-up, micro-batch size). Rows are split into
             micro-batches in order of length (``length_order``), which changes no gradient.
-        iteration: 0-based learner iteration; iterations < ``config.critic.warmup_steps`` train
-            only the critic.
+        iteration: 0-based learner iteration (the checkpoint keeps it, so a resumed run continues
+            the count); iterations < ``config.critic.warmup_steps`` train only the critic, and
+            iteration 0 sets the critic's head bias under ``critic.head_bias_init: first_batch_mean``.
         baseline: Running-mean baseline state for ``advantage == "running_mean"``.
         world: The learner's ranks (one when None). Each rank trains every N-th row of the length
             order (``learner.rank_rows``); losses are scaled so N ranks make one rank's update.
@@ -109,7 +147,11 @@ def sao_train_step(
         ``batch/real_tokens``, ``policy/entropy`` and the masked / unmasked mismatch
         (``learner.token_metrics``), and the critic's ``value/*`` of the last of its K updates
         (``value/explained_variance`` over the whole batch's action tokens, from sums pooled over
-        micro-batches and ranks).
+        micro-batches and ranks), ``value/explained_variance_before`` (the same, of the values
+        before the critic's first update on the batch), ``critic/head_bias_init`` (the bias set at
+        iteration 0 under ``first_batch_mean``), ``advantage/fresh_mean`` / ``advantage/fresh_std`` (over
+        the action tokens not masked for staleness) and ``batch/policy_loss_tokens`` (the policy loss's
+        denominator, ``sao.loss.denominator``).
 
         A critic or policy step whose gradient norm is not finite is skipped (``clip_and_step``)
         and counted in ``skipped_nonfinite``; a skipped policy step makes no version.
@@ -125,6 +167,13 @@ def sao_train_step(
     metrics: dict[str, float] = {}
     n_tokens = batch.num_action_tokens
     scale = loss_scale(world, n_tokens)
+    if config.loss.denominator == "fresh_tokens":  # the whole batch is on every rank: no reduction needed
+        stale_all = stale_tokens(batch.action_mask, batch.token_versions, learner_version, config.max_staleness)
+        policy_tokens = int((batch.action_mask & ~stale_all).sum())
+    else:
+        policy_tokens = n_tokens
+    policy_scale = loss_scale(world, policy_tokens)
+    metrics["batch/policy_loss_tokens"] = float(policy_tokens)
     # Rows shortest first, dealt over the ranks: each micro-batch pads to the longest of similar rows.
     order = length_order(batch)
     mine = rank_micro_batches(batch, order, config.micro_batch_size, world)
@@ -142,6 +191,9 @@ def sao_train_step(
     if config.advantage == "gae":
         if critic is None:
             raise ValueError("sao.advantage=gae needs a critic")
+        if iteration == 0 and config.critic.head_bias_init == "first_batch_mean":
+            own_rewards = local.rewards if mine.rows else local.rewards.new_zeros(0)
+            metrics["critic/head_bias_init"] = set_head_bias_to_mean_reward(critic.model, own_rewards, world)
         critic.model.eval()
         with torch.no_grad():
             old_values = torch.zeros_like(local.behaviour_logprobs)
@@ -156,6 +208,10 @@ def sao_train_step(
                 values=old_values, rewards=local.rewards, action_mask=local.action_mask,
                 gamma=config.gamma, lam=config.gae_lambda_critic,
             )
+            # Before any update on this batch: data the critic has not fitted yet.
+            before = (explained_variance_sums(old_values, returns, local.action_mask) if mine.rows
+                      else [0.0] * 5)
+        metrics["value/explained_variance_before"] = explained_variance(world.sum(before))
         # 2. K critic updates on the same batch ("faster value update").
         critic.model.train()
         for _ in range(config.critic.updates_per_step):
@@ -195,8 +251,15 @@ def sao_train_step(
         advantages = advantages.to(world.device)
 
     act = local.action_mask
+    # The tokens that can train (not stale-masked), over every rank's rows.
+    fresh = act & ~stale_tokens(act, local.token_versions, learner_version, config.max_staleness)
+    if config.whiten_advantages:
+        mean, std = reduce_moments(world, advantages[fresh] if mine.rows else advantages.new_zeros(0))
+        advantages = whiten(advantages, act, mean, std)
     own = advantages[act] if mine.rows else advantages.new_zeros(0)
     metrics["advantage/mean"], metrics["advantage/std"] = reduce_moments(world, own)
+    metrics["advantage/fresh_mean"], metrics["advantage/fresh_std"] = reduce_moments(
+        world, advantages[fresh] if mine.rows else advantages.new_zeros(0))
     metrics["reward/mean"] = float(batch.rewards.mean())
     metrics["response/action_tokens_mean"] = float(action_lengths.float().mean())
 
@@ -228,7 +291,7 @@ def sao_train_step(
             tokens.add(logits, logprobs, p.batch.behaviour_logprobs, p.batch.action_mask, band)
             per_row.add(mine.rows[p.lo : p.hi], band, p.batch.token_versions)
         del logits
-        (out.loss_sum * (scale * p.weight)).backward()
+        (out.loss_sum * (policy_scale * p.weight)).backward()
         parts.append({**out.metrics, "loss/policy": float(out.loss_sum.detach()) / max(out.num_tokens, 1)})
         weights.append(out.num_tokens * p.weight)
     metrics.update(reduce_means(world, parts, weights))

@@ -253,3 +253,115 @@ def test_stale_turns_get_no_policy_gradient_while_the_critic_learns_from_the_who
         assert torch.equal(a, b)
     assert any(not torch.equal(a, b) for a, b in zip(models[5][0].parameters(), models[None][0].parameters(),
                                                      strict=True))
+
+
+# Critic practice options (issue 29): head-bias init, EV before the update, whitening, the loss denominator.
+
+
+def test_head_bias_init_sets_the_bias_to_the_first_batchs_mean_reward_and_not_on_resume(policy_model, critic_model):
+    """first_batch_mean at iteration 0: before any critic update the head's bias is the batch's mean
+    reward (1 + 0 + 1 + 0.5) / 4 = 0.625 and every old value equals it (the head's weight is zero), so
+    EV before = 0 exactly. A resumed run (iteration 1, critic loaded from the first run's state) keeps
+    the trained bias, although its batch's mean reward (0.0) differs."""
+    rollouts = _rollouts(policy_model, [(2, 1.0), (3, 0.0), (4, 1.0), (2, 0.5)], seed=7)
+    config = _config(critic={"warmup_steps": 2, "updates_per_step": 1, "head_bias_init": "first_batch_mean"})
+    critic = _trainable(copy.deepcopy(critic_model), 0.0)  # lr 0: the bias after the step is the one set
+    policy = _trainable(copy.deepcopy(policy_model), 0.0)
+    first = sao_train_step(policy=policy, critic=critic, batch=collate_rollouts(rollouts, pad_token_id=0),
+                           config=config, iteration=0)
+    assert first.metrics["critic/head_bias_init"] == pytest.approx(0.625)
+    assert float(critic.model.value_head.bias.detach()) == pytest.approx(0.625)
+    assert first.metrics["value/mean"] == pytest.approx(0.625, rel=1e-6)
+    assert first.metrics["value/explained_variance_before"] == pytest.approx(0.0, abs=1e-9)
+    resumed_model = copy.deepcopy(critic_model)
+    resumed_model.load_state_dict(critic.model.state_dict())
+    resumed = _trainable(resumed_model, 0.1)
+    zeros = _rollouts(policy_model, [(2, 0.0), (3, 0.0)], seed=8)
+    again = sao_train_step(policy=policy, critic=resumed, batch=collate_rollouts(zeros, pad_token_id=0),
+                           config=config, iteration=1)
+    assert "critic/head_bias_init" not in again.metrics
+    assert again.metrics["value/mean"] == pytest.approx(0.625, rel=1e-5)  # the first forward saw the kept bias
+    assert float(resumed.model.value_head.bias.detach()) < 0.625  # then it trained towards 0, from 0.625
+
+
+def test_head_bias_init_zero_keeps_the_zero_head(policy_model, critic_model):
+    """The default leaves the head at zero: the first values are 0, whatever the rewards."""
+    rollouts = _rollouts(policy_model, [(2, 1.0), (3, 1.0)], seed=7)
+    result, _, _ = _run(policy_model, critic_model, rollouts, _config(critic={"warmup_steps": 1, "updates_per_step": 1}))
+    assert "critic/head_bias_init" not in result.metrics
+    assert result.metrics["value/mean"] == 0.0
+
+
+def test_explained_variance_before_is_the_critics_on_unseen_data_and_after_shows_the_fit(policy_model, critic_model):
+    """K = 16 critic updates (SGD, lr 0.02) on one batch whose returns vary (rewards 1, 0, 1, 0): before
+    the first update the zero head explains nothing (EV before = 1 - Var(R - 0)/Var(R) = 0); at the
+    last update the critic has fitted the batch (measured 0.95; asserted > 0.5)."""
+    rollouts = _rollouts(policy_model, [(2, 1.0), (3, 0.0), (4, 1.0), (2, 0.0)], seed=9)
+    config = _config(critic={"warmup_steps": 1, "updates_per_step": 16, "value_clip": 100.0})
+    result, _, _ = _run(policy_model, critic_model, rollouts, config, lr=0.02)
+    before, after = result.metrics["value/explained_variance_before"], result.metrics["value/explained_variance"]
+    assert before == pytest.approx(0.0, abs=1e-9)
+    assert after > 0.5
+
+
+def _stale_batch(policy_model):
+    """A two-turn rollout whose first turn (4 tokens) is stale at learner version 5, tau 2, plus two fresh rollouts."""
+    fresh = [msgspec.structs.replace(r, policy_version=5, turn_policy_versions=[5])
+             for r in _rollouts(policy_model, [(2, 0.0), (3, 1.0)], seed=10)]
+    return collate_rollouts([_two_turn_rollout(policy_model, [0, 5]), *fresh], pad_token_id=0)
+
+
+def test_whitened_advantages_have_mean_0_and_std_1_over_the_fresh_action_tokens(policy_model, critic_model):
+    """sao.whiten_advantages: over the 3 + 2 + 3 fresh action tokens the advantages have mean 0 and std 1
+    (stale tokens excluded from the statistics); off, the critic's raw advantages are not whitened."""
+    batch = _stale_batch(policy_model)
+    for whiten in (True, False):
+        config = _config(max_staleness=2, whiten_advantages=whiten)
+        policy, critic = _trainable(copy.deepcopy(policy_model), 0.1), _trainable(copy.deepcopy(critic_model), 0.1)
+        m = sao_train_step(policy=policy, critic=critic, batch=batch, config=config, iteration=0,
+                           learner_version=5).metrics
+        if whiten:
+            assert m["advantage/fresh_mean"] == pytest.approx(0.0, abs=1e-6)
+            assert m["advantage/fresh_std"] == pytest.approx(1.0, rel=1e-5)
+            assert m["advantage/mean"] != pytest.approx(0.0, abs=1e-3)  # the stale tokens did not count
+        else:
+            assert m["advantage/fresh_std"] != pytest.approx(1.0, rel=1e-2)
+
+
+def test_fresh_tokens_denominator_divides_the_policy_loss_by_the_fresh_action_tokens(policy_model, critic_model):
+    """12 action tokens, 4 of them stale: under fresh_tokens the policy's summed loss is divided by 8
+    instead of 12, so (SGD) its gradient norm and its update are 12/8 times those of all_action_tokens;
+    the critic's (divided by every action token either way) are the same. Gradient clip off."""
+    batch = _stale_batch(policy_model)
+    runs = {}
+    for denominator in ("all_action_tokens", "fresh_tokens"):
+        config = _config(max_staleness=2, loss={"denominator": denominator}, optim={"grad_clip": 1000.0})
+        policy, critic = _trainable(copy.deepcopy(policy_model), 0.1), _trainable(copy.deepcopy(critic_model), 0.1)
+        result = sao_train_step(policy=policy, critic=critic, batch=batch, config=config, iteration=0,
+                                learner_version=5)
+        runs[denominator] = (result.metrics, policy.model, critic.model)
+    (m_all, p_all, c_all), (m_fresh, p_fresh, c_fresh) = runs["all_action_tokens"], runs["fresh_tokens"]
+    assert (m_all["batch/policy_loss_tokens"], m_fresh["batch/policy_loss_tokens"]) == (12.0, 8.0)
+    assert m_fresh["policy/grad_norm"] == pytest.approx(m_all["policy/grad_norm"] * 12 / 8, rel=1e-5)
+    start = dict(policy_model.named_parameters())
+    for (name, a), b in zip(p_all.named_parameters(), p_fresh.parameters(), strict=True):  # no clip: SGD step ~ gradient
+        torch.testing.assert_close(b - start[name], (a - start[name]) * 12 / 8, atol=1e-6, rtol=1e-4)
+    _same(c_all, c_fresh)
+
+
+@pytest.mark.parametrize(("field", "value", "allowed"), [
+    ("critic.head_bias_init", "mean", "'zero' or 'first_batch_mean'"),
+    ("loss.denominator", "fresh", "'all_action_tokens' or 'fresh_tokens'"),
+    ("critic.warmup_steps", -1, "greater than or equal to 0"),
+    ("critic.warmup_steps", 100_001, "less than or equal to 100000"),
+    ("whiten_advantages", "maybe", "valid boolean"),
+])
+def test_critic_option_errors_name_the_field_and_the_allowed_values(field, value, allowed):
+    from pydantic import ValidationError
+
+    outer, _, inner = field.rpartition(".")
+    data = {outer: {inner: value}} if outer else {inner: value}
+    with pytest.raises(ValidationError) as err:
+        SAOConfig.model_validate(data)
+    text = str(err.value)
+    assert field in text and allowed in text, text
