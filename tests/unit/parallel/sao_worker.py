@@ -1,6 +1,7 @@
 """One SAO step (critic and policy) on a fixed batch, on however many ranks launched it; rank 0 writes the result.
 
-Run as ``python sao_worker.py MODEL_DIR OUT_DIR`` (one rank) or under ``torchrun --nproc_per_node N``.
+Run as ``python sao_worker.py MODEL_DIR OUT_DIR [SAO_OVERRIDES_JSON]`` (one rank) or under
+``torchrun --nproc_per_node N``; the optional JSON holds ``sao`` settings merged over the worker's.
 Writes ``OUT_DIR/metrics.json`` (the step's metrics) and ``OUT_DIR/{policy,critic}.safetensors``
 (the updated parameters, gathered from the FSDP2 shards).
 """
@@ -50,13 +51,19 @@ def rollouts(model_dir: Path) -> list[Rollout]:
     return out
 
 
-def main(model_dir: Path, out_dir: Path) -> None:
-    """Build policy and critic from ``model_dir``, take one SAO step, write the result."""
+def main(model_dir: Path, out_dir: Path, overrides: dict | None = None) -> None:
+    """Build policy and critic from ``model_dir``, take one SAO step, write the result.
+
+    ``overrides``: top-level ``sao`` keys (a ``critic`` or ``loss`` dict is merged into the worker's).
+    """
     torch.manual_seed(0)
     learner = LearnerConfig(device="cpu")
     world = init_world(learner)
-    config = SAOConfig(micro_batch_size=2, critic={"warmup_steps": 0, "updates_per_step": 2, "lr": 1e-3},
-                       optim={"lr": 1e-3}, max_staleness=1)
+    settings: dict = {"micro_batch_size": 2, "critic": {"warmup_steps": 0, "updates_per_step": 2, "lr": 1e-3},
+                      "optim": {"lr": 1e-3}, "max_staleness": 1}
+    for key, value in (overrides or {}).items():
+        settings[key] = {**settings.get(key, {}), **value} if isinstance(value, dict) else value
+    config = SAOConfig.model_validate(settings)
     policy_model = prepare_model(load_policy(model_dir), world, learner)
     critic_model = prepare_model(CriticModel.from_policy_path(model_dir), world, learner)
     policy = Trainable(policy_model, *build_optimizer(policy_model, config.optim, 10))
@@ -75,4 +82,4 @@ def main(model_dir: Path, out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3]) if len(sys.argv) > 3 else None)
