@@ -9,6 +9,7 @@ from posttrain.advantages import (
     group_relative_advantages,
     length_adaptive_lambda,
     skip_observation_gae,
+    whiten,
 )
 
 
@@ -237,3 +238,23 @@ def test_group_relative_advantages_and_degenerate_groups():
     torch.testing.assert_close(plain[:3, 1], torch.tensor([1 / 3, -2 / 3, 1 / 3]))
     with pytest.raises(ValueError, match="group_ids: expected 6 ids"):
         group_relative_advantages(rewards, groups[:5], mask)
+
+
+def test_whiten_gives_mean_0_std_1_on_the_tokens_its_statistics_came_from_and_0_off_the_mask():
+    """Advantages 1, 2, 3 on three action tokens (mean 2, unbiased std 1) and 5 on a fourth that is
+    masked out of the statistics (a stale token): whitened with (2, 1) they are -1, 0, 1 (over the
+    first three: mean 0, std 1) and 3 on the fourth; the observation token stays 0."""
+    adv = torch.tensor([[1.0, 2.0, 3.0, 5.0, 9.0]])
+    act = torch.tensor([[True, True, True, True, False]])
+    counted = torch.tensor([[True, True, True, False, False]])
+    mean, std = float(adv[counted].mean()), float(adv[counted].std())
+    out = whiten(adv, act, mean, std, eps=1e-6)
+    torch.testing.assert_close(out, torch.tensor([[-1.0, 0.0, 1.0, 3.0, 0.0]]), atol=1e-5, rtol=0)
+    assert float(out[counted].mean()) == pytest.approx(0.0, abs=1e-6)
+    assert float(out[counted].std()) == pytest.approx(1.0, rel=1e-5)
+    constant = whiten(torch.full((1, 3), 0.7), torch.ones(1, 3, dtype=torch.bool), 0.7, 0.0)
+    assert float(constant.abs().max()) == 0.0  # a constant batch gives 0, not a division by zero
+    with pytest.raises(ValueError, match="action_mask"):
+        whiten(adv, act[:, :3], mean, std)
+    with pytest.raises(ValueError, match="std must be >= 0"):
+        whiten(adv, act, mean, -1.0)

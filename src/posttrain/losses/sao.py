@@ -48,7 +48,8 @@ Deviations from the paper as printed:
 * The log-ratio is clamped to ``±log_ratio_clamp`` before ``exp`` so numbers stay finite; such
   tokens are far outside any band and are masked anyway.
 * The loss is a sum; the learner divides by the optimizer step's action-token count (token-mean
-  aggregation; the paper does not say which aggregation it uses).
+  aggregation; the paper does not say which aggregation it uses), or by its action tokens not
+  masked for staleness under ``sao.loss.denominator: fresh_tokens``.
 * NaN at an action token (in ``logprobs``, ``behaviour_logprobs``, ``advantages`` or their
   log-ratio) raises instead of being silently masked.
 

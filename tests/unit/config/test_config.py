@@ -266,3 +266,27 @@ def test_gkd_run_with_a_missing_teacher_prints_one_line_and_exits_2(tmp_path, ca
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and expected in err[0], err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("sao.critic.head_bias_init=mean", r"sao\.critic\.head_bias_init: allowed values are 'zero' or 'first_batch_mean'"),
+    ("sao.loss.denominator=fresh",
+     r"sao\.loss\.denominator: allowed values are 'all_action_tokens' or 'fresh_tokens'"),
+    ("sao.critic.warmup_steps=-1", r"sao\.critic\.warmup_steps: Input should be greater than or equal to 0"),
+    ("sao.critic.warmup_steps=100001", r"sao\.critic\.warmup_steps: Input should be less than or equal to 100000"),
+    ("sao.whiten_advantages=maybe", r"sao\.whiten_advantages: Input should be a valid boolean"),
+])
+def test_critic_options_out_of_range_name_the_field_and_the_allowed_values(override, message):
+    """Issue 29's critic options: a bad value is one line naming the field and what it may be."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_critic_options_default_to_the_earlier_behaviour():
+    sao = load_config(None, []).sao
+    assert (sao.critic.head_bias_init, sao.whiten_advantages, sao.loss.denominator) == (
+        "zero", False, "all_action_tokens")
+    on = load_config(None, ["sao.critic.head_bias_init=first_batch_mean", "sao.whiten_advantages=true",
+                            "sao.loss.denominator=fresh_tokens", "sao.critic.warmup_steps=0"]).sao
+    assert (on.critic.head_bias_init, on.whiten_advantages, on.loss.denominator, on.critic.warmup_steps) == (
+        "first_batch_mean", True, "fresh_tokens", 0)
