@@ -653,3 +653,32 @@ def test_sao_loop_without_a_critic_trains_each_version_with_its_baseline_and_cor
     checkpoint = latest_checkpoint(RunContext(config).checkpoints_dir)
     state = json.loads((checkpoint / "state.json").read_text())["state"]
     assert state["baseline_rewards"] == ([0.0, 1.0] * 4 if advantage == "running_mean" else [])
+
+
+def test_a_resumed_sao_learner_sets_the_critic_head_bias_once_and_does_not_repeat_the_warm_up(tmp_path, tiny_model):
+    """sao.critic.head_bias_init first_batch_mean and 2 critic-only iterations. The scripted rewards alternate
+    0, 1, so the first batch's mean is 0.5: only the first run's iteration 0 logs the bias it set (and that
+    batch's values start at it). Stopped after 2 iterations (the warm-up), the resumed learner counts on
+    from iteration 2: its first iteration already trains the policy, and it never sets the bias again."""
+    config = _prepared(tmp_path, "sao", tiny_model)
+    config.sao.critic.head_bias_init = "first_batch_mean"
+    config.sao.critic.warmup_steps = 2
+    versions = MemoryPolicyVersionStore()
+    admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=2)
+    stream = MemoryStream()
+    logged: list[dict[str, float]] = []
+    first, _ = _transport(tmp_path, config, tiny_model, stream, admission, versions)
+    stopped = run_learner(config, first, start_model_dir=tiny_model.path, progress=False, max_iterations=2,
+                          sink=lambda metrics, version: logged.append(metrics))
+    assert (stopped.policy_version, stopped.iterations) == (0, 2)
+    assert [m.get("critic/head_bias_init") for m in logged] == [0.5, None]
+    assert logged[0]["value/mean"] == pytest.approx(0.5, abs=0.02)  # at the 2nd of K = 2 updates, from 0.5
+    assert all("loss/policy" not in m for m in logged)  # the warm-up trains the critic only
+
+    resumed: list[dict[str, float]] = []
+    second, _ = _transport(tmp_path, config, tiny_model, stream, admission, versions)
+    summary = run_learner(config, second, start_model_dir=tiny_model.path, progress=False,
+                          sink=lambda metrics, version: resumed.append(metrics))
+    assert summary.policy_version == 3
+    assert len(resumed) == 3 and all("loss/policy" in m for m in resumed)  # no warm-up iteration again
+    assert all("critic/head_bias_init" not in m for m in resumed)
