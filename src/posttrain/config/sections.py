@@ -124,8 +124,7 @@ class SFTConfig(_Strict):
 
 
 class CriticConfig(_Strict):
-    """SAO critic (value model): init from the policy, scalar value head (zero-initialised, or its bias set
-    from the first batch: ``head_bias_init``)."""
+    """SAO critic (value model): init from the policy, scalar value head (zero, or bias from the first batch)."""
 
     lr: float = Field(5e-6, gt=0.0, le=1.0)
     """Critic learning rate (paper: 5e-6 vs actor 1e-6)."""

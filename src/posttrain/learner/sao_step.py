@@ -102,11 +102,17 @@ def set_head_bias_to_mean_reward(critic: nn.Module, rewards: torch.Tensor, world
 
     Returns:
         The mean reward (reward units), 0.0 when no rank has a rollout.
+
+    Raises:
+        TypeError: ``critic`` has no ``nn.Linear`` ``value_head``.
     """
     n, total = world.sum([float(rewards.numel()), float(rewards.double().sum())])
     mean = total / n if n else 0.0
+    head = critic.value_head
+    if not isinstance(head, nn.Linear):
+        raise TypeError(f"critic: expected a CriticModel with an nn.Linear value_head, got {type(head).__name__}")
     with torch.no_grad():
-        critic.value_head.bias.fill_(mean)
+        head.bias.fill_(mean)
     return mean
 
 
