@@ -312,6 +312,8 @@ def render_rules(files: Sequence[dict[str, Any]]) -> str:
         rows = []
         for kind, buckets, unit in (("calls", CALL_BUCKETS, "tool calls"), ("tokens", TOKEN_BUCKETS, "action tokens")):
             for b in labels(buckets):
+                if not any(first[r]["lengths"][f"length/started_{kind}_{b}"] for r in rules):
+                    continue  # no episode of any rule in this bucket: the row is all zeros
                 cells = []
                 for r in rules:
                     m = first[r]["lengths"]
@@ -331,7 +333,6 @@ def render_rules(files: Sequence[dict[str, Any]]) -> str:
             ("trained action tokens/s", lambda x: f"{x['trained_action_tokens_per_s']:.1f}"),
             ("rollouts/s", lambda x: f"{x['rollouts_per_s']:.2f}"),
             ("busy fraction", lambda x: f"{x['busy_fraction']:.2f}" if x["busy_fraction"] is not None else "-"),
-            ("wall s", lambda x: f"{x['wall_s']:.0f}"),
             ("held-out reward at snapshots", lambda x: common.joined(x["heldout_reward"].values())),
         ):
             rows.append([label, *[fn(first[r]) for r in rules]])
@@ -339,8 +340,8 @@ def render_rules(files: Sequence[dict[str, Any]]) -> str:
         out += [f"**Staleness rules side by side** (`{f['method']}`; token: stale tokens masked, a rollout dropped only "
                 "when its newest turn is past tau, nothing cancelled; episode: dropped by its oldest turn, cancelled in "
                 f"flight). tau = {s['max_staleness']}, {s['steps']} versions of {s['batch_rollouts']} rollouts, "
-                f"{s['episodes_in_flight']} slots; episodes still running when the run stopped are in neither column. "
-                f"Held-out reward of the warm start: {f['start_reward']:.3f}.", "",
+                f"{s['episodes_in_flight']} slots; episodes still running at the stop are in neither column; buckets "
+                f"with no episode are left out. Held-out reward of the warm start: {f['start_reward']:.3f}.", "",
                 common.machine_line(f["machine"]), "",
                 common.markdown_table(head, rows), "", f"Command: `{f['command']}` ({f['when']})."]
     return "\n".join(out)
@@ -425,10 +426,9 @@ def render_equal(name: str, results: Path = RESULTS) -> str:
 
     def row(f: dict[str, Any], comparison: str) -> list[Any]:
         r0, s = f["runs"][0], f["settings"]
-        return [comparison, f["method"], in_flight(f), s["batch_rollouts"], s["steps"],
-                f"{r0.get('steady_from_version', 1) + 1}-{s['steps']}", f"{r0['steady_window_s']:.0f}",
-                cell(f, "trained_action_tokens_per_s", 1), cell(f, "rollouts_per_s", 2), mix(f),
-                " -> ".join(f"{x:.1f}" for x in r0.get("load_avg_start_end", [])) or "-", len(f["runs"])]
+        return [comparison, f["method"], in_flight(f), s["batch_rollouts"],
+                f"{r0.get('steady_from_version', 1) + 1}-{s['steps']}", cell(f, "trained_action_tokens_per_s", 1),
+                mix(f), len(f["runs"])]
 
     rows = [row(f, "equal episodes in flight") for f in equal]
     rows += [row(f, "equal batch (SAO 8x in flight)") for f in main if f["method"] == "sao" or
@@ -445,13 +445,13 @@ def render_equal(name: str, results: Path = RESULTS) -> str:
         "finish first, the short ones, so SAO's window starts late enough that its trained task mix is near the "
         f"population's, {population:.2f} required calls per train task).", "",
         common.machine_line(max((f["machine"] for f in equal), key=lambda m: m["when"])), "",
-        common.markdown_table(["comparison", "method", "episodes in flight", "rollouts per version", "versions",
-                               "steady versions", "steady window s", "trained action tokens/s", "rollouts/s",
-                               "mean required calls of trained tasks (steady)", "load average, start -> end (first run)",
-                               "runs"], rows), "",
+        common.markdown_table(["comparison", "method", "episodes in flight", "rollouts per version",
+                               "steady versions", "trained action tokens/s", "required calls of trained tasks", "runs"],
+                              rows), "",
         f"SAO / synchronous GRPO at **equal episodes in flight**: {ratio_text(eq)}; at equal batch, with SAO holding 8x "
         f"the episodes in flight: {ratio_text(eb)} (the earlier headline: most of it is concurrency, not asynchrony).",
-        "", "Commands:", "", *[f"* `{f['command']}` ({f['runs'][-1]['when']})" for f in equal]])
+        "", "Rollouts/s, the steady window's seconds and the load at each run's start and end: the results files "
+        f"(`{name}/equal/<method>.json`), with each method's `command`."])
 
 
 def render_setting(name: str, results: Path = RESULTS) -> str:
@@ -462,8 +462,7 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
     first, s, by = files[0], files[0]["settings"], ratios(files)
     calls = first["task_calls"]["train"]
     rows = [[f["method"], cell(f, "busy_fraction", 2), cell(f, "trained_action_tokens_per_s", 1),
-             cell(f, "rollouts_per_s", 2), cell(f, "learner_step_s_mean", 2), f"{f['runs'][0]['wall_s']:.0f}",
-             "not reached" if f["runs"][0]["time_to_target_s"] is None else f"{f['runs'][0]['time_to_target_s']:.0f}",
+             cell(f, "rollouts_per_s", 2), cell(f, "learner_step_s_mean", 2),
              common.joined(f["runs"][0]["heldout_reward"].values())] for f in files]
     repeated = [f"{f['method']}: {len(f['runs'])}" for f in files if len(f["runs"]) > 1]
     head = (f"**Tool-latency setting** (targets judged here): each tool call waits a log-normal wall time, median "
@@ -471,28 +470,18 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
             "seeded per task (sandbox / test execution: wall time, no accelerator time)." if name == "tool_latency" else
             "**Compute-bound setting**: tool calls are instantaneous; generation and training share the same 2 CPU cores.")
     out = [head, "", common.machine_line(max((f["machine"] for f in files), key=lambda m: m["when"])), "",
-           f"Setting: `synthetic_longtail`, required calls per task log-normal (median {s['calls_median']}, sigma "
-           f"{s['calls_sigma']}, clipped to 1..{s['max_calls']}; train tasks: mean {calls['mean']:.1f}, p90 {calls['p90']:.0f},"
-           f" max {calls['max']:.0f}); {s['batch_rollouts']} rollouts per policy version, {s['steps']} versions per method, lr "
-           f"{s['lr']}, engine `{s['engine']}`, {s['generators']} generator process(es) with up to {s['episodes_in_flight']} "
-           f"episodes in flight, staleness bound tau = {s['max_staleness']} (SAO and asynchronous GRPO; synchronous GRPO: one "
-           f"engine in the learner's process running each batch's {s['batch_rollouts']} episodes at once), learner "
-           f"micro-batches of {s['micro_batch_size']} rollouts in length order (every method), tiny Qwen2-shaped model after "
-           f"{s['sft_steps']} SFT steps; staleness rule `{s.get('staleness_rule', 'episode')}` (`sao.staleness_rule`; "
-           "results written before it existed ran `episode`); " + (
-              "SAO masks tokens older than tau and generators cancel no episode for its age."
-              if s.get("staleness_rule", "episode") == "token" else
-              "generators let an episode that became too stale to train run to its end for the learner to drop."
-              if s["keep_stale_episodes"] else "generators cancel an episode in flight once the learner is more than tau "
-              "versions past its oldest version (the learner would drop it)."), "",
-           common.markdown_table(["method", "busy fraction", "trained action tokens/s", "rollouts/s", "learner s/step", "wall s",
-                           f"s to held-out reward {first['target']:.2f}", "held-out reward at snapshots"], rows), "",
-           "Commands (one per method; when its last run ended):", "",
-           *[f"* `{f['command']}` ({f['runs'][-1]['when']})" for f in files], ""]
+           f"Setting: `synthetic_longtail` (required calls per task: median {s['calls_median']}, train mean "
+           f"{calls['mean']:.1f}, max {calls['max']:.0f}); {s['batch_rollouts']} rollouts per version, {s['steps']} versions, "
+           f"up to {s['episodes_in_flight']} episodes in flight, tau = {s['max_staleness']}, one `{s['engine']}` engine, "
+           f"tiny model after {s['sft_steps']} SFT steps; stale episodes "
+           + ("kept, stale tokens masked (`token` rule)" if s.get("staleness_rule", "episode") == "token" else
+              "run to their end for the learner to drop" if s["keep_stale_episodes"] else "cancelled in flight")
+           + ". Every setting and each method's `command`: its results file.", "",
+           common.markdown_table(["method", "busy fraction", "trained action tokens/s", "rollouts/s", "learner s/step",
+                                  "held-out reward at snapshots"], rows), ""]
     if repeated:
-        out += [f"Repeated runs ({', '.join(repeated)}; seeds seed, seed + 1, ...): their busy fraction, throughputs and "
-                "learner step are the mean with the range of the runs in brackets (the ratio below uses the means); wall "
-                "time and held-out rewards are the first run's.", ""]
+        out += [f"Repeated runs ({', '.join(repeated)}; seeds seed, seed + 1, ...): mean (range); the ratio uses the "
+                "means; held-out rewards are the first run's.", ""]
     out += [f"Held-out reward of the warm start: {first['start_reward']:.3f} ({s['eval_tasks']} tasks x {s['eval_samples']} "
             f"samples); snapshots every {s['eval_every']} versions.",
             "Throughput ratio SAO / synchronous GRPO (trained action tokens per second): "
@@ -505,13 +494,9 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
                 f"{lc['padded_tokens']:.0f} with padding in length-ordered micro-batches of {lc['micro_batch_size']:.0f}): "
                 f"SAO iteration {lc['sao_step_s']:.2f} s, GRPO iteration {lc['grpo_step_s']:.2f} s "
                 f"(**{lc['ratio_sao_over_grpo']:.1f}x**: the critic's value pass and its updates; `bench.sim.collect`).",
-                f"`hf` engine alone (1 thread, {inputs['settings']['episodes_in_flight']} episodes, episodes started for "
-                f"{em['feed_s']:.0f} s, the last ones drained; `bench.sim.collect`): "
-                + ", ".join(f"fed {names[m]} {em[m]['rollouts_per_s']:.1f} rollouts/s (mean batch {em[m]['mean_batch']:.1f})"
-                            for m in names)
-                + f"; {sum(len(em[m]['batches']) for m in names)} batches timed for the simulator's engine costs; engine "
-                f"probe {' / '.join(f'{x:.2f}' for x in (p['seconds'] for p in em['engine_probe']))} s before / after; load average "
-                f"{em['load_avg_start']:.1f} -> {em['load_avg_end']:.1f}."]
+                f"`hf` engine alone ({inputs['settings']['episodes_in_flight']} episodes; `bench.sim.collect`, batches and "
+                f"probes in `sim/{name}.json`): "
+                + ", ".join(f"fed {names[m]} {em[m]['rollouts_per_s']:.1f} rollouts/s" for m in names) + "."]
     if sweep:
         runs = len(sweep[0]["runs"])
         srows = []
@@ -521,17 +506,16 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
                                      + float(r["counters"].get("rollouts_trained") or 0.0), 1.0) for r in rs)
             srows.append([p["max_staleness"], p["episodes_in_flight"], (p["max_staleness"] + 1) * p["batch_rollouts"],
                           "finish (learner drops)" if p["keep_stale_episodes"] else "cancelled in flight",
-                          cell(f, "busy_fraction", 2), cell(f, "rollouts_per_s", 2), cell(f, "trained_action_tokens_per_s", 1),
-                          f"{share:.2f}", f"{statistics.fmean(float(r.get('stale_aborted') or 0.0) for r in rs):.0f}",
-                          f"{statistics.fmean(float(r['counters'].get('generator_max_in_flight') or 0.0) for r in rs):.0f}",
-                          common.joined(rs[0]["heldout_reward"].values())])
+                          cell(f, "busy_fraction", 2), cell(f, "trained_action_tokens_per_s", 1),
+                          f"{share:.2f}", f"{statistics.fmean(float(r.get('stale_aborted') or 0.0) for r in rs):.0f}"])
         out += ["", f"**SAO against its admission capacity** ({runs} run{'s' if runs > 1 else ''} per point, one "
                 "command per point; what it shows: below the section).", "",
                 common.machine_line(max((f["machine"] for f in sweep), key=lambda m: m["when"])), "",
                 common.markdown_table(["tau", "slots per engine", "admission capacity (rollouts)", "stale episodes",
-                                "busy fraction", "rollouts/s", "trained action tokens/s", "stale-dropped share",
-                                "cancelled in flight per run", "max in flight", "held-out reward (first run)"], srows), "",
-                "Commands:", "", *[f"* `{f['command']}`" for f in sweep]]
+                                "busy fraction", "trained action tokens/s", "stale-dropped share",
+                                "cancelled in flight per run"], srows), "",
+                f"Rollouts/s, the most episodes in flight, held-out rewards and each point's `command`: "
+                f"`{name}/sweep/*.json`."]
     if equal := render_equal(name, results):
         out += ["", equal]
     rules = [common.read_json(p) for p in sorted((results / name).glob("rules/*.json"))]

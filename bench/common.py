@@ -3,8 +3,9 @@
 A benchmark writes its results under ``bench/results/`` and rewrites its own section of the page, the text between
 ``<!-- bench:<name>:begin -->`` and ``<!-- bench:<name>:end -->``; ``targets_section`` renders the targets table.
 
-Run: ``.venv/bin/python -m bench.common render`` (every section and the targets, from bench/results/) or
-``... targets`` (the targets alone).
+Run: ``.venv/bin/python -m bench.common render`` (every generated section of docs/benchmarks.md and docs/results.md
+and the targets, from bench/results/, running no benchmark and redrawing no plot) or ``... targets`` (the targets
+alone).
 """
 
 import argparse
@@ -60,11 +61,12 @@ def machine_info() -> dict[str, Any]:
 
 
 def machine_line(info: dict[str, Any]) -> str:
-    """One Markdown line describing ``info`` (``machine_info``)."""
+    """One Markdown line describing ``info`` (``machine_info``): cores, memory, GPU, torch, load, time; the rest
+    (platform, Python) stays in the results file."""
     load = info.get("load_avg") or []
-    return (f"Machine: {info.get('platform')}, {info.get('cpu_count')} CPU cores, {info.get('memory_gib')} GiB, "
-            f"{info.get('gpu') or 'no GPU'}, Python {info.get('python')}, torch {info.get('torch')}; load average "
-            f"(1/5/15 min) {'/'.join(f'{x:.1f}' for x in load)} at the end of the run ({info.get('when')}).")
+    return (f"Machine: {info.get('cpu_count')} CPU cores, {info.get('memory_gib')} GiB, {info.get('gpu') or 'no GPU'}, "
+            f"torch {info.get('torch')}; load average {'/'.join(f'{x:.1f}' for x in load)} (1/5/15 min) at the end, "
+            f"{info.get('when')}.")
 
 
 def command_line(module: str, argv: Sequence[str] | None) -> str:
@@ -239,6 +241,25 @@ def run_main(prog: str, main: Callable[[], int]) -> None:
     sys.exit(run_with_one_line_errors(prog, main, sigterm=True))
 
 
+def render_results_page(results_dir: Path = RESULTS_DIR) -> list[str]:
+    """Rewrite docs/results.md's generated sections (each ``learning_race`` study and ``gkd_miniature``) from their
+    results files, running nothing and redrawing no plot; return the section names written (a study not yet run is
+    skipped)."""
+    from bench import gkd_miniature, learning_race
+
+    written = []
+    for path in sorted((results_dir / learning_race.NAME).glob("*.json")):
+        result = read_json(path)
+        text = (learning_race.render_stability(result) if path.stem == "stability"
+                else learning_race.render_training(result))
+        update_docs_section(f"{learning_race.NAME}_{path.stem}", text, learning_race.DOCS)
+        written.append(f"{learning_race.NAME}_{path.stem}")
+    if (gkd := read_result(gkd_miniature.NAME, results_dir)) is not None:
+        update_docs_section(gkd_miniature.NAME, gkd_miniature.render(gkd), gkd_miniature.DOCS)
+        written.append(gkd_miniature.NAME)
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -252,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                              ("learner_ranks", learner_ranks), ("gateway", gateway)):
             if (result := read_result(name)) is not None:
                 update_docs_section(name, module.render(result))
+        render_results_page()
     print(update_docs_section("targets", targets_section(RESULTS_DIR)))
     return 0
 

@@ -383,20 +383,16 @@ def _ratio(value: float | None, bold: bool = False) -> str:
 def render(result: dict[str, Any]) -> str:
     """The docs section: machine, command, the step-time table and the memory table."""
     lines = [common.machine_line(result["machine"]), "",
-             f"Command: `{result['command']}`. The machine has 2 CPU cores, shared with other jobs while this ran (the "
-             "load average above is theirs and ours), so 2 ranks cannot be expected to be faster here: what is "
-             "measured is the code path (FSDP2 over gloo, launched by `torchrun --standalone`) and its overhead.", ""]
+             f"Command: `{result['command']}` (FSDP2 over gloo, `torchrun --standalone`; on 2 shared cores this "
+             "measures the code path's overhead, not a speed-up).", ""]
     steps = result.get("steps") or []
     if steps:
-        lines += [f"**Step time.** Global batch of {result['batch_rows']} rollouts ({result['batch_tokens']} tokens) for "
-                  f"every layout, micro-batches of {result['micro_batch_size']} rows per rank; seconds per optimizer step "
-                  "from a barrier before to a barrier after, median over every measured step of "
-                  f"{result['rounds']} run(s) per layout ({result['steps_measured']} steps each after "
-                  f"{result['warmup']} warm-up; runs alternate the layouts' order), with each run's median in brackets. "
-                  "SFT: forward/backward of the rows and AdamW; SAO: critic values, 2 critic updates and the DIS policy "
-                  "update (two models). Resources: 1 x 1 uses one core; **2 x 1 against 1 x 2 is the comparison at "
-                  "equal resources** (two threads in all); 2 x 1 against 1 x 1 doubles the cores. `OMP_WAIT_POLICY="
-                  f"{result.get('omp_wait_policy', 'unset')}` (see `bench/learner_ranks.py`, `OMP_WAIT_POLICY`).", ""]
+        lines += [f"**Step time.** Global batch of {result['batch_rows']} rollouts ({result['batch_tokens']} tokens), "
+                  f"micro-batches of {result['micro_batch_size']} rows per rank; seconds per optimizer step, median of "
+                  f"{result['rounds']} run(s) x {result['steps_measured']} steps after {result['warmup']} warm-up (each "
+                  "run's median in brackets). SAO: critic values, 2 critic updates, the DIS policy update. **2 x 1 "
+                  "against 1 x 2 is the comparison at equal resources** (two threads in all). `OMP_WAIT_POLICY="
+                  f"{result.get('omp_wait_policy', 'unset')}`.", ""]
         table = [[r["shape"], f"{r['parameters'] / 1e6:.1f} M", r["technique"].upper(), f"{r['ranks']} x {r['threads']}",
                   f"{r['step_s']:.3f} ({' / '.join(f'{x:.2f}' for x in r['round_medians_s'])})",
                   f"{r['tokens_per_s']:.0f}", _ratio(r["ratio_over_1x1"]), _ratio(r["ratio_over_1x2"], r["ranks"] == 2),
@@ -406,20 +402,18 @@ def render(result: dict[str, Any]) -> str:
     memory = result.get("memory") or []
     if memory:
         m0 = memory[0]
-        lines += [f"**Memory per rank.** {m0['shape']} shape ({m0['parameter_count'] / 1e6:.1f} M parameters, tied "
-                  f"embeddings, random weights built in memory), one SFT step on {m0['rows']} rows x "
-                  f"{m0['tokens_per_row']} tokens, fp32 weights and AdamW, one thread per rank; 1 rank unsharded, then "
-                  "2 ranks sharded (FSDP2 per block), never at once. *Held*: bytes of parameters, gradients and AdamW "
-                  "state the rank keeps (local shards, `DTensor.to_local`). Peak RSS (`getrusage`): while building the "
-                  "model and sharding it, then during the step (reset in between). GiB.", ""]
+        lines += [f"**Memory per rank.** {m0['shape']} shape ({m0['parameter_count'] / 1e6:.1f} M parameters, random "
+                  f"weights), one SFT step on {m0['rows']} rows x {m0['tokens_per_row']} tokens, fp32 weights and AdamW; "
+                  "1 rank unsharded, then 2 ranks sharded (FSDP2 per block). *Held*: parameters + gradients + AdamW "
+                  "state the rank keeps (each part, and the step's seconds: the results file). Peak RSS (`getrusage`) "
+                  "while building and sharding, then during the step. GiB.", ""]
         table = []
         for m in memory:
             for rank, r in enumerate(m["per_rank"]):
-                table.append([f"{m['ranks']} ({'sharded' if m['sharded'] else 'unsharded'})", rank, _gib(r["parameters"]),
-                              _gib(r["gradients"]), _gib(r["optimizer"]), f"**{_gib(r['state_bytes'])}**",
-                              _gib(r["peak_rss_setup_bytes"]), f"**{_gib(r['peak_rss_step_bytes'])}**", f"{r['step_s']:.0f}"])
-        lines += [common.markdown_table(["ranks", "rank", "parameters", "gradients", "AdamW state", "held",
-                                         "peak RSS build + shard", "peak RSS step", "step s"], table), ""]
+                table.append([f"{m['ranks']} ({'sharded' if m['sharded'] else 'unsharded'})", rank,
+                              f"**{_gib(r['state_bytes'])}**", _gib(r["peak_rss_setup_bytes"]),
+                              f"**{_gib(r['peak_rss_step_bytes'])}**"])
+        lines += [common.markdown_table(["ranks", "rank", "held", "peak RSS build + shard", "peak RSS step"], table), ""]
         one, two = memory[0], memory[-1]
         if one["ranks"] == 1 and two["ranks"] == 2:
             held = max(r["state_bytes"] for r in two["per_rank"]) / one["per_rank"][0]["state_bytes"]

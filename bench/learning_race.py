@@ -314,10 +314,8 @@ def render_training(result: dict[str, Any]) -> str:
         if race:
             row += [spread([r["time_to_target_s"] for r in rs], 0),
                     spread([r.get("time_to_target_after_first_version_s") for r in rs], 0),
-                    mean_range([r.get("first_version_s") for r in rs], 0), spread([r["rollouts_to_target"] for r in rs], 0),
-                    mean_range([r["trained_action_tokens_per_s"] for r in rs], 1),
-                    mean_range([r["rollouts_per_s"] for r in rs], 2), mean_range([r["kept_rollouts_per_s"] for r in rs], 2),
-                    mean_range([r.get("trained_tool_wait_s_mean") for r in rs], 2)]
+                    spread([r["rollouts_to_target"] for r in rs], 0),
+                    mean_range([r["trained_action_tokens_per_s"] for r in rs], 1)]
         else:
             last = [statistics.fmean(x[1] for x in r["train_reward_by_version"][-max(1, result["versions"] // 4):])
                     for r in rs if r["train_reward_by_version"]]
@@ -331,8 +329,8 @@ def render_training(result: dict[str, Any]) -> str:
                          "-" if e["max_staleness"] is None else e["max_staleness"], e["lr"], e["policy_versions"],
                          e["advantage"] or "group", e["correction"] or "none (on-policy)"])
     head = ["variant", "seeds", "final held-out accuracy"]
-    head += (["s to target (median, range)", "s to target after version 1", "s to version 1", "rollouts to target", "trained action tokens/s", "rollouts/s",
-              "kept rollouts/s", "tool wait s per trained episode"] if race else
+    head += (["s to target (median, range)", "s to target after version 1", "rollouts to target",
+              "trained action tokens/s"] if race else
              ["training reward, last quarter", "token lag (mean)", "rollout staleness (mean)", "masked fraction"])
     head += ["wall s"]
     m, ev = result["machine"], result["eval"]
@@ -343,7 +341,7 @@ def render_training(result: dict[str, Any]) -> str:
     out = [f"Asks: {result['question']}. Measured {result['when']}; seeds {', '.join(map(str, result['seeds']))}{partial} "
            f"(run seed-major); {result['versions']} policy versions per run; held-out accuracy of the warm start "
            f"{result['start_accuracy']:.3f} on {ev['tasks']} tasks x {ev['samples_per_task']} sample(s) (snapshots every "
-           f"{result['eval_every']} versions and the last, all graded after training on the same tasks and seeds); "
+           f"{result['eval_every']} versions and the last, same tasks and seeds); "
            f"target {result['target_accuracy']:.3f}; steady window from version {result['steady_from_version']}; "
            f"`{result['env']}` with tool latency median {result['env_args'].get('tool_latency_median_s', 0)} s, sigma "
            f"{result['env_args'].get('tool_latency_sigma', '-')}, cap {result['env_args'].get('tool_latency_max_s', '-')} s.",
@@ -353,8 +351,9 @@ def render_training(result: dict[str, Any]) -> str:
                                   "tau", "lr", "versions", "advantage", "correction"], res_rows), "",
            common.markdown_table(head, rows), "",
            "Cells: mean (min-max) over seeds; time and rollouts to target: median (min-max) over the seeds that reached it."
-           + (" Seconds count from the run's start: starting a generator process and the first batch are in 's to "
-              "version 1' (synchronous GRPO runs its engine in the learner's process)." if race else "")
+           + (" Seconds count from the run's start, so they include starting a generator process and the first batch "
+              "(synchronous GRPO runs its engine in the learner's process). Seconds to version 1, rollouts/s, kept "
+              "rollouts/s and the tool wait per trained episode: the results file's runs." if race else "")
            + (f" Rates and the trained mix: versions after {result['steady_from_version']}; the population's mean tool "
               f"wait per call is {pop:.2f} s (each task needs one call)." if race and (pop := _population(result)) else ""),
            "", f"Command: `{result['command']}`"]

@@ -91,16 +91,16 @@ def render(result: dict[str, Any]) -> str:
     """The docs section: machine, command, the check's table, the projection's assumptions and tables, the plot."""
     v, a = result["validation"], result["assumptions"]
     e, worst, w = a["engine"], v["max_abs_relative_error"], v.get("worst") or {}
-    vrows = [[r["setting"], r["method"], r["quantity"], f"{r['measured']:.3g}",
-              "" if r.get("measured_relative_se") is None else f"{100 * r['measured_relative_se']:.0f}%",
-              f"{r['predicted']:.3g}", f"{100 * r['relative_error']:+.0f}%",
-              "" if r.get("engine_probe_ratio") is None else f"x{r['engine_probe_ratio']:.2f}",
-              str(r.get("replayed_episodes") or ""), r.get("speed_from", "")] for r in v["rows"]]
+    quantities = ("busy_fraction", "trained_action_tokens_per_s", "rollouts_per_s")
+    by_run: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for r in v["rows"]:  # one row per run: measured / simulated (error) per quantity; the rest stays in the JSON
+        by_run.setdefault((r["setting"], r["method"]), {})[r["quantity"]] = r
+    vrows = [[setting, method, *(f"{q[k]['measured']:.3g} / {q[k]['predicted']:.3g} ({100 * q[k]['relative_error']:+.0f}%)"
+                                 if k in q else "-" for k in quantities)] for (setting, method), q in by_run.items()]
     tool = (f"tool latency median {a['tool_latency_median_s']} s (sigma {a['tool_latency_sigma']}, max "
             f"{a['tool_latency_max_s']} s) per call" if a.get("tool_latency_median_s") else "instantaneous tools")
-    prow = [[r["generators"], r["learner_gpus"], r["batch_rollouts"], *(f"{r[m][q]:.2f}" for q in ("busy_fraction",
-             "slot_occupancy") for m in ("sao", "grpo_sync")), f"{r['speedup_sao_over_grpo_sync']:.2f}"]
-            for r in result["projection"]]
+    prow = [[r["generators"], r["learner_gpus"], *(f"{r[m]['busy_fraction']:.2f}" for m in ("sao", "grpo_sync")),
+             f"{r['speedup_sao_over_grpo_sync']:.2f}"] for r in result["projection"]]
     return "\n".join([
         common.machine_line(result["machine"]), "",
         f"Command: `{result['command']}` (inputs: `{result['measured_from']}`, measured at {result['measured_when']})", "",
@@ -111,8 +111,10 @@ def render(result: dict[str, Any]) -> str:
           + ", ".join(f"x{x:.2f} {mode}" for mode, x in b["feeding_factors"].items())
           + f" (one for all: x{b['engine_factor']:.2f}); worst error {100 * b['max_abs_relative_error']:.0f}%."
           for b in v["by_setting"]], "",
-        common.markdown_table(["setting", "method", "quantity", "measured", "measured SE", "simulated", "error",
-                               "engine probe", "replayed episodes", "speed from"], vrows, align="lllrrrrrrl"), "",
+        common.markdown_table(["setting", "method", "busy fraction", "trained action tokens/s", "rollouts/s"], vrows,
+                              align="llrrr"), "",
+        "Cells: measured / simulated (error). Each row's measured standard error, engine probe, replayed episodes and "
+        "where its engine speed came from: `simulate.json`, `validation.rows`.", "",
         f"**Projection** to a GPU cluster (assumed, not measured: continuous batching, decode step {e['step_s'] * 1e3:.0f} "
         f"ms + {e['step_s_per_row'] * 1e3:.2f} ms per row, up to {e['max_batch']} rows, prefill "
         f"{e['prefill_s_per_token'] * 1e6:.0f} us/token; GRPO learner {a['grpo_learner_s_per_token'] * 1e6:.0f} us per "
@@ -120,8 +122,8 @@ def render(result: dict[str, Any]) -> str:
         f"{a['learner_gpus_per_generator']} learner GPU per generator; {a['rollouts_per_generator_per_step']} rollouts per "
         f"generator per step; publish {a['publish_s']} s, reload {a['reload_s']} s; turn lengths of the trace "
         f"x{a['token_scale']}; {tool}; G = {a['group_size']}, tau = {a['max_staleness']}, {a['steps']} versions per run).", "",
-        common.markdown_table(["N", "learner GPUs", "B", "busy SAO", "busy GRPO", "occupancy SAO", "occupancy GRPO",
-                               "speedup SAO/GRPO"], prow), "",
+        common.markdown_table(["N", "learner GPUs", "busy SAO", "busy GRPO", "speedup SAO/GRPO"], prow), "",
+        "Rollouts per step and slot occupancy per N: `simulate.json`, `projection`.", "",
         f"![utilisation and speedup against N]({result['plot']})", "",
         f"Learner GPUs per generator at N = {result['learner_sensitivity'][0]['generators']} (same assumptions otherwise):", "",
         common.markdown_table(["learner GPUs per generator", "learner GPUs", "busy SAO", "busy GRPO", "speedup SAO/GRPO"],
