@@ -331,8 +331,6 @@ def render_rules(files: Sequence[dict[str, Any]]) -> str:
                                                                 f"{x['lengths']['tokens/dis_masked_share']:.3f}"),
             ("rollouts trained past tau (ledger check)", lambda x: str(x["staleness_violations"])),
             ("trained action tokens/s", lambda x: f"{x['trained_action_tokens_per_s']:.1f}"),
-            ("rollouts/s", lambda x: f"{x['rollouts_per_s']:.2f}"),
-            ("busy fraction", lambda x: f"{x['busy_fraction']:.2f}" if x["busy_fraction"] is not None else "-"),
             ("held-out reward at snapshots", lambda x: common.joined(x["heldout_reward"].values())),
         ):
             rows.append([label, *[fn(first[r]) for r in rules]])
@@ -440,10 +438,9 @@ def render_equal(name: str, results: Path = RESULTS) -> str:
                 if by else "needs sao and a grpo_sync_g<G>")
 
     return "\n".join([
-        "**Equal resources** (the headline): each ratio is SAO's trained action tokens/s over the faster synchronous "
-        "GRPO's, each measured over its steady window (the versions listed: the first versions train the episodes that "
-        "finish first, the short ones, so SAO's window starts late enough that its trained task mix is near the "
-        f"population's, {population:.2f} required calls per train task).", "",
+        "**Equal resources** (the headline): SAO's trained action tokens/s over the faster synchronous GRPO's, each over "
+        "its steady window (the versions listed, past the short episodes that finish first; the population's tasks "
+        f"need {population:.2f} calls).", "",
         common.machine_line(max((f["machine"] for f in equal), key=lambda m: m["when"])), "",
         common.markdown_table(["comparison", "method", "episodes in flight", "rollouts per version",
                                "steady versions", "trained action tokens/s", "required calls of trained tasks", "runs"],
@@ -480,8 +477,9 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
            common.markdown_table(["method", "busy fraction", "trained action tokens/s", "rollouts/s", "learner s/step",
                                   "held-out reward at snapshots"], rows), ""]
     if repeated:
-        out += [f"Repeated runs ({', '.join(repeated)}; seeds seed, seed + 1, ...): mean (range); the ratio uses the "
-                "means; held-out rewards are the first run's.", ""]
+        out += [f"Repeated runs ({', '.join(repeated)}; seeds seed, seed + 1, ...): mean (range); held-out rewards: the "
+                "first run's.",
+                ""]
     out += [f"Held-out reward of the warm start: {first['start_reward']:.3f} ({s['eval_tasks']} tasks x {s['eval_samples']} "
             f"samples); snapshots every {s['eval_every']} versions.",
             "Throughput ratio SAO / synchronous GRPO (trained action tokens per second): "
@@ -490,10 +488,8 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
     if inputs:
         lc, em = inputs["learner_cost"], inputs["engine_modes"]
         names = {"lockstep": "lockstep", "continuous": "continuous", "groups": f"in groups of {em['group_size']} of one task"}
-        out += [f"Learner alone, same batch ({lc['rows']:.0f} rollouts, {lc['real_tokens']:.0f} tokens, "
-                f"{lc['padded_tokens']:.0f} with padding in length-ordered micro-batches of {lc['micro_batch_size']:.0f}): "
-                f"SAO iteration {lc['sao_step_s']:.2f} s, GRPO iteration {lc['grpo_step_s']:.2f} s "
-                f"(**{lc['ratio_sao_over_grpo']:.1f}x**: the critic's value pass and its updates; `bench.sim.collect`).",
+        out += [f"Learner alone, one batch of {lc['rows']:.0f} rollouts: SAO {lc['sao_step_s']:.2f} s, GRPO "
+                f"{lc['grpo_step_s']:.2f} s per iteration (**{lc['ratio_sao_over_grpo']:.1f}x**: the critic).",
                 f"`hf` engine alone ({inputs['settings']['episodes_in_flight']} episodes; `bench.sim.collect`, batches and "
                 f"probes in `sim/{name}.json`): "
                 + ", ".join(f"fed {names[m]} {em[m]['rollouts_per_s']:.1f} rollouts/s" for m in names) + "."]
@@ -508,8 +504,7 @@ def render_setting(name: str, results: Path = RESULTS) -> str:
                           "finish (learner drops)" if p["keep_stale_episodes"] else "cancelled in flight",
                           cell(f, "busy_fraction", 2), cell(f, "trained_action_tokens_per_s", 1),
                           f"{share:.2f}", f"{statistics.fmean(float(r.get('stale_aborted') or 0.0) for r in rs):.0f}"])
-        out += ["", f"**SAO against its admission capacity** ({runs} run{'s' if runs > 1 else ''} per point, one "
-                "command per point; what it shows: below the section).", "",
+        out += ["", f"**SAO against its admission capacity** ({runs} run{'s' if runs > 1 else ''} per point).", "",
                 common.machine_line(max((f["machine"] for f in sweep), key=lambda m: m["when"])), "",
                 common.markdown_table(["tau", "slots per engine", "admission capacity (rollouts)", "stale episodes",
                                 "busy fraction", "trained action tokens/s", "stale-dropped share",

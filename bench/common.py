@@ -214,8 +214,8 @@ def targets_section(results_dir: Path = RESULTS_DIR) -> str:
     """The Markdown table of targets (``targets_rows``) for docs/benchmarks.md."""
     rows = [[r["target"], "not measured" if r["measured"] is None else f"{r['measured']:.2f}",
              {True: "yes", False: "**no**", None: "-"}[r["met"]], f"`{r['source']}`"] for r in targets_rows(results_dir)]
-    return ("Re-rendered from `bench/results/` by `.venv/bin/python -m bench.common targets` (each benchmark also "
-            "re-renders it).\n\n" + markdown_table(["target", "measured", "met?", "from"], rows, align="lrll"))
+    return ("From `bench/results/` (`.venv/bin/python -m bench.common targets`; each benchmark re-renders it).\n\n"
+            + markdown_table(["target", "measured", "met?", "from"], rows, align="lrll"))
 
 
 def publish_result(path: Path, data: dict[str, Any], section: str, render: Callable[[], str], *, docs: bool) -> Path:

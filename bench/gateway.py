@@ -116,7 +116,7 @@ def gateway_round(url: str, token: str, concurrency: int, episodes: int, turns: 
 
 def render(result: dict[str, Any]) -> str:
     """The docs section: machine, command and the table."""
-    rows = [[r["concurrency"], r["episodes"], f"{r['direct_tokens']}", f"{r['direct_ms_per_token']:.2f}",
+    rows = [[r["concurrency"], f"{r['direct_ms_per_token']:.2f}",
              f"{r['gateway_ms_per_token']:.2f}", f"**{r['ratio']:.2f}**", f"{r['direct_cpu_ms_per_token']:.2f}",
              f"{r['gateway_cpu_ms_per_token']:.2f} + {r['client_cpu_ms_per_token']:.2f}",
              f"{r['direct_batch_rows']:.1f} / {r['gateway_batch_rows']:.1f}"] for r in result["rows"]]
@@ -124,8 +124,9 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join([
         common.machine_line(result["machine"]), "",
         f"Command: `{result['command']}` ({result['engine']} engine; {result['turns']} turns of {result['tokens']} tokens "
-        f"per episode; medians over {result['rounds']} rounds, the paths alternating).", "",
-        common.markdown_table(["concurrent episodes", "episodes", "tokens per round", "direct ms/token",
+        f"per episode; medians over {result['rounds']} rounds, the paths alternating; episodes and tokens per round: the "
+        "results file).", "",
+        common.markdown_table(["concurrent episodes", "direct ms/token",
                                "gateway ms/token", "gateway/direct", "CPU ms/token: direct",
                                "CPU ms/token: gateway + client", "requests per engine batch: direct / gateway"],
                               rows), "",

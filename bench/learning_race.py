@@ -326,7 +326,7 @@ def render_training(result: dict[str, Any]) -> str:
         e = d["resources"]
         res_rows.append([v, e["episodes_in_flight"], e["batch_rollouts"],
                          f"{e['prompts_per_version']} x {e['group_size']}", e["generators"],
-                         "-" if e["max_staleness"] is None else e["max_staleness"], e["lr"], e["policy_versions"],
+                         "-" if e["max_staleness"] is None else e["max_staleness"], e["lr"],
                          e["advantage"] or "group", e["correction"] or "none (on-policy)"])
     head = ["variant", "seeds", "final held-out accuracy"]
     head += (["s to target (median, range)", "s to target after version 1", "rollouts to target",
@@ -342,15 +342,17 @@ def render_training(result: dict[str, Any]) -> str:
            f"(run seed-major); {result['versions']} policy versions per run; held-out accuracy of the warm start "
            f"{result['start_accuracy']:.3f} on {ev['tasks']} tasks x {ev['samples_per_task']} sample(s) (snapshots every "
            f"{result['eval_every']} versions and the last, same tasks and seeds); "
-           f"target {result['target_accuracy']:.3f}; steady window from version {result['steady_from_version']}; "
+           f"target {result['target_accuracy']:.3f}; "
+           + (f"steady window from version {result['steady_from_version']}; " if race else "") +
            f"`{result['env']}` with tool latency median {result['env_args'].get('tool_latency_median_s', 0)} s, sigma "
            f"{result['env_args'].get('tool_latency_sigma', '-')}, cap {result['env_args'].get('tool_latency_max_s', '-')} s.",
            "", common.machine_line(m) + f" Load average (1 min) at run starts and ends: {min(loads):.1f}-{max(loads):.1f}."
            if loads else common.machine_line(m), "", "Resources per variant:", "",
            common.markdown_table(["variant", "episodes in flight", "rollouts per version", "prompts x G", "generators",
-                                  "tau", "lr", "versions", "advantage", "correction"], res_rows), "",
+                                  "tau", "lr", "advantage", "correction"], res_rows), "",
            common.markdown_table(head, rows), "",
-           "Cells: mean (min-max) over seeds; time and rollouts to target: median (min-max) over the seeds that reached it."
+           "Cells: mean (min-max) over seeds" + ("; time and rollouts to target: median (min-max) over the seeds that "
+                                                 "reached it." if race else ".")
            + (" Seconds count from the run's start, so they include starting a generator process and the first batch "
               "(synchronous GRPO runs its engine in the learner's process). Seconds to version 1, rollouts/s, kept "
               "rollouts/s and the tool wait per trained episode: the results file's runs." if race else "")
