@@ -98,6 +98,21 @@ def test_every_section_of_the_docs_renders_from_the_committed_results() -> None:
         assert section(name) == module.render(read_result(name)), name
 
 
+def test_the_results_page_re_renders_from_the_committed_results_unchanged(tmp_path: Path, monkeypatch) -> None:
+    """``render_results_page`` rewrites docs/results.md's generated sections (every learning_race study, GKD) from
+    bench/results/ without running anything: on a copy of the committed page it changes nothing."""
+    import bench.common as common
+    from bench import gkd_miniature, learning_race
+
+    page = tmp_path / "results.md"
+    page.write_text(learning_race.DOCS.read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.setattr(learning_race, "DOCS", page)
+    monkeypatch.setattr(gkd_miniature, "DOCS", page)
+    written = common.render_results_page()
+    assert {"learning_race_race", "learning_race_stability", "gkd_miniature"} <= set(written)
+    assert page.read_text(encoding="utf-8") == (common.REPO / "docs" / "results.md").read_text(encoding="utf-8")
+
+
 def test_results_read_back_unchanged_with_one_line_per_batch_or_episode(tmp_path: Path) -> None:
     """Objects indented, a list of numbers on one line, a list of lists one item per line; json reads it back."""
     data = {"setting": "x", "load": [1.0, 0.5], "batches": [[64, 384, 20, 0.5, 900], [8, 128, 20, 0.1, 160]],
