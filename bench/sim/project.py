@@ -107,10 +107,9 @@ def render(result: dict[str, Any]) -> str:
         f"**Check against the small runs** (mean of {v['repeats']} seeds per run; how each run's twin is built: below "
         f"the section). Worst relative error: **{100 * worst:.0f}%** ({w.get('setting')}, {w.get('method')}, "
         f"{w.get('quantity')}; target: within 15%, {'met' if worst <= 0.15 else 'not met'}).", "",
-        *[f"* `{b['setting']}` (measured at {b['measured_when']}): engine speed from `engine_modes`: "
-          + ", ".join(f"x{x:.2f} {mode}" for mode, x in b["feeding_factors"].items())
-          + f" (one for all: x{b['engine_factor']:.2f}); worst error {100 * b['max_abs_relative_error']:.0f}%."
-          for b in v["by_setting"]], "",
+        "Worst error by setting: " + ", ".join(f"`{b['setting']}` {100 * b['max_abs_relative_error']:.0f}%"
+                                               for b in v["by_setting"])
+        + " (each setting's engine speed factors per feeding: `simulate.json`, `validation.by_setting`).", "",
         common.markdown_table(["setting", "method", "busy fraction", "trained action tokens/s", "rollouts/s"], vrows,
                               align="llrrr"), "",
         "Cells: measured / simulated (error). Each row's measured standard error, engine probe, replayed episodes and "
