@@ -3,7 +3,7 @@
 Every ``import`` and ``from ... import`` under ``src/posttrain`` counts, including those inside
 functions and ``if TYPE_CHECKING:`` blocks: a lazy import is still an arrow between two rooms.
 
-    layer 0  config, records
+    layer 0  config, records, account
     layer 1  losses, advantages, data, envs, tracking, models, chat, storage, services, parallel
     layer 2  inference, rollout, weight_sync, runtime
     layer 3  episodes
@@ -19,7 +19,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src" / "posttrain"
 
 LAYERS: dict[str, int] = {
-    "config": 0, "records": 0,
+    "config": 0, "records": 0, "account": 0,
     "losses": 1, "advantages": 1, "data": 1, "envs": 1, "tracking": 1, "models": 1, "chat": 1,
     "storage": 1, "services": 1, "parallel": 1,
     "inference": 2, "rollout": 2, "weight_sync": 2, "runtime": 2,
