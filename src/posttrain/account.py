@@ -303,9 +303,13 @@ class RunAccount:
         return sum(r.used_cpu_s for r in self.roles)
 
     def derived(self) -> dict[str, float]:
-        """``cost/requested_cpu_s``, ``cost/used_cpu_s``, ``cost/requested_cpu_s_per_trained_token`` and,
-        where held-out accuracy was measured before and after with a gain, ``cost/requested_cpu_s_per_point``
-        (per percentage point of held-out accuracy gained against the warm start)."""
+        """The cost figures: CPU-seconds requested and used, per trained token, per held-out point.
+
+        Keys: ``cost/requested_cpu_s``, ``cost/used_cpu_s``, ``cost/trained_tokens``,
+        ``cost/requested_cpu_s_per_trained_token`` (with trained tokens) and, where held-out accuracy
+        was measured before and after, ``cost/heldout_points_gained`` and (with a gain)
+        ``cost/requested_cpu_s_per_point``: per percentage point gained against the warm start.
+        """
         out = {"cost/requested_cpu_s": self.requested_cpu_s(), "cost/used_cpu_s": self.used_cpu_s(),
                "cost/trained_tokens": self.trained_tokens}
         if self.trained_tokens > 0:
@@ -318,8 +322,11 @@ class RunAccount:
         return out
 
     def metrics(self) -> dict[str, float]:
-        """MLflow metrics: ``time/<role>/<share>_s``, ``time/<role>/<share>_share``, ``time/<role>/wall_s``,
-        CPU-seconds per role, and ``derived()``."""
+        """MLflow metrics of the account.
+
+        ``time/<role>/<share>_s``, ``time/<role>/<share>_share``, ``time/<role>/wall_s``, CPU-seconds
+        per role, and ``derived()``.
+        """
         out: dict[str, float] = {}
         for r in self.roles:
             out.update(r.flat(f"time/{r.role}/"))
