@@ -43,6 +43,15 @@ ACCOUNT_SCHEMA_VERSION = 1
 """Version of ``account.json``; bump on an incompatible change."""
 
 
+LEARNER_STATES = ("preparing", "warm_start", "evaluating", "training", "waiting_for_batch", "publishing",
+                  "checkpointing", "registering")
+"""The learner process's states (``posttrain.runners.common.TrackedRun.clock``): ``preparing`` the
+tokenizer and base model, the SFT ``warm_start``, held-out ``evaluating``, ``training`` (forward,
+backward, optimizer step), ``waiting_for_batch`` (rollouts: the stream, or synchronous GRPO's
+generation), ``publishing`` a policy version (and synchronous GRPO's engine reload),
+``checkpointing``, ``registering`` the final model; ``other`` for the rest (logging, final model)."""
+
+
 class StateClock:
     """One thing's wall time split by state; exactly one state at a time (module docstring).
 
@@ -201,6 +210,8 @@ class RoleAccount:
         used_by: ``process_cpu`` (the process's CPU time, all threads) or ``engine_busy`` (seconds the
             engine ran a batch, ``GeneratorStats.busy_s``).
         processes: Processes summed into this account.
+        requested_gpu_s: Accelerator-seconds requested: ``wall_s`` x ``<role>.resources.gpus`` (what a
+            GPU cluster charges; the CPU runs here request none, so it is reported beside the CPU figure).
     """
 
     role: str
@@ -210,6 +221,7 @@ class RoleAccount:
     used_cpu_s: float = 0.0
     used_by: str = "process_cpu"
     processes: int = 1
+    requested_gpu_s: float = 0.0
 
     def gap(self) -> float:
         """``|sum(shares) - wall_s| / wall_s`` (0 when the wall time is 0)."""
@@ -249,13 +261,14 @@ class RoleAccount:
             for k, v in a.shares.items():
                 shares[k] = shares.get(k, 0.0) + v
         return cls(role, sum(a.wall_s for a in items), shares, sum(a.requested_cpu_s for a in items),
-                   sum(a.used_cpu_s for a in items), items[0].used_by, sum(a.processes for a in items))
+                   sum(a.used_cpu_s for a in items), items[0].used_by, sum(a.processes for a in items),
+                   sum(a.requested_gpu_s for a in items))
 
     def flat(self, prefix: str) -> dict[str, float]:
         """Flat numbers for a JSON hash or metrics: ``<prefix><share>_s``, ``<prefix>wall_s``, CPU-seconds."""
         out = {f"{prefix}{k}_s": v for k, v in self.shares.items()}
         out.update({f"{prefix}wall_s": self.wall_s, f"{prefix}requested_cpu_s": self.requested_cpu_s,
-                    f"{prefix}used_cpu_s": self.used_cpu_s})
+                    f"{prefix}used_cpu_s": self.used_cpu_s, f"{prefix}requested_gpu_s": self.requested_gpu_s})
         return out
 
     @classmethod
@@ -263,11 +276,12 @@ class RoleAccount:
         """The inverse of ``flat`` (None when ``values`` holds no ``<prefix>wall_s``)."""
         if f"{prefix}wall_s" not in values:
             return None
-        skip = {"wall_s", "requested_cpu_s", "used_cpu_s"}
+        skip = {"wall_s", "requested_cpu_s", "used_cpu_s", "requested_gpu_s"}
         shares = {k[len(prefix):-2]: float(v) for k, v in values.items()
                   if k.startswith(prefix) and k.endswith("_s") and k[len(prefix):] not in skip}
         return cls(role, float(values[f"{prefix}wall_s"]), shares, float(values.get(f"{prefix}requested_cpu_s", 0.0)),
-                   float(values.get(f"{prefix}used_cpu_s", 0.0)), used_by)
+                   float(values.get(f"{prefix}used_cpu_s", 0.0)), used_by,
+                   requested_gpu_s=float(values.get(f"{prefix}requested_gpu_s", 0.0)))
 
 
 @dataclass
@@ -298,6 +312,10 @@ class RunAccount:
         """CPU-seconds requested by every role (the cost a quota is charged)."""
         return sum(r.requested_cpu_s for r in self.roles)
 
+    def requested_gpu_s(self) -> float:
+        """Accelerator-seconds requested by every role (``resources.gpus`` x wall)."""
+        return sum(r.requested_gpu_s for r in self.roles)
+
     def used_cpu_s(self) -> float:
         """CPU-seconds used by every role (as each role's ``used_by`` measures)."""
         return sum(r.used_cpu_s for r in self.roles)
@@ -311,7 +329,7 @@ class RunAccount:
         ``cost/requested_cpu_s_per_point``: per percentage point gained against the warm start.
         """
         out = {"cost/requested_cpu_s": self.requested_cpu_s(), "cost/used_cpu_s": self.used_cpu_s(),
-               "cost/trained_tokens": self.trained_tokens}
+               "cost/requested_gpu_s": self.requested_gpu_s(), "cost/trained_tokens": self.trained_tokens}
         if self.trained_tokens > 0:
             out["cost/requested_cpu_s_per_trained_token"] = self.requested_cpu_s() / self.trained_tokens
         if self.heldout_before is not None and self.heldout_after is not None:

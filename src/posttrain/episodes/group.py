@@ -49,6 +49,7 @@ async def run_group(
     on_turn: Callable[[int], None] | None = None,
     infra_retries: int = 0,
     on_infra: Callable[[EpisodeInfraError, bool], None] | None = None,
+    on_member_done: Callable[[], None] | None = None,
 ) -> list[Rollout]:
     """Run ``group_size`` episodes of one task concurrently; they share a fresh ``group_id``.
 
@@ -69,6 +70,9 @@ async def run_group(
         infra_retries: Times a member whose episode failed for the infrastructure runs again (module
             docstring); 0 raises at the first failure.
         on_infra: Called with each infrastructure failure and whether the member runs again.
+        on_member_done: Called once per member when it ends (returned, raised or cancelled), while
+            the others may still run: the time account's "waiting for the group"
+            (``posttrain.inference.metering``).
 
     Returns:
         G validated rollouts.
@@ -81,6 +85,13 @@ async def run_group(
     group_id = uuid.uuid4().hex
 
     async def member(k: int) -> Rollout:
+        try:
+            return await attempts(k)
+        finally:
+            if on_member_done is not None:
+                on_member_done()
+
+    async def attempts(k: int) -> Rollout:
         for attempt in range(infra_retries + 1):
             try:
                 return await run_episode(

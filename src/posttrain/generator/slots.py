@@ -91,11 +91,19 @@ class TicketTaker:
         self._group_lock = asyncio.Lock() if group_size > 1 else None
 
     async def take(self) -> list[Ticket]:
-        """``group_size`` tickets; ``[]`` when one wait timed out or the generator is stopping."""
-        if self._group_lock is None:
-            return await self._take_all()
-        async with self._group_lock:
-            return await self._take_all()
+        """``group_size`` tickets; ``[]`` when one wait timed out or the generator is stopping.
+
+        The whole wait (for the group lock too) counts as ``waiting_for_admission`` of ``group_size``
+        units of the time account (``GeneratorStats.admission_wait``).
+        """
+        self.stats.admission_wait(self.group_size, started=True)
+        try:
+            if self._group_lock is None:
+                return await self._take_all()
+            async with self._group_lock:
+                return await self._take_all()
+        finally:
+            self.stats.admission_wait(self.group_size, started=False)
 
     async def _take_all(self) -> list[Ticket]:
         held: list[Ticket] = []
@@ -150,13 +158,15 @@ class EpisodeWork:
         """The training task ``task_id``, or None when it is not one of ``tasks``."""
         return self._tasks_by_id.get(task_id)
 
-    async def run(self, task: Task, seed: int, on_turn: Callable[[int], None]) -> list[Rollout]:
+    async def run(self, task: Task, seed: int, on_turn: Callable[[int], None],
+                  on_member_done: Callable[[], None] | None = None) -> list[Rollout]:
         """Run ``task`` once (G = 1) or as a group of G; return the rollouts (per-token fields as arrays).
 
         Args:
             task: The task.
             seed: Episode seed (a group's member ``k`` uses ``seed + 1000 * k``).
             on_turn: Called with each turn's policy version (``InFlightEpisodes``).
+            on_member_done: A group's member ended (``run_group``); unused for G = 1.
 
         Raises:
             Whatever the episode raises (``EpisodeError``, ``RecordError``, engine errors).
@@ -170,7 +180,7 @@ class EpisodeWork:
         return await run_group(
             self.engine, self.tokenizer, self.env, task, self.limits, group_size=self.group_size, seed=seed,
             generator_id=self.generator_id, temperature=self.temperature, top_p=self.top_p, arrays=True,
-            on_turn=on_turn,
+            on_turn=on_turn, on_member_done=on_member_done,
         )
 
 
@@ -226,7 +236,8 @@ class EpisodeSlot:
         for _ in tickets:
             self.stats.episode_started()
         try:
-            rollouts = await self.running.run(functools.partial(self.work.run, task, seed),
+            rollouts = await self.running.run(functools.partial(self.work.run, task, seed,
+                                                                on_member_done=self.stats.member_finished),
                                               on_abort=functools.partial(self._aborted, len(tickets)))
         except asyncio.CancelledError:  # stopping: give the tickets back before unwinding
             _release(self.admission, tickets)

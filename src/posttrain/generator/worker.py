@@ -230,7 +230,7 @@ async def _serve(config: RunConfig, ctx: RunContext, generator_id: str, redis_ur
     gate = AsyncTicketGate(admission, served_version=lambda: engine.policy_version)
     announcements = WeightAnnouncements(redis_url, ctx.keys)
     await announcements.subscribe()
-    stats.mark_started()
+    stats.mark_started(units=slot_count(gen.episodes_in_flight, settings.group_size) * settings.group_size)
 
     running = InFlightEpisodes()
     sender = RolloutSender(queue, admission, stats, generator_id)

@@ -17,6 +17,32 @@ the gap ``in_engine_s - busy_s`` shows time requests sat queued in front of the 
 
 Generators publish their stats as JSON to a Redis hash (``<prefix>:<run>:generator_stats``)
 that the learner logs.
+
+**The time account** (issue 35; ``posttrain.account``). From ``mark_started`` on, two state
+machines split the generator's wall time; their shares add up to it by construction:
+
+* the **engine** (``account/engine/<state>_s``) is in exactly one state at a time, the first that
+  holds of:
+
+  1. ``reloading_weights``: an in-place weight update is running (``MeteredEngine.update_weights``;
+     requests that arrive meanwhile wait for it);
+  2. ``generating``: at least one request is inside the engine wrapper (queued for the engine's
+     thread or in a batch: the ``in_engine_s`` clock, not the engine's own ``busy_s``);
+  3. ``waiting_on_tools``: no request in the engine, at least one episode running between two
+     engine calls (an environment step or tool call, tokenizing, grading);
+  4. ``waiting_for_admission``: nothing running, at least one slot waits for admission tickets
+     (the staleness bound ``max_staleness``);
+  5. ``waiting_for_learner``: synchronous GRPO only, between batches (the learner trains, publishes
+     and checkpoints; ``learner_phase``);
+  6. ``idle``: none of these (no work: sending rollouts, picking tasks, stopping).
+
+* the **episode slots** (``account/slots/<state>_s``, in slot-seconds: ``units`` x wall, ``units``
+  = the generator's episode capacity, ``generator.episodes_in_flight`` rounded down to whole groups,
+  or synchronous GRPO's batch): each unit of capacity is ``running`` an episode,
+  ``waiting_for_group`` (its episode ended but its group, or synchronous GRPO's whole batch, still
+  runs: the seed's "waiting for the group"), ``waiting_for_admission`` (its slot waits for tickets),
+  ``waiting_for_learner`` (synchronous GRPO between batches) or ``other`` (the rest: sending,
+  picking a task, start-up).
 """
 
 from __future__ import annotations
@@ -26,7 +52,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from posttrain.account import Occupancy, RoleAccount, StateClock
 from posttrain.inference.base import GenerationRequest, GenerationResult, InferenceEngine
+
+ENGINE_STATES = ("generating", "waiting_on_tools", "waiting_for_admission", "reloading_weights",
+                 "waiting_for_learner", "idle")
+"""The generator engine's states, in report order (module docstring: the first that holds wins)."""
+
+SLOT_STATES = ("running", "waiting_for_group", "waiting_for_admission", "waiting_for_learner")
+"""The episode slots' states (module docstring); the rest of the capacity is ``other``."""
+
+ENGINE_ACCOUNT = "account/engine/"
+"""Prefix of the engine's account in ``GeneratorStats.snapshot`` (``<prefix><state>_s``, ``<prefix>wall_s``)."""
+
+SLOTS_ACCOUNT = "account/slots/"
+"""Prefix of the episode slots' account in ``GeneratorStats.snapshot`` (slot-seconds)."""
 
 
 @dataclass
@@ -97,11 +137,86 @@ class GeneratorStats:
     _busy_since: float = 0.0
     _engine_clock: Callable[[], float] | None = None
     _engine_clock_start: float = 0.0
+    _members_done: int = 0
+    _admission_waiting: int = 0
+    _reloading: int = 0
+    _learner_phase: bool = False
+    _engine_states: StateClock | None = None
+    _slots: Occupancy | None = None
 
-    def mark_started(self) -> None:
-        """Start the wall and CPU clocks now (the generator begins serving)."""
+    def mark_started(self, units: int = 1) -> None:
+        """Start the wall and CPU clocks and the time account now (the generator begins serving).
+
+        Args:
+            units: The episode capacity the slots' account divides (module docstring), >= 1.
+        """
         self.started_at = time.time()
         self.cpu_started_at = time.process_time()
+        self._engine_states = StateClock(ENGINE_STATES, initial="idle")
+        self._slots = Occupancy(SLOT_STATES, max(units, 1))
+        self._tick()
+
+    def _tick(self) -> None:
+        """Move the account's state machines to what the counters say now (module docstring)."""
+        if self._engine_states is None or self._slots is None:
+            return
+        running = max(self.in_flight - self._members_done, 0)
+        if self._reloading:
+            state = "reloading_weights"
+        elif self._active:
+            state = "generating"
+        elif running:
+            state = "waiting_on_tools"
+        elif self._admission_waiting:
+            state = "waiting_for_admission"
+        elif self._learner_phase:
+            state = "waiting_for_learner"
+        else:
+            state = "idle"
+        self._engine_states.switch(state)
+        counts = {"running": running, "waiting_for_group": self._members_done,
+                  "waiting_for_admission": self._admission_waiting}
+        if self._learner_phase:
+            counts["waiting_for_learner"] = self._slots.units
+        self._slots.set(counts)
+
+    def admission_wait(self, units: int, started: bool) -> None:
+        """Mark a slot beginning (``started``) or ending a wait for ``units`` admission tickets."""
+        self._admission_waiting += units if started else -units
+        self._tick()
+
+    def reload(self, started: bool) -> None:
+        """Mark an in-place weight update beginning (``started``) or ending."""
+        self._reloading += 1 if started else -1
+        self._tick()
+
+    def learner_phase(self, waiting: bool) -> None:
+        """Synchronous GRPO: mark the engine waiting for the learner (between batches) or not."""
+        self._learner_phase = waiting
+        self._tick()
+
+    def member_finished(self) -> None:
+        """Mark one episode ended while its group (or synchronous GRPO's batch) still runs.
+
+        It keeps its place in ``in_flight`` until ``episode_finished`` (the group's end) and is
+        counted ``waiting_for_group`` meanwhile.
+        """
+        self._members_done += 1
+        self._tick()
+
+    def accounts(self, cores: float = 0.0, gpus: float = 0.0) -> tuple[RoleAccount, RoleAccount] | None:
+        """The engine's and the slots' accounts now (None before ``mark_started``).
+
+        Args:
+            cores: The generator's requested CPU cores (``generator.resources.cpu``).
+            gpus: Its requested accelerators (``generator.resources.gpus``).
+        """
+        if self._engine_states is None or self._slots is None:
+            return None
+        engine = RoleAccount.from_clock("generator", self._engine_states, cores=cores,
+                                        used_cpu_s=self.busy_seconds(), used_by="engine_busy")
+        engine.requested_gpu_s = engine.wall_s * gpus
+        return engine, RoleAccount.from_clock("generator_slots", self._slots)
 
     def use_engine_clock(self, generating_seconds: Callable[[], float]) -> None:
         """Measure busy time with the engine's own clock from now on (module docstring).
@@ -127,17 +242,20 @@ class GeneratorStats:
         if self._active == 0:
             self._busy_since = time.monotonic()
         self._active += 1
+        self._tick()
 
     def request_finished(self) -> None:
         """Mark a request leaving the engine."""
         self._active -= 1
         if self._active == 0:
             self.in_engine_s += time.monotonic() - self._busy_since
+        self._tick()
 
     def episode_started(self) -> None:
         """Mark an episode starting."""
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self._tick()
 
     def episode_aborted(self, tool_calls: int, bucket: str) -> None:
         """Count one episode cancelled as stale by the tool calls it had begun (``stale_aborted_calls_<bucket>``).
@@ -148,8 +266,11 @@ class GeneratorStats:
         self._aborted_calls_sum += tool_calls
 
     def episode_finished(self) -> None:
-        """Mark an episode ending (sent, rejected or failed)."""
+        """Mark an episode ending (sent, rejected or failed); with its group's end, its ``member_finished`` ends too."""
         self.in_flight -= 1
+        if self._members_done > 0:
+            self._members_done -= 1
+        self._tick()
 
     def snapshot(self) -> dict[str, float]:
         """Flat metrics: the public counters, busy time and rates.
@@ -184,6 +305,10 @@ class GeneratorStats:
             stale_aborted_calls_sum=float(self._aborted_calls_sum),
         )
         out.update({f"stale_aborted_calls_{b}": float(n) for b, n in self._aborted_calls.items()})
+        accounts = self.accounts()
+        if accounts is not None:
+            out.update(accounts[0].flat(ENGINE_ACCOUNT))
+            out.update(accounts[1].flat(SLOTS_ACCOUNT))
         return out
 
 
@@ -231,7 +356,11 @@ class MeteredEngine:
 
     async def update_weights(self, weights_dir, policy_version: int) -> None:  # noqa: ANN001
         """Forward a weight update and count it."""
-        await self._engine.update_weights(weights_dir, policy_version)
+        self._stats.reload(started=True)
+        try:
+            await self._engine.update_weights(weights_dir, policy_version)
+        finally:
+            self._stats.reload(started=False)
         self._stats.weight_reloads += 1
 
     def close(self) -> None:

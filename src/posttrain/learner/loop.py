@@ -35,6 +35,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from posttrain.account import StateClock
 from posttrain.config import RunConfig
 from posttrain.learner.liveness import INTERRUPTED
 from posttrain.learner.setup import Learner, LearnerTransport, build_learner
@@ -52,6 +53,7 @@ def run_learner(
     progress: bool = True,
     max_iterations: int | None = None,
     world: World | None = None,
+    clock: StateClock | None = None,
 ) -> LearnerSummary:
     """Train until the run's last policy version is published (module docstring).
 
@@ -68,6 +70,10 @@ def run_learner(
             None). Under ``torchrun`` every rank runs this loop: rank 0 reads the stream and
             broadcasts each batch, every rank trains its share of the rows, rank 0 publishes,
             logs and acknowledges; checkpoints are written by all.
+        clock: The learner process's time account (``posttrain.account.LEARNER_STATES``): taking a
+            batch is ``waiting_for_batch``; training, refunding, recording ``training``; publishing a
+            version ``publishing``; checkpoints ``checkpointing``; logging and the rest ``other``.
+            None: not kept.
 
     Returns:
         ``LearnerSummary``: final version, iterations, final model directory, counters.
@@ -84,33 +90,47 @@ def run_learner(
     bar = tqdm(total=learner.settings.steps, initial=learner.state.policy_version, desc=learner.settings.technique,
                disable=not progress or not learner.world.is_main, leave=False)
     previous = _stop_on_signals(learner)
+    switch = clock.switch if clock is not None else _no_switch
     stop, waiting = None, False
     while not learner.finished(max_iterations):
         if (stop := learner.stop_reason(waiting)) is not None:
             break
+        switch("waiting_for_batch")
         entries = learner.source.next_batch(learner.state.policy_version)
         waiting = entries is None
         if entries is None:
             learner.observe_drops()
             continue
+        switch("training")
         result = learner.train(entries)
         learner.refund_untrained(entries, result)
         learner.record(entries, result)
         learner.observe_progress(entries, result)
         if result.policy_updated:
+            switch("publishing")
             learner.publish_next_version()
             bar.update(1)
+        switch("other")
         if sink is not None and learner.world.is_main:
             sink(learner.metrics(entries, result), learner.state.policy_version)
+        switch("checkpointing")
         learner.checkpointer.maybe_save(result.policy_updated)
+        switch("other")
         learner.stop_on_nonfinite(result)
     bar.close()
+    switch("checkpointing")
     learner.checkpointer.flush()
+    switch("other")
     for signum, handler in previous.items():
         signal.signal(signum, handler)
     if stop is not None:
         raise learner.stopped(stop)
     return learner.finish()
+
+
+def _no_switch(state: str) -> str:
+    """The state switch of a loop that keeps no time account."""
+    return state
 
 
 def _stop_on_signals(learner: Learner) -> dict[int, signal.Handlers | Callable[..., object] | int | None]:

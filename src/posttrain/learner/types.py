@@ -59,6 +59,9 @@ class LearnerSummary:
         counters: ``rollouts_trained``, ``stale_dropped``, ``dead_letters``...
         generators: What became of the generators ``posttrain run`` started (``2``, or ``2 started,
             1 died: g0 (killed by SIGKILL)``); empty when the learner ran on its own.
+        generator_stats: The final ``GeneratorStats.snapshot()`` of each generator (flat JSON numbers,
+            with their time accounts: ``posttrain.inference.metering``); synchronous GRPO's engine's,
+            or those the generators published to the run's Redis.
     """
 
     policy_version: int
@@ -66,3 +69,4 @@ class LearnerSummary:
     final_model_dir: Path
     counters: dict[str, float]
     generators: str = ""
+    generator_stats: list[dict[str, float]] = field(default_factory=list)

@@ -57,6 +57,7 @@ import msgspec
 import torch
 from tqdm import tqdm
 
+from posttrain.account import LEARNER_STATES, StateClock, StateTimer
 from posttrain.chat.format import ChatFormat
 from posttrain.config import RunConfig
 from posttrain.episodes.group import run_group
@@ -117,13 +118,19 @@ class SyncGRPO:
         config: Run config with ``technique: grpo`` and ``grpo.async`` false.
         start_model_dir: Policy to start from (the warm-started model); also the reference policy.
         world: The learner's ranks (``init_world(config.learner)`` when None: one rank without torchrun).
+        clock: The learner process's time account (``posttrain.account.LEARNER_STATES``); generating a
+            batch is ``waiting_for_batch``, the GRPO step ``training``, publishing the version and
+            loading it into the engine ``publishing``, checkpoints ``checkpointing``. A fresh one when None.
 
     Raises:
         FileNotFoundError: no tokenizer in the run directory, or no model at ``start_model_dir``.
     """
 
-    def __init__(self, config: RunConfig, start_model_dir: Path, world: World | None = None) -> None:
+    def __init__(self, config: RunConfig, start_model_dir: Path, world: World | None = None,
+                 clock: StateClock | None = None) -> None:
         self.config, self.ctx, self.start_model_dir = config, RunContext(config), start_model_dir
+        self.clock = clock or StateClock(LEARNER_STATES)
+        self.timer = StateTimer(self.clock)
         self.world = world = world or init_world(config.learner)
         grpo, gen = config.grpo, config.generator
         torch.manual_seed(config.seed)
@@ -182,19 +189,27 @@ class SyncGRPO:
         group_seeds = [seeds.randrange(2**31) for _ in prompts]
         mine = rank_share(range(len(prompts)), self.world)
         tally = InfraTally()
+        started = len(mine) * grpo.group_size
+        for _ in range(started):  # the time account: each member runs until the whole batch is done
+            self.stats.episode_started()
 
         async def group(i: int) -> list[Rollout] | None:
             try:
                 rollouts = await run_group(
                     self.engine, self.tokenizer, self.env, prompts[i], self.limits, group_size=grpo.group_size,
                     seed=group_seeds[i], temperature=gen.temperature, top_p=gen.top_p, chat=self.chat,
-                    infra_retries=gen.infra_retries, on_infra=functools.partial(self._infra_failed, tally, prompts[i]))
+                    infra_retries=gen.infra_retries, on_infra=functools.partial(self._infra_failed, tally, prompts[i]),
+                    on_member_done=self.stats.member_finished)
             except EpisodeInfraError:  # counted and logged in _infra_failed: the group is given up
                 return None
             tally.completed(len(rollouts))
             return rollouts
 
-        groups = await asyncio.gather(*(group(i) for i in mine))
+        try:
+            groups = await asyncio.gather(*(group(i) for i in mine))
+        finally:
+            for _ in range(started):
+                self.stats.episode_finished()
         kept = [(i, g) for i, g in zip(mine, groups, strict=True) if g is not None]
         rollouts = gather_groups(self.world, [i for i, _ in kept], [g for _, g in kept])
         self.infra.add(self._summed(tally))
@@ -231,6 +246,7 @@ class SyncGRPO:
         if len(rollouts) < max(self.world.size, 1):
             return self._skip_empty(rollouts)
         batch = collate_rollouts(rollouts, self.pad_id)
+        self.clock.switch("training")
         result = await asyncio.to_thread(
             grpo_train_step, policy=self.policy, batch=batch, group_ids=[str(r.group_id) for r in rollouts],
             config=self.config.grpo, reference=self.reference, temperature=self.config.generator.temperature,
@@ -243,10 +259,11 @@ class SyncGRPO:
         self.counters["skipped_nonfinite"] += result.skipped_nonfinite
         if result.policy_updated:
             self.state.policy_version += 1
-            path = await asyncio.to_thread(self.publish, self.state.policy_version)
-            await self.engine.update_weights(path, self.state.policy_version)
-            if self.world.is_main:
-                self.store.prune(keep=2)
+            with self.timer("publishing"):
+                path = await asyncio.to_thread(self.publish, self.state.policy_version)
+                await self.engine.update_weights(path, self.state.policy_version)
+                if self.world.is_main:
+                    self.store.prune(keep=2)
         else:
             self.counters["skipped_batches"] += 1
         if self.world.is_main:
@@ -270,25 +287,31 @@ class SyncGRPO:
         """A learner checkpoint of the policy, its optimizer and the counters (every rank writes its shards)."""
         self.counters.update(infra_metrics(self.infra))
         self.state.counters = dict(self.counters)
-        save_checkpoint(self.ctx.checkpoints_dir, state=self.state, parts=self.parts,
-                        resolved_config_yaml=self.ctx.resolved_config_yaml(), world=self.world)
+        with self.timer("checkpointing"):
+            save_checkpoint(self.ctx.checkpoints_dir, state=self.state, parts=self.parts,
+                            resolved_config_yaml=self.ctx.resolved_config_yaml(), world=self.world)
 
     async def _loop(self, sink: MetricsSink | None, progress: bool) -> None:
         grpo = self.config.grpo
         bar = tqdm(total=grpo.steps, initial=self.state.iteration, desc="grpo",
                    disable=not progress or not self.world.is_main, leave=False)
-        self.stats.mark_started()
+        self.stats.mark_started(units=len(rank_share(range(grpo.prompts_per_step), self.world)) * grpo.group_size)
         t_start = time.monotonic()
         trained_before, tokens_before = self.counters["rollouts_trained"], self.counters["action_tokens_trained"]
         while self.state.iteration < grpo.steps:
             t0 = time.monotonic()
+            self.stats.learner_phase(waiting=False)
+            self.clock.switch("waiting_for_batch")
             rollouts = await self.generate()
+            self.stats.learner_phase(waiting=True)
+            self.clock.switch("other")
             gen_s = time.monotonic() - t0
             self.stats.rollouts += len(rollouts)
             self.stats.action_tokens += sum(r.num_action_tokens for r in rollouts)
             self.stats.total_tokens += sum(len(r.token_ids) for r in rollouts)
             t1 = time.monotonic()
             result = await self.train_one(rollouts)
+            self.clock.switch("other")
             step_s = time.monotonic() - t1
             elapsed = max(time.monotonic() - t_start, 1e-9)
             metrics = {**result.metrics, **self.progress.metrics(), **infra_metrics(self.infra)}
@@ -316,6 +339,7 @@ class SyncGRPO:
                 raise LearnerStopped(f"synchronous GRPO stopped at iteration {self.state.iteration} of {grpo.steps} "
                                      f"(policy version {self.state.policy_version}): {reason}", 1)
         bar.close()
+        self.stats.learner_phase(waiting=False)
         self.counters["generator_busy_fraction"] = self.stats.snapshot()["busy_fraction"]
         self.counters.update(infra_metrics(self.infra))
 
@@ -336,7 +360,8 @@ class SyncGRPO:
         finally:
             self.engine.close()
         final_dir = save_final_model(self.ctx, self.policy.model, self.tokenizer, self.world)
-        return LearnerSummary(self.state.policy_version, self.state.iteration, final_dir, self.counters)
+        return LearnerSummary(self.state.policy_version, self.state.iteration, final_dir, self.counters,
+                              generator_stats=[self.stats.snapshot()])
 
 
 def run_grpo_sync(
@@ -346,6 +371,7 @@ def run_grpo_sync(
     sink: MetricsSink | None = None,
     progress: bool = True,
     world: World | None = None,
+    clock: StateClock | None = None,
 ) -> LearnerSummary:
     """Synchronous GRPO (module docstring): resume if a checkpoint exists, train, write the final model.
 
@@ -359,9 +385,10 @@ def run_grpo_sync(
         sink: Receives ``(metrics, policy_version)`` after each iteration (on rank 0).
         progress: Show a progress bar (on rank 0).
         world: The learner's ranks (``init_world(config.learner)`` when None).
+        clock: The learner process's time account (``SyncGRPO``).
 
     Returns:
-        ``LearnerSummary`` (``counters``: ``rollouts_trained``, ``rollouts_kept``,
+        ``LearnerSummary`` (``generator_stats``: the engine's, with its time account; ``counters``: ``rollouts_trained``, ``rollouts_kept``,
         ``generator_busy_fraction``, ``skipped_batches``, ``skipped_nonfinite``, ``infra/*``...).
 
     Raises:
@@ -372,4 +399,4 @@ def run_grpo_sync(
             row trained no token, or the infrastructure-failure share passed ``generator.max_infra_error_share``;
             raised after a checkpoint (one line).
     """
-    return SyncGRPO(config, start_model_dir, world).run(sink, progress)
+    return SyncGRPO(config, start_model_dir, world, clock).run(sink, progress)

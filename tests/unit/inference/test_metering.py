@@ -126,3 +126,42 @@ def test_a_batch_observer_already_set_is_still_called() -> None:
     assert len(engine.seen) == 1
     assert (stats.engine_batches, stats.engine_batch_rows, stats.engine_batch_padded_tokens) == (1, 2, 10)
     assert GeneratorStats().snapshot()["mean_batch_rows"] == 0.0  # no batches reported: 0, not a division error
+
+
+def test_time_account_engine_state_follows_the_priority_of_the_module_docstring():
+    """reloading > generating > waiting_on_tools > waiting_for_admission > waiting_for_learner > idle;
+    the slots' account: running, waiting_for_group (a member done, its group still running), admission."""
+    from posttrain.inference.metering import ENGINE_ACCOUNT, SLOTS_ACCOUNT
+
+    stats = GeneratorStats()
+    stats.mark_started(units=4)
+    engine = stats._engine_states
+    slots = stats._slots
+    assert engine is not None and slots is not None
+    assert engine.state == "idle"
+    stats.admission_wait(2, started=True)
+    assert engine.state == "waiting_for_admission" and slots._counts["waiting_for_admission"] == 2
+    stats.admission_wait(2, started=False)
+    stats.episode_started()
+    stats.episode_started()
+    assert engine.state == "waiting_on_tools" and slots._counts["running"] == 2
+    stats.request_started()
+    assert engine.state == "generating"
+    stats.reload(started=True)
+    assert engine.state == "reloading_weights"
+    stats.reload(started=False)
+    stats.request_finished()
+    stats.member_finished()  # one member of the group is done, the other still runs
+    assert engine.state == "waiting_on_tools"
+    assert slots._counts["running"] == 1 and slots._counts["waiting_for_group"] == 1
+    stats.member_finished()
+    stats.episode_finished()
+    stats.episode_finished()
+    assert engine.state == "idle" and slots._counts["waiting_for_group"] == 0 and slots._counts["other"] == 4
+    stats.learner_phase(waiting=True)
+    assert engine.state == "waiting_for_learner" and slots._counts["waiting_for_learner"] == 4
+    snap = stats.snapshot()
+    engine_sum = sum(v for k, v in snap.items() if k.startswith(ENGINE_ACCOUNT) and k.endswith("_s")
+                     and k[len(ENGINE_ACCOUNT):] not in ("wall_s", "requested_cpu_s", "used_cpu_s", "requested_gpu_s"))
+    assert abs(engine_sum - snap[f"{ENGINE_ACCOUNT}wall_s"]) <= 1e-9 * max(1.0, engine_sum)
+    assert snap[f"{SLOTS_ACCOUNT}wall_s"] > 0.0
