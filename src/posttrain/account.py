@@ -28,6 +28,7 @@ JSON (``to_json``), never pickle; ``account.json`` in MLflow is ``RunAccount.to_
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -41,6 +42,17 @@ ADD_UP_TOLERANCE = 0.02
 
 ACCOUNT_SCHEMA_VERSION = 1
 """Version of ``account.json``; bump on an incompatible change."""
+
+TENANT_ENV = "POSTTRAIN_TENANT"
+"""Environment variable naming the run's tenant (a tenant's ConfigMap sets it: ``posttrain.cluster.tenant``)."""
+
+DEFAULT_TENANT = "default"
+"""The tenant of a run outside any tenant's namespace."""
+
+
+def run_tenant() -> str:
+    """The run's tenant: ``POSTTRAIN_TENANT``, else ``default``."""
+    return os.environ.get(TENANT_ENV, "").strip() or DEFAULT_TENANT
 
 
 LEARNER_STATES = ("preparing", "warm_start", "evaluating", "training", "waiting_for_batch", "publishing",

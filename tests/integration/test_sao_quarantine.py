@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 
 from posttrain.config import load_config
 from posttrain.runners import run
+from time_account import check_account
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -71,7 +73,10 @@ def test_sao_run_quarantines_each_bad_task_row_once_and_reports_the_count(tmp_pa
         *OVERRIDES, f"output_dir={tmp_path / 'runs'}", "run_name=q",
         f"data.train_path={tmp_path / 'train.jsonl'}", f"data.eval_path={tmp_path / 'heldout.jsonl'}",
     ])
+    t0 = time.monotonic()
     summary = run(cfg)
+    account = check_account(summary.run_dir, {"learner", "generator", "generator_slots"}, time.monotonic() - t0)
+    assert {r.role: r for r in account.roles}["generator"].processes == 2  # both generators' accounts, summed
     train_q = [json.loads(x) for x in (summary.run_dir / "quarantine-train.jsonl").read_text().splitlines()]
     eval_q = [json.loads(x) for x in (summary.run_dir / "quarantine-eval.jsonl").read_text().splitlines()]
     assert [(q["line"], q["field"]) for q in train_q] == [(3, "<json>"), (7, "reference")]

@@ -9,6 +9,7 @@ machine that is many times faster than two contending threads.
 """
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import yaml
 from posttrain.config import RunConfig, load_config
 from posttrain.learner.ledger import LEDGER_NAME, read_ledger
 from posttrain.runners import run
+from time_account import check_account
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -78,7 +80,9 @@ def _check_outputs(config: RunConfig, expected_metric: str) -> None:
 def test_sft_run_lowers_the_loss_and_registers_the_model(tmp_path):
     config = _config("sft", tmp_path, "sft.steps=12", "sft.max_examples=60", "sft.max_seq_len=256",
                      "sft.checkpoint_every=6", "eval.num_tasks=4", "generator.max_new_tokens=8")
+    t0 = time.monotonic()
     summary = run(config)
+    check_account(summary.run_dir, {"learner"}, time.monotonic() - t0)
     losses = _metric(summary.run_dir, "loss/sft")
     assert len(losses) == 12
     assert losses[-1] < 0.8 * losses[0]
@@ -113,7 +117,9 @@ def test_bad_rows_are_quarantined_beside_the_output(tmp_path):
 def test_dpo_run_raises_preference_accuracy(tmp_path):
     config = _config("dpo", tmp_path, "dpo.steps=16", "dpo.max_examples=40", "dpo.heldout_fraction=0.2",
                      "eval.num_tasks=4", "generator.max_new_tokens=8")
+    t0 = time.monotonic()
     summary = run(config)
+    check_account(summary.run_dir, {"learner"}, time.monotonic() - t0)
     early, late = _quarters(_metric(summary.run_dir, "dpo/accuracy"))
     assert late > early and late >= 0.75
     heldout = _metric(summary.run_dir, "heldout/dpo/accuracy")
@@ -134,7 +140,14 @@ def test_grpo_sync_run_raises_the_reward_and_logs_throughput(tmp_path, capsys):
     """16 training tasks, a 30-step warm start (about 20-30% correct), 40 GRPO steps of 8 prompts x 8 rollouts; the
     last quarter's mean reward beats the first quarter's by 0.1 or more. No progress bar on the console."""
     config = _config("grpo", tmp_path, *CHEAP_GRPO)
+    t0 = time.monotonic()
     summary = run(config)
+    account = check_account(summary.run_dir, {"learner", "generator", "generator_slots"}, time.monotonic() - t0)
+    slots = {r.role: r for r in account.roles}["generator_slots"].shares
+    # Members of a group end at different times and the batch waits for the slowest; between batches the
+    # engine waits for the learner. Neither can be zero with 8 x 8 episodes of different lengths.
+    assert slots["waiting_for_group"] > 0 and slots["waiting_for_learner"] > 0 and slots["running"] > 0
+    assert account.variant == "sync" and account.heldout_before is not None and account.heldout_after is not None
     console = capsys.readouterr()
     assert "grpo: " not in console.out + console.err  # the per-step tqdm bar ("grpo:  12%|...") is gone
     early, late = _quarters(_metric(summary.run_dir, "reward/mean"))
@@ -151,7 +164,11 @@ def test_grpo_sync_run_raises_the_reward_and_logs_throughput(tmp_path, capsys):
 @pytest.mark.timeout(420)
 def test_grpo_async_run_trains_on_whole_groups_with_dis(tmp_path):
     config = _config("grpo_async", tmp_path, *CHEAP_GRPO)
+    t0 = time.monotonic()
     summary = run(config)
+    account = check_account(summary.run_dir, {"learner", "generator", "generator_slots"}, time.monotonic() - t0)
+    assert {r.role: r for r in account.roles}["learner"].shares["waiting_for_batch"] > 0
+    assert account.variant == "async"
     groups = _metric(summary.run_dir, "grpo/groups")
     assert groups and all(g == config.grpo.prompts_per_step for g in groups)
     assert _metric(summary.run_dir, "mask/frac_total")
@@ -180,7 +197,10 @@ def test_gkd_at_lambda_0_distils_on_fixed_sequences_without_redis_generators_or_
     config = _config("gkd", tmp_path, "gkd.lmbda=0", f"gkd.data_path={fixed}", "gkd.steps=4", "gkd.batch_size=8",
                      "gkd.micro_batch_size=8", "gkd.checkpoint_every=2", "gkd.teacher.build_steps=20",
                      "warm_start.steps=5", "eval.num_tasks=4", "eval.samples_per_task=1", "queue.reconnect_window_s=1")
+    t0 = time.monotonic()
     summary = run(config)
+    account = check_account(summary.run_dir, {"learner"}, time.monotonic() - t0)
+    assert {r.role: r for r in account.roles}["learner"].shares["training"] > 0
 
     out = capsys.readouterr().out
     assert "[4/5] gkd: 4 policy versions of 0 on-policy + 8 fixed sequences" in out

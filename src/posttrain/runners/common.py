@@ -6,7 +6,12 @@
   registration, summary, the ranks) that the SFT, CPT, DPO and GRPO runners share;
 * ``check_ranks``: a technique's batch must have a row for each learner rank;
 * ``metrics_sink``: the one ``MetricsSink`` of a run (``metrics.jsonl`` and MLflow);
-* ``RunSummary``: the table ``posttrain run`` prints and writes to ``summary.md``.
+* ``RunSummary``: the table ``posttrain run`` prints and writes to ``summary.md``;
+* the time account (issue 35): ``TrackedRun.clock`` is the learner process's clock
+  (``posttrain.account.LEARNER_STATES``): ``preparing`` in ``tracked_run``, ``warm_start`` in
+  ``start_model``, ``evaluating`` in ``evaluate_and_log``, ``checkpointing`` in ``step_callback``,
+  ``registering`` in ``TrackedRun.register``; the runners mark ``training`` (and the RL loops their
+  own states); ``TrackedRun.summary`` records it (``posttrain.runners.accounting``).
 
 Under ``torchrun --nproc_per_node N -m posttrain.cli run CONFIG`` (SFT, CPT, DPO, synchronous
 GRPO) every rank runs the runner: rank 0 prepares the tokenizer, base model and warm start first
@@ -28,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from posttrain.account import LEARNER_STATES, StateClock, StateTimer
 from posttrain.config import RunConfig
 from posttrain.config.load import ConfigError
 from posttrain.config.roles import uses_async_runtime
@@ -293,6 +299,11 @@ class TrackedRun:
 
     On ranks > 0 ``tracker`` is None and ``sink`` drops the metrics (rank 0 has them too: every
     metric is reduced over ranks).
+
+    The time account (module docstring): ``clock`` and ``cpu_started`` (``time.process_time()`` when
+    it started); the runner fills ``trained_tokens``, ``generator_stats`` (the generators' final
+    ``GeneratorStats.snapshot()``) and ``generators_in_process``; ``evaluate_and_log`` fills
+    ``heldout_before`` (label ``start``) and ``heldout_after`` (the other labels but ``teacher``).
     """
 
     config: RunConfig
@@ -301,6 +312,18 @@ class TrackedRun:
     sink: MetricsSink
     started: float
     world: World = field(default_factory=World)
+    clock: StateClock = field(default_factory=lambda: StateClock(LEARNER_STATES))
+    cpu_started: float = field(default_factory=time.process_time)
+    trained_tokens: float = 0.0
+    generator_stats: list[dict[str, float]] = field(default_factory=list)
+    generators_in_process: bool = False
+    heldout_before: float | None = None
+    heldout_after: float | None = None
+
+    @property
+    def timer(self) -> StateTimer:
+        """``with run.timer("training"): ...`` on the learner's clock."""
+        return StateTimer(self.clock)
 
     def main_first(self, fn: Callable[[], T]) -> T:
         """``fn()`` on rank 0, then on the other ranks once it returned (they find on disk what it wrote)."""
@@ -324,18 +347,30 @@ class TrackedRun:
         cfg = self.config
         teacher = ((cfg.gkd.teacher.path or f"built by the run ({cfg.gkd.teacher.build_steps} SFT steps)")
                    if cfg.technique == "gkd" else "")
-        return self.tracker.register_model(model_dir, technique=cfg.technique, scores=scores, data_paths=data_paths,
-                                           teacher=teacher).describe()
+        with self.timer("registering"):
+            return self.tracker.register_model(model_dir, technique=cfg.technique, scores=scores,
+                                               data_paths=data_paths, teacher=teacher).describe()
 
     def summary(self, rows: list[tuple[str, str]]) -> RunSummary:
-        """A ``RunSummary`` with the common rows appended; also written to ``<run>/summary.md``.
+        """A ``RunSummary`` with the common rows and the time account appended; also written to ``<run>/summary.md``.
 
-        On ranks > 0 an empty summary (nothing written, nothing printed).
+        The time account is recorded here (``posttrain.runners.accounting.record_account``: metrics,
+        tags, ``account.json``/``.md``/``.png``). On ranks > 0 an empty summary (nothing written,
+        nothing printed).
+
+        Raises:
+            ValueError: a role's time shares do not add up to its wall time within 2%.
         """
+        from posttrain.runners.accounting import build_account, record_account
+
         result = RunSummary(self.ctx.run_dir)
         if not self.world.is_main:
             return result
-        result.rows = [("technique", self.config.technique), *rows,
+        account = build_account(self.config, self.clock, self.cpu_started, self.generator_stats,
+                                trained_tokens=self.trained_tokens, heldout_before=self.heldout_before,
+                                heldout_after=self.heldout_after, generators_in_process=self.generators_in_process)
+        account_rows = record_account(account, self.ctx.run_dir, self.tracker)
+        result.rows = [("technique", self.config.technique), *rows, *account_rows,
                        ("final model", str(self.ctx.final_model_dir)),
                        (MLFLOW_RUN_ROW, self.tracker.run_id if self.tracker is not None else ""),
                        ("wall time (s, from the process start)", f"{seconds_since_start():.0f}")]
@@ -356,11 +391,13 @@ def tracked_run(config: RunConfig) -> Iterator[TrackedRun]:
     from posttrain.parallel.world import init_world
     from posttrain.tracking import Tracker
 
+    clock, cpu_started = StateClock(LEARNER_STATES, initial="preparing"), time.process_time()
     world = init_world(config.learner)
     ctx = RunContext(config)
     if not world.is_main:
         world.barrier()  # rank 0 prepares
-        yield TrackedRun(config, ctx, None, _no_sink, time.monotonic(), world)
+        clock.switch("other")
+        yield TrackedRun(config, ctx, None, _no_sink, time.monotonic(), world, clock, cpu_started)
         return
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     tracker = Tracker.for_run(config, ctx.run_dir)
@@ -369,7 +406,9 @@ def tracked_run(config: RunConfig) -> Iterator[TrackedRun]:
         print(f"[1/4] prepare: tokenizer + base model in {ctx.run_dir}", flush=True)
         prepare(ctx)
         world.barrier()
-        yield TrackedRun(config, ctx, tracker, metrics_sink(ctx, tracker), time.monotonic(), world)
+        clock.switch("other")
+        yield TrackedRun(config, ctx, tracker, metrics_sink(ctx, tracker), time.monotonic(), world, clock,
+                         cpu_started)
 
 
 def step_callback(
@@ -388,10 +427,13 @@ def step_callback(
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
         values.append(metrics[tracked])
+        run.trained_tokens += metrics.get("sft/tokens", 0.0)
         run.sink(metrics, step)
         if step % every == 0 or step >= total:
-            save_checkpoint(run.ctx.checkpoints_dir, state=LearnerState(iteration=step, policy_version=step),
-                            parts=resumed.parts, resolved_config_yaml=run.ctx.resolved_config_yaml(), world=run.world)
+            with run.timer("checkpointing"):
+                save_checkpoint(run.ctx.checkpoints_dir, state=LearnerState(iteration=step, policy_version=step),
+                                parts=resumed.parts, resolved_config_yaml=run.ctx.resolved_config_yaml(),
+                                world=run.world)
 
     return on_step, values
 
@@ -429,9 +471,13 @@ def evaluate_and_log(run: TrackedRun, model_dir: Path, label: str) -> dict[str, 
     The inference engine's own output (vLLM's start-up report and progress bars) goes to the run log,
     ``<run>/logs/run.log``, as in the SAO flow.
     """
-    with engine_output_to_log(run.ctx.run_dir / RUN_LOG):
+    with run.timer("evaluating"), engine_output_to_log(run.ctx.run_dir / RUN_LOG):
         scores = evaluate_policy(run.ctx, model_dir)
     run.tracker.log_metrics({f"eval_{label}/{k}": v for k, v in scores.items()}, step=0)
+    if label == "start":
+        run.heldout_before = scores["accuracy"]
+    elif label != "teacher":
+        run.heldout_after = scores["accuracy"]
     return scores
 
 
@@ -443,7 +489,8 @@ def start_model(run: TrackedRun) -> Path:
     if run.config.warm_start.steps > 0:
         if run.world.is_main:
             print(f"      SFT warm start ({run.config.warm_start.steps} steps)", flush=True)
-        return run.main_first(lambda: warm_start(run.ctx, run.sink))
+        with run.timer("warm_start"):
+            return run.main_first(lambda: warm_start(run.ctx, run.sink))
     return run.ctx.base_model_dir
 
 

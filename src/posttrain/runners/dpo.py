@@ -100,8 +100,14 @@ def run_dpo(config: RunConfig) -> RunSummary:
         if world.is_main:
             print(f"[3/4] dpo: {section.steps} steps on {len(train)} pairs ({len(held)} held out)"
                   f"{f' on {world.size} ranks' if world.distributed else ''}", flush=True)
-        train_dpo(model, train, ref_train, section, pad_token_id=pad, reference=per_batch_reference,
-                  seed=config.seed, start_step=start, optimizers=(optimizer, scheduler), on_step=on_step, world=world)
+        with run.timer("training"):
+            train_dpo(model, train, ref_train, section, pad_token_id=pad, reference=per_batch_reference,
+                      seed=config.seed, start_step=start, optimizers=(optimizer, scheduler), on_step=on_step,
+                      world=world)
+        # Trained tokens (the time account's cost per token): the pairs' response tokens, chosen and rejected,
+        # times the pairs the steps drew (an estimate from the mean pair: DPO's steps report pairs, not tokens).
+        per_pair = sum(sum(p.chosen_mask) + sum(p.rejected_mask) for p in train) / len(train)
+        run.trained_tokens = per_pair * section.batch_size * max(len(accuracy), 0)
         after = preference_metrics(model, held, ref_held, section, pad_token_id=pad, world=world)
         run.sink({f"heldout/{k}": v for k, v in after.items()}, section.steps)
         final = save_final_model(run.ctx, model, tokenizer, world)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from posttrain.account import StateClock
 from posttrain.config import RunConfig
 from posttrain.eval.heldout import heldout_tasks
 from posttrain.learner.checkpoint import latest_checkpoint
@@ -77,12 +78,15 @@ def gap_closed(before: float, after: float, teacher: float) -> float | None:
     return (after - before) / gap if gap > 0 else None
 
 
-def distil_fixed_sequences(ctx: RunContext, student: Path, sink: MetricsSink | None) -> LearnerSummary:
+def distil_fixed_sequences(ctx: RunContext, student: Path, sink: MetricsSink | None,
+                           clock: StateClock | None = None) -> LearnerSummary:
     """GKD at ``gkd.lmbda: 0``: the learner alone distils on fixed sequences (module docstring).
 
     The same learner as every GKD run (``learner.gkd_step``: teacher scores, checkpoints, resume, ledger,
     metrics) with no transport: no Redis, no generator, no weight store; on ``learner.local_ranks``
     ranks under torchrun when more than one.
+
+    ``clock``: the learner process's time account (``run_learner``), or None.
 
     Returns:
         The learner's summary (``counters["generators"]`` 0).
@@ -94,10 +98,10 @@ def distil_fixed_sequences(ctx: RunContext, student: Path, sink: MetricsSink | N
     config = ctx.config
     try:
         if config.learner.local_ranks > 1:
-            summary = run_learner_ranks(ctx, None, ctx.save_resolved_config(), student)
+            summary = run_learner_ranks(ctx, None, ctx.save_resolved_config(), student, clock=clock)
         else:
             summary = run_learner(config, None, start_model_dir=student, sink=sink, world=init_world(config.learner),
-                                  progress=False)
+                                  progress=False, clock=clock)
     except LearnerStopped as exc:
         latest = latest_checkpoint(ctx.checkpoints_dir)
         where = f" from {latest}" if latest is not None else ""
@@ -113,7 +117,8 @@ def run_gkd(config: RunConfig) -> RunSummary:
         print(f"[2/5] student: SFT warm start ({config.warm_start.steps} steps); teacher: "
               f"{gkd.teacher.path or f'built by {gkd.teacher.build_steps} SFT steps'}", flush=True)
         student = start_model(run)
-        teacher = teacher_model(run)
+        with run.timer("warm_start"):  # the teacher's SFT, when the run builds it
+            teacher = teacher_model(run)
         print(f"[3/5] held-out eval of teacher and student ({plural(len(heldout_tasks(run.ctx)), 'task')} x "
               f"{plural(config.eval.samples_per_task, 'sample')})", flush=True)
         teacher_scores = evaluate_and_log(run, teacher, "teacher")
@@ -128,8 +133,10 @@ def run_gkd(config: RunConfig) -> RunSummary:
         sink = progress_sink(run.sink, gkd.steps, gkd.checkpoint_every,
                              value=("reward/mean", "training reward") if gkd.on_policy_rows
                              else ("loss/gkd", "distillation loss"))
-        summary = (train_sao(RunContext(config), student, sink) if gkd.on_policy_rows
-                   else distil_fixed_sequences(RunContext(config), student, sink))
+        summary = (train_sao(RunContext(config), student, sink, clock=run.clock) if gkd.on_policy_rows
+                   else distil_fixed_sequences(RunContext(config), student, sink, clock=run.clock))
+        run.generator_stats = summary.generator_stats
+        run.trained_tokens = summary.counters.get("action_tokens_trained", 0.0)
         print("[5/5] held-out eval, registration", flush=True)
         after = evaluate_and_log(run, summary.final_model_dir, "gkd")
         closed = gap_closed(before["accuracy"], after["accuracy"], teacher_scores["accuracy"])

@@ -38,10 +38,14 @@ def run_grpo(config: RunConfig) -> RunSummary:
             print(f"[3/4] grpo {mode}: {grpo.steps} steps of {grpo.prompts_per_step} x {grpo.group_size} rollouts"
                   f"{f' on {world.size} ranks' if world.distributed else ''}", flush=True)
         if grpo.async_:
-            summary = train_sao(RunContext(config), start_dir, run.sink)
+            summary = train_sao(RunContext(config), start_dir, run.sink, clock=run.clock)
         else:
             # No tqdm bar: the console shows the stages and the summary, as the demo's does.
-            summary = run_grpo_sync(config, start_model_dir=start_dir, sink=run.sink, progress=False, world=world)
+            summary = run_grpo_sync(config, start_model_dir=start_dir, sink=run.sink, progress=False, world=world,
+                                    clock=run.clock)
+            run.generators_in_process = True
+        run.generator_stats = summary.generator_stats
+        run.trained_tokens = summary.counters.get("action_tokens_trained", 0.0)
         if not world.is_main:
             return run.summary([])  # rank 0 evaluates, registers and reports
         print("[4/4] held-out eval, registration", flush=True)

@@ -28,6 +28,7 @@ from typing import Any
 
 import redis
 
+from posttrain.account import LEARNER_STATES, StateClock, StateTimer
 from posttrain.config import RunConfig
 from posttrain.config.roles import async_rl_settings
 from posttrain.eval.heldout import evaluate_policy, heldout_tasks
@@ -106,14 +107,16 @@ def stop_generators(ctx: RunContext, client: Any, procs: list[subprocess.Popen[b
 
 
 def run_learner_ranks(ctx: RunContext, redis_url: str | None, config_path: Path, start_model: Path, *,
-                      starts_empty: bool = False) -> LearnerSummary:
+                      starts_empty: bool = False, clock: StateClock | None = None) -> LearnerSummary:
     """The learner as ``learner.local_ranks`` FSDP2 ranks: ``torchrun --standalone`` of ``posttrain learner``.
 
     Its output goes to ``<run>/learner.log``; its metrics to ``<run>/metrics.jsonl`` (and MLflow when
     a tracking URI is set), as an in-process learner's do. The summary is read back from its last
     checkpoint (written at the final version) and the dead-letter stream. ``starts_empty``:
     ``redis_url`` is the embedded server this call started (``EMBEDDED_REDIS_ENV`` tells the ranks).
-    ``redis_url`` None: a learner that reads no stream (GKD at ``gkd.lmbda: 0``).
+    ``redis_url`` None: a learner that reads no stream (GKD at ``gkd.lmbda: 0``). ``clock``: the time
+    account of this process, which counts the whole torchrun as ``training`` (the ranks' own split is
+    not sent back yet).
 
     Raises:
         RuntimeError: the learner exited with a non-zero status (the log's tail is in the message).
@@ -124,7 +127,10 @@ def run_learner_ranks(ctx: RunContext, redis_url: str | None, config_path: Path,
            "-m", "posttrain.cli", "learner", str(config_path), "--start-model", str(start_model)]
     with log_path.open("ab") as log:
         env = {**os.environ, REDIS_URL_ENV: redis_url or "", EMBEDDED_REDIS_ENV: "1" if starts_empty else ""}
+        previous = clock.switch("training") if clock is not None else None
         code = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+        if clock is not None and previous is not None:
+            clock.switch(previous)
     if code != 0:
         tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
         raise RuntimeError(f"learner on {ranks} ranks exited with status {code}; {log_path} ends with:\n{tail}")
@@ -138,7 +144,8 @@ def run_learner_ranks(ctx: RunContext, redis_url: str | None, config_path: Path,
     return LearnerSummary(state["policy_version"], state["iteration"], ctx.final_model_dir, counters)
 
 
-def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> LearnerSummary:
+def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None,
+              clock: StateClock | None = None) -> LearnerSummary:
     """Run the asynchronous runtime: generator subprocesses, and the learner here or on N ranks.
 
     The learner runs in this process, or with ``learner.local_ranks > 1`` on that many FSDP2 ranks
@@ -153,9 +160,12 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> L
     the generators stop at once and give their tickets back, the learner finishes its step and
     checkpoints, and the embedded server, which ignores SIGINT (``EmbeddedRedis``), is stopped last.
 
+    ``clock`` is the learner process's time account (``run_learner``), or None.
+
     Returns:
         The learner's summary, its counters extended with ``generators`` and the generators'
-        totals (``posttrain.rollout.telemetry.generator_counters``).
+        totals (``posttrain.rollout.telemetry.generator_counters``), ``generator_stats`` their
+        final snapshots (read again after they stopped, with their time accounts).
 
     Raises:
         posttrain.config.ConfigError: the technique does not use the asynchronous runtime.
@@ -181,11 +191,12 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> L
                 gateway = start_gateway(ctx, url, config_path)
                 procs.append(gateway.gateway)
             if ctx.config.learner.local_ranks > 1:
-                summary = run_learner_ranks(ctx, url, config_path, start_model, starts_empty=server is not None)
+                summary = run_learner_ranks(ctx, url, config_path, start_model, starts_empty=server is not None,
+                                            clock=clock)
             else:  # one rank in this process, on learner.device
                 summary = run_learner(ctx.config, redis_transport(ctx.config, url, starts_empty=server is not None),
                                       start_model_dir=start_model,
-                                      sink=sink, world=init_world(ctx.config.learner), progress=False)
+                                      sink=sink, world=init_world(ctx.config.learner), progress=False, clock=clock)
             gen_stats = read_generator_stats(client, ctx.keys)
         except LearnerStopped as exc:  # SIGTERM, Ctrl-C, no live generator: after a final checkpoint
             latest = latest_checkpoint(ctx.checkpoints_dir)
@@ -201,6 +212,16 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None) -> L
                 stop_agents(gateway.agents)  # before the stop key: the gateway then closes with nothing in flight
             deaths.stop()  # before stopping them: those exits are expected
             stop_generators(ctx, client, procs)
+        try:  # their final snapshots (published as they stop) close their time accounts
+            final_stats = read_generator_stats(client, ctx.keys)
+        except (redis.ConnectionError, redis.TimeoutError):
+            final_stats = gen_stats
+        from posttrain.runners.gateway import (
+            GATEWAY_ID,  # the gateway's engine serves agents: not a generator's account
+        )
+
+        summary.generator_stats = [s for name, s in sorted(final_stats.items())
+                                   if "account/engine/wall_s" in s and name != GATEWAY_ID]
         summary.counters["generators"] = float(len(procs) - (gateway is not None))
         summary.counters["generators_died"] = float(len(deaths.died))
         summary.generators = deaths.summary_value()
@@ -378,12 +399,15 @@ def run_sao(config: RunConfig) -> RunSummary:
     the summary; the evaluations' engine output goes to ``<run>/logs/run.log``
     (``posttrain.runners.console``).
     """
+    from posttrain.runners.accounting import build_account, record_account
     from posttrain.tracking import HELDOUT_METRIC, Tracker
 
     ctx = RunContext(config)
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     run_log = ctx.run_dir / RUN_LOG
     clock = StageClock(5)
+    account_clock, cpu_started = StateClock(LEARNER_STATES, initial="preparing"), time.process_time()
+    timer = StateTimer(account_clock)
     tracker = Tracker.for_run(config, ctx.run_dir)
     with tracker:
         tracker.log_params_from_config(config)
@@ -391,10 +415,12 @@ def run_sao(config: RunConfig) -> RunSummary:
         clock.begin("prepare", f"prepare: tokenizer + base model in {ctx.run_dir}")
         prepare(ctx)
         clock.begin("warm start", f"SFT warm start ({config.warm_start.steps} steps)")
+        account_clock.switch("warm_start")
         sft_dir = warm_start(ctx, sink)
+        account_clock.switch("other")
         clock.begin("eval", f"held-out eval after SFT ({plural(len(heldout_tasks(ctx)), 'task')} x "
                             f"{plural(config.eval.samples_per_task, 'sample')}, {config.generator.engine} engine)")
-        with engine_output_to_log(run_log):
+        with timer("evaluating"), engine_output_to_log(run_log):
             before = evaluate_policy(ctx, sft_dir)
         tracker.log_metrics({f"eval_sft/{k}": v for k, v in before.items()}, step=0)
         print(f"      accuracy after SFT: {before['accuracy']:.3f}", flush=True)
@@ -405,12 +431,12 @@ def run_sao(config: RunConfig) -> RunSummary:
                            f"(generator logs: {ctx.run_dir / 'logs'})")
         try:
             summary = train_sao(ctx, sft_dir, progress_sink(sink, config.sao.steps, config.sao.checkpoint_every,
-                                                             clock.clock))
+                                                             clock.clock), clock=account_clock)
         except LearnerStopped as exc:
             _write_stopped_summary(ctx, config, before["accuracy"], str(exc), clock.elapsed())
             raise
         clock.begin("eval + register", "held-out eval after SAO, registration")
-        with engine_output_to_log(run_log):
+        with timer("evaluating"), engine_output_to_log(run_log):
             after = evaluate_policy(ctx, summary.final_model_dir)
         print(f"      accuracy after SAO: {after['accuracy']:.3f}", flush=True)
         tracker.log_metrics({f"eval_sao/{k}": v for k, v in after.items()}, step=summary.policy_version)
@@ -423,11 +449,17 @@ def run_sao(config: RunConfig) -> RunSummary:
             heldout={"after SFT": (0, before["accuracy"]), "after SAO": (summary.policy_version, after["accuracy"])},
         )
         tracker.log_artifact(png)
-        version = (
-            tracker.register_model(summary.final_model_dir, technique="sao",
-                                   scores={HELDOUT_METRIC: after["accuracy"]}).describe()
-            if config.tracking.register_final else "not registered"
-        )
+        with timer("registering"):
+            version = (
+                tracker.register_model(summary.final_model_dir, technique="sao",
+                                       scores={HELDOUT_METRIC: after["accuracy"]}).describe()
+                if config.tracking.register_final else "not registered"
+            )
+        account = build_account(config, account_clock, cpu_started, summary.generator_stats,
+                                trained_tokens=summary.counters.get("action_tokens_trained", 0.0),
+                                heldout_before=before["accuracy"], heldout_after=after["accuracy"],
+                                generators_in_process=False)
+        account_rows = record_account(account, ctx.run_dir, tracker, step=summary.policy_version)
     clock.end()
     result = RunSummary(ctx.run_dir)
     result.rows = [
@@ -450,6 +482,7 @@ def run_sao(config: RunConfig) -> RunSummary:
         *gateway_rows(summary.counters),
         ("generator busy fraction", f"{summary.counters['generator_busy_fraction']:.2f}"),
         ("max episodes in flight", f"{summary.counters['generator_max_in_flight']:.0f}"),
+        *account_rows,
         ("registered model version", version),
         ("reward curve", str(png)),
         ("run log (library and engine messages)", str(run_log)),

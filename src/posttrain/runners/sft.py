@@ -93,8 +93,9 @@ def _run_supervised(config: RunConfig, fmt: Literal["sft", "cpt"]) -> RunSummary
             print(f"[3/4] {fmt}: {section.steps} steps, {len(examples)} examples in {len(rows)} rows"
                   f"{f' on {world.size} ranks' if world.distributed else ''}", flush=True)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        train_sft_packed(model, rows, section, pad_token_id=pad, seed=config.seed, start_step=start,
-                         optimizers=(optimizer, scheduler), on_step=on_step, world=world)
+        with run.timer("training"):
+            train_sft_packed(model, rows, section, pad_token_id=pad, seed=config.seed, start_step=start,
+                             optimizers=(optimizer, scheduler), on_step=on_step, world=world)
         final = save_final_model(run.ctx, model, tokenizer, world)
         if not world.is_main:
             return run.summary([])  # rank 0 evaluates, registers and reports

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from posttrain.account import run_tenant
 from posttrain.tracking.client import (
     TrackingError,
     default_tracking_uri,
@@ -107,9 +108,10 @@ class Tracker:
         """A new MLflow run for a ``RunConfig``; ``register_model`` then uses the config.
 
         Tracking URI: ``tracking.tracking_uri``, else ``default_tracking_uri(output_dir)``; experiment
-        from ``experiment_name(config)``, run name from the config; tagged with the technique. ``run_dir`` (the run's output directory) is recorded as the tag ``posttrain.run_dir``.
+        from ``experiment_name(config)``, run name from the config; tagged with the technique and the
+        tenant (``posttrain.tenant``: ``POSTTRAIN_TENANT``, ``posttrain.account.run_tenant``). ``run_dir`` (the run's output directory) is recorded as the tag ``posttrain.run_dir``.
         """
-        tags: dict[str, str] = {"posttrain.technique": config.technique}
+        tags: dict[str, str] = {"posttrain.technique": config.technique, "posttrain.tenant": run_tenant()}
         if run_dir is not None:
             tags["posttrain.run_dir"] = str(Path(run_dir).resolve())
         tracker = cls(

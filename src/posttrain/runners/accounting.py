@@ -1,0 +1,156 @@
+"""A run's time account at its end: built from the learner's clock and the generators' stats, recorded everywhere.
+
+Issue 35 (``posttrain.account`` defines the clocks and records). Every technique's runner calls
+``record_account`` once, after its final evaluation and registration:
+
+* the **learner** account is the runner process's ``StateClock`` (``account.LEARNER_STATES``),
+  started when the run began; requested CPU-seconds = its wall x ``learner.resources.cpu`` (and
+  accelerator-seconds x ``learner.resources.gpus``); used = the process's CPU time;
+* the **generator** accounts come from each generator's final ``GeneratorStats.snapshot()``
+  (``account/engine/*``, ``account/slots/*``), which asynchronous runs' generators publish on the
+  run's Redis (``posttrain.rollout.telemetry``, JSON) and synchronous GRPO returns from its own engine;
+  summed over generators. Requested = each generator's serving wall x ``generator.resources.cpu``
+  (synchronous GRPO's engine runs in the learner's process and pod, so it requests nothing of its own);
+  used = the engine's busy seconds;
+* the run's labels: tenant (``POSTTRAIN_TENANT``, set in a tenant's namespace by its ConfigMap;
+  ``default`` elsewhere), technique, month.
+
+``record_account`` checks that every role's shares add up to its wall time (within 2%), logs the
+metrics (``time/<role>/<share>_s`` and ``_share``, ``cost/*``), tags the MLflow run
+(``posttrain.tenant``, ``posttrain.month``, ``posttrain.account``) and logs ``account.json``,
+``account.md`` (a Markdown table) and ``account.png`` (one stacked bar per role) as artifacts; it
+returns the summary's rows. ``account_markdown`` and ``plot_account`` are what the KFP train steps
+show in the UI (``posttrain.kfp.train``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from posttrain.account import RoleAccount, RunAccount, StateClock, month_of, run_tenant
+from posttrain.config import RunConfig
+from posttrain.config.resources import quantity_value
+from posttrain.inference.metering import ENGINE_ACCOUNT, SLOTS_ACCOUNT
+
+
+ACCOUNT_FILES = ("account.json", "account.md", "account.png")
+"""What ``record_account`` writes into the run directory (and logs to MLflow)."""
+
+
+def generator_accounts(stats: Sequence[Mapping[str, float]], *, cores: float, gpus: float) -> list[RoleAccount]:
+    """The generators' engine and slot accounts, each summed over generators ([] without any).
+
+    Args:
+        stats: Each generator's final ``GeneratorStats.snapshot()``.
+        cores: Requested CPU cores of one generator (0 when it runs in the learner's process).
+        gpus: Requested accelerators of one generator.
+    """
+    engines, slots = [], []
+    for s in stats:
+        engine = RoleAccount.from_flat("generator", s, ENGINE_ACCOUNT, "engine_busy")
+        if engine is not None:
+            engine.requested_cpu_s, engine.requested_gpu_s = engine.wall_s * cores, engine.wall_s * gpus
+            engines.append(engine)
+        slot = RoleAccount.from_flat("generator_slots", s, SLOTS_ACCOUNT, "none")
+        if slot is not None:
+            slot.requested_cpu_s = slot.requested_gpu_s = 0.0
+            slots.append(slot)
+    return [a for a in (RoleAccount.summed("generator", engines), RoleAccount.summed("generator_slots", slots))
+            if a is not None]
+
+
+def build_account(config: RunConfig, clock: StateClock, cpu_started: float, generator_stats: Sequence[Mapping[str, float]],
+                  *, trained_tokens: float, heldout_before: float | None, heldout_after: float | None,
+                  generators_in_process: bool) -> RunAccount:
+    """The run's account now (module docstring).
+
+    Args:
+        config: The run config (resources, technique).
+        clock: The learner process's clock.
+        cpu_started: ``time.process_time()`` when ``clock`` started.
+        generator_stats: The generators' final snapshots (may be empty).
+        trained_tokens: Tokens trained (action tokens; supervised: target tokens).
+        heldout_before: Held-out accuracy of the start model, or None.
+        heldout_after: Held-out accuracy after training, or None.
+        generators_in_process: The engine ran in the learner's process (synchronous GRPO): it requests nothing.
+    """
+    learner_res, gen_res = config.learner.resources, config.generator.resources
+    learner = RoleAccount.from_clock("learner", clock, cores=quantity_value(learner_res.cpu),
+                                     used_cpu_s=time.process_time() - cpu_started)
+    learner.requested_gpu_s = learner.wall_s * learner_res.gpus
+    cores, gpus = (0.0, 0.0) if generators_in_process else (quantity_value(gen_res.cpu), float(gen_res.gpus))
+    variant = ("async" if config.grpo.async_ else "sync") if config.technique == "grpo" else ""
+    return RunAccount(run_tenant(), config.technique, month_of(), [learner, *generator_accounts(
+        generator_stats, cores=cores, gpus=gpus)], trained_tokens=trained_tokens, heldout_before=heldout_before,
+        heldout_after=heldout_after, variant=variant)
+
+
+def account_markdown(account: RunAccount) -> str:
+    """A Markdown table of the account: one row per role and share (seconds, share of the role's wall), then costs."""
+    lines = [f"### Time account: {account.technique}{f' ({account.variant})' if account.variant else ''}, "
+             f"tenant {account.tenant}, {account.month}", "",
+             "| role | share | seconds | share of wall |", "|---|---|---:|---:|"]
+    for r in account.roles:
+        unit = " (slot-s)" if r.role == "generator_slots" else ""
+        fractions = r.fractions()
+        for name, seconds in r.shares.items():
+            lines.append(f"| {r.role}{unit} | {name} | {seconds:.1f} | {fractions[name]:.1%} |")
+        lines.append(f"| {r.role}{unit} | **wall** | {r.wall_s:.1f} | 100% |")
+    lines += ["", "| cost | value |", "|---|---:|"]
+    lines += [f"| {k} | {v:.6g} |" for k, v in account.derived().items()]
+    return "\n".join(lines) + "\n"
+
+
+def plot_account(account: RunAccount, out_png: Path) -> Path:
+    """One stacked horizontal bar per role (shares as fractions of its wall time), saved to ``out_png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.6 * len(account.roles)))
+    names = sorted({k for r in account.roles for k in r.shares})
+    colours = plt.get_cmap("tab20")(range(len(names)))
+    labels = [f"{r.role}\n{r.wall_s:.0f} {'slot-s' if r.role == 'generator_slots' else 's'}" for r in account.roles]
+    left = [0.0] * len(account.roles)
+    for name, colour in zip(names, colours, strict=True):
+        widths = [r.fractions().get(name, 0.0) for r in account.roles]
+        ax.barh(labels, widths, left=left, color=colour, label=name)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of the role's wall time")
+    ax.set_title(f"time account: {account.technique}{f' ({account.variant})' if account.variant else ''}")
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(account.roles) < 3 else -0.2))
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return out_png
+
+
+def record_account(account: RunAccount, run_dir: Path, tracker: Any, step: int = 0) -> list[tuple[str, str]]:
+    """Check, write and log the account (module docstring); return the summary's rows.
+
+    Args:
+        account: The run's account.
+        run_dir: Where ``account.json``, ``account.md`` and ``account.png`` go.
+        tracker: The run's ``posttrain.tracking.Tracker``, or None (files only).
+        step: The metrics' step (the final policy version).
+
+    Raises:
+        ValueError: a role's shares do not add up to its wall time within 2% (``RoleAccount.check``).
+    """
+    for role in account.roles:
+        role.check()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "account.json").write_text(account.to_json() + "\n", encoding="utf-8")
+    (run_dir / "account.md").write_text(account_markdown(account), encoding="utf-8")
+    plot_account(account, run_dir / "account.png")
+    if tracker is not None:
+        tracker.log_metrics(account.metrics(), step=step)
+        tracker.set_tags(account.tags())
+        for name in ACCOUNT_FILES:
+            tracker.log_artifact(run_dir / name)
+    return account.lines()
