@@ -35,7 +35,6 @@ from posttrain.config import RunConfig
 from posttrain.config.resources import quantity_value
 from posttrain.inference.metering import ENGINE_ACCOUNT, SLOTS_ACCOUNT
 
-
 ACCOUNT_FILES = ("account.json", "account.md", "account.png")
 """What ``record_account`` writes into the run directory (and logs to MLflow)."""
 
