@@ -290,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("tenant", "render a team's Kueue, RBAC and storage objects"),
         ("schedule", "create or update a recurring retraining run"),
         ("traces", "import recorded conversations with rewards as SFT rows"),
+        ("cost", "a tenant's cost report: CPU/GPU-seconds by technique and month (MLflow or Kueue)"),
     ):
         sub.add_parser(name, help=text, add_help=False)  # listed in --help; main() dispatches them
     return parser
@@ -301,6 +302,7 @@ DELEGATED = {
     "tenant": ("posttrain.cluster.tenant", "tenant_cli", "render"),
     "schedule": ("posttrain.cluster.schedule", "schedule_cli", None),
     "traces": ("posttrain.data.traces", "traces_cli", "import"),
+    "cost": ("posttrain.cluster.workload_cost", "cost_cli", "report"),
 }
 """Sub-commands with their own argument parsers: ``posttrain NAME [VERB] ARGS`` calls ``func(ARGS)``;
 where a verb is given (``posttrain tenant render ...``) it is required."""

@@ -1,0 +1,83 @@
+"""``posttrain cost report`` on a real MLflow registry (sqlite) holding two tenants' runs (issue 35).
+
+Each run records its account the way every technique's run does (``record_account`` with a real
+``Tracker``), so the report reads what runs write. Tenant A's report never includes tenant B's runs,
+whichever experiment they share.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+import pytest
+
+from posttrain.account import RoleAccount, RunAccount
+from posttrain.cluster.workload_cost import cost_cli
+from posttrain.runners.accounting import record_account
+from posttrain.tracking import Tracker
+from posttrain.tracking.cost import tenant_report
+
+
+def _run(uri: str, tmp: Path, tenant: str, technique: str, month: str, cpu_s: float, experiment: str) -> str:
+    """One finished run of ``tenant`` whose learner requested ``cpu_s`` CPU-seconds (10 s x cpu_s/10 cores)."""
+    learner = RoleAccount("learner", 10.0, {"training": 8.0, "other": 2.0}, requested_cpu_s=cpu_s, used_cpu_s=5.0)
+    account = RunAccount(tenant, technique, month, [learner], trained_tokens=100.0)
+    run_dir = tmp / f"{tenant}-{technique}-{month}-{cpu_s}"
+    with Tracker(uri, experiment, run_name=run_dir.name, tags={"posttrain.tenant": tenant}) as tracker:
+        record_account(account, run_dir, tracker)
+        return tracker.run_id
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, list[str]]]:
+    """Team A: sft in 2026-11 (100 CPU-s), two grpo runs in 2026-12 (200 + 300). Team B: one grpo run in 2026-12
+    (5000 CPU-s) in the same experiment as A's, and one in its own. A run without an account (not tagged) too."""
+    tmp_path = tmp_path_factory.mktemp("registry")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ids = {"team-a": [_run(uri, tmp_path, "team-a", "sft", "2026-11", 100.0, "shared"),
+                      _run(uri, tmp_path, "team-a", "grpo", "2026-12", 200.0, "shared"),
+                      _run(uri, tmp_path, "team-a", "grpo", "2026-12", 300.0, "team-a")],
+           "team-b": [_run(uri, tmp_path, "team-b", "grpo", "2026-12", 5000.0, "shared"),
+                      _run(uri, tmp_path, "team-b", "sao", "2026-12", 7000.0, "team-b")]}
+    with Tracker(uri, "shared", run_name="no-account", tags={"posttrain.tenant": "team-a"}) as t:
+        t.log_metrics({"cost/requested_cpu_s": 1e9})  # not tagged posttrain.account: not a finished account
+    return uri, ids
+
+
+def test_a_tenants_report_sums_its_own_runs_by_technique_and_month_and_never_anothers(registry):
+    uri, ids = registry
+    a = tenant_report(uri, "team-a")
+    assert sorted(a.run_ids) == sorted(ids["team-a"])
+    assert not set(a.run_ids) & set(ids["team-b"])
+    assert a.total.requested_cpu_s == 600.0 and a.total.runs == 3
+    assert {k: v.requested_cpu_s for k, v in a.by_technique.items()} == {"sft": 100.0, "grpo": 500.0}
+    assert {k: v.runs for k, v in a.by_month.items()} == {"2026-11": 1, "2026-12": 2}
+    assert a.total.trained_tokens == 300.0 and a.total.wall_s == 30.0 and a.source == "mlflow"
+    b = tenant_report(uri, "team-b")
+    assert sorted(b.run_ids) == sorted(ids["team-b"]) and b.total.requested_cpu_s == 12000.0
+
+
+def test_the_command_prints_json_for_showback_and_names_its_source(registry, capsys):
+    uri, ids = registry
+    assert cost_cli(["--tenant", "team-a", "--json", "--tracking-uri", uri]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["tenant"] == "team-a" and doc["source"] == "mlflow" and doc["total"]["requested_cpu_s"] == 600.0
+    assert cost_cli(["--tenant", "team-a", "--tracking-uri", uri]) == 0
+    text = capsys.readouterr().out
+    assert "source: MLflow runs' time accounts" in text and "| grpo " in text and "| 2026-11 " in text
+
+
+def test_since_counts_runs_started_that_day_or_later(registry):
+    uri, _ = registry
+    assert tenant_report(uri, "team-a", since=datetime.date(2000, 1, 1)).total.runs == 3
+    assert tenant_report(uri, "team-a", since=datetime.date(2999, 1, 1)).total.runs == 0
+
+
+def test_bad_arguments_are_one_line_each(registry, capsys):
+    uri, _ = registry
+    assert cost_cli(["--tenant", "Team A'", "--tracking-uri", uri]) == 2
+    assert "--tenant: \"Team A'\" is not a tenant name" in capsys.readouterr().err
+    assert cost_cli(["--tenant", "team-a", "--since", "12/01/2026", "--tracking-uri", uri]) == 2
+    assert "--since: '12/01/2026' is not a date YYYY-MM-DD" in capsys.readouterr().err
