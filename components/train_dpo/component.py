@@ -7,7 +7,7 @@ and a workspace volume through ``components/k8s.py``.
 """
 
 from kfp import dsl
-from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import Artifact, Dataset, Input, Markdown, Metrics, Model, Output
 
 from components.images import TRAINER_IMAGE
 
@@ -19,6 +19,8 @@ def train_dpo(
     model: Output[Model],
     metrics: Output[Metrics],
     report: Output[Markdown],
+    time_account: Output[Markdown],
+    time_account_plot: Output[Artifact],
 ):
     """DPO training from ``prepared`` into the ``model`` checkpoint.
 
@@ -28,9 +30,13 @@ def train_dpo(
         model: Final checkpoint (transformers directory + posttrain_model.json).
         metrics: Numeric rows of the training summary.
         report: The training summary table.
+        time_account: The run's time account by role and share (``posttrain.runners.accounting``), with its
+            stacked-bar plot.
+        time_account_plot: The time account's stacked-bar PNG.
     """
     from posttrain.kfp.artifacts import write_outputs
     from posttrain.kfp.train import train_technique
 
     result = train_technique(prepared.path, model.path, "dpo", run_id=run_id)
-    write_outputs(result, metrics=metrics, artifact=model, markdown=report)
+    write_outputs(result, metrics=metrics, artifact=model, markdown=report, account=time_account,
+                  account_plot=time_account_plot)

@@ -1,7 +1,7 @@
 """``train_dpo`` through its KFP python function: a tiny run on the CPU, and a refused mismatch."""
 
 import pytest
-from kfp.dsl import Dataset, Markdown, Metrics, Model
+from kfp.dsl import Artifact, Dataset, Markdown, Metrics, Model
 
 from components.conftest import write_config
 from components.train_dpo.component import train_dpo
@@ -14,7 +14,7 @@ TINY = ["run_name=tiny-dpo", "dpo.steps=2", "dpo.max_examples=16", "dpo.checkpoi
 def run(tmp_path, prepared):
     model, metrics = Model(uri=str(tmp_path / "model")), Metrics(uri=str(tmp_path / "metrics"))
     train_dpo.python_func(prepared=Dataset(uri=str(prepared)), run_id="run-dpo", model=model, metrics=metrics,
-                         report=Markdown(uri=str(tmp_path / "report.md")))
+                         report=Markdown(uri=str(tmp_path / "report.md")), time_account=Markdown(uri=str(tmp_path / "account.md")), time_account_plot=Artifact(uri=str(tmp_path / "account.png")))
     return model, metrics
 
 

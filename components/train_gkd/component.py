@@ -9,7 +9,7 @@ give it a GPU, the Kueue queue label and a workspace volume through ``components
 """
 
 from kfp import dsl
-from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import Artifact, Dataset, Input, Markdown, Metrics, Model, Output
 
 from components.images import TRAINER_IMAGE
 
@@ -21,6 +21,8 @@ def train_gkd(
     model: Output[Model],
     metrics: Output[Metrics],
     report: Output[Markdown],
+    time_account: Output[Markdown],
+    time_account_plot: Output[Artifact],
 ):
     """GKD training from ``prepared`` into the ``model`` checkpoint.
 
@@ -30,9 +32,13 @@ def train_gkd(
         model: Final checkpoint (transformers directory + posttrain_model.json).
         metrics: Numeric rows of the training summary (teacher and student accuracy, gap closed).
         report: The training summary table.
+        time_account: The run's time account by role and share (``posttrain.runners.accounting``), with its
+            stacked-bar plot.
+        time_account_plot: The time account's stacked-bar PNG.
     """
     from posttrain.kfp.artifacts import write_outputs
     from posttrain.kfp.train import train_technique
 
     result = train_technique(prepared.path, model.path, "gkd", run_id=run_id)
-    write_outputs(result, metrics=metrics, artifact=model, markdown=report)
+    write_outputs(result, metrics=metrics, artifact=model, markdown=report, account=time_account,
+                  account_plot=time_account_plot)

@@ -10,7 +10,7 @@ the step's pod itself needs no GPU. A wrapper over ``posttrain.kfp.train.train_s
 """
 
 from kfp import dsl
-from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import HTML, Artifact, Dataset, Input, Markdown, Metrics, Model, Output
 
 from components.images import TRAINER_IMAGE
 
@@ -27,6 +27,8 @@ def train_sao(
     metrics: Output[Metrics],
     report: Output[Markdown],
     curves: Output[HTML],
+    time_account: Output[Markdown],
+    time_account_plot: Output[Artifact],
     priority_class: str = "",
 ):
     """SAO training from ``prepared`` into the ``model`` checkpoint.
@@ -43,10 +45,13 @@ def train_sao(
         metrics: Policy versions, rollouts trained/dropped, generator busy fraction; JobSet restarts.
         report: Summary table.
         curves: Reward curve (mean reward per policy version, from the MLflow run) and the run's link.
+        time_account: The run's time account by role and share, with its stacked-bar plot (local mode).
+        time_account_plot: The time account's stacked-bar PNG (empty in cluster mode).
     """
     from posttrain.kfp.artifacts import write_outputs
     from posttrain.kfp.train import train_sao
 
     result = train_sao(prepared.path, model.path, mode=mode, queue=queue, run_id=run_id,
                        learner_image=learner_image, generator_image=generator_image, priority_class=priority_class)
-    write_outputs(result, metrics=metrics, artifact=model, markdown=report, html_report=curves)
+    write_outputs(result, metrics=metrics, artifact=model, markdown=report, html_report=curves,
+                  account=time_account, account_plot=time_account_plot)

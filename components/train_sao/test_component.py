@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kfp.dsl import HTML, Dataset, Markdown, Metrics, Model
+from kfp.dsl import HTML, Artifact, Dataset, Markdown, Metrics, Model
 from kubernetes import client as k8s
 
 from components.conftest import TINY_SAO, write_config
@@ -59,7 +59,7 @@ def run(tmp_path, prepared, run_id="3f2a-run", **extra):
     metrics = Metrics(uri=str(tmp_path / "metrics"))
     train_sao.python_func(prepared=Dataset(uri=str(prepared)), mode="cluster", queue="posttrain", run_id=run_id,
                           learner_image=TRAINER_IMAGE, generator_image=GENERATOR_IMAGE, model=model,
-                          metrics=metrics, report=Markdown(uri=str(tmp_path / "report.md")),
+                          metrics=metrics, report=Markdown(uri=str(tmp_path / "report.md")), time_account=Markdown(uri=str(tmp_path / "account.md")), time_account_plot=Artifact(uri=str(tmp_path / "account.png")),
                           curves=HTML(uri=str(tmp_path / "curves.html")), **extra)
     return model, metrics
 
@@ -134,7 +134,7 @@ def test_a_missing_local_queue_fails_before_anything_is_created(tmp_path, prepar
         train_sao.python_func(prepared=Dataset(uri=str(prepared_sao)), mode="cluster", queue="nope", run_id="r",
                               learner_image=TRAINER_IMAGE, generator_image=GENERATOR_IMAGE,
                               model=Model(uri=str(tmp_path / "m")), metrics=Metrics(uri=str(tmp_path / "x")),
-                              report=Markdown(uri=str(tmp_path / "r.md")),
+                              report=Markdown(uri=str(tmp_path / "r.md")), time_account=Markdown(uri=str(tmp_path / "account.md")), time_account_plot=Artifact(uri=str(tmp_path / "account.png")),
                               curves=HTML(uri=str(tmp_path / "c.html")))
     assert cluster.jobsets() == []
 
@@ -145,7 +145,7 @@ def test_an_unknown_mode_is_refused(tmp_path, prepared_sao):
     with pytest.raises(PipelineStepError, match=r"mode: 'gpu' is not one of \['local', 'cluster'\]"):
         train_sao.python_func(prepared=Dataset(uri=str(prepared_sao)), mode="gpu", queue="posttrain", run_id="r",
                               learner_image="", generator_image="", model=Model(uri=str(tmp_path / "m")),
-                              metrics=Metrics(uri=str(tmp_path / "x")), report=Markdown(uri=str(tmp_path / "r.md")),
+                              metrics=Metrics(uri=str(tmp_path / "x")), report=Markdown(uri=str(tmp_path / "r.md")), time_account=Markdown(uri=str(tmp_path / "account.md")), time_account_plot=Artifact(uri=str(tmp_path / "account.png")),
                               curves=HTML(uri=str(tmp_path / "c.html")))
 
 
@@ -206,7 +206,7 @@ def test_a_scheduled_run_creates_its_jobset_at_the_scheduled_priority_as_far_as_
         train_sao.python_func(prepared=Dataset(uri=str(prepared_sao)), mode="cluster", queue=queue,
                               run_id="scheduled-run-1", learner_image=TRAINER_IMAGE, generator_image=GENERATOR_IMAGE,
                               priority_class=params["priority_class"], model=Model(uri=str(tmp_path / "m")),
-                              metrics=Metrics(uri=str(tmp_path / "x")), report=Markdown(uri=str(tmp_path / "r.md")),
+                              metrics=Metrics(uri=str(tmp_path / "x")), report=Markdown(uri=str(tmp_path / "r.md")), time_account=Markdown(uri=str(tmp_path / "account.md")), time_account_plot=Artifact(uri=str(tmp_path / "account.png")),
                               curves=HTML(uri=str(tmp_path / "c.html")))
     (js,) = cluster.jobsets()
     priority = js["metadata"]["labels"]["kueue.x-k8s.io/priority-class"]

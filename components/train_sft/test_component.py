@@ -1,7 +1,7 @@
 """``train_sft`` through its KFP python function: a tiny run on the CPU, and a refused mismatch."""
 
 import pytest
-from kfp.dsl import Dataset, Markdown, Metrics, Model
+from kfp.dsl import Artifact, Dataset, Markdown, Metrics, Model
 
 from components.conftest import write_config
 from components.train_sft.component import train_sft
@@ -14,7 +14,7 @@ TINY = ["run_name=tiny-sft", "sft.steps=2", "sft.checkpoint_every=1", "data.num_
 def run(tmp_path, prepared):
     model, metrics = Model(uri=str(tmp_path / "model")), Metrics(uri=str(tmp_path / "metrics"))
     train_sft.python_func(prepared=Dataset(uri=str(prepared)), run_id="run-sft", model=model, metrics=metrics,
-                         report=Markdown(uri=str(tmp_path / "report.md")))
+                         report=Markdown(uri=str(tmp_path / "report.md")), time_account=Markdown(uri=str(tmp_path / "account.md")), time_account_plot=Artifact(uri=str(tmp_path / "account.png")))
     return model, metrics
 
 
@@ -33,3 +33,6 @@ def test_train_(tmp_path, mlflow_uri):
     assert (tmp_path / "model" / "posttrain_model.json").is_file()
     assert model.metadata["technique"] == "sft"
     assert "sft".upper() in (tmp_path / "report.md").read_text()
+    account = (tmp_path / "account.md").read_text()  # the time account's table and its plot (issue 35)
+    assert "| learner | training |" in account and "![time account](data:image/png;base64," in account
+    assert (tmp_path / "account.png").read_bytes().startswith(b"\x89PNG")

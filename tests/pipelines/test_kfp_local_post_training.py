@@ -155,6 +155,14 @@ def test_post_training_sft_runs_through_the_same_pipeline(tmp_path, kfp_local):
     config = write_config(tmp_path / "sft.yaml", "configs/sft_cpu.yaml", SFT_TINY)
     post_training(technique="sft", config=str(config), dataset=str(REPO / "data/examples/sft.jsonl"))
     assert artifact_metadata(root, "prepare-dataset", "summary")["train_rows"] > 0
+    # The KFP UI's time account (issue 35): a Markdown table of the learner's shares with the plot, and the PNG.
+    (account,) = root.glob("*/train-sft/time_account")
+    text = account.read_text()
+    shares = [line for line in text.splitlines() if line.startswith("| learner | ")]
+    assert {line.split(" | ")[1] for line in shares} >= {"preparing", "training", "checkpointing", "**wall**"}
+    assert "![time account](data:image/png;base64," in text
+    (plot,) = root.glob("*/train-sft/time_account_plot")
+    assert plot.read_bytes().startswith(b"\x89PNG")
     check_registered(root, uri, "e2e-sft-policy", "sft", "train-sft")
     assert not list(root.glob("*/train-sao"))
 

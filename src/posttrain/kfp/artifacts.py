@@ -12,6 +12,7 @@ Try it: ``python -c "from posttrain.kfp.artifacts import markdown_table; print(m
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import html
 import json
@@ -54,6 +55,10 @@ class StepOutputs:
         markdown: Body of the step's ``Output[Markdown]`` report ("" when it has none).
         html: Body of the step's ``Output[HTML]`` report ("" when it has none).
         text: One line the component returns as its ``str`` output ("" when it returns nothing).
+        account_markdown: The run's time account as Markdown (``posttrain.runners.accounting``: the
+            table, and the stacked-bar plot embedded as a PNG data URI) for the training steps'
+            ``time_account`` output; "" when the run recorded none.
+        account_png: The stacked-bar PNG (bytes) for the ``time_account_plot`` output; b"" when none.
     """
 
     metrics: dict[str, float] = field(default_factory=dict)
@@ -61,10 +66,13 @@ class StepOutputs:
     markdown: str = ""
     html: str = ""
     text: str = ""
+    account_markdown: str = ""
+    account_png: bytes = b""
 
 
 def write_outputs(
-    result: StepOutputs, *, metrics: Any = None, artifact: Any = None, markdown: Any = None, html_report: Any = None
+    result: StepOutputs, *, metrics: Any = None, artifact: Any = None, markdown: Any = None, html_report: Any = None,
+    account: Any = None, account_plot: Any = None,
 ) -> None:
     """Copy ``StepOutputs`` into KFP output artifacts (any object with ``log_metric`` / ``metadata`` / ``path``).
 
@@ -74,16 +82,41 @@ def write_outputs(
         artifact: The main output artifact: ``result.metadata`` is merged into its metadata.
         markdown: An ``Output[Markdown]``: ``result.markdown`` is written to its path.
         html_report: An ``Output[HTML]``: ``result.html`` is written to its path.
+        account: An ``Output[Markdown]``: ``result.account_markdown`` (or a line saying the run recorded no
+            time account) is written to its path.
+        account_plot: An ``Output[Artifact]``: ``result.account_png`` is written to its path (an empty file
+            when there is none), with ``metadata["mime_type"] = "image/png"``.
     """
     if metrics is not None:
         for key, value in result.metrics.items():
             metrics.log_metric(key, float(value))
     if artifact is not None:
         artifact.metadata.update(result.metadata)
-    for target, body in ((markdown, result.markdown), (html_report, result.html)):
+    account_body = result.account_markdown or "No time account: the run recorded none (cluster mode: the JobSet's learner).\n"
+    for target, body in ((markdown, result.markdown), (html_report, result.html),
+                         (account, account_body if account is not None else "")):
         if target is not None:
             Path(target.path).parent.mkdir(parents=True, exist_ok=True)
             Path(target.path).write_text(body, encoding="utf-8")
+    if account_plot is not None:
+        Path(account_plot.path).parent.mkdir(parents=True, exist_ok=True)
+        Path(account_plot.path).write_bytes(result.account_png)
+        account_plot.metadata["mime_type"] = "image/png"
+
+
+def account_outputs(run_dir: Path) -> dict[str, Any]:
+    """``StepOutputs`` fields of the time account a run recorded in ``run_dir`` (``account.md``, ``account.png``).
+
+    The Markdown gets the plot embedded as a PNG data URI, so KFP's Markdown viewer shows both. Empty
+    fields when the run wrote no account.
+    """
+    md, png = run_dir / "account.md", run_dir / "account.png"
+    if not md.is_file():
+        return {}
+    data = png.read_bytes() if png.is_file() else b""
+    image = (f"\n![time account](data:image/png;base64,{base64.b64encode(data).decode('ascii')})\n"
+             if data else "")
+    return {"account_markdown": md.read_text(encoding="utf-8") + image, "account_png": data}
 
 
 def load_prepared(dataset_dir: Path | str, work_dir: Path | str | None = None) -> tuple[RunConfig, dict[str, Any]]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from posttrain.kfp.artifacts import (
     PipelineStepError,
     StepOutputs,
+    account_outputs,
     expect_technique,
     export_model,
     load_prepared,
@@ -83,10 +84,16 @@ def train_sao(
         return train_sao_cluster(dataset_dir, model_out, queue=queue, run_id=run_id, learner_image=learner_image,
                                  generator_image=generator_image, priority_class=priority_class,
                                  poll_s=poll_s, timeout_s=timeout_s)
+    import time
+
+    from posttrain.account import LEARNER_STATES, StateClock
+    from posttrain.runners.accounting import build_account, record_account
     from posttrain.runners.common import metrics_sink, prepare, warm_start
     from posttrain.runners.sao import train_sao
     from posttrain.runtime import RunContext
     from posttrain.tracking import Tracker
+
+    clock, cpu_started = StateClock(LEARNER_STATES, initial="preparing"), time.process_time()
 
     cfg, manifest = load_prepared(dataset_dir)
     expect_technique(manifest, "sao")
@@ -99,8 +106,16 @@ def train_sao(
             tracker.log_params(cfg.model_dump(mode="json", by_alias=True))
             sink = metrics_sink(ctx, tracker)
             prepare(ctx)
+            clock.switch("warm_start")
             start = warm_start(ctx, sink)
-            summary = train_sao(ctx, start, sink)
+            clock.switch("other")
+            summary = train_sao(ctx, start, sink, clock=clock)
+            # The held-out evaluation is the pipeline's own step: no accuracy here.
+            account = build_account(cfg, clock, cpu_started, summary.generator_stats,
+                                    trained_tokens=summary.counters.get("action_tokens_trained", 0.0),
+                                    heldout_before=None, heldout_after=None, generators_in_process=False)
+            record_account(account, ctx.run_dir, tracker, step=summary.policy_version)
+            account_fields = account_outputs(ctx.run_dir)
         metrics = {"policy_version": float(summary.policy_version), **{k: float(v) for k, v in summary.counters.items()}}
         info = {"technique": "sao", "run_name": cfg.run_name, "mlflow_run_id": tracker.run_id,
                 "policy_version": summary.policy_version}
@@ -110,7 +125,7 @@ def train_sao(
         export_model(summary.final_model_dir, model_out, info)
     md = f"# SAO training: {cfg.run_name}\n\n" + markdown_table({**info, **metrics})
     page = reward_curve_page(tracker.tracking_uri, tracker.run_id, cfg.run_name)
-    return StepOutputs(metrics=metrics, metadata=info, markdown=md, html=page)
+    return StepOutputs(metrics=metrics, metadata=info, markdown=md, html=page, **account_fields)
 
 
 def train_technique(dataset_dir: Path | str, model_out: Path | str, technique: str, *, run_id: str = "") -> StepOutputs:
@@ -159,5 +174,6 @@ def train_technique(dataset_dir: Path | str, model_out: Path | str, technique: s
         if published:
             info["checkpoint_uri"] = published
         export_model(final, model_out, info)
+        account_fields = account_outputs(RunContext(cfg).run_dir)
     md = f"# {technique.upper()} training: {cfg.run_name}\n\n" + summary.table() + "\n"
-    return StepOutputs(metrics=metrics, metadata=info, markdown=md)
+    return StepOutputs(metrics=metrics, metadata=info, markdown=md, **account_fields)
