@@ -1,0 +1,46 @@
+"""The run's time account from real generator snapshots: summed over generators, written as JSON, Markdown and PNG."""
+
+from __future__ import annotations
+
+from posttrain.account import LEARNER_STATES, RunAccount, StateClock
+from posttrain.config import load_config
+from posttrain.inference.metering import GeneratorStats
+from posttrain.runners.accounting import account_markdown, build_account, generator_accounts, record_account
+
+
+def _snapshot(units: int) -> dict[str, float]:
+    stats = GeneratorStats()
+    stats.mark_started(units=units)
+    stats.episode_started()
+    stats.request_started()
+    stats.request_finished()
+    stats.episode_finished()
+    return stats.snapshot()
+
+
+def test_generator_accounts_add_up_over_generators_and_request_their_cores():
+    """Two generators of 8 cores: the engine account sums both walls; requested = summed wall x 8; the slots'
+    account is in slot-seconds (4 and 2 slots) and requests nothing."""
+    a, b = _snapshot(4), _snapshot(2)
+    engine, slots = generator_accounts([a, b], cores=8.0, gpus=1.0)
+    assert engine.role == "generator" and engine.processes == 2 and engine.used_by == "engine_busy"
+    assert engine.wall_s == a["account/engine/wall_s"] + b["account/engine/wall_s"]
+    assert engine.requested_cpu_s == 8.0 * engine.wall_s and engine.requested_gpu_s == engine.wall_s
+    assert engine.gap() < 1e-9 and slots.gap() < 1e-9
+    assert slots.role == "generator_slots" and slots.requested_cpu_s == 0.0
+    assert generator_accounts([], cores=8.0, gpus=1.0) == []
+
+
+def test_record_account_writes_the_json_the_table_and_the_plot(tmp_path):
+    config = load_config(None, ["technique=grpo", "grpo.async=false"])
+    clock = StateClock(LEARNER_STATES, initial="preparing")
+    clock.switch("training")
+    account = build_account(config, clock, 0.0, [_snapshot(8)], trained_tokens=10.0, heldout_before=0.1,
+                            heldout_after=0.2, generators_in_process=True)
+    assert account.variant == "sync" and [r.role for r in account.roles] == ["learner", "generator", "generator_slots"]
+    assert account.roles[1].requested_cpu_s == 0.0  # the engine runs in the learner's pod
+    rows = record_account(account, tmp_path / "run", tracker=None)
+    assert rows[0][0].startswith("time: learner (") and rows[-1][0] == "cost (CPU-seconds)"
+    assert RunAccount.from_json((tmp_path / "run" / "account.json").read_text()) == account
+    assert "| generator_slots (slot-s) | waiting_for_group |" in account_markdown(account)
+    assert (tmp_path / "run" / "account.png").read_bytes().startswith(b"\x89PNG")
