@@ -107,7 +107,7 @@ def run_dpo(config: RunConfig) -> RunSummary:
         # Trained tokens (the time account's cost per token): the pairs' response tokens, chosen and rejected,
         # times the pairs the steps drew (an estimate from the mean pair: DPO's steps report pairs, not tokens).
         per_pair = sum(sum(p.chosen_mask) + sum(p.rejected_mask) for p in train) / len(train)
-        run.trained_tokens = per_pair * section.batch_size * max(len(accuracy), 0)
+        run.trained_tokens = per_pair * section.batch_size * len(accuracy)
         after = preference_metrics(model, held, ref_held, section, pad_token_id=pad, world=world)
         run.sink({f"heldout/{k}": v for k, v in after.items()}, section.steps)
         final = save_final_model(run.ctx, model, tokenizer, world)
