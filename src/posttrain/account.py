@@ -309,6 +309,8 @@ class RunAccount:
         heldout_before: Held-out accuracy of the warm start (None when no eval ran before).
         heldout_after: Held-out accuracy after training (None when no eval ran).
         variant: ``sync`` / ``async`` for GRPO, else empty.
+        outcome: ``finished``, or ``failed`` for a run that raised (its account up to the error: the
+            resources were spent all the same, so a tenant's report counts them).
     """
 
     tenant: str
@@ -319,6 +321,7 @@ class RunAccount:
     heldout_before: float | None = None
     heldout_after: float | None = None
     variant: str = ""
+    outcome: str = "finished"
 
     def requested_cpu_s(self) -> float:
         """CPU-seconds requested by every role (the cost a quota is charged)."""
@@ -367,7 +370,7 @@ class RunAccount:
     def tags(self) -> dict[str, str]:
         """MLflow tags that ``posttrain cost report`` selects and groups runs by."""
         return {"posttrain.tenant": self.tenant, "posttrain.technique": self.technique,
-                "posttrain.month": self.month, "posttrain.account": "1"}
+                "posttrain.month": self.month, "posttrain.account": "1", "posttrain.outcome": self.outcome}
 
     def to_json(self) -> str:
         """``account.json``: schema version, labels, roles, derived figures."""
@@ -391,7 +394,8 @@ class RunAccount:
         try:
             roles = [RoleAccount(**r) for r in body["roles"]]
             return cls(body["tenant"], body["technique"], body["month"], roles, body["trained_tokens"],
-                       body["heldout_before"], body["heldout_after"], body.get("variant", ""))
+                       body["heldout_before"], body["heldout_after"], body.get("variant", ""),
+                       body.get("outcome", "finished"))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"account.json: missing or bad field ({exc})") from exc
 

@@ -25,6 +25,7 @@ show in the UI (``posttrain.kfp.train``).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,6 +35,8 @@ from posttrain.account import RoleAccount, RunAccount, StateClock, month_of, run
 from posttrain.config import RunConfig
 from posttrain.config.resources import quantity_value
 from posttrain.inference.metering import ENGINE_ACCOUNT, SLOTS_ACCOUNT
+
+log = logging.getLogger("posttrain.runners")
 
 ACCOUNT_FILES = ("account.json", "account.md", "account.png")
 """What ``record_account`` writes into the run directory (and logs to MLflow)."""
@@ -85,6 +88,29 @@ def build_account(config: RunConfig, clock: StateClock, cpu_started: float, gene
     return RunAccount(run_tenant(), config.technique, month_of(), [learner, *generator_accounts(
         generator_stats, cores=cores, gpus=gpus)], trained_tokens=trained_tokens, heldout_before=heldout_before,
         heldout_after=heldout_after, variant=variant)
+
+
+def record_failed_account(config: RunConfig, clock: StateClock, cpu_started: float, run_dir: Path, tracker: Any,
+                          error: BaseException, **known: Any) -> None:
+    """Record the account of a run that raised ``error`` (``outcome: failed``), up to now; never raises.
+
+    A failed run spent its resources all the same, so the tenant's report must count it. What the run
+    knew (``known``: ``generator_stats``, ``trained_tokens``, ``heldout_before``, ``generators_in_process``)
+    goes in; the rest is empty. A failure to record is logged in one line: the run's own error is the
+    one to show.
+    """
+    from mlflow.exceptions import MlflowException
+
+    try:
+        account = build_account(config, clock, cpu_started, known.get("generator_stats") or [],
+                                trained_tokens=float(known.get("trained_tokens", 0.0)),
+                                heldout_before=known.get("heldout_before"), heldout_after=None,
+                                generators_in_process=bool(known.get("generators_in_process", False)))
+        account.outcome = "failed"
+        record_account(account, run_dir, tracker)
+    except (OSError, ValueError, MlflowException) as exc:  # files, a share that does not add up, the tracking server
+        log.warning("the failed run's time account was not recorded (%s: %s); the run failed with %s: %s",
+                    type(exc).__name__, exc, type(error).__name__, error)
 
 
 def account_markdown(account: RunAccount) -> str:

@@ -382,6 +382,9 @@ class TrackedRun:
 def tracked_run(config: RunConfig) -> Iterator[TrackedRun]:
     """Open the run directory and its MLflow run (FAILED on an exception), log the resolved config.
 
+    On an exception in the body the run's time account up to it is recorded first (``outcome: failed``:
+    ``posttrain.runners.accounting.record_failed_account``), then the exception goes on.
+
     With several ranks (``init_world``) rank 0 does all of that and prepares the tokenizer and
     base model while the others wait; they get a ``TrackedRun`` without tracker or sink.
 
@@ -407,8 +410,16 @@ def tracked_run(config: RunConfig) -> Iterator[TrackedRun]:
         prepare(ctx)
         world.barrier()
         clock.switch("other")
-        yield TrackedRun(config, ctx, tracker, metrics_sink(ctx, tracker), time.monotonic(), world, clock,
-                         cpu_started)
+        run = TrackedRun(config, ctx, tracker, metrics_sink(ctx, tracker), time.monotonic(), world, clock, cpu_started)
+        try:
+            yield run
+        except (Exception, KeyboardInterrupt) as exc:  # a failed run is charged too (outcome: failed), then re-raised
+            from posttrain.runners.accounting import record_failed_account
+
+            record_failed_account(config, clock, cpu_started, ctx.run_dir, tracker, exc,
+                                  generator_stats=run.generator_stats, trained_tokens=run.trained_tokens,
+                                  heldout_before=run.heldout_before, generators_in_process=run.generators_in_process)
+            raise
 
 
 def step_callback(

@@ -399,7 +399,7 @@ def run_sao(config: RunConfig) -> RunSummary:
     the summary; the evaluations' engine output goes to ``<run>/logs/run.log``
     (``posttrain.runners.console``).
     """
-    from posttrain.runners.accounting import build_account, record_account
+    from posttrain.runners.accounting import build_account, record_account, record_failed_account
     from posttrain.tracking import HELDOUT_METRIC, Tracker
 
     ctx = RunContext(config)
@@ -432,8 +432,11 @@ def run_sao(config: RunConfig) -> RunSummary:
         try:
             summary = train_sao(ctx, sft_dir, progress_sink(sink, config.sao.steps, config.sao.checkpoint_every,
                                                              clock.clock), clock=account_clock)
-        except LearnerStopped as exc:
-            _write_stopped_summary(ctx, config, before["accuracy"], str(exc), clock.elapsed())
+        except (Exception, KeyboardInterrupt) as exc:  # a failed run is charged too (outcome: failed)
+            record_failed_account(config, account_clock, cpu_started, ctx.run_dir, tracker, exc,
+                                  heldout_before=before["accuracy"])
+            if isinstance(exc, LearnerStopped):
+                _write_stopped_summary(ctx, config, before["accuracy"], str(exc), clock.elapsed())
             raise
         clock.begin("eval + register", "held-out eval after SAO, registration")
         with timer("evaluating"), engine_output_to_log(run_log):

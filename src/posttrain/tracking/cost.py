@@ -69,6 +69,8 @@ class CostLine:
         trained_tokens: Tokens trained (MLflow only).
         wall_s: Seconds: the learners' wall time (MLflow) or the admitted time (cluster).
         queued_s: Seconds Workloads waited from creation to admission (cluster only).
+        failed_runs: Of ``runs``, those that failed (MLflow: ``posttrain.outcome = failed``; their account
+            runs up to the error; cluster: 0, a Workload's outcome is not read).
     """
 
     runs: int = 0
@@ -78,6 +80,7 @@ class CostLine:
     trained_tokens: float = 0.0
     wall_s: float = 0.0
     queued_s: float = 0.0
+    failed_runs: int = 0
 
     def add(self, other: CostLine) -> None:
         """Add ``other``'s numbers to this line's."""
@@ -125,17 +128,18 @@ class CostReport:
         source = {"mlflow": "MLflow runs' time accounts (posttrain.tenant tag)",
                   "kueue": "Kueue Workloads: pod set requests x admitted time"}.get(self.source, self.source)
         out = [f"tenant {self.tenant}, since {self.since or 'the first run'}; source: {source}", ""]
-        widths = (16, 5, 15, 12, 15, 14, 10, 10)
-        names = ("runs", "requested CPU-s", "used CPU-s", "requested GPU-s", "trained tokens", "wall s", "queued s")
+        widths = (16, 5, 6, 15, 12, 15, 14, 10, 10)
+        names = ("runs", "failed", "requested CPU-s", "used CPU-s", "requested GPU-s", "trained tokens", "wall s",
+                 "queued s")
 
         def head(title: str) -> list[str]:
             cells = [title.ljust(widths[0])] + [n.rjust(w) for n, w in zip(names, widths[1:], strict=True)]
             return ["| " + " | ".join(cells) + " |", "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
 
         def row(name: str, c: CostLine) -> str:
-            cells = [name.ljust(widths[0]), f"{c.runs:>5}"] + [
+            cells = [name.ljust(widths[0]), f"{c.runs:>5}", f"{c.failed_runs:>6}"] + [
                 f"{v:>{w}.0f}" for v, w in zip((c.requested_cpu_s, c.used_cpu_s, c.requested_gpu_s, c.trained_tokens,
-                                                c.wall_s, c.queued_s), widths[2:], strict=True)]
+                                                c.wall_s, c.queued_s), widths[3:], strict=True)]
             return "| " + " | ".join(cells) + " |"
 
         groups = [("technique", self.by_technique), ("month", self.by_month)]
@@ -147,8 +151,8 @@ class CostReport:
         return "\n".join(out)
 
 
-def _line(metrics: Mapping[str, float]) -> CostLine:
-    return CostLine(runs=1, requested_cpu_s=float(metrics.get("cost/requested_cpu_s", 0.0)),
+def _line(metrics: Mapping[str, float], outcome: str) -> CostLine:
+    return CostLine(runs=1, failed_runs=int(outcome == "failed"), requested_cpu_s=float(metrics.get("cost/requested_cpu_s", 0.0)),
                     used_cpu_s=float(metrics.get("cost/used_cpu_s", 0.0)),
                     requested_gpu_s=float(metrics.get("cost/requested_gpu_s", 0.0)),
                     trained_tokens=float(metrics.get("cost/trained_tokens", 0.0)),
@@ -170,7 +174,7 @@ def report_from_runs(tenant: str, runs: Iterable[Any], since: date | None = None
         if tags.get("posttrain.tenant") != tenant:
             raise ValueError(f"run {r.info.run_id} belongs to tenant {tags.get('posttrain.tenant')!r}, not {tenant!r}")
         month = tags.get("posttrain.month") or datetime.fromtimestamp(r.info.start_time / 1000, UTC).strftime("%Y-%m")
-        report.add(r.info.run_id, tags.get("posttrain.technique", "unknown"), month, _line(r.data.metrics))
+        report.add(r.info.run_id, tags.get("posttrain.technique", "unknown"), month, _line(r.data.metrics, tags.get("posttrain.outcome", "finished")))
     return report
 
 

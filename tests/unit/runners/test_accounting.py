@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from posttrain.account import LEARNER_STATES, RunAccount, StateClock
 from posttrain.config import load_config
 from posttrain.inference.metering import GeneratorStats
@@ -44,3 +46,29 @@ def test_record_account_writes_the_json_the_table_and_the_plot(tmp_path):
     assert RunAccount.from_json((tmp_path / "run" / "account.json").read_text()) == account
     assert "| generator_slots (slot-s) | waiting_for_group |" in account_markdown(account)
     assert (tmp_path / "run" / "account.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_run_that_fails_is_charged_with_its_account_up_to_the_error(tmp_path, monkeypatch):
+    """The body of ``tracked_run`` raises after preparation: the MLflow run is FAILED, tagged with an account whose
+    outcome is ``failed`` and whose learner wall covers preparation; the tenant's report counts it; the error goes on."""
+    from mlflow import MlflowClient
+
+    from posttrain.runners.common import tracked_run
+    from posttrain.tracking.cost import tenant_report
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("POSTTRAIN_TENANT", "team-x")
+    config = load_config(None, ["technique=sft", f"output_dir={tmp_path}", "run_name=broken"])
+    with pytest.raises(RuntimeError, match="disk on fire"), tracked_run(config) as run:
+        with run.timer("training"):
+            raise RuntimeError("disk on fire")
+    account = RunAccount.from_json((tmp_path / "broken" / "account.json").read_text())
+    learner = account.roles[0]
+    assert account.outcome == "failed" and account.tenant == "team-x"
+    assert learner.shares["preparing"] > 0 and learner.gap() < 1e-9
+    uri = f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}"
+    (mlflow_run,) = MlflowClient(tracking_uri=uri).search_runs(
+        [e.experiment_id for e in MlflowClient(tracking_uri=uri).search_experiments()])
+    assert mlflow_run.info.status == "FAILED" and mlflow_run.data.tags["posttrain.outcome"] == "failed"
+    report = tenant_report(uri, "team-x")
+    assert report.total.runs == 1 and report.total.failed_runs == 1 and report.total.requested_cpu_s > 0

@@ -20,10 +20,11 @@ from posttrain.tracking import Tracker
 from posttrain.tracking.cost import tenant_report
 
 
-def _run(uri: str, tmp: Path, tenant: str, technique: str, month: str, cpu_s: float, experiment: str) -> str:
-    """One finished run of ``tenant`` whose learner requested ``cpu_s`` CPU-seconds (10 s x cpu_s/10 cores)."""
+def _run(uri: str, tmp: Path, tenant: str, technique: str, month: str, cpu_s: float, experiment: str,
+         outcome: str = "finished") -> str:
+    """One run of ``tenant`` whose learner requested ``cpu_s`` CPU-seconds (10 s x cpu_s/10 cores)."""
     learner = RoleAccount("learner", 10.0, {"training": 8.0, "other": 2.0}, requested_cpu_s=cpu_s, used_cpu_s=5.0)
-    account = RunAccount(tenant, technique, month, [learner], trained_tokens=100.0)
+    account = RunAccount(tenant, technique, month, [learner], trained_tokens=100.0, outcome=outcome)
     run_dir = tmp / f"{tenant}-{technique}-{month}-{cpu_s}"
     with Tracker(uri, experiment, run_name=run_dir.name, tags={"posttrain.tenant": tenant}) as tracker:
         record_account(account, run_dir, tracker)
@@ -32,13 +33,13 @@ def _run(uri: str, tmp: Path, tenant: str, technique: str, month: str, cpu_s: fl
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, list[str]]]:
-    """Team A: sft in 2026-11 (100 CPU-s), two grpo runs in 2026-12 (200 + 300). Team B: one grpo run in 2026-12
+    """Team A: sft in 2026-11 (100 CPU-s), two grpo runs in 2026-12 (200, and 300 for one that failed). Team B: one grpo run in 2026-12
     (5000 CPU-s) in the same experiment as A's, and one in its own. A run without an account (not tagged) too."""
     tmp_path = tmp_path_factory.mktemp("registry")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     ids = {"team-a": [_run(uri, tmp_path, "team-a", "sft", "2026-11", 100.0, "shared"),
                       _run(uri, tmp_path, "team-a", "grpo", "2026-12", 200.0, "shared"),
-                      _run(uri, tmp_path, "team-a", "grpo", "2026-12", 300.0, "team-a")],
+                      _run(uri, tmp_path, "team-a", "grpo", "2026-12", 300.0, "team-a", outcome="failed")],
            "team-b": [_run(uri, tmp_path, "team-b", "grpo", "2026-12", 5000.0, "shared"),
                       _run(uri, tmp_path, "team-b", "sao", "2026-12", 7000.0, "team-b")]}
     with Tracker(uri, "shared", run_name="no-account", tags={"posttrain.tenant": "team-a"}) as t:
@@ -55,6 +56,7 @@ def test_a_tenants_report_sums_its_own_runs_by_technique_and_month_and_never_ano
     assert {k: v.requested_cpu_s for k, v in a.by_technique.items()} == {"sft": 100.0, "grpo": 500.0}
     assert {k: v.runs for k, v in a.by_month.items()} == {"2026-11": 1, "2026-12": 2}
     assert a.total.trained_tokens == 300.0 and a.total.wall_s == 30.0 and a.source == "mlflow"
+    assert a.total.failed_runs == 1 and a.by_technique["grpo"].failed_runs == 1  # a failed run is charged too
     b = tenant_report(uri, "team-b")
     assert sorted(b.run_ids) == sorted(ids["team-b"]) and b.total.requested_cpu_s == 12000.0
 
