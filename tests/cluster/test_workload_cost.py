@@ -6,6 +6,7 @@ Run: .venv/bin/python -m pytest -q tests/cluster/test_workload_cost.py
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -91,3 +92,17 @@ def test_the_cluster_report_is_requests_times_admitted_time_of_the_tenants_own_w
     other = workload_report(api, b, now=NOW)
     assert other.total.requested_gpu_s == (6 + 16) * 11 * 3600.0 and len(other.run_ids) == 1
     assert workload_report(api, a, since=date(2026, 12, 7), now=NOW).total.runs == 0
+
+
+def test_the_command_reads_the_kube_context_and_says_it_used_kueue(kube, two_tenants, tmp_path, monkeypatch, capsys):
+    """``posttrain cost report --tenant A --cluster --json`` with ``$KUBECONFIG`` naming the server: A's three
+    Workloads, none of B's; the document names its source."""
+    from posttrain.cli import main
+
+    a, b = two_tenants
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(kube.write_kubeconfig(tmp_path / "kubeconfig", a)))
+    assert main(["cost", "report", "--tenant", a, "--cluster", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["source"] == "kueue" and doc["tenant"] == a and doc["total"]["runs"] == 3
+    assert all(r.startswith(f"{a}/") for r in doc["run_ids"])
