@@ -285,7 +285,9 @@ class GeneratorStats:
         CPU spent outside the engine's batches (event loop, environments, Redis, weight reloads).
         ``stale_aborted_calls_<bucket>`` counts the episodes cancelled as stale by the tool calls
         they had begun (``episode_aborted``; ``posttrain.rollout.lengths`` buckets) and
-        ``stale_aborted_calls_sum`` adds up those calls.
+        ``stale_aborted_calls_sum`` adds up those calls. After ``mark_started``, the time account
+        (module docstring): ``account/engine/<state>_s`` and ``account/slots/<state>_s`` with their
+        ``wall_s`` (``posttrain.account.RoleAccount.flat``).
         """
         wall = max(time.time() - self.started_at, 1e-9)
         busy = self.busy_seconds()
