@@ -46,6 +46,11 @@ ACCOUNT_SCHEMA_VERSION = 1
 TENANT_ENV = "POSTTRAIN_TENANT"
 """Environment variable naming the run's tenant (a tenant's ConfigMap sets it: ``posttrain.cluster.tenant``)."""
 
+LEARNER_ACCOUNT_FILE_ENV = "POSTTRAIN_LEARNER_ACCOUNT_FILE"
+"""Set by a local run that starts the learner's ranks under torchrun (``runners.sao.run_learner_ranks``):
+rank 0 writes its clock's account there (``StateClock.record`` plus ``carried``) for the parent to fold
+into the run's account, instead of recording one of its own (a cluster pod's learner records its own)."""
+
 DEFAULT_TENANT = "default"
 """The tenant of a run outside any tenant's namespace."""
 
@@ -88,6 +93,13 @@ class StateClock:
         self._seconds = dict.fromkeys(names, 0.0)
         self._state = initial
         self._started = self._since = clock()
+        self._cpu_started = time.process_time()
+        self.carried_cpu_s = 0.0
+        """CPU-seconds of earlier lives (``carry``), added to this process's own."""
+        self.lives = 1
+        """Process lives this clock sums: 1, plus the earlier lives ``carry`` added."""
+        self.carried: dict[str, float] = {}
+        """Seconds by state that ``carry`` added (the earlier lives' shares)."""
 
     @property
     def state(self) -> str:
@@ -110,7 +122,7 @@ class StateClock:
         return previous
 
     def wall_s(self) -> float:
-        """Seconds since the clock started."""
+        """Seconds since the clock started (plus the earlier lives ``carry`` added)."""
         return self._clock() - self._started
 
     def shares(self) -> dict[str, float]:
@@ -118,6 +130,65 @@ class StateClock:
         out = dict(self._seconds)
         out[self._state] += self._clock() - self._since
         return out
+
+    def cpu_s(self) -> float:
+        """CPU-seconds of this process since the clock started, plus the earlier lives' (``carry``)."""
+        return time.process_time() - self._cpu_started + self.carried_cpu_s
+
+    def carry(self, record: Mapping[str, Any]) -> None:
+        """Add an earlier life's account (a ``record()`` read back from a checkpoint) to this clock.
+
+        A restarted process (a learner resumed after a crash or an eviction) sums its lives: each
+        state's seconds are added, the wall time grows by their sum (so the shares still add up to
+        ``wall_s``), the CPU-seconds and the count of lives too. A state this clock does not know (a
+        record of another version) is added to ``other``: no second is dropped.
+
+        Raises:
+            ValueError: a record that is not ``{"shares": {state: seconds >= 0}, ...}`` (the field named).
+        """
+        shares = record.get("shares")
+        if not isinstance(shares, Mapping):
+            raise ValueError(f"account record: 'shares' must be a mapping of state to seconds, got {shares!r}")
+        for name, seconds in shares.items():
+            if not isinstance(seconds, int | float) or seconds < 0:
+                raise ValueError(f"account record: shares[{name!r}] = {seconds!r} must be seconds >= 0")
+            key = name if name in self._seconds else OTHER
+            self._seconds[key] += float(seconds)
+            self.carried[key] = self.carried.get(key, 0.0) + float(seconds)
+            self._started -= float(seconds)
+        self.carried_cpu_s += float(record.get("used_cpu_s", 0.0))
+        self.lives += int(record.get("lives", 1))
+
+    def reassign(self, source: str, shares: Mapping[str, float], limit_s: float) -> None:
+        """Move seconds already counted in ``source`` to other states: another process's split of that time.
+
+        The learner's ranks under torchrun run in child processes; the parent's clock counts their
+        run in ``source`` and then takes rank 0's split (``shares``, this life only). At most
+        ``limit_s`` seconds (the child's run as the parent timed it) and never more than ``source``
+        holds move: when ``shares`` add up to more, each is scaled down alike. The wall time is
+        unchanged, so the shares still add up to it.
+
+        Raises:
+            ValueError: a state the clock does not know, or a negative share (named).
+        """
+        for name, seconds in shares.items():
+            if name not in self._seconds:
+                raise ValueError(f"state: {name!r} is not one of {list(self._seconds)}")
+            if seconds < 0:
+                raise ValueError(f"shares[{name!r}] = {seconds!r} must be seconds >= 0")
+        total = sum(shares.values())
+        room = min(limit_s, self.shares()[source])
+        scale = min(1.0, room / total) if total > 0 else 0.0
+        for name, seconds in shares.items():
+            self._seconds[source] -= seconds * scale
+            self._seconds[name] += seconds * scale
+
+    def record(self) -> dict[str, Any]:
+        """This clock's account now as JSON-ready numbers (what a checkpoint keeps; ``carry`` reads it back).
+
+        Keys: ``shares`` (seconds by state, every life), ``used_cpu_s`` (every life), ``lives``.
+        """
+        return {"shares": self.shares(), "used_cpu_s": self.cpu_s(), "lives": self.lives}
 
 
 class StateTimer:
@@ -197,6 +268,18 @@ class Occupancy:
         fresh[OTHER] = left
         self._counts = fresh
 
+    def carry(self, shares: Mapping[str, float]) -> None:
+        """Add an earlier life's unit-seconds by state (a restarted generator's); unknown states go to ``other``.
+
+        Raises:
+            ValueError: a negative or non-numeric share (named).
+        """
+        for name, seconds in shares.items():
+            if not isinstance(seconds, int | float) or seconds < 0:
+                raise ValueError(f"slot account: shares[{name!r}] = {seconds!r} must be unit-seconds >= 0")
+            self._seconds[name if name in self._seconds else OTHER] += float(seconds)
+            self._started -= float(seconds) / self.units
+
     def wall_s(self) -> float:
         """Seconds since the occupancy started."""
         return self._clock() - self._started
@@ -221,7 +304,8 @@ class RoleAccount:
         used_cpu_s: CPU-seconds used, measured as ``used_by`` says.
         used_by: ``process_cpu`` (the process's CPU time, all threads) or ``engine_busy`` (seconds the
             engine ran a batch, ``GeneratorStats.busy_s``).
-        processes: Processes summed into this account.
+        processes: Processes summed into this account (process lives: a restarted learner or generator
+            counts each life; synchronous GRPO counts each rank's engine).
         requested_gpu_s: Accelerator-seconds requested: ``wall_s`` x ``<role>.resources.gpus`` (what a
             GPU cluster charges; the CPU runs here request none, so it is reported beside the CPU figure).
     """

@@ -22,12 +22,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import json
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from posttrain.config import ConfigError, RunConfig, load_config
@@ -203,6 +206,7 @@ def _learner_inputs(cfg: Any, start_model: str | None, world: Any) -> tuple[Any,
 
 
 def _cmd_learner(args: argparse.Namespace) -> int:
+    from posttrain.account import LEARNER_STATES, StateClock
     from posttrain.config.roles import samples_on_policy
     from posttrain.learner.loop import run_learner
     from posttrain.learner.setup import redis_transport
@@ -210,6 +214,7 @@ def _cmd_learner(args: argparse.Namespace) -> int:
     from posttrain.runners.common import metrics_sink
     from posttrain.services.embedded_redis import EMBEDDED_REDIS_ENV
 
+    clock, cpu_started = StateClock(LEARNER_STATES, initial="preparing"), time.process_time()
     cfg = _config(args)
     world = init_world(cfg.learner)  # torchrun: one process per rank, FSDP2 over them
     stream = samples_on_policy(cfg)  # GKD at gkd.lmbda 0 trains on fixed sequences only: no Redis at all
@@ -229,18 +234,79 @@ def _cmd_learner(args: argparse.Namespace) -> int:
         with _redis_named(redis_url, cfg.queue.reconnect_window_s):
             transport = (redis_transport(cfg, redis_url, starts_empty=os.environ.get(EMBEDDED_REDIS_ENV) == "1")
                          if world.is_main and stream else None)
+        clock.switch("other")
         with (tracker if tracker is not None else contextlib.nullcontext(),
               _redis_named(redis_url, cfg.queue.reconnect_window_s)):
-            summary = run_learner(
-                cfg, transport, start_model_dir=start, sink=metrics_sink(ctx, tracker) if world.is_main else None,
-                max_iterations=args.max_iterations, world=world,
-            )
+            try:
+                summary = run_learner(
+                    cfg, transport, start_model_dir=start, sink=metrics_sink(ctx, tracker) if world.is_main else None,
+                    max_iterations=args.max_iterations, world=world, clock=clock,
+                )
+            except BaseException as exc:
+                if world.is_main:
+                    _learner_account(cfg, ctx, clock, cpu_started, tracker, redis_url if stream else "", None, exc)
+                raise
+            if world.is_main:
+                _learner_account(cfg, ctx, clock, cpu_started, tracker, redis_url if stream else "", summary, None)
     finally:
         shutdown_world()
     if world.is_main:
         print(f"learner: policy version {summary.policy_version}, {summary.counters['rollouts_trained']:.0f} "
               f"rollouts trained on {world.size} rank(s)")
     return 0
+
+
+def _learner_account(cfg: Any, ctx: Any, clock: Any, cpu_started: float, tracker: Any, redis_url: str,
+                     summary: Any, error: BaseException | None) -> None:
+    """Rank 0 of ``posttrain learner``: record the learner's time account (issue 35), or hand it to a local parent.
+
+    Under a local run's torchrun (``LEARNER_ACCOUNT_FILE_ENV`` set) the clock's account goes to that
+    JSON file and the parent folds it into the run's account. Otherwise (a cluster pod) the role's
+    account is recorded like a local run's (``runners.accounting.record_account``: MLflow metrics,
+    tags, ``account.json``/``.md``/``.png``), with the generators' accounts from their latest
+    snapshots in the run's telemetry hash (they are still serving: each as of its last snapshot).
+    ``error``: the learner raised it; the account up to now is recorded as ``failed`` and nothing
+    here raises (the learner's own error is the one to show).
+    """
+    from posttrain.account import LEARNER_ACCOUNT_FILE_ENV
+    from posttrain.runners.accounting import build_account, record_account, record_failed_account
+
+    handoff = os.environ.get(LEARNER_ACCOUNT_FILE_ENV, "")
+    if handoff:
+        record = {**clock.record(), "carried": dict(clock.carried), "carried_cpu_s": clock.carried_cpu_s}
+        with contextlib.suppress(OSError):  # the parent then counts the ranks' time as "other"
+            Path(handoff).write_text(json.dumps(record), encoding="utf-8")
+        return
+    stats = _final_generator_stats(cfg, ctx, redis_url)
+    if error is not None:
+        record_failed_account(cfg, clock, cpu_started, ctx.run_dir, tracker, error, generator_stats=stats)
+        return
+    account = build_account(cfg, clock, cpu_started, stats,
+                            trained_tokens=summary.counters.get("action_tokens_trained", 0.0),
+                            heldout_before=None, heldout_after=None, generators_in_process=False)
+    for label, value in record_account(account, ctx.run_dir, tracker, step=summary.policy_version):
+        print(f"{label}: {value}")
+
+
+def _final_generator_stats(cfg: Any, ctx: Any, redis_url: str) -> list[dict[str, float]]:
+    """The generators' latest snapshots with a time account ([] without Redis or when it is unreachable)."""
+    import redis
+
+    from posttrain.rollout.redis_streams import connect
+    from posttrain.rollout.telemetry import read_generator_stats
+
+    if not redis_url:
+        return []
+    try:
+        stats = read_generator_stats(connect(redis_url, reconnect_window_s=cfg.queue.reconnect_window_s), ctx.keys)
+    except (redis.ConnectionError, redis.TimeoutError, ValueError) as exc:
+        print(f"posttrain: the generators' time accounts were not read ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return []
+    from posttrain.runners.gateway import (
+        GATEWAY_ID,  # the gateway's engine serves agents: not a generator's account
+    )
+
+    return [s for name, s in sorted(stats.items()) if "account/engine/wall_s" in s and name != GATEWAY_ID]
 
 
 def build_parser() -> argparse.ArgumentParser:

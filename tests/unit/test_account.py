@@ -104,3 +104,57 @@ def test_run_account_round_trips_and_derives_costs():
 def test_run_account_refuses_another_schema_version():
     with pytest.raises(ValueError, match="schema_version 7"):
         RunAccount.from_json('{"schema_version": 7}')
+
+
+def test_a_second_life_adds_the_first_lives_account_instead_of_starting_over():
+    """Life 1: 3 s preparing, 5 s training (its record, as a checkpoint keeps it). Life 2 carries it, then
+    2 s training and 1 s checkpointing: 3 + 7 + 1 = 11 s over 2 lives, still adding up to the wall."""
+    t = Ticks()
+    first = StateClock(("preparing", "training", "checkpointing"), initial="preparing", clock=t)
+    t.now += 3
+    first.switch("training")
+    t.now += 5
+    record = first.record()
+    assert record["lives"] == 1 and record["shares"]["training"] == 5.0 and record["used_cpu_s"] >= 0
+    second = StateClock(("preparing", "training", "checkpointing"), initial="training", clock=t)
+    second.carry(record)
+    t.now += 2
+    second.switch("checkpointing")
+    t.now += 1
+    shares = second.shares()
+    assert shares == {"preparing": 3.0, "training": 7.0, "checkpointing": 1.0, OTHER: 0.0}
+    assert second.wall_s() == pytest.approx(sum(shares.values()))
+    assert second.lives == 2 and second.carried == {"preparing": 3.0, "training": 5.0, "checkpointing": 0.0, OTHER: 0.0}
+    assert second.cpu_s() >= record["used_cpu_s"]
+    account = RoleAccount.from_clock("learner", second)
+    assert account.wall_s == 11.0 and account.gap() < 1e-12
+    third = StateClock(("training",), clock=t)
+    third.carry({"shares": {"warm_start": 4.0}, "lives": 2})  # a state it does not know: kept, as other
+    assert third.shares()[OTHER] == 4.0 and third.lives == 3
+    with pytest.raises(ValueError, match="shares"):
+        third.carry({"shares": {"training": -1.0}})
+    with pytest.raises(ValueError, match="'shares' must be a mapping"):
+        third.carry({"training": 1.0})
+
+
+def test_reassign_moves_a_child_processes_split_out_of_other_within_the_limit():
+    """10 s in other (a torchrun); rank 0's split 6 s training + 2 s waiting moves out of it; a split larger
+    than the limit is scaled down alike; the wall never changes."""
+    t = Ticks()
+    clock = StateClock(("training", "waiting_for_batch"), clock=t)
+    t.now += 10
+    clock.reassign(OTHER, {"training": 6.0, "waiting_for_batch": 2.0}, limit_s=10.0)
+    assert clock.shares() == {"training": 6.0, "waiting_for_batch": 2.0, OTHER: 2.0}
+    clock.reassign(OTHER, {"training": 4.0}, limit_s=1.0)
+    assert clock.shares()["training"] == 7.0 and sum(clock.shares().values()) == pytest.approx(clock.wall_s())
+    with pytest.raises(ValueError, match="not one of"):
+        clock.reassign(OTHER, {"publishing": 1.0}, limit_s=1.0)
+
+
+def test_occupancy_carries_an_earlier_lifes_unit_seconds():
+    t = Ticks()
+    slots = Occupancy(("running",), units=2, clock=t)
+    slots.carry({"running": 6.0, "waiting_for_group": 2.0})
+    t.now += 1
+    assert slots.shares() == {"running": 6.0, OTHER: 4.0}
+    assert slots.wall_s() == pytest.approx(5.0)  # 8 unit-seconds carried over 2 units, then 1 s

@@ -63,7 +63,7 @@ from posttrain.rollout.keys import StreamKeys
 from posttrain.rollout.liveness import Heartbeat
 from posttrain.rollout.positions import learner_started
 from posttrain.rollout.redis_streams import RedisStreamQueue, check_reachable, connect
-from posttrain.rollout.telemetry import publish_generator_stats
+from posttrain.rollout.telemetry import own_generator_stats, publish_generator_stats
 from posttrain.runtime import RunContext
 from posttrain.weight_sync.announce import WeightAnnouncements
 from posttrain.weight_sync.factory import open_weight_store
@@ -231,6 +231,10 @@ async def _serve(config: RunConfig, ctx: RunContext, generator_id: str, redis_ur
     announcements = WeightAnnouncements(redis_url, ctx.keys)
     await announcements.subscribe()
     stats.mark_started(units=slot_count(gen.episodes_in_flight, settings.group_size) * settings.group_size)
+    # A restarted generator (same id: a second life after a crash or an eviction) adds its earlier
+    # lives' time account, read back from the run's telemetry hash, instead of overwriting it.
+    if stats.carry_account(own_generator_stats(client, ctx.keys, generator_id)):
+        log.info("generator %s: a restarted life; its time account adds the earlier lives'", generator_id)
 
     running = InFlightEpisodes()
     sender = RolloutSender(queue, admission, stats, generator_id)

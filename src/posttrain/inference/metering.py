@@ -48,7 +48,7 @@ machines split the generator's wall time; their shares add up to it by construct
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -64,6 +64,9 @@ SLOT_STATES = ("running", "waiting_for_group", "waiting_for_admission", "waiting
 
 ENGINE_ACCOUNT = "account/engine/"
 """Prefix of the engine's account in ``GeneratorStats.snapshot`` (``<prefix><state>_s``, ``<prefix>wall_s``)."""
+
+ACCOUNT_LIVES = "account/lives"
+"""Key of ``GeneratorStats.snapshot``: the generator's process lives its account sums (``carry_account``)."""
 
 SLOTS_ACCOUNT = "account/slots/"
 """Prefix of the episode slots' account in ``GeneratorStats.snapshot`` (slot-seconds)."""
@@ -143,6 +146,7 @@ class GeneratorStats:
     _learner_phase: bool = False
     _engine_states: StateClock | None = None
     _slots: Occupancy | None = None
+    _carried_busy_s: float = 0.0
 
     def mark_started(self, units: int = 1) -> None:
         """Start the wall and CPU clocks and the time account now (the generator begins serving).
@@ -214,9 +218,34 @@ class GeneratorStats:
         if self._engine_states is None or self._slots is None:
             return None
         engine = RoleAccount.from_clock("generator", self._engine_states, cores=cores,
-                                        used_cpu_s=self.busy_seconds(), used_by="engine_busy")
+                                        used_cpu_s=self.busy_seconds() + self._carried_busy_s, used_by="engine_busy")
         engine.requested_gpu_s = engine.wall_s * gpus
         return engine, RoleAccount.from_clock("generator_slots", self._slots)
+
+    def carry_account(self, previous: Mapping[str, float]) -> bool:
+        """Add an earlier life's time account (its last ``snapshot()``) to this one's; call after ``mark_started``.
+
+        A restarted generator (a second life after a crash or an eviction, under the same id) sums its
+        lives instead of overwriting the first one's account in the run's telemetry hash: the engine's
+        and the slots' seconds by state are added (``StateClock.carry``, ``Occupancy.carry``), and the
+        earlier busy seconds go to the engine's used seconds. The seconds after the earlier life's last
+        snapshot are not counted (nothing recorded them). Returns False (nothing added) when
+        ``previous`` holds no account or before ``mark_started``.
+
+        Raises:
+            ValueError: a negative or non-numeric share in ``previous`` (named).
+        """
+        if self._engine_states is None or self._slots is None:
+            return False
+        engine = RoleAccount.from_flat("generator", previous, ENGINE_ACCOUNT, "engine_busy")
+        if engine is None:
+            return False
+        self._engine_states.carry({"shares": engine.shares, "used_cpu_s": 0.0, "lives": 1})
+        self._carried_busy_s += engine.used_cpu_s
+        slots = RoleAccount.from_flat("generator_slots", previous, SLOTS_ACCOUNT, "none")
+        if slots is not None:
+            self._slots.carry(slots.shares)
+        return True
 
     def use_engine_clock(self, generating_seconds: Callable[[], float]) -> None:
         """Measure busy time with the engine's own clock from now on (module docstring).
@@ -311,6 +340,7 @@ class GeneratorStats:
         if accounts is not None:
             out.update(accounts[0].flat(ENGINE_ACCOUNT))
             out.update(accounts[1].flat(SLOTS_ACCOUNT))
+            out[ACCOUNT_LIVES] = float(self._engine_states.lives if self._engine_states is not None else 1)
         return out
 
 

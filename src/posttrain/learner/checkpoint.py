@@ -63,6 +63,10 @@ class LearnerState:
         generator_positions: Generator index -> episode counters reserved, read from the run's
             Redis when the checkpoint was written (``posttrain.rollout.positions``); a learner
             resumed on a Redis that lost them writes them back. Empty in checkpoints from before.
+        account: The learner process's time account when the checkpoint was written, every life
+            summed (``posttrain.account.StateClock.record``: ``shares`` seconds by state,
+            ``used_cpu_s``, ``lives``); a resumed learner adds its own life to it (``StateClock.carry``).
+            Empty when no account was kept, and in checkpoints from before (issue 35).
     """
 
     iteration: int = 0
@@ -71,6 +75,7 @@ class LearnerState:
     baseline_rewards: list[float] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)
     generator_positions: dict[str, int] = field(default_factory=dict)
+    account: dict[str, Any] = field(default_factory=dict)
 
 
 def latest_checkpoint(root: Path) -> Path | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -65,6 +66,8 @@ class Checkpointer:
         self.acked = acked
         self.baseline, self.queue, self.world = baseline, queue, world
         self.every, self.last_version, self.mirror_uri = every, last_version, mirror_uri
+        self.account: Callable[[], dict[str, Any]] | None = None
+        """Returns the learner's time account to save (``StateClock.record``), or None: none kept."""
 
     def maybe_save(self, policy_updated: bool) -> Path | None:
         """Checkpoint after a policy update that lands on the cadence or on the last version; else nothing."""
@@ -87,6 +90,8 @@ class Checkpointer:
         if self.baseline is not None:
             self.state.baseline_rewards = self.baseline.rewards()
         self.state.counters = dict(self.counters)
+        if self.account is not None:
+            self.state.account = self.account()
         if self.world.is_main and self.positions is not None:
             self._record_positions()
         saved = save_checkpoint(self.ctx.checkpoints_dir, state=self.state, parts=self.parts,

@@ -73,7 +73,10 @@ def run_learner(
         clock: The learner process's time account (``posttrain.account.LEARNER_STATES``): taking a
             batch is ``waiting_for_batch``; training, refunding, recording ``training``; publishing a
             version ``publishing``; checkpoints ``checkpointing``; logging and the rest ``other``.
-            None: not kept.
+            Each checkpoint saves the clock's account (``LearnerState.account``); a learner resumed
+            from one adds it to ``clock`` first (``StateClock.carry``), so a restarted learner's
+            lives are summed (the seconds after the last checkpoint of a life that crashed are not
+            counted: nothing recorded them). None: not kept.
 
     Returns:
         ``LearnerSummary``: final version, iterations, final model directory, counters.
@@ -89,6 +92,10 @@ def run_learner(
     learner = build_learner(config, transport, start_model_dir=start_model_dir, world=world)
     bar = tqdm(total=learner.settings.steps, initial=learner.state.policy_version, desc=learner.settings.technique,
                disable=not progress or not learner.world.is_main, leave=False)
+    if clock is not None:
+        if learner.state.account:  # resumed: the earlier lives' account, as of their last checkpoint
+            clock.carry(learner.state.account)
+        learner.checkpointer.account = clock.record
     previous = _stop_on_signals(learner)
     switch = clock.switch if clock is not None else _no_switch
     stop, waiting = None, False

@@ -52,6 +52,25 @@ def read_generator_stats(client: Any, keys: StreamKeys) -> dict[str, dict[str, f
     return out
 
 
+def own_generator_stats(client: Any, keys: StreamKeys, generator_id: str) -> dict[str, float]:
+    """One generator's latest stats in the run's telemetry hash ({} when it wrote none: its first life).
+
+    Raises:
+        redis.ConnectionError: Redis unreachable.
+        ValueError: the field is not a JSON object (the message names the generator).
+    """
+    blob = client.hget(keys.generator_stats, generator_id)
+    if blob is None:
+        return {}
+    try:
+        out = json.loads(blob)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{keys.generator_stats}[{generator_id}]: not JSON ({exc})") from exc
+    if not isinstance(out, dict):
+        raise ValueError(f"{keys.generator_stats}[{generator_id}]: not a JSON object")
+    return out
+
+
 def generator_metrics(stats: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
     """The learner's per-iteration view of the generators: ``generator/<id>/<field>`` and the mean busy fraction."""
     out: dict[str, float] = {}

@@ -34,7 +34,7 @@ from typing import Any
 from posttrain.account import RoleAccount, RunAccount, StateClock, month_of, run_tenant
 from posttrain.config import RunConfig
 from posttrain.config.resources import quantity_value
-from posttrain.inference.metering import ENGINE_ACCOUNT, SLOTS_ACCOUNT
+from posttrain.inference.metering import ACCOUNT_LIVES, ENGINE_ACCOUNT, SLOTS_ACCOUNT
 
 log = logging.getLogger("posttrain.runners")
 
@@ -55,6 +55,7 @@ def generator_accounts(stats: Sequence[Mapping[str, float]], *, cores: float, gp
         engine = RoleAccount.from_flat("generator", s, ENGINE_ACCOUNT, "engine_busy")
         if engine is not None:
             engine.requested_cpu_s, engine.requested_gpu_s = engine.wall_s * cores, engine.wall_s * gpus
+            engine.processes = int(s.get(ACCOUNT_LIVES, 1))  # a restarted generator's lives, summed
             engines.append(engine)
         slot = RoleAccount.from_flat("generator_slots", s, SLOTS_ACCOUNT, "none")
         if slot is not None:
@@ -81,8 +82,9 @@ def build_account(config: RunConfig, clock: StateClock, cpu_started: float, gene
     """
     learner_res, gen_res = config.learner.resources, config.generator.resources
     learner = RoleAccount.from_clock("learner", clock, cores=quantity_value(learner_res.cpu),
-                                     used_cpu_s=time.process_time() - cpu_started)
+                                     used_cpu_s=time.process_time() - cpu_started + clock.carried_cpu_s)
     learner.requested_gpu_s = learner.wall_s * learner_res.gpus
+    learner.processes = clock.lives  # a resumed learner's lives, summed (``StateClock.carry``)
     cores, gpus = (0.0, 0.0) if generators_in_process else (quantity_value(gen_res.cpu), float(gen_res.gpus))
     variant = ("async" if config.grpo.async_ else "sync") if config.technique == "grpo" else ""
     return RunAccount(run_tenant(), config.technique, month_of(), [learner, *generator_accounts(

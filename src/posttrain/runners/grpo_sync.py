@@ -63,7 +63,13 @@ from posttrain.config import RunConfig
 from posttrain.episodes.group import run_group
 from posttrain.episodes.runner import EpisodeInfraError, EpisodeLimits
 from posttrain.inference.factory import make_engine
-from posttrain.inference.metering import GeneratorStats, MeteredEngine
+from posttrain.inference.metering import (
+    ACCOUNT_LIVES,
+    ENGINE_ACCOUNT,
+    SLOTS_ACCOUNT,
+    GeneratorStats,
+    MeteredEngine,
+)
 from posttrain.learner.accumulate import EpochSampler
 from posttrain.learner.batching import collate_rollouts
 from posttrain.learner.checkpoint import save_checkpoint
@@ -359,9 +365,26 @@ class SyncGRPO:
             asyncio.run(self._loop(sink, progress))
         finally:
             self.engine.close()
+        engine_stats = self.engine_account_all_ranks()
         final_dir = save_final_model(self.ctx, self.policy.model, self.tokenizer, self.world)
         return LearnerSummary(self.state.policy_version, self.state.iteration, final_dir, self.counters,
-                              generator_stats=[self.stats.snapshot()])
+                              generator_stats=[engine_stats])
+
+    def engine_account_all_ranks(self) -> dict[str, float]:
+        """This rank's final engine snapshot, its time account summed over every rank's engine (collective).
+
+        On N ranks each rank runs its own engine on its share of the prompts; the run's generator
+        account is all of them: the engine's and the slots' seconds by state, wall, CPU-seconds and
+        lives (``account/lives``: one per rank) are summed with one all-reduce (gloo on the CPU,
+        float64). Every rank must call it; the other fields stay this rank's own.
+        """
+        snapshot = self.stats.snapshot()
+        if not self.world.distributed:
+            return snapshot
+        keys = sorted(k for k in snapshot if k.startswith((ENGINE_ACCOUNT, SLOTS_ACCOUNT)) or k == ACCOUNT_LIVES)
+        summed = self.world.sum([snapshot[k] for k in keys])  # the same keys on every rank: the states are fixed
+        snapshot.update(zip(keys, summed, strict=True))
+        return snapshot
 
 
 def run_grpo_sync(

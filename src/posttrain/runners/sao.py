@@ -28,7 +28,7 @@ from typing import Any
 
 import redis
 
-from posttrain.account import LEARNER_STATES, StateClock, StateTimer
+from posttrain.account import LEARNER_ACCOUNT_FILE_ENV, LEARNER_STATES, StateClock, StateTimer
 from posttrain.config import RunConfig
 from posttrain.config.roles import async_rl_settings
 from posttrain.eval.heldout import evaluate_policy, heldout_tasks
@@ -115,8 +115,11 @@ def run_learner_ranks(ctx: RunContext, redis_url: str | None, config_path: Path,
     checkpoint (written at the final version) and the dead-letter stream. ``starts_empty``:
     ``redis_url`` is the embedded server this call started (``EMBEDDED_REDIS_ENV`` tells the ranks).
     ``redis_url`` None: a learner that reads no stream (GKD at ``gkd.lmbda: 0``). ``clock``: the time
-    account of this process, which counts the whole torchrun as ``training`` (the ranks' own split is
-    not sent back yet).
+    account of this process: the torchrun's time is counted ``other``, then rank 0's split of its own
+    life (``LEARNER_ACCOUNT_FILE_ENV``: waiting for batches, training, publishing, checkpointing...)
+    is moved out of it (``StateClock.reassign``) and its earlier lives (a resumed run, from the
+    checkpoint) are added (``StateClock.carry``); the ranks' CPU time (every rank's, reaped by
+    torchrun) is added to the used CPU-seconds. Without rank 0's file (it died) the time stays ``other``.
 
     Raises:
         RuntimeError: the learner exited with a non-zero status (the log's tail is in the message).
@@ -125,12 +128,17 @@ def run_learner_ranks(ctx: RunContext, redis_url: str | None, config_path: Path,
     log_path = ctx.run_dir / "learner.log"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
            "-m", "posttrain.cli", "learner", str(config_path), "--start-model", str(start_model)]
+    account_file = ctx.run_dir / "learner_ranks_account.json"
+    account_file.unlink(missing_ok=True)
     with log_path.open("ab") as log:
-        env = {**os.environ, REDIS_URL_ENV: redis_url or "", EMBEDDED_REDIS_ENV: "1" if starts_empty else ""}
-        previous = clock.switch("training") if clock is not None else None
+        env = {**os.environ, REDIS_URL_ENV: redis_url or "", EMBEDDED_REDIS_ENV: "1" if starts_empty else "",
+               LEARNER_ACCOUNT_FILE_ENV: str(account_file)}
+        previous = clock.switch("other") if clock is not None else None
+        children_cpu, started = _children_cpu_s(), time.monotonic()
         code = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
         if clock is not None and previous is not None:
             clock.switch(previous)
+            _fold_rank0_account(clock, account_file, time.monotonic() - started, _children_cpu_s() - children_cpu)
     if code != 0:
         tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
         raise RuntimeError(f"learner on {ranks} ranks exited with status {code}; {log_path} ends with:\n{tail}")
@@ -142,6 +150,32 @@ def run_learner_ranks(ctx: RunContext, redis_url: str | None, config_path: Path,
     if redis_url:
         counters["dead_letters"] = float(redis.Redis.from_url(redis_url).xlen(ctx.keys.dead_letter))
     return LearnerSummary(state["policy_version"], state["iteration"], ctx.final_model_dir, counters)
+
+
+def _children_cpu_s() -> float:
+    """CPU-seconds of this process's reaped children (torchrun and, through it, every rank)."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def _fold_rank0_account(clock: StateClock, path: Path, run_s: float, ranks_cpu_s: float) -> None:
+    """Fold rank 0's account (``path``, written by ``posttrain learner``) into the parent's ``clock``.
+
+    This life's split replaces up to ``run_s`` seconds of ``other``; the earlier lives rank 0 resumed
+    (``carried``) are added; ``ranks_cpu_s`` goes to the used CPU-seconds. A missing or unreadable
+    file leaves the torchrun counted as ``other`` (one warning line).
+    """
+    clock.carried_cpu_s += ranks_cpu_s
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        shares, carried = record["shares"], record.get("carried", {})
+        life = {k: max(float(v) - float(carried.get(k, 0.0)), 0.0) for k, v in shares.items()}
+        clock.reassign("other", life, run_s)
+        if carried:
+            clock.carry({"shares": carried, "used_cpu_s": 0.0, "lives": int(record.get("lives", 1)) - 1})
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("rank 0's time account was not read from %s (%s: %s); the learner's ranks count as 'other'",
+                    path, type(exc).__name__, exc)
 
 
 def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None,

@@ -72,3 +72,53 @@ def test_a_run_that_fails_is_charged_with_its_account_up_to_the_error(tmp_path, 
     assert mlflow_run.info.status == "FAILED" and mlflow_run.data.tags["posttrain.outcome"] == "failed"
     report = tenant_report(uri, "team-x")
     assert report.total.runs == 1 and report.total.failed_runs == 1 and report.total.requested_cpu_s > 0
+
+
+def test_a_resumed_learner_sums_its_lives_through_the_checkpoint_json(tmp_path):
+    """Issue 35: the learner's account is saved in the checkpoint's state.json (JSON, no pickle); the next
+    life carries it, so the recorded account counts both lives' seconds and says ``processes: 2``."""
+    import json
+
+    import torch
+
+    from posttrain.learner.checkpoint import LearnerState, load_checkpoint, save_checkpoint
+    from posttrain.learner.types import Trainable
+
+    first = StateClock(LEARNER_STATES, initial="training")
+    model = torch.nn.Linear(2, 1)
+    path = save_checkpoint(tmp_path, state=LearnerState(iteration=1, account=first.record()),
+                           parts={"policy": Trainable(model, None, None)}, resolved_config_yaml="a: 1\n")
+    saved = json.loads((path / "state.json").read_text())["state"]["account"]
+    assert saved["lives"] == 1 and set(saved["shares"]) == {*LEARNER_STATES, "other"}
+    restored = load_checkpoint(path, parts={"policy": Trainable(torch.nn.Linear(2, 1), None, None)})
+    second = StateClock(LEARNER_STATES, initial="waiting_for_batch")
+    second.carry(restored.account)
+    config = load_config(None, ["technique=sao"])
+    account = build_account(config, second, 0.0, [], trained_tokens=0.0, heldout_before=None, heldout_after=None,
+                            generators_in_process=False)
+    learner = account.roles[0]
+    assert learner.processes == 2 and learner.gap() < 1e-9
+    assert learner.shares["training"] >= saved["shares"]["training"] > 0
+    assert learner.wall_s >= sum(saved["shares"].values())
+    assert learner.used_cpu_s >= saved["used_cpu_s"]
+
+
+def test_a_restarted_generator_adds_its_earlier_lifes_account():
+    """The second life reads the first's last snapshot (the run's telemetry hash) and sums it: every state's
+    seconds are at least the first life's, the lives are 2, and the summed account still adds up."""
+    first = _snapshot(4)
+    stats = GeneratorStats()
+    stats.mark_started(units=2)
+    assert stats.carry_account(first)
+    stats.episode_started()
+    second = stats.snapshot()
+    assert second["account/lives"] == 2.0
+    for key, value in first.items():
+        if key.startswith(("account/engine/", "account/slots/")) and key.endswith("_s") and "requested" not in key:
+            assert second[key] >= value, key
+    engine, slots = generator_accounts([second], cores=1.0, gpus=0.0)
+    assert engine.processes == 2 and engine.gap() < 1e-9 and slots.gap() < 1e-9
+    assert not GeneratorStats().carry_account(first)  # before mark_started: nothing to add to
+    fresh = GeneratorStats()
+    fresh.mark_started()
+    assert not fresh.carry_account({"rollouts": 3.0})  # a snapshot without an account: a first life
