@@ -22,6 +22,7 @@ import pytest
 import redis
 
 from integration.test_sao_fault_tolerance import _ctx, _ledger, _spawn, _stop, _surviving_iterations, _wait
+from posttrain.account import RunAccount
 from posttrain.learner.checkpoint import latest_checkpoint
 from posttrain.runtime import RunContext
 from posttrain.services.embedded_redis import EmbeddedRedis
@@ -237,6 +238,9 @@ def test_every_role_sigkilled_mid_episode_then_restarted_loses_nothing_and_tau_0
             for p in [learner, *gens]:
                 p.wait()
             first_life = _ledger(ctx)
+            first_account = json.loads((latest_checkpoint(ctx.checkpoints_dir) / "state.json").read_text())[
+                "state"]["account"]
+            first_stats = {k.decode(): json.loads(v) for k, v in client.hgetall(ctx.keys.generator_stats).items()}
             held = {t.decode() for t in client.zrange(ctx.keys.admission_leases, 0, -1)}
             assigned = {t.decode() for t in client.hkeys(ctx.keys.admission_tasks)} & held
             assert held and client.hlen(ctx.keys.admission_owners) >= len(held)
@@ -272,3 +276,17 @@ def test_every_role_sigkilled_mid_episode_then_restarted_loses_nothing_and_tau_0
         stats = {k.decode(): json.loads(v) for k, v in client.hgetall(ctx.keys.generator_stats).items()}
         assert sum(s["reissued"] for s in stats.values()) >= len(assigned)  # the lost tasks ran again
         assert any("previous life left" in line for i in range(2) for line in _lines(ctx, f"g{i}-again"))
+        # Issue 35: every role's time account sums its two lives. The learner's from the checkpoint's
+        # state.json (its first life's, as of its last checkpoint); each generator's from its earlier
+        # snapshot in the telemetry hash (as of that snapshot).
+        account = RunAccount.from_json((ctx.run_dir / "account.json").read_text())
+        roles = {r.role: r for r in account.roles}
+        learner_account = roles["learner"]
+        assert first_account["lives"] == 1 and learner_account.processes == 2
+        assert learner_account.wall_s > sum(first_account["shares"].values())
+        assert learner_account.shares["training"] >= first_account["shares"]["training"] > 0
+        assert all(r.gap() <= 0.02 for r in account.roles) and roles["generator"].processes >= 2
+        for name in ("g0", "g1"):
+            assert stats[name]["account/lives"] == 2.0, name
+            for key in ("account/engine/wall_s", "account/engine/generating_s", "account/slots/running_s"):
+                assert stats[name][key] >= first_stats[name][key] > 0, (name, key)

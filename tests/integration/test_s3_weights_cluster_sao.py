@@ -20,6 +20,7 @@ import pytest
 import redis
 import yaml
 
+from posttrain.account import RunAccount
 from posttrain.config import load_config
 from posttrain.rollout.queue import decode_entry
 from posttrain.runtime import RunContext
@@ -191,3 +192,18 @@ def test_a_restarted_learner_pod_resumes_from_the_checkpoint_on_s3(s3_server: S3
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     steps = sorted({m.step for m in client.get_metric_history(runs[0].info.run_id, "reward/mean")})
     assert steps == [0, 1, 2, 3]
+    # Issue 35: each learner pod recorded the role's time account into that run; the second pod's sums
+    # both lives (the first's came back in the checkpoint's state.json, through S3), with the generator's.
+    first_account = RunAccount.from_json((first / run / "account.json").read_text())
+    account = RunAccount.from_json((second / run / "account.json").read_text())
+    roles = {r.role: r for r in account.roles}
+    assert [r.processes for r in first_account.roles if r.role == "learner"] == [1]
+    assert roles["learner"].processes == 2 and roles["learner"].shares["training"] > 0
+    assert roles["learner"].shares["preparing"] >= first_account.roles[0].shares["preparing"]
+    assert roles["generator"].processes == 1 and roles["generator"].shares["generating"] > 0
+    tags = runs[0].data.tags
+    assert tags["posttrain.account"] == "1" and tags["posttrain.technique"] == "sao" and tags["posttrain.month"]
+    assert tags["posttrain.tenant"] == "default" and tags["posttrain.outcome"] == "finished"
+    wall = sorted(client.get_metric_history(runs[0].info.run_id, "time/learner/wall_s"), key=lambda m: m.step)
+    assert [m.step for m in wall] == [2, 3] and wall[-1].value == pytest.approx(roles["learner"].wall_s)
+    assert {"account.json", "account.md", "account.png"} <= {a.path for a in client.list_artifacts(runs[0].info.run_id)}

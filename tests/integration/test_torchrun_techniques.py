@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from posttrain.account import RunAccount
 from posttrain.learner.ledger import LEDGER_NAME, read_ledger
 from posttrain.models.hf import load_policy
 
@@ -103,3 +104,7 @@ def test_sync_grpo_on_two_ranks_generates_every_group_once_in_prompt_order(tmp_p
     assert _shards(run_dir / "checkpoints" / "iter-000003") == ["__0_0.distcp", "__1_0.distcp"]
     assert (run_dir / "final_model" / "model.safetensors").is_file()
     load_policy(run_dir / "final_model")
+    # Issue 35: the generator account is both ranks' engines summed (one all-reduce), not rank 0's alone.
+    account = RunAccount.from_json((run_dir / "account.json").read_text(encoding="utf-8"))
+    engine = next(r for r in account.roles if r.role == "generator")
+    assert engine.processes == 2 and engine.gap() <= 0.02 and engine.shares["generating"] > 0

@@ -162,7 +162,8 @@ def _fold_rank0_account(clock: StateClock, path: Path, run_s: float, ranks_cpu_s
     """Fold rank 0's account (``path``, written by ``posttrain learner``) into the parent's ``clock``.
 
     This life's split replaces up to ``run_s`` seconds of ``other``; the earlier lives rank 0 resumed
-    (``carried``) are added; ``ranks_cpu_s`` goes to the used CPU-seconds. A missing or unreadable
+    (``carried``, with their CPU-seconds as rank 0 measured them) are added; ``ranks_cpu_s`` (every
+    rank's, this life) goes to the used CPU-seconds. A missing or unreadable
     file leaves the torchrun counted as ``other`` (one warning line).
     """
     clock.carried_cpu_s += ranks_cpu_s
@@ -172,7 +173,8 @@ def _fold_rank0_account(clock: StateClock, path: Path, run_s: float, ranks_cpu_s
         life = {k: max(float(v) - float(carried.get(k, 0.0)), 0.0) for k, v in shares.items()}
         clock.reassign("other", life, run_s)
         if carried:
-            clock.carry({"shares": carried, "used_cpu_s": 0.0, "lives": int(record.get("lives", 1)) - 1})
+            clock.carry({"shares": carried, "used_cpu_s": float(record.get("carried_cpu_s", 0.0)),
+                         "lives": int(record.get("lives", 1)) - 1})
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.warning("rank 0's time account was not read from %s (%s: %s); the learner's ranks count as 'other'",
                     path, type(exc).__name__, exc)

@@ -122,3 +122,42 @@ def test_a_restarted_generator_adds_its_earlier_lifes_account():
     fresh = GeneratorStats()
     fresh.mark_started()
     assert not fresh.carry_account({"rollouts": 3.0})  # a snapshot without an account: a first life
+
+
+def test_the_learner_ranks_account_replaces_the_torchrun_s_other_time_in_the_parent(tmp_path, monkeypatch):
+    """``learner.local_ranks > 1``: rank 0 of ``posttrain learner`` hands its clock to the parent through the
+    file named by ``POSTTRAIN_LEARNER_ACCOUNT_FILE`` (the real writer and reader); the parent moves this life's
+    split out of the torchrun's ``other`` seconds and adds the earlier lives rank 0 resumed."""
+    import json
+
+    from posttrain.account import LEARNER_ACCOUNT_FILE_ENV
+    from posttrain.cli import _learner_account
+    from posttrain.runners.sao import _fold_rank0_account
+
+    class Ticks:
+        now = 0.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    t = Ticks()
+    rank0 = StateClock(LEARNER_STATES, initial="training", clock=t)
+    rank0.carry({"shares": {"training": 50.0, "checkpointing": 5.0}, "used_cpu_s": 40.0, "lives": 1})
+    t.now += 6
+    rank0.switch("waiting_for_batch")
+    t.now += 2
+    path = tmp_path / "learner_ranks_account.json"
+    monkeypatch.setenv(LEARNER_ACCOUNT_FILE_ENV, str(path))
+    _learner_account(None, None, rank0, 0.0, None, "", None, None)
+    assert json.loads(path.read_text())["lives"] == 2
+    parent = StateClock(LEARNER_STATES, clock=t)  # the torchrun: 10 s counted "other"
+    t.now += 10
+    _fold_rank0_account(parent, path, run_s=10.0, ranks_cpu_s=3.0)
+    shares = parent.shares()
+    assert shares["training"] == 56.0 and shares["waiting_for_batch"] == 2.0 and shares["checkpointing"] == 5.0
+    assert shares["other"] == 2.0 and parent.lives == 2 and parent.carried_cpu_s == 43.0
+    assert sum(shares.values()) == parent.wall_s() == 65.0
+    missing = StateClock(LEARNER_STATES, clock=t)
+    t.now += 4
+    _fold_rank0_account(missing, tmp_path / "absent.json", run_s=4.0, ranks_cpu_s=1.0)  # rank 0 died: stays other
+    assert missing.shares()["other"] == 4.0 and missing.carried_cpu_s == 1.0
