@@ -22,6 +22,7 @@ import yaml
 
 from posttrain.account import RunAccount
 from posttrain.config import load_config
+from posttrain.kfp.artifacts import learner_account_outputs
 from posttrain.rollout.queue import decode_entry
 from posttrain.runtime import RunContext
 from posttrain.services.embedded_redis import EmbeddedRedis
@@ -207,3 +208,6 @@ def test_a_restarted_learner_pod_resumes_from_the_checkpoint_on_s3(s3_server: S3
     wall = sorted(client.get_metric_history(runs[0].info.run_id, "time/learner/wall_s"), key=lambda m: m.step)
     assert [m.step for m in wall] == [2, 3] and wall[-1].value == pytest.approx(roles["learner"].wall_s)
     assert {"account.json", "account.md", "account.png"} <= {a.path for a in client.list_artifacts(runs[0].info.run_id)}
+    # What the cluster train step shows in the KFP UI: the learner run's account.md with the plot.
+    shown = learner_account_outputs(env["MLFLOW_TRACKING_URI"], runs[0].info.run_id)
+    assert "### Time account: sao" in shown["account_markdown"] and shown["account_png"].startswith(b"\x89PNG")

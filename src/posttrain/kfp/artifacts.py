@@ -92,7 +92,7 @@ def write_outputs(
             metrics.log_metric(key, float(value))
     if artifact is not None:
         artifact.metadata.update(result.metadata)
-    account_body = result.account_markdown or "No time account: the run recorded none (cluster mode: the JobSet's learner).\n"
+    account_body = result.account_markdown or "No time account: the run recorded none.\n"
     for target, body in ((markdown, result.markdown), (html_report, result.html),
                          (account, account_body if account is not None else "")):
         if target is not None:
@@ -102,6 +102,33 @@ def write_outputs(
         Path(account_plot.path).parent.mkdir(parents=True, exist_ok=True)
         Path(account_plot.path).write_bytes(result.account_png)
         account_plot.metadata["mime_type"] = "image/png"
+
+
+def learner_account_outputs(tracking_uri: str, run_id: str) -> dict[str, Any]:
+    """``StepOutputs`` fields of the time account a cluster learner logged to MLflow run ``run_id``.
+
+    The JobSet's learner records ``account.md`` and ``account.png`` as artifacts of its run (the step
+    that launched it has none on its disk); they are downloaded and read like ``account_outputs``.
+    Empty fields when the run has no account (one warning line when MLflow refused the download).
+    """
+    from mlflow.exceptions import MlflowException
+
+    from posttrain.tracking.client import mlflow_client
+
+    if not run_id:
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            client = mlflow_client(tracking_uri)
+            names = {a.path for a in client.list_artifacts(run_id)}
+            for name in ("account.md", "account.png"):
+                if name in names:
+                    client.download_artifacts(run_id, name, tmp)
+        except (MlflowException, OSError) as exc:
+            logging.getLogger("posttrain.kfp").warning("the learner's time account was not read from %s run %s (%s)",
+                                                       tracking_uri, run_id, exc)
+            return {}
+        return account_outputs(Path(tmp))
 
 
 def account_outputs(run_dir: Path) -> dict[str, Any]:

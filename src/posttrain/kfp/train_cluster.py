@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -191,7 +191,16 @@ def train_sao_cluster(
     (out / MODEL_INFO_FILE).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     metrics = {"jobset_restarts": float(status.restarts), "generators": float(cfg.generator.num_processes)}
     md = f"# SAO training on the cluster: JobSet {namespace}/{name}\n\n" + markdown_table({**info, **metrics})
-    return StepOutputs(metrics=metrics, metadata=info, markdown=md, html=_learner_curve(cfg))
+    return StepOutputs(metrics=metrics, metadata=info, markdown=md, html=_learner_curve(cfg), **_learner_account(cfg))
+
+
+def _learner_account(cfg: RunConfig) -> dict[str, Any]:
+    """The time account the JobSet's learner logged to its MLflow run (found by its tag), as ``StepOutputs`` fields."""
+    from posttrain.kfp.artifacts import learner_account_outputs
+    from posttrain.tracking import default_tracking_uri, experiment_name, find_learner_run
+
+    uri = cfg.tracking.tracking_uri or default_tracking_uri()
+    return learner_account_outputs(uri, find_learner_run(uri, experiment_name(cfg), cfg.run_name))
 
 
 def _gateway_objects(api: CustomObjectsApi, core: CoreV1Api, namespace: str, name: str,
