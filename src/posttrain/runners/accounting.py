@@ -4,8 +4,10 @@ Issue 35 (``posttrain.account`` defines the clocks and records). Every technique
 ``record_account`` once, after its final evaluation and registration:
 
 * the **learner** account is the runner process's ``StateClock`` (``account.LEARNER_STATES``),
-  started when the run began; requested CPU-seconds = its wall x ``learner.resources.cpu`` (and
-  accelerator-seconds x ``learner.resources.gpus``); used = the process's CPU time;
+  started when the run began (a cluster pod's: ``posttrain learner``'s rank 0; a resumed learner's
+  sums its lives through the checkpoint); requested CPU-seconds = its wall x ``learner.resources.cpu``
+  x ``learner.nodes`` (and accelerator-seconds x ``learner.resources.gpus`` x ``learner.nodes``);
+  used = the process's CPU time (with ``local_ranks > 1`` every rank's);
 * the **generator** accounts come from each generator's final ``GeneratorStats.snapshot()``
   (``account/engine/*``, ``account/slots/*``), which asynchronous runs' generators publish on the
   run's Redis (``posttrain.rollout.telemetry``, JSON) and synchronous GRPO returns from its own engine;
@@ -81,9 +83,10 @@ def build_account(config: RunConfig, clock: StateClock, cpu_started: float, gene
         generators_in_process: The engine ran in the learner's process (synchronous GRPO): it requests nothing.
     """
     learner_res, gen_res = config.learner.resources, config.generator.resources
-    learner = RoleAccount.from_clock("learner", clock, cores=quantity_value(learner_res.cpu),
+    pods = config.learner.nodes  # a cluster learner of N pods requests N x resources (rank 0's clock times them all)
+    learner = RoleAccount.from_clock("learner", clock, cores=quantity_value(learner_res.cpu) * pods,
                                      used_cpu_s=time.process_time() - cpu_started + clock.carried_cpu_s)
-    learner.requested_gpu_s = learner.wall_s * learner_res.gpus
+    learner.requested_gpu_s = learner.wall_s * learner_res.gpus * pods
     learner.processes = clock.lives  # a resumed learner's lives, summed (``StateClock.carry``)
     cores, gpus = (0.0, 0.0) if generators_in_process else (quantity_value(gen_res.cpu), float(gen_res.gpus))
     variant = ("async" if config.grpo.async_ else "sync") if config.technique == "grpo" else ""

@@ -93,11 +93,14 @@ def test_a_resumed_learner_sums_its_lives_through_the_checkpoint_json(tmp_path):
     restored = load_checkpoint(path, parts={"policy": Trainable(torch.nn.Linear(2, 1), None, None)})
     second = StateClock(LEARNER_STATES, initial="waiting_for_batch")
     second.carry(restored.account)
-    config = load_config(None, ["technique=sao"])
+    config = load_config(None, ["technique=sao", "learner.nodes=2", "learner.resources.cpu=3",
+                                "learner.resources.gpus=1"])
     account = build_account(config, second, 0.0, [], trained_tokens=0.0, heldout_before=None, heldout_after=None,
                             generators_in_process=False)
     learner = account.roles[0]
     assert learner.processes == 2 and learner.gap() < 1e-9
+    assert learner.requested_cpu_s == pytest.approx(learner.wall_s * 3 * 2)  # 2 learner pods of 3 cores
+    assert learner.requested_gpu_s == pytest.approx(learner.wall_s * 2)
     assert learner.shares["training"] >= saved["shares"]["training"] > 0
     assert learner.wall_s >= sum(saved["shares"].values())
     assert learner.used_cpu_s >= saved["used_cpu_s"]
