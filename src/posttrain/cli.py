@@ -265,8 +265,9 @@ def _learner_account(cfg: Any, ctx: Any, clock: Any, cpu_started: float, tracker
     account is recorded like a local run's (``runners.accounting.record_account``: MLflow metrics,
     tags, ``account.json``/``.md``/``.png``), with the generators' accounts from their latest
     snapshots in the run's telemetry hash (they are still serving: each as of its last snapshot).
-    ``error``: the learner raised it; the account up to now is recorded as ``failed`` and nothing
-    here raises (the learner's own error is the one to show).
+    ``error``: the learner raised it; the account up to now is recorded as ``failed``. Nothing here
+    raises: the learner's own error is the one to show, and a finished learner that failed to record
+    its account says so in one line on stderr (the training itself is done).
     """
     from posttrain.account import LEARNER_ACCOUNT_FILE_ENV
     from posttrain.runners.accounting import build_account, record_account, record_failed_account
@@ -281,10 +282,20 @@ def _learner_account(cfg: Any, ctx: Any, clock: Any, cpu_started: float, tracker
     if error is not None:
         record_failed_account(cfg, clock, cpu_started, ctx.run_dir, tracker, error, generator_stats=stats)
         return
+    from mlflow.exceptions import MlflowException
+
     account = build_account(cfg, clock, cpu_started, stats,
                             trained_tokens=summary.counters.get("action_tokens_trained", 0.0),
                             heldout_before=None, heldout_after=None, generators_in_process=False)
-    for label, value in record_account(account, ctx.run_dir, tracker, step=summary.policy_version):
+    try:
+        rows = record_account(account, ctx.run_dir, tracker, step=summary.policy_version)
+    except (OSError, ValueError, MlflowException) as exc:
+        # The training is done and checkpointed: a pod that failed now would only be restarted to
+        # record it again. One line says what is missing.
+        print(f"posttrain: the learner's time account was not recorded ({type(exc).__name__}: {exc})",
+              file=sys.stderr)
+        return
+    for label, value in rows:
         print(f"{label}: {value}")
 
 
