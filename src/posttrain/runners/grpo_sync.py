@@ -145,6 +145,8 @@ class SyncGRPO:
         resumed = resume_policy(self.ctx.checkpoints_dir, start_model_dir, grpo.optim, grpo.steps * grpo.mini_batches,
                                 world=world, learner=config.learner)
         self.policy, self.parts, self.state = resumed.policy, resumed.parts, resumed.state
+        if self.state.account:  # resumed: the earlier lives' learner account, as of their last checkpoint
+            self.clock.carry(self.state.account)
         self.reference = (prepare_model(load_policy(start_model_dir), world, config.learner, trainable=False)
                           if grpo.loss.kl_coef > 0 else None)
         self.counters = {"rollouts_trained": 0.0, "rollouts_kept": 0.0, "action_tokens_trained": 0.0,
@@ -293,6 +295,7 @@ class SyncGRPO:
         """A learner checkpoint of the policy, its optimizer and the counters (every rank writes its shards)."""
         self.counters.update(infra_metrics(self.infra))
         self.state.counters = dict(self.counters)
+        self.state.account = self.clock.record()  # a resumed run sums its lives (``StateClock.carry``)
         with self.timer("checkpointing"):
             save_checkpoint(self.ctx.checkpoints_dir, state=self.state, parts=self.parts,
                             resolved_config_yaml=self.ctx.resolved_config_yaml(), world=self.world)

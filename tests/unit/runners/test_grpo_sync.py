@@ -140,6 +140,7 @@ def test_sync_grpo_reruns_an_infra_failed_episode_in_its_group_gives_up_a_group_
     assert [m["infra/errors"] for m in logged] == [5.0, 5.0, 13.0]
     assert (logged[0]["infra/reissued"], logged[0]["infra/abandoned"], logged[0]["infra/tool_killed"]) == (3.0, 2.0, 1.0)
     saved = json.loads((latest_checkpoint(ctx.checkpoints_dir) / "state.json").read_text())["state"]
+    assert saved["account"]["lives"] == 1 and saved["account"]["shares"]["waiting_for_batch"] > 0  # issue 35
     assert latest_checkpoint(ctx.checkpoints_dir).name == "iter-000003"
     assert InfraTally.from_metrics(saved["counters"]) == InfraTally(
         infra_total=13, completed_total=6, infra_by_cause={"sandbox_unavailable": 12, "tool_killed": 1},
