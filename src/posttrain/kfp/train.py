@@ -112,7 +112,7 @@ def train_sao(
             summary = train_sao(ctx, start, sink, clock=clock)
             # The held-out evaluation is the pipeline's own step: no accuracy here.
             account = build_account(cfg, clock, cpu_started, summary.generator_stats,
-                                    trained_tokens=summary.counters.get("action_tokens_trained", 0.0),
+                                    trained_tokens=summary.this_life("action_tokens_trained"),
                                     heldout_before=None, heldout_after=None, generators_in_process=False)
             record_account(account, ctx.run_dir, tracker, step=summary.policy_version)
             account_fields = account_outputs(ctx.run_dir)

@@ -207,6 +207,8 @@ class Learner:
     iterations_here: int = 0
     last_step_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
+    counters_at_start: dict[str, float] = field(default_factory=dict)
+    iterations_at_start: int = 0
 
     def finished(self, max_iterations: int | None) -> bool:
         """True once the last policy version is published, or after ``max_iterations`` in this process."""
@@ -374,7 +376,8 @@ class Learner:
         if self.state.policy_version >= self.settings.steps:
             save_final_model(self.ctx, self.policy.model, self.tokenizer, self.world)
         return LearnerSummary(self.state.policy_version, self.state.iteration, self.ctx.final_model_dir,
-                              self.counters)
+                              self.counters, counters_at_start=self.counters_at_start,
+                              iterations_at_start=self.iterations_at_start)
 
 
 def guard_transport(config: RunConfig, transport: LearnerTransport, model: nn.Module, policy_version: int,
@@ -570,6 +573,7 @@ def build_learner(config: RunConfig, transport: LearnerTransport | None, *, star
                       progress=ProgressWatch(config.learner.max_iterations_without_progress,
                                              print_line if world.is_main else None))
     learner.drops_seen = learner.source.drops.seen
+    learner.counters_at_start, learner.iterations_at_start = dict(counters), state.iteration  # as resumed
     learner.publishes = on_policy  # GKD at lambda 0: no generator loads the student's weights
     if transport is not None and world.is_main and transport.live_generators is not None:
         learner.watch = GeneratorWatch(transport.live_generators, transport.return_dead_leases or (lambda: 0),

@@ -62,6 +62,11 @@ class LearnerSummary:
         generator_stats: The final ``GeneratorStats.snapshot()`` of each generator (flat JSON numbers,
             with their time accounts: ``posttrain.inference.metering``); synchronous GRPO's engine's,
             or those the generators published to the run's Redis.
+        counters_at_start: ``counters`` as this process found them (restored from the checkpoint it resumed;
+            empty for a fresh run). The counters are cumulative over the run's lives; what this life did is
+            the difference (``this_life``): a re-run of a finished run trained nothing, and its time account
+            must not charge the earlier lives' tokens again.
+        iterations_at_start: ``iterations`` as this process found them (0 for a fresh run).
     """
 
     policy_version: int
@@ -70,3 +75,14 @@ class LearnerSummary:
     counters: dict[str, float]
     generators: str = ""
     generator_stats: list[dict[str, float]] = field(default_factory=list)
+    counters_at_start: dict[str, float] = field(default_factory=dict)
+    iterations_at_start: int = 0
+
+    def this_life(self, key: str) -> float:
+        """Counter ``key`` counted by this process only: ``counters[key] - counters_at_start[key]`` (0 when absent)."""
+        return float(self.counters.get(key, 0.0)) - float(self.counters_at_start.get(key, 0.0))
+
+    @property
+    def trained_this_life(self) -> bool:
+        """Whether this process ran any learner iteration (False: it resumed at the final version)."""
+        return self.iterations > self.iterations_at_start

@@ -43,6 +43,22 @@ log = logging.getLogger("posttrain.runners")
 ACCOUNT_FILES = ("account.json", "account.md", "account.png")
 """What ``record_account`` writes into the run directory (and logs to MLflow)."""
 
+RERUN_DIR = "rerun"
+"""Where a re-run that trained nothing (it resumed at the final version) writes its summary and account files,
+under the run directory: the run's own ``summary.md`` and ``account.*`` (the life that trained) stay as they were."""
+
+RERUN_ROW = ("this process", "resumed at the final version and trained nothing: its account counts only its own "
+                             "seconds (0 trained tokens); the run's summary.md and account files are kept")
+"""The summary row of such a re-run."""
+
+
+def files_dir(run_dir: Path, trained_nothing: bool) -> Path:
+    """Where this process's ``summary.md`` and account files go (``run_dir``, or ``RERUN_DIR`` under it).
+
+    ``run_dir/rerun`` for a re-run that trained nothing while the run directory already holds a ``summary.md``.
+    """
+    return run_dir / RERUN_DIR if trained_nothing and (run_dir / "summary.md").exists() else run_dir
+
 
 def generator_accounts(stats: Sequence[Mapping[str, float]], *, cores: float, gpus: float) -> list[RoleAccount]:
     """The generators' engine and slot accounts, each summed over generators ([] without any).

@@ -319,6 +319,7 @@ class TrackedRun:
     generators_in_process: bool = False
     heldout_before: float | None = None
     heldout_after: float | None = None
+    trained_nothing: bool = False
 
     @property
     def timer(self) -> StateTimer:
@@ -361,7 +362,7 @@ class TrackedRun:
         Raises:
             ValueError: a role's time shares do not add up to its wall time within 2%.
         """
-        from posttrain.runners.accounting import build_account, record_account
+        from posttrain.runners.accounting import RERUN_ROW, build_account, files_dir, record_account
 
         result = RunSummary(self.ctx.run_dir)
         if not self.world.is_main:
@@ -369,12 +370,14 @@ class TrackedRun:
         account = build_account(self.config, self.clock, self.cpu_started, self.generator_stats,
                                 trained_tokens=self.trained_tokens, heldout_before=self.heldout_before,
                                 heldout_after=self.heldout_after, generators_in_process=self.generators_in_process)
-        account_rows = record_account(account, self.ctx.run_dir, self.tracker)
-        result.rows = [("technique", self.config.technique), *rows, *account_rows,
+        out_dir = files_dir(self.ctx.run_dir, self.trained_nothing)  # a re-run keeps the run's own summary
+        account_rows = record_account(account, out_dir, self.tracker)
+        rerun = [RERUN_ROW] if out_dir != self.ctx.run_dir else []
+        result.rows = [("technique", self.config.technique), *rerun, *rows, *account_rows,
                        ("final model", str(self.ctx.final_model_dir)),
                        (MLFLOW_RUN_ROW, self.tracker.run_id if self.tracker is not None else ""),
                        ("wall time (s, from the process start)", f"{seconds_since_start():.0f}")]
-        (self.ctx.run_dir / "summary.md").write_text(result.table() + "\n", encoding="utf-8")
+        (out_dir / "summary.md").write_text(result.table() + "\n", encoding="utf-8")
         return result
 
 

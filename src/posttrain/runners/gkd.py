@@ -136,7 +136,8 @@ def run_gkd(config: RunConfig) -> RunSummary:
         summary = (train_sao(RunContext(config), student, sink, clock=run.clock) if gkd.on_policy_rows
                    else distil_fixed_sequences(RunContext(config), student, sink, clock=run.clock))
         run.generator_stats = summary.generator_stats
-        run.trained_tokens = summary.counters.get("action_tokens_trained", 0.0)
+        run.trained_tokens = summary.this_life("action_tokens_trained")  # not the earlier lives' (a re-run)
+        run.trained_nothing = not summary.trained_this_life
         print("[5/5] held-out eval, registration", flush=True)
         after = evaluate_and_log(run, summary.final_model_dir, "gkd")
         closed = gap_closed(before["accuracy"], after["accuracy"], teacher_scores["accuracy"])

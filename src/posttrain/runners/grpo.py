@@ -45,7 +45,8 @@ def run_grpo(config: RunConfig) -> RunSummary:
                                     clock=run.clock)
             run.generators_in_process = True
         run.generator_stats = summary.generator_stats
-        run.trained_tokens = summary.counters.get("action_tokens_trained", 0.0)
+        run.trained_tokens = summary.this_life("action_tokens_trained")  # not the earlier lives' (a re-run)
+        run.trained_nothing = not summary.trained_this_life
         if not world.is_main:
             return run.summary([])  # rank 0 evaluates, registers and reports
         print("[4/4] held-out eval, registration", flush=True)

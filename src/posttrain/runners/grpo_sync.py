@@ -151,6 +151,7 @@ class SyncGRPO:
                           if grpo.loss.kl_coef > 0 else None)
         self.counters = {"rollouts_trained": 0.0, "rollouts_kept": 0.0, "action_tokens_trained": 0.0,
                          "skipped_batches": 0.0, "skipped_nonfinite": 0.0, **self.state.counters}
+        self.counters_at_start, self.iterations_at_start = dict(self.counters), self.state.iteration  # as resumed
         self.nonfinite = NonFiniteStreak(grpo.max_nonfinite_iterations, "grpo.max_nonfinite_iterations")
         self.progress = ProgressWatch(config.learner.max_iterations_without_progress,
                                       print_line if world.is_main else None)
@@ -371,7 +372,8 @@ class SyncGRPO:
         engine_stats = self.engine_account_all_ranks()
         final_dir = save_final_model(self.ctx, self.policy.model, self.tokenizer, self.world)
         return LearnerSummary(self.state.policy_version, self.state.iteration, final_dir, self.counters,
-                              generator_stats=[engine_stats])
+                              generator_stats=[engine_stats], counters_at_start=self.counters_at_start,
+                              iterations_at_start=self.iterations_at_start)
 
     def engine_account_all_ranks(self) -> dict[str, float]:
         """This rank's final engine snapshot, its time account summed over every rank's engine (collective).

@@ -126,6 +126,9 @@ def run_learner_ranks(ctx: RunContext, redis_url: str | None, config_path: Path,
     """
     ranks = ctx.config.learner.local_ranks
     log_path = ctx.run_dir / "learner.log"
+    resumed_from = latest_checkpoint(ctx.checkpoints_dir)  # the counters and iteration this life starts at
+    at_start = (json.loads((resumed_from / "state.json").read_text(encoding="utf-8"))["state"]
+                if resumed_from is not None else {})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
            "-m", "posttrain.cli", "learner", str(config_path), "--start-model", str(start_model)]
     account_file = ctx.run_dir / "learner_ranks_account.json"
@@ -149,7 +152,9 @@ def run_learner_ranks(ctx: RunContext, redis_url: str | None, config_path: Path,
     counters = dict(state["counters"])
     if redis_url:
         counters["dead_letters"] = float(redis.Redis.from_url(redis_url).xlen(ctx.keys.dead_letter))
-    return LearnerSummary(state["policy_version"], state["iteration"], ctx.final_model_dir, counters)
+    return LearnerSummary(state["policy_version"], state["iteration"], ctx.final_model_dir, counters,
+                          counters_at_start=dict(at_start.get("counters") or {}),
+                          iterations_at_start=int(at_start.get("iteration", 0)))
 
 
 def _children_cpu_s() -> float:
@@ -435,7 +440,13 @@ def run_sao(config: RunConfig) -> RunSummary:
     the summary; the evaluations' engine output goes to ``<run>/logs/run.log``
     (``posttrain.runners.console``).
     """
-    from posttrain.runners.accounting import build_account, record_account, record_failed_account
+    from posttrain.runners.accounting import (
+        RERUN_ROW,
+        build_account,
+        files_dir,
+        record_account,
+        record_failed_account,
+    )
     from posttrain.tracking import HELDOUT_METRIC, Tracker
 
     ctx = RunContext(config)
@@ -495,13 +506,15 @@ def run_sao(config: RunConfig) -> RunSummary:
                 if config.tracking.register_final else "not registered"
             )
         account = build_account(config, account_clock, cpu_started, summary.generator_stats,
-                                trained_tokens=summary.counters.get("action_tokens_trained", 0.0),
+                                trained_tokens=summary.this_life("action_tokens_trained"),
                                 heldout_before=before["accuracy"], heldout_after=after["accuracy"],
                                 generators_in_process=False)
-        account_rows = record_account(account, ctx.run_dir, tracker, step=summary.policy_version)
+        out_dir = files_dir(ctx.run_dir, not summary.trained_this_life)  # a re-run keeps the run's own summary
+        account_rows = record_account(account, out_dir, tracker, step=summary.policy_version)
     clock.end()
     result = RunSummary(ctx.run_dir)
     result.rows = [
+        *([RERUN_ROW] if out_dir != ctx.run_dir else []),
         ("environment", config.data.env),
         ("held-out accuracy after SFT", f"{before['accuracy']:.3f}"),
         ("held-out accuracy after SAO", f"{after['accuracy']:.3f}"),
@@ -528,5 +541,5 @@ def run_sao(config: RunConfig) -> RunSummary:
         ("seconds per stage", clock.row()),
         ("wall time (s, from the process start)", f"{clock.elapsed():.0f}"),
     ]
-    (ctx.run_dir / "summary.md").write_text(result.table() + "\n", encoding="utf-8")
+    (out_dir / "summary.md").write_text(result.table() + "\n", encoding="utf-8")
     return result

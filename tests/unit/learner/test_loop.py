@@ -227,6 +227,33 @@ def test_a_learner_stopped_mid_run_resumes_without_losing_or_repeating_an_entry(
     assert second.queue.pending() == []
 
 
+def test_a_resumed_learner_counts_this_lifes_tokens_and_a_rerun_at_the_final_version_counts_none(tmp_path, tiny_model):
+    """The counters are cumulative over a run's lives (checkpointed); a life's time account must charge only
+    what that life trained. Before, a re-run of a finished run reported the whole run's trained tokens."""
+    config = _prepared(tmp_path, "sao", tiny_model)
+    versions = MemoryPolicyVersionStore()
+    admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=2)
+    stream = MemoryStream()
+    first, _ = _transport(tmp_path, config, tiny_model, stream, admission, versions)
+    stopped = run_learner(config, first, start_model_dir=tiny_model.path, progress=False, max_iterations=2)
+    first_tokens = stopped.counters["action_tokens_trained"]
+    assert first_tokens > 0 and stopped.this_life("action_tokens_trained") == first_tokens
+    assert stopped.trained_this_life
+
+    second, _ = _transport(tmp_path, config, tiny_model, stream, admission, versions)
+    finished = run_learner(config, second, start_model_dir=tiny_model.path, progress=False)
+    assert finished.counters_at_start["action_tokens_trained"] == first_tokens
+    assert finished.iterations_at_start == stopped.iterations
+    assert finished.this_life("action_tokens_trained") == finished.counters["action_tokens_trained"] - first_tokens > 0
+
+    third, _ = _transport(tmp_path, config, tiny_model, stream, admission, versions)
+    rerun = run_learner(config, third, start_model_dir=tiny_model.path, progress=False)
+    assert rerun.policy_version == finished.policy_version
+    assert rerun.counters["action_tokens_trained"] == finished.counters["action_tokens_trained"]  # cumulative
+    assert rerun.this_life("action_tokens_trained") == 0.0
+    assert not rerun.trained_this_life
+
+
 class PoisonedGradients:
     """Makes the policy's gradient NaN on chosen policy updates (0-based), through a hook on one parameter.
 

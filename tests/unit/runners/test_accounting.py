@@ -164,3 +164,32 @@ def test_the_learner_ranks_account_replaces_the_torchrun_s_other_time_in_the_par
     t.now += 4
     _fold_rank0_account(missing, tmp_path / "absent.json", run_s=4.0, ranks_cpu_s=1.0)  # rank 0 died: stays other
     assert missing.shares()["other"] == 4.0 and missing.carried_cpu_s == 1.0
+
+
+def test_a_rerun_that_trained_nothing_keeps_the_runs_summary_and_account_files(tmp_path):
+    """A re-run of a finished run (resumed at the final version) used to overwrite <run>/summary.md with its own
+    near-empty figures; it now writes its summary and account under <run>/rerun and says so in a row."""
+    import time
+
+    from posttrain.runners.accounting import RERUN_DIR, RERUN_ROW
+    from posttrain.runners.common import TrackedRun, _no_sink
+    from posttrain.runtime import RunContext
+
+    config = load_config(None, ["technique=grpo", "grpo.async=false", f"output_dir={tmp_path}", "run_name=r"])
+    ctx = RunContext(config)
+    ctx.run_dir.mkdir(parents=True)
+    fresh = TrackedRun(config, ctx, None, _no_sink, time.monotonic())
+    fresh.trained_tokens = 8888.0
+    first = fresh.summary([("rows", "the real run")])
+    real_summary = (ctx.run_dir / "summary.md").read_text(encoding="utf-8")
+    real_account = (ctx.run_dir / "account.json").read_text(encoding="utf-8")
+    assert RERUN_ROW not in first.rows and "the real run" in real_summary
+
+    rerun = TrackedRun(config, ctx, None, _no_sink, time.monotonic())
+    rerun.trained_nothing = True
+    second = rerun.summary([("rows", "the re-run")])
+    assert RERUN_ROW in second.rows
+    assert (ctx.run_dir / "summary.md").read_text(encoding="utf-8") == real_summary
+    assert (ctx.run_dir / "account.json").read_text(encoding="utf-8") == real_account
+    assert "the re-run" in (ctx.run_dir / RERUN_DIR / "summary.md").read_text(encoding="utf-8")
+    assert RunAccount.from_json((ctx.run_dir / RERUN_DIR / "account.json").read_text(encoding="utf-8")).trained_tokens == 0
