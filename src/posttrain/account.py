@@ -393,8 +393,9 @@ class RunAccount:
         heldout_before: Held-out accuracy of the warm start (None when no eval ran before).
         heldout_after: Held-out accuracy after training (None when no eval ran).
         variant: ``sync`` / ``async`` for GRPO, else empty.
-        outcome: ``finished``, or ``failed`` for a run that raised (its account up to the error: the
-            resources were spent all the same, so a tenant's report counts them).
+        outcome: ``finished``, ``failed`` for a run that raised (its account up to the error: the
+            resources were spent all the same, so a tenant's report counts them), or ``interrupted`` for
+            one stopped by a signal (Ctrl-C, SIGTERM; charged the same way, reported apart).
     """
 
     tenant: str

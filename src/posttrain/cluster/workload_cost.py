@@ -161,13 +161,18 @@ def cost_cli(argv: list[str]) -> int:
     Prints the tenant's totals by technique and by month (``posttrain.tracking.cost``), from MLflow
     (default: ``--tracking-uri``, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///runs/mlflow.db``) or,
     with ``--cluster``, from the Kueue Workloads in the tenant's namespace (this module); the output
-    names the source. Returns the exit status: 2 with one line on a bad argument.
+    names the source. Returns the exit status: 2 with one line on a bad argument (a local tracking store
+    that does not exist included: a report never creates one); 1 with one line when no run carries the
+    tenant (the line lists the tenants that do) or the tracking server refused the search.
     """
     import argparse
+    import os
     import sys
+    from pathlib import Path
 
-    from posttrain.tracking.client import default_tracking_uri
-    from posttrain.tracking.cost import parse_since, tenant_report
+    from mlflow.exceptions import MlflowException
+
+    from posttrain.tracking.cost import UnknownTenantError, parse_since, tenant_report
 
     parser = argparse.ArgumentParser(prog="posttrain cost report",
                                      description="a tenant's CPU/GPU-seconds by technique and by month")
@@ -181,10 +186,20 @@ def cost_cli(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         since = parse_since(args.since)
+        # Not tracking.client.default_tracking_uri: that one makes ./runs, and a report creates nothing.
+        uri = (args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+               or f"sqlite:///{Path('runs').resolve() / 'mlflow.db'}")
         report = (workload_report(_cluster_api(), args.tenant, since) if args.cluster
-                  else tenant_report(args.tracking_uri or default_tracking_uri(), args.tenant, since))
+                  else tenant_report(uri, args.tenant, since))
+    except UnknownTenantError as exc:
+        print(f"posttrain cost report: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:
         print(f"posttrain cost report: {exc}", file=sys.stderr)
         return 2
+    except MlflowException as exc:
+        first = str(exc.message if hasattr(exc, "message") else exc).strip().splitlines()[0]
+        print(f"posttrain cost report: the tracking store {uri} refused the search: {first}", file=sys.stderr)
+        return 1
     print(report.to_json() if args.json else report.table())
     return 0

@@ -111,9 +111,19 @@ def build_account(config: RunConfig, clock: StateClock, cpu_started: float, gene
         heldout_after=heldout_after, variant=variant)
 
 
+def outcome_of(error: BaseException) -> str:
+    """A stopped run's outcome: ``interrupted`` when a signal stopped it, else ``failed``.
+
+    A signal: Ctrl-C's ``KeyboardInterrupt``, or a ``LearnerStopped`` with exit status 130 (SIGINT) or 143 (SIGTERM).
+    """
+    if isinstance(error, KeyboardInterrupt) or getattr(error, "exit_code", None) in (130, 143):
+        return "interrupted"
+    return "failed"
+
+
 def record_failed_account(config: RunConfig, clock: StateClock, cpu_started: float, run_dir: Path, tracker: Any,
                           error: BaseException, **known: Any) -> None:
-    """Record the account of a run that raised ``error`` (``outcome: failed``), up to now; never raises.
+    """Record the account of a run that raised ``error`` (``outcome``: ``outcome_of(error)``), up to now; never raises.
 
     A failed run spent its resources all the same, so the tenant's report must count it. What the run
     knew (``known``: ``generator_stats``, ``trained_tokens``, ``heldout_before``, ``generators_in_process``)
@@ -127,7 +137,7 @@ def record_failed_account(config: RunConfig, clock: StateClock, cpu_started: flo
                                 trained_tokens=float(known.get("trained_tokens", 0.0)),
                                 heldout_before=known.get("heldout_before"), heldout_after=None,
                                 generators_in_process=bool(known.get("generators_in_process", False)))
-        account.outcome = "failed"
+        account.outcome = outcome_of(error)  # a Ctrl-C is not a failure, but its seconds were spent all the same
         record_account(account, run_dir, tracker)
     except (OSError, ValueError, MlflowException) as exc:  # files, a share that does not add up, the tracking server
         log.warning("the failed run's time account was not recorded (%s: %s); the run failed with %s: %s",

@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime
+from pathlib import Path
 from typing import Any
 
 TENANT_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -29,6 +30,42 @@ _TENANT = re.compile(TENANT_PATTERN)
 
 SUMMED_METRICS = ("cost/requested_cpu_s", "cost/used_cpu_s", "cost/requested_gpu_s", "cost/trained_tokens")
 """The run metrics a report adds up (``posttrain.account.RunAccount.derived``)."""
+
+
+class UnknownTenantError(LookupError):
+    """No run with a time account carries the tenant (``--tenant``); the message lists the tenants that do."""
+
+
+def check_store(tracking_uri: str) -> str:
+    """``tracking_uri`` when a report can read it without creating anything.
+
+    A report only reads: a local store (``sqlite:///PATH``, a plain path, ``file://``) must already exist,
+    or MLflow would create an empty one there and the report would print zeros. Remote URIs
+    (``http(s)://``, ``databricks``...) are the server's to refuse.
+
+    Raises:
+        ValueError: one line naming the URI, what is missing and how to point at the runs' store.
+    """
+    from urllib.parse import urlparse
+
+    scheme = urlparse(tracking_uri).scheme
+    hint = ("a report reads a store and never creates one; give the one the runs logged to: --tracking-uri "
+            "sqlite:///ABSOLUTE/PATH/mlflow.db or $MLFLOW_TRACKING_URI (default sqlite:///runs/mlflow.db, "
+            "relative to the current directory)")
+    if scheme == "sqlite":
+        path = tracking_uri[len("sqlite:///"):] if tracking_uri.startswith("sqlite:///") else ""
+        if path in ("", ":memory:"):
+            raise ValueError(f"--tracking-uri: {tracking_uri} names no sqlite file; {hint}")
+        if not Path(path).is_file():
+            raise ValueError(f"--tracking-uri: {tracking_uri}: no such sqlite file {path}; {hint}")
+    elif scheme in ("", "file") or len(scheme) == 1:  # a path (a Windows drive letter parses as a scheme)
+        path = urlparse(tracking_uri).path if scheme == "file" else tracking_uri
+        if not Path(path).exists():
+            raise ValueError(f"--tracking-uri: {tracking_uri}: no such file or folder; {hint}")
+        if Path(path).is_file():
+            raise ValueError(f"--tracking-uri: {tracking_uri} is a file, not a tracking URI; for a sqlite "
+                             f"store write sqlite:///{Path(path).resolve()}")
+    return tracking_uri
 
 
 def check_tenant(tenant: str) -> str:
@@ -71,6 +108,8 @@ class CostLine:
         queued_s: Seconds Workloads waited from creation to admission (cluster only).
         failed_runs: Of ``runs``, those that failed (MLflow: ``posttrain.outcome = failed``; their account
             runs up to the error; cluster: 0, a Workload's outcome is not read).
+        interrupted_runs: Of ``runs``, those stopped by a signal (``posttrain.outcome = interrupted``: Ctrl-C,
+            SIGTERM), charged up to the stop like failed ones but not counted as failures.
     """
 
     runs: int = 0
@@ -81,6 +120,7 @@ class CostLine:
     wall_s: float = 0.0
     queued_s: float = 0.0
     failed_runs: int = 0
+    interrupted_runs: int = 0
 
     def add(self, other: CostLine) -> None:
         """Add ``other``'s numbers to this line's."""
@@ -128,8 +168,8 @@ class CostReport:
         source = {"mlflow": "MLflow runs' time accounts (posttrain.tenant tag)",
                   "kueue": "Kueue Workloads: pod set requests x admitted time"}.get(self.source, self.source)
         out = [f"tenant {self.tenant}, since {self.since or 'the first run'}; source: {source}", ""]
-        widths = (16, 5, 6, 15, 12, 15, 14, 10, 10)
-        names = ("runs", "failed", "requested CPU-s", "used CPU-s", "requested GPU-s", "trained tokens", "wall s",
+        widths = (16, 5, 6, 11, 15, 12, 15, 14, 10, 10)
+        names = ("runs", "failed", "interrupted", "requested CPU-s", "used CPU-s", "requested GPU-s", "trained tokens", "wall s",
                  "queued s")
 
         def head(title: str) -> list[str]:
@@ -137,9 +177,9 @@ class CostReport:
             return ["| " + " | ".join(cells) + " |", "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
 
         def row(name: str, c: CostLine) -> str:
-            cells = [name.ljust(widths[0]), f"{c.runs:>5}", f"{c.failed_runs:>6}"] + [
+            cells = [name.ljust(widths[0]), f"{c.runs:>5}", f"{c.failed_runs:>6}", f"{c.interrupted_runs:>11}"] + [
                 f"{v:>{w}.0f}" for v, w in zip((c.requested_cpu_s, c.used_cpu_s, c.requested_gpu_s, c.trained_tokens,
-                                                c.wall_s, c.queued_s), widths[3:], strict=True)]
+                                                c.wall_s, c.queued_s), widths[4:], strict=True)]
             return "| " + " | ".join(cells) + " |"
 
         groups = [("technique", self.by_technique), ("month", self.by_month)]
@@ -152,7 +192,8 @@ class CostReport:
 
 
 def _line(metrics: Mapping[str, float], outcome: str) -> CostLine:
-    return CostLine(runs=1, failed_runs=int(outcome == "failed"), requested_cpu_s=float(metrics.get("cost/requested_cpu_s", 0.0)),
+    return CostLine(runs=1, failed_runs=int(outcome == "failed"), interrupted_runs=int(outcome == "interrupted"),
+                    requested_cpu_s=float(metrics.get("cost/requested_cpu_s", 0.0)),
                     used_cpu_s=float(metrics.get("cost/used_cpu_s", 0.0)),
                     requested_gpu_s=float(metrics.get("cost/requested_gpu_s", 0.0)),
                     trained_tokens=float(metrics.get("cost/trained_tokens", 0.0)),
@@ -188,13 +229,17 @@ def tenant_report(tracking_uri: str, tenant: str, since: date | None = None, *, 
         max_runs: Most runs read (pages of 1000); more raises rather than undercounting.
 
     Raises:
-        ValueError: a bad tenant name, or more than ``max_runs`` runs.
+        ValueError: a bad tenant name, more than ``max_runs`` runs, or a local store that does not exist
+            (``check_store``: nothing is created).
+        UnknownTenantError: no run with an account carries ``tenant`` at all (whatever ``since``); the
+            message lists the tenants that do.
         mlflow.exceptions.MlflowException: the server refused the search.
     """
     from mlflow import MlflowClient
     from mlflow.entities import ViewType
 
     check_tenant(tenant)
+    check_store(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)
     experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
     query = f"tags.`posttrain.tenant` = '{tenant}' and tags.`posttrain.account` = '1'"
@@ -211,4 +256,23 @@ def tenant_report(tracking_uri: str, tenant: str, since: date | None = None, *, 
         token = page.token
         if not token:
             break
+    if not runs:
+        _check_known_tenant(client, experiments, tenant, tracking_uri)
     return report_from_runs(tenant, runs, since)
+
+
+def _check_known_tenant(client: Any, experiments: list[str], tenant: str, tracking_uri: str) -> None:
+    """Raise ``UnknownTenantError`` when no run with an account carries ``tenant``.
+
+    One page of 1000 runs is read for the tenants that do (a list for the message, not a count).
+    """
+    known: list[str] = []
+    if experiments:
+        mine = client.search_runs(experiments, filter_string=f"tags.`posttrain.tenant` = '{tenant}' and "
+                                                             "tags.`posttrain.account` = '1'", max_results=1)
+        if list(mine):
+            return  # the tenant has runs, only none since the day asked for
+        page = client.search_runs(experiments, filter_string="tags.`posttrain.account` = '1'", max_results=1000)
+        known = sorted({r.data.tags.get("posttrain.tenant", "") for r in page} - {""})
+    raise UnknownTenantError(f"--tenant: no run on {tracking_uri} carries tenant {tenant!r}; tenants with runs: "
+                             f"{', '.join(known) if known else 'none (no run recorded a time account)'}")

@@ -166,6 +166,27 @@ def test_the_learner_ranks_account_replaces_the_torchrun_s_other_time_in_the_par
     assert missing.shares()["other"] == 4.0 and missing.carried_cpu_s == 1.0
 
 
+def test_a_ctrl_c_is_charged_as_interrupted_not_failed(tmp_path, monkeypatch):
+    """A Ctrl-C'd run used to be counted in the report's ``failed`` column; it is ``interrupted`` now."""
+    from posttrain.learner.liveness import LearnerStopped
+    from posttrain.runners.accounting import outcome_of
+    from posttrain.runners.common import tracked_run
+    from posttrain.tracking.cost import tenant_report
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("POSTTRAIN_TENANT", "team-y")
+    config = load_config(None, ["technique=sft", f"output_dir={tmp_path}", "run_name=stopped"])
+    with pytest.raises(KeyboardInterrupt), tracked_run(config) as run:
+        with run.timer("training"):
+            raise KeyboardInterrupt
+    assert RunAccount.from_json((tmp_path / "stopped" / "account.json").read_text()).outcome == "interrupted"
+    report = tenant_report(f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}", "team-y")
+    assert (report.total.runs, report.total.failed_runs, report.total.interrupted_runs) == (1, 0, 1)
+    assert outcome_of(LearnerStopped("stopped by SIGINT", 130)) == "interrupted"
+    assert outcome_of(LearnerStopped("stopped by SIGTERM", 143)) == "interrupted"
+    assert outcome_of(LearnerStopped("no live generator", 1)) == "failed"
+
+
 def test_a_rerun_that_trained_nothing_keeps_the_runs_summary_and_account_files(tmp_path):
     """A re-run of a finished run (resumed at the final version) used to overwrite <run>/summary.md with its own
     near-empty figures; it now writes its summary and account under <run>/rerun and says so in a row."""

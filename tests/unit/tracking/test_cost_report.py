@@ -83,3 +83,47 @@ def test_bad_arguments_are_one_line_each(registry, capsys):
     assert "--tenant: \"Team A'\" is not a tenant name" in capsys.readouterr().err
     assert cost_cli(["--tenant", "team-a", "--since", "12/01/2026", "--tracking-uri", uri]) == 2
     assert "--since: '12/01/2026' is not a date YYYY-MM-DD" in capsys.readouterr().err
+
+
+def test_a_missing_store_is_one_line_naming_the_uri_and_nothing_is_created(tmp_path, capsys, monkeypatch):
+    """A read-only report used to create an empty sqlite file (and ./runs for the default URI) and print zeros,
+    or print a 39-line MlflowException traceback for a plain path."""
+    missing = tmp_path / "nowhere" / "x.db"
+    for uri in (f"sqlite:///{missing}", str(missing), f"file://{missing}"):
+        assert cost_cli(["--tenant", "default", "--tracking-uri", uri]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and uri in err and "--tracking-uri" in err, err
+    assert not missing.parent.exists()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert cost_cli(["--tenant", "default"]) == 2
+    assert "sqlite:///" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+
+
+def test_a_store_that_mlflow_refuses_is_one_line(tmp_path, capsys):
+    """An existing folder is MLflow's file store, which refuses (maintenance mode): one line, exit 1."""
+    (tmp_path / "store").mkdir()
+    code = cost_cli(["--tenant", "default", "--tracking-uri", str(tmp_path / "store")])
+    err = capsys.readouterr().err
+    assert code != 0 and len(err.strip().splitlines()) == 1 and str(tmp_path / "store") in err, err
+
+
+def test_a_tenant_without_runs_is_one_line_listing_the_tenants_that_have_some(registry, capsys):
+    uri, _ = registry
+    assert cost_cli(["--tenant", "nobody", "--tracking-uri", uri]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "'nobody'" in err and "team-a, team-b" in err, err
+    # A known tenant with no run since the day asked for is an empty report, not an error.
+    assert cost_cli(["--tenant", "team-a", "--since", "2999-01-01", "--tracking-uri", uri]) == 0
+
+
+def test_an_interrupted_run_is_shown_apart_from_the_failed_ones(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _run(uri, tmp_path, "team-c", "sao", "2026-12", 10.0, "e", outcome="interrupted")
+    _run(uri, tmp_path, "team-c", "sao", "2026-12", 20.0, "e", outcome="failed")
+    report = tenant_report(uri, "team-c")
+    assert (report.total.runs, report.total.failed_runs, report.total.interrupted_runs) == (2, 1, 1)
+    assert report.total.requested_cpu_s == 30.0  # both are charged
+    assert cost_cli(["--tenant", "team-c", "--tracking-uri", uri]) == 0
+    out = capsys.readouterr().out
+    assert "interrupted" in out and "|     2 |      1 |           1 |" in out, out
