@@ -63,7 +63,12 @@ def _config(args: argparse.Namespace) -> RunConfig:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    from posttrain.runtime import check_input_files
+
     cfg = _config(args)
+    # The input-file half of posttrain run's preflight (runners.preflight): a missing file or a bad row is the
+    # same one line here as there. The model and output checks stay with run: they need the run's machine.
+    check_input_files(cfg)
     print(f"{args.config_opt or args.config}: ok (technique={cfg.technique}, run_name={cfg.run_name}, "
           f"env={cfg.data.env})")
     return 0

@@ -168,3 +168,18 @@ def test_a_turn_longer_than_the_whole_episode_is_refused_naming_both_fields() ->
                                           r"\(32\)"):
         load_config(None, ["generator.max_episode_tokens=32", "generator.max_new_tokens=48"])
     assert load_config(None, ["generator.max_episode_tokens=48", "generator.max_new_tokens=48"])
+
+
+def test_validate_config_refuses_a_missing_or_malformed_input_file_with_the_same_line_as_run(tmp_path: Path,
+                                                                                             capsys) -> None:
+    """validate-config said ok for a data.train_path that did not exist or had a malformed JSON line, and posttrain
+    run then refused it; both now run the same input-file check and print the same one line."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "1+1?", "reference": "2"}\n{not json\n', encoding="utf-8")
+    for path, expected in ((tmp_path / "missing.jsonl", "data.train_path: "), (bad, f"{bad}:2")):
+        argv = ["configs/sao_demo_cpu.yaml", f"data.train_path={path}", "data.on_bad_row=stop",
+                f"output_dir={tmp_path / 'runs'}"]
+        validate = _one_line_error(capsys, ["validate-config", *argv])
+        run = _one_line_error(capsys, ["run", *argv])
+        assert expected in validate and validate == run, (validate, run)
+    assert not (tmp_path / "runs").exists()
