@@ -396,6 +396,9 @@ class RunAccount:
         outcome: ``finished``, ``failed`` for a run that raised (its account up to the error: the
             resources were spent all the same, so a tenant's report counts them), or ``interrupted`` for
             one stopped by a signal (Ctrl-C, SIGTERM; charged the same way, reported apart).
+        requested_by: What "requested" was measured against: ``cluster pod requests`` (each role's
+            ``resources``) or ``local`` (the cores and GPUs the machine gave the run,
+            ``posttrain.runners.accounting.local_resources``).
     """
 
     tenant: str
@@ -407,6 +410,7 @@ class RunAccount:
     heldout_after: float | None = None
     variant: str = ""
     outcome: str = "finished"
+    requested_by: str = "cluster pod requests"
 
     def requested_cpu_s(self) -> float:
         """CPU-seconds requested by every role (the cost a quota is charged)."""
@@ -455,7 +459,8 @@ class RunAccount:
     def tags(self) -> dict[str, str]:
         """MLflow tags that ``posttrain cost report`` selects and groups runs by."""
         return {"posttrain.tenant": self.tenant, "posttrain.technique": self.technique,
-                "posttrain.month": self.month, "posttrain.account": "1", "posttrain.outcome": self.outcome}
+                "posttrain.month": self.month, "posttrain.account": "1", "posttrain.outcome": self.outcome,
+                "posttrain.requested_by": self.requested_by}
 
     def to_json(self) -> str:
         """``account.json``: schema version, labels, roles, derived figures."""
@@ -480,7 +485,7 @@ class RunAccount:
             roles = [RoleAccount(**r) for r in body["roles"]]
             return cls(body["tenant"], body["technique"], body["month"], roles, body["trained_tokens"],
                        body["heldout_before"], body["heldout_after"], body.get("variant", ""),
-                       body.get("outcome", "finished"))
+                       body.get("outcome", "finished"), body.get("requested_by", "cluster pod requests"))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"account.json: missing or bad field ({exc})") from exc
 
@@ -492,7 +497,9 @@ class RunAccount:
             parts = ", ".join(f"{k} {v:.0%}" for k, v in sorted(r.fractions().items(), key=lambda kv: -kv[1]) if v >= 0.005)
             rows.append((f"time: {r.role} ({r.wall_s:.0f} {unit})", parts or "-"))
         d = self.derived()
-        cost = f"{d['cost/requested_cpu_s']:.0f} requested, {d['cost/used_cpu_s']:.0f} used"
+        cost = f"{d['cost/requested_cpu_s']:.0f} requested ({self.requested_by}), {d['cost/used_cpu_s']:.0f} used"
+        if d["cost/requested_gpu_s"] > 0:
+            cost += f"; {d['cost/requested_gpu_s']:.0f} GPU-seconds requested"
         if "cost/requested_cpu_s_per_trained_token" in d:
             cost += f"; {d['cost/requested_cpu_s_per_trained_token'] * 1000:.2f} requested per 1k trained tokens"
         if "cost/requested_cpu_s_per_point" in d:

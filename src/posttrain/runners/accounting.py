@@ -28,6 +28,7 @@ show in the UI (``posttrain.kfp.train``).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -83,10 +84,41 @@ def generator_accounts(stats: Sequence[Mapping[str, float]], *, cores: float, gp
             if a is not None]
 
 
+REQUESTED_LOCAL = "local"
+"""``RunAccount.requested_by`` of a run outside a cluster: requested = what the machine gave the run."""
+
+REQUESTED_CLUSTER = "cluster pod requests"
+"""``RunAccount.requested_by`` in a pod: requested = the roles' ``resources`` (their pods' requests)."""
+
+
+def requested_by() -> str:
+    """``REQUESTED_CLUSTER`` inside a Kubernetes pod (``KUBERNETES_SERVICE_HOST`` is set), else ``REQUESTED_LOCAL``."""
+    return REQUESTED_CLUSTER if os.environ.get("KUBERNETES_SERVICE_HOST") else REQUESTED_LOCAL
+
+
+def local_resources(config: RunConfig) -> tuple[float, float]:
+    """``(cores, gpus)`` a local run was given.
+
+    The CPU cores this process may run on (``os.sched_getaffinity``, else ``os.cpu_count``) and the CUDA devices
+    the learner may use (0 with ``learner.device: cpu`` or where torch sees no CUDA device).
+    """
+    import torch
+
+    cores = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    gpus = float(torch.cuda.device_count()) if config.learner.device != "cpu" and torch.cuda.is_available() else 0.0
+    return cores, gpus
+
+
 def build_account(config: RunConfig, clock: StateClock, cpu_started: float, generator_stats: Sequence[Mapping[str, float]],
                   *, trained_tokens: float, heldout_before: float | None, heldout_after: float | None,
-                  generators_in_process: bool) -> RunAccount:
+                  generators_in_process: bool, requested: str | None = None) -> RunAccount:
     """The run's account now (module docstring).
+
+    What "requested" means depends on ``requested`` (default ``requested_by()``): with ``cluster pod requests``,
+    each role's wall x its ``resources`` (cores, GPUs; a generator in the learner's process requests nothing);
+    with ``local``, the learner's wall x the cores and GPUs the machine gave the run (``local_resources``) and
+    nothing for the generators, which share those cores (so the run is charged once for the machine it had,
+    never for cluster pod sizes it did not have).
 
     Args:
         config: The run config (resources, technique).
@@ -97,18 +129,25 @@ def build_account(config: RunConfig, clock: StateClock, cpu_started: float, gene
         heldout_before: Held-out accuracy of the start model, or None.
         heldout_after: Held-out accuracy after training, or None.
         generators_in_process: The engine ran in the learner's process (synchronous GRPO): it requests nothing.
+        requested: ``local`` or ``cluster pod requests``; None: ``requested_by()``.
     """
+    requested = requested or requested_by()
     learner_res, gen_res = config.learner.resources, config.generator.resources
-    pods = config.learner.nodes  # a cluster learner of N pods requests N x resources (rank 0's clock times them all)
-    learner = RoleAccount.from_clock("learner", clock, cores=quantity_value(learner_res.cpu) * pods,
+    if requested == REQUESTED_LOCAL:
+        learner_cores, learner_gpus = local_resources(config)
+        cores, gpus = 0.0, 0.0
+    else:
+        pods = config.learner.nodes  # a cluster learner of N pods requests N x resources (rank 0's clock times them all)
+        learner_cores, learner_gpus = quantity_value(learner_res.cpu) * pods, float(learner_res.gpus) * pods
+        cores, gpus = (0.0, 0.0) if generators_in_process else (quantity_value(gen_res.cpu), float(gen_res.gpus))
+    learner = RoleAccount.from_clock("learner", clock, cores=learner_cores,
                                      used_cpu_s=time.process_time() - cpu_started + clock.carried_cpu_s)
-    learner.requested_gpu_s = learner.wall_s * learner_res.gpus * pods
+    learner.requested_gpu_s = learner.wall_s * learner_gpus
     learner.processes = clock.lives  # a resumed learner's lives, summed (``StateClock.carry``)
-    cores, gpus = (0.0, 0.0) if generators_in_process else (quantity_value(gen_res.cpu), float(gen_res.gpus))
     variant = ("async" if config.grpo.async_ else "sync") if config.technique == "grpo" else ""
     return RunAccount(run_tenant(), config.technique, month_of(), [learner, *generator_accounts(
         generator_stats, cores=cores, gpus=gpus)], trained_tokens=trained_tokens, heldout_before=heldout_before,
-        heldout_after=heldout_after, variant=variant)
+        heldout_after=heldout_after, variant=variant, requested_by=requested)
 
 
 def outcome_of(error: BaseException) -> str:
@@ -147,7 +186,7 @@ def record_failed_account(config: RunConfig, clock: StateClock, cpu_started: flo
 def account_markdown(account: RunAccount) -> str:
     """A Markdown table of the account: one row per role and share (seconds, share of the role's wall), then costs."""
     lines = [f"### Time account: {account.technique}{f' ({account.variant})' if account.variant else ''}, "
-             f"tenant {account.tenant}, {account.month}", "",
+             f"tenant {account.tenant}, {account.month}; requested: {account.requested_by}", "",
              "| role | share | seconds | share of wall |", "|---|---|---:|---:|"]
     for r in account.roles:
         unit = " (slot-s)" if r.role == "generator_slots" else ""

@@ -7,7 +7,13 @@ import pytest
 from posttrain.account import LEARNER_STATES, RunAccount, StateClock
 from posttrain.config import load_config
 from posttrain.inference.metering import GeneratorStats
-from posttrain.runners.accounting import account_markdown, build_account, generator_accounts, record_account
+from posttrain.runners.accounting import (
+    REQUESTED_CLUSTER,
+    account_markdown,
+    build_account,
+    generator_accounts,
+    record_account,
+)
 
 
 def _snapshot(units: int) -> dict[str, float]:
@@ -96,7 +102,7 @@ def test_a_resumed_learner_sums_its_lives_through_the_checkpoint_json(tmp_path):
     config = load_config(None, ["technique=sao", "learner.nodes=2", "learner.resources.cpu=3",
                                 "learner.resources.gpus=1"])
     account = build_account(config, second, 0.0, [], trained_tokens=0.0, heldout_before=None, heldout_after=None,
-                            generators_in_process=False)
+                            generators_in_process=False, requested=REQUESTED_CLUSTER)
     learner = account.roles[0]
     assert learner.processes == 2 and learner.gap() < 1e-9
     assert learner.requested_cpu_s == pytest.approx(learner.wall_s * 3 * 2)  # 2 learner pods of 3 cores
@@ -164,6 +170,36 @@ def test_the_learner_ranks_account_replaces_the_torchrun_s_other_time_in_the_par
     t.now += 4
     _fold_rank0_account(missing, tmp_path / "absent.json", run_s=4.0, ranks_cpu_s=1.0)  # rank 0 died: stays other
     assert missing.shares()["other"] == 4.0 and missing.carried_cpu_s == 1.0
+
+
+def test_a_local_run_is_charged_for_the_machine_it_had_and_a_pod_for_its_requests(monkeypatch):
+    """The CPU demo (93 s on 2 cores) was charged 3409 requested CPU-seconds and 1251 GPU-seconds, from the default
+    cluster pod sizes (learner 32 CPU + 6 GPU, generators 8 CPU + 1 GPU). A local run is charged the cores this
+    process may use and the GPUs it uses; in a pod (KUBERNETES_SERVICE_HOST) the pod requests stay."""
+    import os
+
+    from posttrain.runners.accounting import REQUESTED_CLUSTER, REQUESTED_LOCAL
+
+    config = load_config(None, ["technique=sao", "learner.device=cpu"])
+    clock = StateClock(LEARNER_STATES, initial="training")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    local = build_account(config, clock, 0.0, [_snapshot(4), _snapshot(4)], trained_tokens=1.0, heldout_before=None,
+                          heldout_after=None, generators_in_process=False)
+    learner, engine = local.roles[0], local.roles[1]
+    assert local.requested_by == REQUESTED_LOCAL
+    assert learner.requested_cpu_s == pytest.approx(learner.wall_s * len(os.sched_getaffinity(0)))
+    assert local.requested_gpu_s() == 0.0 and engine.requested_cpu_s == 0.0  # generators share the run's cores
+    assert "(local)" in dict(local.lines())["cost (CPU-seconds)"]
+    assert "requested: local" in account_markdown(local)
+
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    pod = build_account(config, clock, 0.0, [_snapshot(4)], trained_tokens=1.0, heldout_before=None,
+                        heldout_after=None, generators_in_process=False)
+    assert pod.requested_by == REQUESTED_CLUSTER
+    assert pod.roles[0].requested_cpu_s == pytest.approx(pod.roles[0].wall_s * 32)
+    assert pod.roles[0].requested_gpu_s == pytest.approx(pod.roles[0].wall_s * 6)
+    assert pod.roles[1].requested_cpu_s == pytest.approx(pod.roles[1].wall_s * 8)
+    assert RunAccount.from_json(pod.to_json()).requested_by == REQUESTED_CLUSTER
 
 
 def test_a_ctrl_c_is_charged_as_interrupted_not_failed(tmp_path, monkeypatch):
