@@ -275,7 +275,12 @@ def _learner_account(cfg: Any, ctx: Any, clock: Any, cpu_started: float, tracker
     its account says so in one line on stderr (the training itself is done).
     """
     from posttrain.account import LEARNER_ACCOUNT_FILE_ENV
-    from posttrain.runners.accounting import build_account, record_account, record_failed_account
+    from posttrain.runners.accounting import (
+        REQUESTED_CLUSTER,
+        build_account,
+        record_account,
+        record_failed_account,
+    )
 
     handoff = os.environ.get(LEARNER_ACCOUNT_FILE_ENV, "")
     if handoff:
@@ -285,13 +290,15 @@ def _learner_account(cfg: Any, ctx: Any, clock: Any, cpu_started: float, tracker
         return
     stats = _final_generator_stats(cfg, ctx, redis_url)
     if error is not None:
-        record_failed_account(cfg, clock, cpu_started, ctx.run_dir, tracker, error, generator_stats=stats)
+        record_failed_account(cfg, clock, cpu_started, ctx.run_dir, tracker, error, generator_stats=stats,
+                              requested=REQUESTED_CLUSTER)
         return
     from mlflow.exceptions import MlflowException
 
     account = build_account(cfg, clock, cpu_started, stats,
                             trained_tokens=summary.counters.get("action_tokens_trained", 0.0),
-                            heldout_before=None, heldout_after=None, generators_in_process=False)
+                            heldout_before=None, heldout_after=None, generators_in_process=False,
+                            requested=REQUESTED_CLUSTER)  # a JobSet's learner pod: its lives share one MLflow run
     try:
         rows = record_account(account, ctx.run_dir, tracker, step=summary.policy_version)
     except (OSError, ValueError, MlflowException) as exc:

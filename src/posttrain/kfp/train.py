@@ -113,7 +113,8 @@ def train_sao(
             # The held-out evaluation is the pipeline's own step: no accuracy here.
             account = build_account(cfg, clock, cpu_started, summary.generator_stats,
                                     trained_tokens=summary.this_life("action_tokens_trained"),
-                                    heldout_before=None, heldout_after=None, generators_in_process=False)
+                                    heldout_before=None, heldout_after=None, generators_in_process=False,
+                                    this_life_only=True)
             record_account(account, ctx.run_dir, tracker, step=summary.policy_version)
             account_fields = account_outputs(ctx.run_dir)
         metrics = {"policy_version": float(summary.policy_version), **{k: float(v) for k, v in summary.counters.items()}}

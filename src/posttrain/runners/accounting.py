@@ -111,7 +111,8 @@ def local_resources(config: RunConfig) -> tuple[float, float]:
 
 def build_account(config: RunConfig, clock: StateClock, cpu_started: float, generator_stats: Sequence[Mapping[str, float]],
                   *, trained_tokens: float, heldout_before: float | None, heldout_after: float | None,
-                  generators_in_process: bool, requested: str | None = None) -> RunAccount:
+                  generators_in_process: bool, requested: str | None = None,
+                  this_life_only: bool = False) -> RunAccount:
     """The run's account now (module docstring).
 
     What "requested" means depends on ``requested`` (default ``requested_by()``): with ``cluster pod requests``,
@@ -130,6 +131,10 @@ def build_account(config: RunConfig, clock: StateClock, cpu_started: float, gene
         heldout_after: Held-out accuracy after training, or None.
         generators_in_process: The engine ran in the learner's process (synchronous GRPO): it requests nothing.
         requested: ``local`` or ``cluster pod requests``; None: ``requested_by()``.
+        this_life_only: Leave out the earlier lives ``clock`` carried (``StateClock.carry``): for a process that
+            logs into an MLflow run of its own (``posttrain run``: each life is a new run, so the report, which
+            sums runs, counts every life once). False: every life (a learner pod that resumes its predecessor's
+            MLflow run). ``trained_tokens`` must then be this life's too (``LearnerSummary.this_life``).
     """
     requested = requested or requested_by()
     learner_res, gen_res = config.learner.resources, config.generator.resources
@@ -140,10 +145,16 @@ def build_account(config: RunConfig, clock: StateClock, cpu_started: float, gene
         pods = config.learner.nodes  # a cluster learner of N pods requests N x resources (rank 0's clock times them all)
         learner_cores, learner_gpus = quantity_value(learner_res.cpu) * pods, float(learner_res.gpus) * pods
         cores, gpus = (0.0, 0.0) if generators_in_process else (quantity_value(gen_res.cpu), float(gen_res.gpus))
-    learner = RoleAccount.from_clock("learner", clock, cores=learner_cores,
-                                     used_cpu_s=time.process_time() - cpu_started + clock.carried_cpu_s)
+    if this_life_only:
+        shares = {k: max(0.0, v - clock.carried.get(k, 0.0)) for k, v in clock.shares().items()}
+        wall = sum(shares.values())
+        learner = RoleAccount("learner", wall, shares, requested_cpu_s=wall * learner_cores,
+                              used_cpu_s=time.process_time() - cpu_started)
+    else:
+        learner = RoleAccount.from_clock("learner", clock, cores=learner_cores,
+                                         used_cpu_s=time.process_time() - cpu_started + clock.carried_cpu_s)
+        learner.processes = clock.lives  # a resumed learner's lives, summed (``StateClock.carry``)
     learner.requested_gpu_s = learner.wall_s * learner_gpus
-    learner.processes = clock.lives  # a resumed learner's lives, summed (``StateClock.carry``)
     variant = ("async" if config.grpo.async_ else "sync") if config.technique == "grpo" else ""
     return RunAccount(run_tenant(), config.technique, month_of(), [learner, *generator_accounts(
         generator_stats, cores=cores, gpus=gpus)], trained_tokens=trained_tokens, heldout_before=heldout_before,
@@ -165,8 +176,8 @@ def record_failed_account(config: RunConfig, clock: StateClock, cpu_started: flo
     """Record the account of a run that raised ``error`` (``outcome``: ``outcome_of(error)``), up to now; never raises.
 
     A failed run spent its resources all the same, so the tenant's report must count it. What the run
-    knew (``known``: ``generator_stats``, ``trained_tokens``, ``heldout_before``, ``generators_in_process``)
-    goes in; the rest is empty. A failure to record is logged in one line: the run's own error is the
+    knew (``known``: ``generator_stats``, ``trained_tokens``, ``heldout_before``, ``generators_in_process``,
+    and ``build_account``'s ``requested`` and ``this_life_only``) goes in; the rest is empty. A failure to record is logged in one line: the run's own error is the
     one to show.
     """
     from mlflow.exceptions import MlflowException
@@ -175,7 +186,8 @@ def record_failed_account(config: RunConfig, clock: StateClock, cpu_started: flo
         account = build_account(config, clock, cpu_started, known.get("generator_stats") or [],
                                 trained_tokens=float(known.get("trained_tokens", 0.0)),
                                 heldout_before=known.get("heldout_before"), heldout_after=None,
-                                generators_in_process=bool(known.get("generators_in_process", False)))
+                                generators_in_process=bool(known.get("generators_in_process", False)),
+                                requested=known.get("requested"), this_life_only=bool(known.get("this_life_only")))
         account.outcome = outcome_of(error)  # a Ctrl-C is not a failure, but its seconds were spent all the same
         record_account(account, run_dir, tracker)
     except (OSError, ValueError, MlflowException) as exc:  # files, a share that does not add up, the tracking server

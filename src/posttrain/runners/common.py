@@ -369,7 +369,8 @@ class TrackedRun:
             return result
         account = build_account(self.config, self.clock, self.cpu_started, self.generator_stats,
                                 trained_tokens=self.trained_tokens, heldout_before=self.heldout_before,
-                                heldout_after=self.heldout_after, generators_in_process=self.generators_in_process)
+                                heldout_after=self.heldout_after, generators_in_process=self.generators_in_process,
+                                this_life_only=True)  # each posttrain run is an MLflow run of its own
         out_dir = files_dir(self.ctx.run_dir, self.trained_nothing)  # a re-run keeps the run's own summary
         account_rows = record_account(account, out_dir, self.tracker)
         rerun = [RERUN_ROW] if out_dir != self.ctx.run_dir else []
@@ -421,7 +422,8 @@ def tracked_run(config: RunConfig) -> Iterator[TrackedRun]:
 
             record_failed_account(config, clock, cpu_started, ctx.run_dir, tracker, exc,
                                   generator_stats=run.generator_stats, trained_tokens=run.trained_tokens,
-                                  heldout_before=run.heldout_before, generators_in_process=run.generators_in_process)
+                                  heldout_before=run.heldout_before, generators_in_process=run.generators_in_process,
+                                  this_life_only=True)
             raise
 
 

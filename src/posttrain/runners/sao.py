@@ -481,7 +481,7 @@ def run_sao(config: RunConfig) -> RunSummary:
                                                              clock.clock), clock=account_clock)
         except (Exception, KeyboardInterrupt) as exc:  # a failed run is charged too (outcome: failed)
             record_failed_account(config, account_clock, cpu_started, ctx.run_dir, tracker, exc,
-                                  heldout_before=before["accuracy"])
+                                  heldout_before=before["accuracy"], this_life_only=True)
             if isinstance(exc, LearnerStopped):
                 _write_stopped_summary(ctx, config, before["accuracy"], str(exc), clock.elapsed())
             raise
@@ -508,7 +508,7 @@ def run_sao(config: RunConfig) -> RunSummary:
         account = build_account(config, account_clock, cpu_started, summary.generator_stats,
                                 trained_tokens=summary.this_life("action_tokens_trained"),
                                 heldout_before=before["accuracy"], heldout_after=after["accuracy"],
-                                generators_in_process=False)
+                                generators_in_process=False, this_life_only=True)  # an MLflow run per life
         out_dir = files_dir(ctx.run_dir, not summary.trained_this_life)  # a re-run keeps the run's own summary
         account_rows = record_account(account, out_dir, tracker, step=summary.policy_version)
     clock.end()

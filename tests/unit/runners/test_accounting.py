@@ -250,3 +250,20 @@ def test_a_rerun_that_trained_nothing_keeps_the_runs_summary_and_account_files(t
     assert (ctx.run_dir / "account.json").read_text(encoding="utf-8") == real_account
     assert "the re-run" in (ctx.run_dir / RERUN_DIR / "summary.md").read_text(encoding="utf-8")
     assert RunAccount.from_json((ctx.run_dir / RERUN_DIR / "account.json").read_text(encoding="utf-8")).trained_tokens == 0
+
+
+def test_a_posttrain_run_life_records_only_its_own_seconds_a_learner_pod_every_life():
+    """Each `posttrain run` is an MLflow run of its own, and the report sums runs: a resumed life that also counted
+    the lives it carried from the checkpoint charged them twice (a `make demo` re-run: the whole run again). A
+    learner pod resumes its predecessor's MLflow run, so it keeps every life."""
+    config = load_config(None, ["technique=sao", "learner.device=cpu"])
+    clock = StateClock(LEARNER_STATES, initial="evaluating")
+    clock.carry({"shares": {"training": 80.0, "checkpointing": 5.0}, "used_cpu_s": 60.0, "lives": 1})
+    life = build_account(config, clock, 0.0, [], trained_tokens=0.0, heldout_before=None, heldout_after=None,
+                         generators_in_process=False, this_life_only=True)
+    learner = life.roles[0]
+    assert learner.processes == 1 and learner.shares["training"] == 0.0 and learner.wall_s < 80.0
+    assert learner.used_cpu_s < 60.0 and learner.gap() < 1e-9
+    every = build_account(config, clock, 0.0, [], trained_tokens=0.0, heldout_before=None, heldout_after=None,
+                          generators_in_process=False, requested=REQUESTED_CLUSTER)
+    assert every.roles[0].processes == 2 and every.roles[0].wall_s >= 85.0 and every.roles[0].used_cpu_s >= 60.0
