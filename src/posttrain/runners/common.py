@@ -368,7 +368,8 @@ class TrackedRun:
         if not self.world.is_main:
             return result
         account = build_account(self.config, self.clock, self.cpu_started, self.generator_stats,
-                                trained_tokens=self.trained_tokens, heldout_before=self.heldout_before,
+                                trained_tokens=self.trained_tokens,
+                                heldout_before=None if self.trained_nothing else self.heldout_before,  # no gain
                                 heldout_after=self.heldout_after, generators_in_process=self.generators_in_process,
                                 this_life_only=True)  # each posttrain run is an MLflow run of its own
         out_dir = files_dir(self.ctx.run_dir, self.trained_nothing)  # a re-run keeps the run's own summary

@@ -507,8 +507,9 @@ def run_sao(config: RunConfig) -> RunSummary:
             )
         account = build_account(config, account_clock, cpu_started, summary.generator_stats,
                                 trained_tokens=summary.this_life("action_tokens_trained"),
-                                heldout_before=before["accuracy"], heldout_after=after["accuracy"],
-                                generators_in_process=False, this_life_only=True)  # an MLflow run per life
+                                # A life that trained nothing gained no point: no cost per point for it.
+                                heldout_before=before["accuracy"] if summary.trained_this_life else None,
+                                heldout_after=after["accuracy"], generators_in_process=False, this_life_only=True)  # an MLflow run per life
         out_dir = files_dir(ctx.run_dir, not summary.trained_this_life)  # a re-run keeps the run's own summary
         account_rows = record_account(account, out_dir, tracker, step=summary.policy_version)
     clock.end()

@@ -243,13 +243,14 @@ def test_a_rerun_that_trained_nothing_keeps_the_runs_summary_and_account_files(t
     assert RERUN_ROW not in first.rows and "the real run" in real_summary
 
     rerun = TrackedRun(config, ctx, None, _no_sink, time.monotonic())
-    rerun.trained_nothing = True
+    rerun.trained_nothing, rerun.heldout_before, rerun.heldout_after = True, 0.3, 0.5
     second = rerun.summary([("rows", "the re-run")])
     assert RERUN_ROW in second.rows
     assert (ctx.run_dir / "summary.md").read_text(encoding="utf-8") == real_summary
     assert (ctx.run_dir / "account.json").read_text(encoding="utf-8") == real_account
     assert "the re-run" in (ctx.run_dir / RERUN_DIR / "summary.md").read_text(encoding="utf-8")
-    assert RunAccount.from_json((ctx.run_dir / RERUN_DIR / "account.json").read_text(encoding="utf-8")).trained_tokens == 0
+    again = RunAccount.from_json((ctx.run_dir / RERUN_DIR / "account.json").read_text(encoding="utf-8"))
+    assert again.trained_tokens == 0 and "cost/requested_cpu_s_per_point" not in again.derived()  # it gained nothing
 
 
 def test_a_posttrain_run_life_records_only_its_own_seconds_a_learner_pod_every_life():
