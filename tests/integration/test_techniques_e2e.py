@@ -213,3 +213,26 @@ def test_gkd_at_lambda_0_distils_on_fixed_sequences_without_redis_generators_or_
     ledger = read_ledger(summary.run_dir / LEDGER_NAME)
     assert [line["iteration"] for line in ledger] == [1, 2, 3, 4] and not any(line["rollouts"] for line in ledger)
     _check_outputs(config, "loss/gkd")
+
+
+def test_a_rerun_of_a_finished_run_is_charged_only_for_its_own_life_and_keeps_the_summary(tmp_path):
+    """`make demo` twice: the second run resumed at the final step, trained nothing, and was logged as a new
+    MLflow run with the real run's trained tokens (the report counted them twice) and overwrote summary.md with
+    its own empty figures. Now it records its own seconds and 0 tokens under <run>/rerun; the report counts
+    the tokens once."""
+    from posttrain.runners.accounting import RERUN_DIR, RERUN_ROW
+    from posttrain.tracking.cost import tenant_report
+
+    config = _config("sft", tmp_path, "sft.steps=4", "sft.max_examples=16", "sft.max_seq_len=128",
+                     "sft.checkpoint_every=4", "eval.num_tasks=2", "generator.max_new_tokens=4")
+    first = run(config)
+    summary_md = (first.run_dir / "summary.md").read_text(encoding="utf-8")
+    tokens = json.loads((first.run_dir / "account.json").read_text(encoding="utf-8"))["trained_tokens"]
+    assert tokens > 0 and RERUN_ROW not in first.rows
+    second = run(config)
+    assert RERUN_ROW in second.rows
+    assert (first.run_dir / "summary.md").read_text(encoding="utf-8") == summary_md
+    rerun = json.loads((first.run_dir / RERUN_DIR / "account.json").read_text(encoding="utf-8"))
+    assert rerun["trained_tokens"] == 0 and rerun["roles"][0]["processes"] == 1
+    report = tenant_report(f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}", "default")
+    assert report.total.runs == 2 and report.total.trained_tokens == tokens

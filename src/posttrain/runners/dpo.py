@@ -108,6 +108,7 @@ def run_dpo(config: RunConfig) -> RunSummary:
         # times the pairs the steps drew (an estimate from the mean pair: DPO's steps report pairs, not tokens).
         per_pair = sum(sum(p.chosen_mask) + sum(p.rejected_mask) for p in train) / len(train)
         run.trained_tokens = per_pair * section.batch_size * len(accuracy)
+        run.trained_nothing = not accuracy  # resumed at the final step: a re-run keeps the run's summary.md
         after = preference_metrics(model, held, ref_held, section, pad_token_id=pad, world=world)
         run.sink({f"heldout/{k}": v for k, v in after.items()}, section.steps)
         final = save_final_model(run.ctx, model, tokenizer, world)

@@ -96,6 +96,7 @@ def _run_supervised(config: RunConfig, fmt: Literal["sft", "cpt"]) -> RunSummary
         with run.timer("training"):
             train_sft_packed(model, rows, section, pad_token_id=pad, seed=config.seed, start_step=start,
                              optimizers=(optimizer, scheduler), on_step=on_step, world=world)
+        run.trained_nothing = not losses  # resumed at the final step: a re-run keeps the run's summary.md
         final = save_final_model(run.ctx, model, tokenizer, world)
         if not world.is_main:
             return run.summary([])  # rank 0 evaluates, registers and reports
