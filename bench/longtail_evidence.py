@@ -202,6 +202,28 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
     return common.markdown_table(head, body)
 
 
+def report_warm_start(base: Any, sft: Path, config: Any, argv: list[str] | None, out: Path | None) -> int:
+    """``--warm-start-only``: the warm start's held-out reward (``evaluate_policy``) and, on the same held-out tasks
+    and samples, its reward by required-calls bucket; written to ``out`` when given."""
+    from posttrain.envs.synthetic.longtail import codes_of
+    from posttrain.eval.heldout import heldout_rollouts, heldout_scores
+
+    samples = heldout_rollouts(base, sft, engine_kind="hf")
+    scores = heldout_scores(samples)
+    calls = {t.task_id: len(codes_of(t)) for t in base.tasks("eval")}
+    by_bucket: dict[str, list[float]] = defaultdict(list)
+    for r in samples.rollouts:
+        by_bucket[label_of(calls[r.task_id], CALLS)].append(float(r.reward))
+    result = {"command": common.command_line("bench.longtail_evidence", argv), "when": common.utc_now(),
+              "machine": common.machine_info(), "sft_steps": config.warm_start.steps,
+              "max_reference_turns": config.warm_start.max_reference_turns, "heldout_reward": scores["reward_mean"],
+              "heldout_by_calls": {b: {"n": len(by_bucket[b]), "reward": _mean(by_bucket[b])} for b in labels(CALLS)}}
+    print(json.dumps(result))
+    if out is not None:
+        common.write_result(out, result)
+    return 0
+
+
 def analyse_run_dir(run_dir: Path) -> int:
     """``--run-dir``: print ``table`` and ``population`` of a finished run's ledger (its ``resolved_config.yaml`` gives
     the tasks); FileNotFoundError without a ledger or config."""
@@ -229,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label", default="", help="results file name (default: the method)")
     p.add_argument("--run-dir", type=Path, default=None, help="analyse this finished run's ledger instead of training "
                    "(no learner metrics, no held-out reward); prints the table only")
+    p.add_argument("--warm-start-only", action="store_true", help="build the warm start, print its held-out reward "
+                   "and accuracy by required-calls bucket, and stop (issue 29 item 2)")
     args = p.parse_intermixed_args(argv)
     if args.eval_every < 1:
         p.error(f"--eval-every: must be >= 1, got {args.eval_every}")
@@ -243,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     base, sft = avs.shared_warm_start(config)
+    if args.warm_start_only:
+        return report_warm_start(base, sft, config, argv, args.out)
     cfg = config.model_copy(update={"run_name": f"evidence_{args.label or args.method}"})
     run = avs.run_method(cfg, args.method, base, sft, Path(config.output_dir) / "snapshots" / cfg.run_name,
                          args.eval_every, episodes=False)
