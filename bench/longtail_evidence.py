@@ -41,7 +41,9 @@ CALLS: tuple[tuple[int, int], ...] = ((1, 2), (3, 4), (5, 8), (9, 16))
 LEFTS: tuple[tuple[int, int], ...] = ((0, 0), (1, 1), (2, 2), (3, 4), (5, 8), (9, 16))
 """Buckets of the ``left`` count a turn saw (required calls not yet made before the turn)."""
 STEP_KEYS = ("policy/entropy", "policy/grad_norm", "value/explained_variance", "value/mean", "value/explained_variance_before",
-             "mask/frac_stale", "advantage/mean", "advantage/std", "staleness/token_lag_mean")
+             "mask/frac_stale", "mask/frac_low", "mask/frac_high", "mask/frac_total", "mismatch/k3_kl_unmasked",
+             "clip/frac_low", "clip/frac_high", "ppo_ratio/mean", "ppo_ratio/max", "advantage/mean", "advantage/std",
+             "staleness/token_lag_mean", "reward/mean")
 """Learner metrics kept per version (those the method reports)."""
 TURN_KINDS = ("call_left_gt0", "extra_call", "early_answer", "answer_left0")
 """Kinds of turn ``turn_kinds`` tells apart."""
