@@ -226,6 +226,44 @@ def report_warm_start(base: Any, sft: Path, config: Any, argv: list[str] | None,
     return 0
 
 
+BROKEN_SHARE = 0.3
+"""A version whose trained episodes made an extra call or a malformed action, or hit the turn or token limit, in at
+least this share is broken (``collapse_version``)."""
+
+
+def broken_share(row: Mapping[str, Any]) -> float:
+    """Share of a version's trained episodes that are broken: an extra call, a malformed action or a ``length`` end."""
+    return max(row["extra_call_rate"] or 0.0, row["malformed_rate"] or 0.0, row["finish"].get("length", 0.0))
+
+
+def collapse_version(rows: Sequence[Mapping[str, Any]]) -> int | None:
+    """The first policy version whose trained episodes are broken (``BROKEN_SHARE``), or None."""
+    return next((int(r["policy_version"]) for r in rows if broken_share(r) >= BROKEN_SHARE), None)
+
+
+def render(results: Path = RESULTS) -> str:
+    """One row per results file (sorted by name): held-out reward, the collapse version, entropy, calls, trained mix."""
+    rows = []
+    for path in sorted(results.glob("*.json")):
+        f = common.read_json(path)
+        if "versions" not in f:
+            continue
+        vs, pop = f["versions"], f["population"]
+        ent = [v["learner"].get("policy/entropy") for v in vs if "policy/entropy" in v["learner"]]
+        last = vs[-1]
+        rows.append([f["label"], f["settings"].get("staleness_rule", "-") if f["method"] == "sao" else "-",
+                     f["settings"]["lr"], f"{f['heldout_start']:.3f} -> " + " / ".join(f"{x:.3f}" for x in f["heldout"].values()),
+                     collapse_version(vs) or "none",
+                     f"{ent[0]:.3f} -> {min(ent):.3f} -> {ent[-1]:.3f}" if ent else "-",
+                     f"{_fmt(last['calls_mean'], 1)} / {_fmt(last['required_mean'], 1)}", f"{broken_share(last):.2f}",
+                     " / ".join(f"{pop[b]['trained_share']:.2f}" for b in labels(CALLS)),
+                     " / ".join(f"{pop[b]['task_share']:.2f}" for b in labels(CALLS)), f"{f['wall_s']:.0f}"])
+    return common.markdown_table(
+        ["run", "staleness rule", "lr", "held-out reward: warm start -> snapshots", "first broken version",
+         "entropy: first -> min -> last", "last version: calls / required", "last version: broken share",
+         f"trained share by required calls ({', '.join(labels(CALLS))})", "train tasks' share", "wall s"], rows)
+
+
 def analyse_run_dir(run_dir: Path) -> int:
     """``--run-dir``: print ``table`` and ``population`` of a finished run's ledger (its ``resolved_config.yaml`` gives
     the tasks); FileNotFoundError without a ledger or config."""
@@ -255,11 +293,15 @@ def main(argv: list[str] | None = None) -> int:
                    "(no learner metrics, no held-out reward); prints the table only")
     p.add_argument("--warm-start-only", action="store_true", help="build the warm start, print its held-out reward "
                    "and accuracy by required-calls bucket, and stop (issue 29 item 2)")
+    p.add_argument("--render", action="store_true", help="print the summary table of bench/results/longtail_evidence/")
     args = p.parse_intermixed_args(argv)
     if args.eval_every < 1:
         p.error(f"--eval-every: must be >= 1, got {args.eval_every}")
     if args.run_dir is not None:
         return analyse_run_dir(args.run_dir)
+    if args.render:
+        print(render())
+        return 0
     config = avs.load_method(args.method, args.overrides, p)
     import torch
 
