@@ -20,7 +20,8 @@ metrics and writes, per policy version (``analyse``):
 Run (the collapse, 12 versions at the defaults): ``.venv/bin/python -m bench.longtail_evidence sao``; smoke:
 ``... sao sao.steps=2 sao.checkpoint_every=2 warm_start.steps=5 data.num_train_tasks=64 generator.episodes_in_flight=16
 data.env_args.tool_latency_median_s=0 output_dir=/tmp/lte --eval-every 2 --out /tmp/lte.json --no-docs``.
-Writes ``bench/results/longtail_evidence/<label>.json`` (``--label``, default the method).
+Writes ``bench/results/longtail_evidence/<label>.json`` (``--label``, default the method); ``--render`` tables every
+such file into ``docs/results.md`` (``<!-- bench:longtail_evidence:begin/end -->``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from bench import common
 
 RESULTS = common.RESULTS_DIR / "longtail_evidence"
 """``<label>.json`` per run."""
+DOCS = common.REPO / "docs" / "results.md"
+"""``--render`` rewrites its section (``<!-- bench:longtail_evidence:begin/end -->``)."""
 CALLS: tuple[tuple[int, int], ...] = ((1, 2), (3, 4), (5, 8), (9, 16))
 """Required-calls buckets (inclusive) of ``synthetic_longtail`` tasks (1..16 calls)."""
 LEFTS: tuple[tuple[int, int], ...] = ((0, 0), (1, 1), (2, 2), (3, 4), (5, 8), (9, 16))
@@ -293,14 +296,18 @@ def main(argv: list[str] | None = None) -> int:
                    "(no learner metrics, no held-out reward); prints the table only")
     p.add_argument("--warm-start-only", action="store_true", help="build the warm start, print its held-out reward "
                    "and accuracy by required-calls bucket, and stop (issue 29 item 2)")
-    p.add_argument("--render", action="store_true", help="print the summary table of bench/results/longtail_evidence/")
+    p.add_argument("--render", action="store_true", help="print the summary table of bench/results/longtail_evidence/ "
+                   "and write it into docs/results.md (unless --no-docs)")
     args = p.parse_intermixed_args(argv)
     if args.eval_every < 1:
         p.error(f"--eval-every: must be >= 1, got {args.eval_every}")
     if args.run_dir is not None:
         return analyse_run_dir(args.run_dir)
     if args.render:
-        print(render())
+        table_md = render()
+        print(table_md)
+        if not args.no_docs:
+            common.update_docs_section("longtail_evidence", table_md, DOCS)
         return 0
     config = avs.load_method(args.method, args.overrides, p)
     import torch
