@@ -151,6 +151,9 @@ def analyse(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, int],
             step_metrics: Mapping[int, Mapping[str, float]] | None = None) -> list[dict[str, Any]]:
     """Per ledger line (one learner iteration): its version, ``version_evidence`` and the learner's ``STEP_KEYS``.
 
+    ``lag_oldest_mean``: the mean over the batch of the learner's version minus the rollout's oldest turn's version
+    (None for lines without ``learner_version``, synchronous GRPO's: 0 there).
+
     Args:
         lines: ``read_ledger`` lines (the later line for a repeated iteration stands).
         tasks: Required calls by task id (the run's train tasks).
@@ -161,7 +164,10 @@ def analyse(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, int],
     for it in sorted(by_iteration):
         line = by_iteration[it]
         metrics = (step_metrics or {}).get(it, {})
+        lv = line.get("learner_version")
+        lags = [lv - min(r["turn_policy_versions"] or [r["policy_version"]]) for r in line["rollouts"]] if lv is not None else []
         out.append({"iteration": it, "policy_version": int(line["policy_version"]),
+                    "lag_oldest_mean": _mean(lags),
                     **version_evidence(line["rollouts"], line.get("dropped", []), tasks),
                     "learner": {k: metrics[k] for k in STEP_KEYS if k in metrics}})
     return out
@@ -253,16 +259,20 @@ def render(results: Path = RESULTS) -> str:
             continue
         vs, pop = f["versions"], f["population"]
         ent = [v["learner"].get("policy/entropy") for v in vs if "policy/entropy" in v["learner"]]
+        broke = collapse_version(vs)
+        lags = [v["lag_oldest_mean"] for v in vs if v.get("lag_oldest_mean") is not None
+                and (broke is None or v["policy_version"] < broke)]
         last = vs[-1]
         rows.append([f["label"], f["settings"].get("staleness_rule", "-") if f["method"] == "sao" else "-",
                      f["settings"]["lr"], f"{f['heldout_start']:.3f} -> " + " / ".join(f"{x:.3f}" for x in f["heldout"].values()),
-                     collapse_version(vs) or "none",
+                     broke or "none", f"{statistics.fmean(lags):.1f}" if lags else "-",
                      f"{ent[0]:.3f} -> {min(ent):.3f} -> {ent[-1]:.3f}" if ent else "-",
                      f"{_fmt(last['calls_mean'], 1)} / {_fmt(last['required_mean'], 1)}", f"{broken_share(last):.2f}",
                      " / ".join(f"{pop[b]['trained_share']:.2f}" for b in labels(CALLS)),
                      " / ".join(f"{pop[b]['task_share']:.2f}" for b in labels(CALLS)), f"{f['wall_s']:.0f}"])
     return common.markdown_table(
         ["run", "staleness rule", "lr", "held-out reward: warm start -> snapshots", "first broken version",
+         "versions from oldest turn to training (mean, before the break)",
          "entropy: first -> min -> last", "last version: calls / required", "last version: broken share",
          f"trained share by required calls ({', '.join(labels(CALLS))})", "train tasks' share", "wall s"], rows)
 
