@@ -17,7 +17,8 @@ metrics and writes, per policy version (``analyse``):
 * rollouts dropped, by reason and bucket; and, over the run, started against trained by bucket (the generator's length
   counters), so a trained population that differs from the generated one shows.
 
-Run (the collapse, 12 versions at the defaults): ``.venv/bin/python -m bench.longtail_evidence sao``; smoke:
+Run (12 versions; the collapse needs the old lr and breaks in some runs only, docs/results.md section 8):
+``.venv/bin/python -m bench.longtail_evidence sao sao.staleness_rule=episode sao.optim.lr=3e-4 --label L``; smoke:
 ``... sao sao.steps=2 sao.checkpoint_every=2 warm_start.steps=5 data.num_train_tasks=64 generator.episodes_in_flight=16
 data.env_args.tool_latency_median_s=0 output_dir=/tmp/lte --eval-every 2 --out /tmp/lte.json --no-docs``.
 Writes ``bench/results/longtail_evidence/<label>.json`` (``--label``, default the method); ``--render`` tables every
