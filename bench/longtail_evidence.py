@@ -96,6 +96,16 @@ def _share(flags: Iterable[bool]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def explained_variance(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """``1 - Var(G - V) / Var(G)`` over ``(value, return)`` pairs (population variances); None with fewer than two
+    pairs or returns that do not vary."""
+    if len(pairs) < 2:
+        return None
+    returns = [g for _, g in pairs]
+    var = statistics.pvariance(returns)
+    return 1.0 - statistics.pvariance([g - v for v, g in pairs]) / var if var > 0 else None
+
+
 def version_evidence(rollouts: Sequence[Mapping[str, Any]], dropped: Sequence[Mapping[str, Any]],
                      tasks: Mapping[str, int]) -> dict[str, Any]:
     """The evidence of one ledger line's trained ``rollouts`` and ``dropped`` ones (module docstring).
@@ -141,8 +151,9 @@ def version_evidence(rollouts: Sequence[Mapping[str, Any]], dropped: Sequence[Ma
         "advantage_by_turn": {k: {"n": len(kinds[k]), "mean": _mean(kinds[k]),
                                   "positive": _share(a > 0 for a in kinds[k])} for k in TURN_KINDS},
         "value_vs_return_by_left": {b: {"n": len(value_by_left[b]), "value": _mean(v for v, _ in value_by_left[b]),
-                                        "return": _mean(g for _, g in value_by_left[b])} for b in labels(LEFTS)
-                                    if value_by_left[b]},
+                                        "return": _mean(g for _, g in value_by_left[b]),
+                                        "explained_variance": explained_variance(value_by_left[b])}
+                                    for b in labels(LEFTS) if value_by_left[b]},
         "dropped": dict(Counter(str(d.get("reason", "?")) for d in dropped)),
         "dropped_by_calls": dict(Counter(label_of(req(d), CALLS) for d in dropped)),
     }
@@ -189,6 +200,24 @@ def population(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, Any]) -> 
     n_trained, n_tasks = max(sum(trained.values()), 1), max(sum(mix.values()), 1)
     return {b: {"trained": trained[b], "dropped": dropped[b], "trained_share": trained[b] / n_trained,
                 "task_share": mix[b] / n_tasks} for b in labels(CALLS)}
+
+
+def value_by_left(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, int]) -> dict[str, Any]:
+    """Over the run (SAO): the critic's value before its update against the return, at each turn's first token, by the
+    ``left`` count the turn saw: pairs, mean value, mean return and explained variance (``explained_variance``); and
+    the same over every turn (``all``). Empty without per-turn values (GRPO)."""
+    pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for line in lines:
+        for r in line["rollouts"]:
+            turns = turn_kinds(r, int(tasks[r["task_id"]]))
+            if turns is None or "turn_value" not in r or len(r["turn_value"]) != len(turns):
+                continue
+            for t, (_, left) in enumerate(turns):
+                pair = (float(r["turn_value"][t]), float(r["turn_return"][t]))
+                pairs[label_of(left, LEFTS)].append(pair)
+                pairs["all"].append(pair)
+    return {b: {"n": len(pairs[b]), "value": _mean(v for v, _ in pairs[b]), "return": _mean(g for _, g in pairs[b]),
+                "explained_variance": explained_variance(pairs[b])} for b in ["all", *labels(LEFTS)] if pairs[b]}
 
 
 def _fmt(x: Any, digits: int = 2) -> str:
@@ -271,11 +300,24 @@ def render(results: Path = RESULTS) -> str:
                      f"{_fmt(last['calls_mean'], 1)} / {_fmt(last['required_mean'], 1)}", f"{broken_share(last):.2f}",
                      " / ".join(f"{pop[b]['trained_share']:.2f}" for b in labels(CALLS)),
                      " / ".join(f"{pop[b]['task_share']:.2f}" for b in labels(CALLS)), f"{f['wall_s']:.0f}"])
+    ev_rows = [[f["label"], *[_ev_cell(f["value_by_left"].get(b)) for b in ["all", *labels(LEFTS)]]]
+               for f in (common.read_json(p) for p in sorted(results.glob("*.json"))) if f.get("value_by_left")]
+    ev_table = ("\n\nThe critic (SAO runs), over every trained turn of the run: explained variance of the return by the "
+                "value before the critic's update, at each turn's first token, by the `left` count the turn saw "
+                "(turns: n):\n\n" + common.markdown_table(["run", "all turns", *[f"left {b}" for b in labels(LEFTS)]],
+                                                          ev_rows)) if ev_rows else ""
     return common.markdown_table(
         ["run", "staleness rule", "lr", "held-out reward: warm start -> snapshots", "first broken version",
          "versions from oldest turn to training (mean, before the break)",
          "entropy: first -> min -> last", "last version: calls / required", "last version: broken share",
-         f"trained share by required calls ({', '.join(labels(CALLS))})", "train tasks' share", "wall s"], rows)
+         f"trained share by required calls ({', '.join(labels(CALLS))})", "train tasks' share", "wall s"], rows) + ev_table
+
+
+def _ev_cell(cell: Mapping[str, Any] | None) -> str:
+    if not cell:
+        return "-"
+    ev = cell["explained_variance"]
+    return f"{'-' if ev is None else f'{ev:.2f}'} (n {cell['n']})"
 
 
 def analyse_run_dir(run_dir: Path) -> int:
@@ -344,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
               "when": common.utc_now(), "settings": avs.settings_of(cfg, args.eval_every, 1), "wall_s": run.wall_s,
               "load_avg_start_end": run.load_avg, "heldout_start": start,
               "heldout": {str(v): x for v, x in sorted(rewards[run.key].items())},
-              "counters": run.counters, "population": population(lines, tasks), "versions": rows}
+              "counters": run.counters, "population": population(lines, tasks),
+              "value_by_left": value_by_left(lines, tasks), "versions": rows}
     path = args.out or RESULTS / f"{result['label']}.json"
     common.write_result(path, result)
     print(table(rows))

@@ -1,6 +1,16 @@
 """``bench.longtail_evidence``: turn kinds and per-version evidence read from ledger rollouts (issue 29)."""
 
-from bench.longtail_evidence import analyse, population, turn_kinds, version_evidence
+import statistics
+
+import pytest
+from bench.longtail_evidence import (
+    analyse,
+    explained_variance,
+    population,
+    turn_kinds,
+    value_by_left,
+    version_evidence,
+)
 
 
 def _rollout(task, calls, finish="stop", reward=0.0, turns=None, malformed=0, early=0, extra=0, **extra_keys):
@@ -39,7 +49,12 @@ def test_version_evidence_buckets_by_the_tasks_required_calls_and_reads_turn_dia
     assert adv["answer_left0"] == {"n": 1, "mean": 0.75, "positive": 1.0}
     assert adv["extra_call"] == {"n": 6, "mean": -0.25, "positive": 0.0}
     assert adv["call_left_gt0"]["n"] == 13
-    assert ev["value_vs_return_by_left"]["0"] == {"n": 7, "value": (0.4 + 6 * 0.1) / 7, "return": 1 / 7}
+    left0 = ev["value_vs_return_by_left"]["0"]
+    assert (left0["n"], left0["value"], left0["return"]) == (7, (0.4 + 6 * 0.1) / 7, 1 / 7)
+    # returns 1 once and 0 six times against values 0.4 and 0.1: 1 - Var(G - V) / Var(G)
+    residuals, returns = [0.6] + [-0.1] * 6, [1.0] + [0.0] * 6
+
+    assert left0["explained_variance"] == pytest.approx(1 - statistics.pvariance(residuals) / statistics.pvariance(returns))
     assert ev["dropped"] == {"stale": 1} and ev["dropped_by_calls"] == {"9-16": 1}
 
 
@@ -52,3 +67,20 @@ def test_analyse_keeps_the_later_line_of_a_repeated_iteration_and_population_com
     assert rows[0]["learner"] == {"policy/entropy": 0.5}
     pop = population(lines[1:], tasks)
     assert pop["5-8"] == {"trained": 1, "dropped": 0, "trained_share": 1.0, "task_share": 0.5}
+
+
+def test_explained_variance_is_none_without_spread_and_one_for_a_perfect_critic():
+    assert explained_variance([(0.5, 1.0)]) is None and explained_variance([(0.2, 1.0), (0.3, 1.0)]) is None
+    assert explained_variance([(0.0, 0.0), (1.0, 1.0)]) == 1.0
+    assert explained_variance([(0.5, 0.0), (0.5, 1.0)]) == 0.0
+
+
+def test_value_by_left_pools_every_turn_of_the_run_by_the_left_count_it_saw():
+    tasks = {"t": 1}
+    lines = [{"iteration": i, "policy_version": i, "rollouts": [
+        _rollout("t", 1, reward=g, turn_advantage=[0.0, 0.0], turn_value=[v, v], turn_return=[g, g])]}
+        for i, (v, g) in enumerate([(0.0, 0.0), (1.0, 1.0)], start=1)]
+    out = value_by_left(lines, tasks)
+    assert out["all"] == {"n": 4, "value": 0.5, "return": 0.5, "explained_variance": 1.0}
+    assert out["1"]["n"] == 2 and out["0"]["n"] == 2
+    assert value_by_left([{"iteration": 1, "policy_version": 1, "rollouts": [_rollout("t", 1)]}], tasks) == {}
