@@ -57,8 +57,8 @@ def test_a_method_is_its_file_on_the_base_then_the_overrides() -> None:
 
 
 def test_every_method_trains_at_one_policy_lr_below_the_one_that_broke_the_answer_turn() -> None:
-    """Issue 29: at lr 3e-4 the asynchronous methods' answer turn broke within 12 versions in 2 of 4 runs (and a third
-    began to), at 1e-4 in none of 2; the methods share the lr so the comparison stays at equal settings."""
+    """Issue 29: at lr 3e-4 the asynchronous methods' answer turn broke or began to break within 12 versions in 4 of 9
+    runs, at 1e-4 in none of 8 (docs/results.md section 8); the methods share the lr so they compare at equal settings."""
     configs = {m: load_method(m) for m in ("sao", "grpo_sync_g4", "grpo_sync_g8", "grpo_async_g8")}
     lrs = {m: (c.sao if c.technique == "sao" else c.grpo).optim.lr for m, c in configs.items()}
     assert set(lrs.values()) == {1e-4}, lrs
