@@ -306,11 +306,19 @@ def render(results: Path = RESULTS) -> str:
                 "value before the critic's update, at each turn's first token, by the `left` count the turn saw "
                 "(turns: n):\n\n" + common.markdown_table(["run", "all turns", *[f"left {b}" for b in labels(LEFTS)]],
                                                           ev_rows)) if ev_rows else ""
+    warm = [common.read_json(p) for p in sorted(results.glob("*.json"))]
+    warm_rows = [[f["sft_steps"], f["max_reference_turns"] or "all", "left first" if "left_first=true" in f["command"]
+                  else "code first", f"{f['heldout_reward']:.3f}",
+                  *[_fmt(f["heldout_by_calls"][b]["reward"]) for b in labels(CALLS)]]
+                 for f in warm if "heldout_by_calls" in f]
+    warm_table = ("\n\nWarm starts (`--warm-start-only`; held-out reward, 64 tasks x 2 samples, by required calls):\n\n"
+                  + common.markdown_table(["SFT steps", "max reference turns", "observation", "held-out reward",
+                                           *[f"calls {b}" for b in labels(CALLS)]], warm_rows)) if warm_rows else ""
     return common.markdown_table(
         ["run", "staleness rule", "lr", "held-out reward: warm start -> snapshots", "first broken version",
          "versions from oldest turn to training (mean, before the break)",
          "entropy: first -> min -> last", "last version: calls / required", "last version: broken share",
-         f"trained share by required calls ({', '.join(labels(CALLS))})", "train tasks' share", "wall s"], rows) + ev_table
+         f"trained share by required calls ({', '.join(labels(CALLS))})", "train tasks' share", "wall s"], rows) + ev_table + warm_table
 
 
 def _ev_cell(cell: Mapping[str, Any] | None) -> str:
