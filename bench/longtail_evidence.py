@@ -295,7 +295,7 @@ def render(results: Path = RESULTS) -> str:
         last = vs[-1]
         rows.append([f["label"], f["settings"].get("staleness_rule", "-") if f["method"] == "sao" else "-",
                      f["settings"]["lr"], f"{f['heldout_start']:.3f} -> " + " / ".join(f"{x:.3f}" for x in f["heldout"].values()),
-                     broke or "none", f"{statistics.fmean(lags):.1f}" if lags else "-",
+                     "none" if broke is None else broke, f"{statistics.fmean(lags):.1f}" if lags else "-",
                      f"{ent[0]:.3f} -> {min(ent):.3f} -> {ent[-1]:.3f}" if ent else "-",
                      f"{_fmt(last['calls_mean'], 1)} / {_fmt(last['required_mean'], 1)}", f"{broken_share(last):.2f}",
                      " / ".join(f"{pop[b]['trained_share']:.2f}" for b in labels(CALLS)),
