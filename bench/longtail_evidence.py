@@ -190,7 +190,8 @@ def population(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, Any]) -> 
 
     ``tasks`` maps task id to required calls (the train split); the share of the train tasks per bucket is what a
     uniform draw of tasks starts, so a trained share far from it is the population the learner saw drifting."""
-    trained, dropped = Counter(), Counter()
+    trained: Counter[str] = Counter()
+    dropped: Counter[str] = Counter()
     for line in lines:
         for r in line["rollouts"]:
             trained[label_of(int(tasks[r["task_id"]]), CALLS)] += 1
