@@ -242,10 +242,10 @@ def run_main(prog: str, main: Callable[[], int]) -> None:
 
 
 def render_results_page(results_dir: Path = RESULTS_DIR) -> list[str]:
-    """Rewrite docs/results.md's generated sections (each ``learning_race`` study and ``gkd_miniature``) from their
-    results files, running nothing and redrawing no plot; return the section names written (a study not yet run is
-    skipped)."""
-    from bench import gkd_miniature, learning_race
+    """Rewrite docs/results.md's generated sections (each ``learning_race`` study, ``gkd_miniature`` and
+    ``longtail_evidence``) from their results files, running nothing and redrawing no plot; return the section names
+    written (a study not yet run is skipped)."""
+    from bench import gkd_miniature, learning_race, longtail_evidence
 
     written = []
     for path in sorted((results_dir / learning_race.NAME).glob("*.json")):
@@ -257,6 +257,10 @@ def render_results_page(results_dir: Path = RESULTS_DIR) -> list[str]:
     if (gkd := read_result(gkd_miniature.NAME, results_dir)) is not None:
         update_docs_section(gkd_miniature.NAME, gkd_miniature.render(gkd), gkd_miniature.DOCS)
         written.append(gkd_miniature.NAME)
+    evidence = results_dir / longtail_evidence.RESULTS.name
+    if any(evidence.glob("*.json")):
+        update_docs_section("longtail_evidence", longtail_evidence.render(evidence), longtail_evidence.DOCS)
+        written.append("longtail_evidence")
     return written
 
 

@@ -18,7 +18,7 @@ ENVIRONMENT_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "synthetic_longtail": (
         "calls_median", "calls_sigma", "min_calls", "max_calls", "boxes", "heldout_fraction",
         "max_malformed_actions", "system_prompt", "tool_latency_median_s", "tool_latency_sigma",
-        "tool_latency_max_s", "tool_latency_seed",
+        "tool_latency_max_s", "tool_latency_seed", "left_first",
     ),
     "gsm8k": ("system_prompt", "verify_timeout_s"),
     "math_tool": (

@@ -121,6 +121,10 @@ class SFTConfig(_Strict):
     """Truncate examples to this many tokens."""
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=3e-3))
     """Optimizer."""
+    max_reference_turns: int | None = Field(None, ge=1, le=100_000)
+    """Train only on reference episodes of at most this many assistant turns (None: all). On
+    ``synthetic_longtail`` 5 keeps the tasks of at most 4 required calls, so the warm start solves
+    most short tasks and few long ones and RL has room to learn (issue 29)."""
 
 
 class CriticConfig(_Strict):

@@ -44,7 +44,7 @@ from posttrain.config import SAOConfig
 from posttrain.learner.batching import RolloutBatch, length_order, select_rows
 from posttrain.learner.optim import clip_and_step
 from posttrain.learner.rank_rows import rank_micro_batches, reduce_means, reduce_moments
-from posttrain.learner.token_metrics import PolicyTokenStats, RowTokenStats, empty_rows
+from posttrain.learner.token_metrics import PolicyTokenStats, RowTokenStats, empty_rows, turn_diagnostics
 from posttrain.learner.types import Trainable, TrainStepResult
 from posttrain.losses import PolicyLossInputs, sao_loss
 from posttrain.losses.logprobs import token_logprobs
@@ -162,7 +162,8 @@ def sao_train_step(
         A critic or policy step whose gradient norm is not finite is skipped (``clip_and_step``)
         and counted in ``skipped_nonfinite``; a skipped policy step makes no version.
         ``row_tokens`` holds each rollout's trained / stale-masked / DIS-masked token counts and
-        the version range of its trained tokens (all zero in a critic-only warm-up iteration);
+        the version range of its trained tokens (all zero in a critic-only warm-up iteration), and its
+        per-turn mean advantage, value and return (``token_metrics.TURN_KEYS``);
         ``staleness/token_lag_mean`` and ``/token_lag_max`` are over the batch's action tokens,
         ``mask/frac_stale`` over those of the policy update.
 
@@ -256,6 +257,9 @@ def sao_train_step(
         advantages = whole[mine.index if mine.rows else torch.zeros(1, dtype=torch.long), : local.token_ids.shape[1]]
         advantages = advantages.to(world.device)
 
+    gae = config.advantage == "gae"
+    turns = turn_diagnostics(local.action_mask, mine.rows, int(batch.token_ids.shape[0]), advantages,
+                             old_values if gae else None, returns if gae else None, world)
     act = local.action_mask
     # The tokens that can train (not stale-masked), over every rank's rows.
     fresh = act & ~stale_tokens(act, local.token_versions, learner_version, config.max_staleness)
@@ -274,7 +278,7 @@ def sao_train_step(
     if warm:
         return TrainStepResult(policy_updated=False, metrics=metrics, rows_trained=0,
                                action_tokens_trained=float(batch.num_action_tokens), skipped_nonfinite=skipped,
-                               row_tokens=empty_rows(int(batch.token_ids.shape[0])))
+                               row_tokens=[{**r, **t} for r, t in zip(empty_rows(len(turns)), turns, strict=True)])
     policy.model.train()
     parts, weights = [], []
     tokens = PolicyTokenStats(config.loss.log_ratio_clamp)
@@ -310,4 +314,5 @@ def sao_train_step(
     return TrainStepResult(policy_updated=stepped, metrics=metrics,
                            rows_trained=int(batch.token_ids.shape[0]) if stepped else 0,
                            action_tokens_trained=float(batch.num_action_tokens),
-                           skipped_nonfinite=skipped + int(not stepped), row_tokens=per_row.rows(world))
+                           skipped_nonfinite=skipped + int(not stepped),
+                           row_tokens=[{**r, **t} for r, t in zip(per_row.rows(world), turns, strict=True)])

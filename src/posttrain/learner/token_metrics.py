@@ -146,3 +146,69 @@ def empty_rows(rows: int) -> list[dict[str, float | None]]:
     """``RowTokenStats.rows`` of a batch no token of which got policy gradient (the critic warm-up)."""
     return [{"trained_tokens": 0.0, "stale_masked_tokens": 0.0, "dis_masked_tokens": 0.0, "trained_version_min": None,
              "trained_version_max": None} for _ in range(rows)]
+
+
+TURN_KEYS = ("turn_advantage", "turn_value", "turn_return")
+"""Per-turn diagnostics ``turn_diagnostics`` adds to each ledger rollout (``turn_value`` and ``turn_return`` with a
+critic only): the mean advantage of the turn's action tokens, and the critic's value (before this step's critic
+updates) and the critic's target return at the turn's first action token. Issue 29: advantage sign by turn, value
+against return by the observation's ``left`` count."""
+
+
+def turn_diagnostics(action_mask: Tensor, batch_rows: Sequence[int], batch_size: int, advantages: Tensor,
+                     values: Tensor | None, returns: Tensor | None, world: World) -> list[dict[str, list[float]]]:
+    """Per rollout of the batch and per action turn: mean advantage, value and return at the turn's first token.
+
+    Args:
+        action_mask: ``[b, T]`` bool, this rank's rows (``batch_rows[i]`` is row ``i``'s index in the batch).
+        batch_rows: Batch index of each local row (empty when this rank has no row: its tensors are a filler).
+        batch_size: B, the rollouts of the whole batch.
+        advantages: ``[b, T']`` float (``T' >= T`` columns are cut), the advantages the policy loss uses.
+        values: ``[b, T']`` float, the critic's values before its updates, or None without a critic.
+        returns: ``[b, T']`` float, the critic's targets, or None without a critic.
+        world: The ranks; every rank must call this (one ``world.sum``), each row is owned by one rank.
+
+    Returns:
+        One dict per batch row with ``turn_advantage`` (and with a critic ``turn_value`` and ``turn_return``), one
+        float per action turn (rounded to 4 decimals), in turn order.
+    """
+    width = int(action_mask.shape[1])
+    per_row: dict[int, list[tuple[float, float, float]]] = {}
+    max_turns = 0
+    mask = action_mask.detach().cpu().bool()
+    adv = advantages[:, :width].detach().cpu().double()
+    val = values[:, :width].detach().cpu().double() if values is not None else None
+    ret = returns[:, :width].detach().cpu().double() if returns is not None else None
+    for i, row in enumerate(batch_rows):
+        m = mask[i]
+        idx = torch.nonzero(m).flatten()
+        if idx.numel() == 0:
+            per_row[row] = []
+            continue
+        starts = torch.cat([idx[:1], idx[1:][idx[1:] != idx[:-1] + 1]])
+        ends = torch.cat([idx[:-1][idx[1:] != idx[:-1] + 1], idx[-1:]]) + 1
+        turns = []
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+            turns.append((float(adv[i, s:e].mean()), float(val[i, s]) if val is not None else 0.0,
+                          float(ret[i, s]) if ret is not None else 0.0))
+        per_row[row] = turns
+        max_turns = max(max_turns, len(turns))
+    max_turns = int(world.max_floats([float(max_turns)])[0])
+    counts = [0.0] * batch_size
+    flat = [0.0] * (batch_size * max_turns * 3)
+    for row, turns in per_row.items():
+        counts[row] = float(len(turns))
+        for t, triple in enumerate(turns):
+            flat[(row * max_turns + t) * 3 : (row * max_turns + t) * 3 + 3] = triple
+    summed = world.sum(counts + flat)
+    counts, flat = summed[:batch_size], summed[batch_size:]
+    out: list[dict[str, list[float]]] = []
+    for row in range(batch_size):
+        n = int(round(counts[row]))
+        cells = [flat[(row * max_turns + t) * 3 : (row * max_turns + t) * 3 + 3] for t in range(n)]
+        entry = {"turn_advantage": [round(c[0], 4) for c in cells]}
+        if values is not None:
+            entry["turn_value"] = [round(c[1], 4) for c in cells]
+            entry["turn_return"] = [round(c[2], 4) for c in cells]
+        out.append(entry)
+    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -37,7 +38,8 @@ class TrainStepResult:
         row_tokens: Per rollout of the batch, in batch order, its token accounting
             (``learner.token_metrics.ROW_TOKEN_KEYS``: action tokens that got policy gradient, that
             the staleness bound and the DIS band masked, the oldest and newest version among the
-            trained ones); None when the step does not report it (GRPO).
+            trained ones; SAO adds per-turn lists, ``token_metrics.TURN_KEYS``); None when the step
+            does not report it (GRPO).
     """
 
     policy_updated: bool
@@ -45,7 +47,7 @@ class TrainStepResult:
     rows_trained: int = 0
     action_tokens_trained: float = 0.0
     skipped_nonfinite: int = 0
-    row_tokens: list[dict[str, float | None]] | None = None
+    row_tokens: list[dict[str, Any]] | None = None
 
 
 @dataclass

@@ -135,6 +135,23 @@ def warm_start(ctx: RunContext, sink: MetricsSink | None = None, progress: bool 
                              progress=progress)
 
 
+def reference_tasks(ctx: RunContext, max_turns: int | None) -> list[Any]:
+    """The train tasks whose reference episode has at most ``max_turns`` assistant turns (all when None).
+
+    Raises:
+        ValueError: no train task is left (the message names ``warm_start.max_reference_turns`` and the shortest).
+    """
+    tasks = ctx.tasks("train")
+    if max_turns is None:
+        return tasks
+    kept = [t for t in tasks if len(sft_reference_actions(ctx.config.data.env, t)) <= max_turns]
+    if not kept:
+        shortest = min((len(sft_reference_actions(ctx.config.data.env, t)) for t in tasks), default=0)
+        raise ValueError(f"warm_start.max_reference_turns: {max_turns} keeps no train task (the shortest reference "
+                         f"episode has {shortest} turns)")
+    return kept
+
+
 def sft_on_references(ctx: RunContext, out: Path, section: Any, *, metric_prefix: str,
                       sink: MetricsSink | None = None, progress: bool = False) -> Path:
     """The base model trained by SFT on the environment's reference episodes for ``section.steps`` steps, in ``out``.
@@ -159,7 +176,7 @@ def sft_on_references(ctx: RunContext, out: Path, section: Any, *, metric_prefix
     tok = load_tokenizer(ctx.tokenizer_dir)
     model = load_policy(ctx.base_model_dir)
     if section.steps > 0:
-        examples = build_sft_examples(ctx, tok, ctx.tasks("train"))
+        examples = build_sft_examples(ctx, tok, reference_tasks(ctx, getattr(section, "max_reference_turns", None)))
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
             if sink is not None:

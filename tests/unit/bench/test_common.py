@@ -99,17 +99,18 @@ def test_every_section_of_the_docs_renders_from_the_committed_results() -> None:
 
 
 def test_the_results_page_re_renders_from_the_committed_results_unchanged(tmp_path: Path, monkeypatch) -> None:
-    """``render_results_page`` rewrites docs/results.md's generated sections (every learning_race study, GKD) from
+    """``render_results_page`` rewrites docs/results.md's generated sections (learning_race, GKD, longtail evidence) from
     bench/results/ without running anything: on a copy of the committed page it changes nothing."""
     import bench.common as common
-    from bench import gkd_miniature, learning_race
+    from bench import gkd_miniature, learning_race, longtail_evidence
 
     page = tmp_path / "results.md"
     page.write_text(learning_race.DOCS.read_text(encoding="utf-8"), encoding="utf-8")
     monkeypatch.setattr(learning_race, "DOCS", page)
     monkeypatch.setattr(gkd_miniature, "DOCS", page)
+    monkeypatch.setattr(longtail_evidence, "DOCS", page)
     written = common.render_results_page()
-    assert {"learning_race_race", "learning_race_stability", "gkd_miniature"} <= set(written)
+    assert {"learning_race_race", "learning_race_stability", "gkd_miniature", "longtail_evidence"} <= set(written)
     assert page.read_text(encoding="utf-8") == (common.REPO / "docs" / "results.md").read_text(encoding="utf-8")
 
 

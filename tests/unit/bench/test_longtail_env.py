@@ -75,6 +75,14 @@ def test_reference_episode_reads_each_code_and_earns_reward_one() -> None:
                             "early_answer": 0.0, "malformed_actions": 0.0, "tool_wait_s": 0.0}
 
 
+def test_left_first_puts_the_code_last_in_each_observation_and_grades_alike() -> None:
+    """left_first: codes 3 1 -> 'left 1, code 3', 'left 0, code 1'; '#### 1' -> reward 1 (issue 29's warm start)."""
+    t = task("3 1")
+    results = play(SyntheticLongTailEnv(left_first=True).start(t), reference_episode(t))
+    assert [r.observation for r in results[:2]] == ["left 1, code 3", "left 0, code 1"]
+    assert results[-1].reward == 1.0
+
+
 def test_an_answer_before_left_zero_earns_zero_even_when_it_names_the_last_code() -> None:
     """Codes 3 1 after one call: '#### 1' is the right digit but one call is missing -> 0, early_answer 1."""
     result = play(SyntheticLongTailEnv().start(task("3 1")), [CALL, "#### 1"])[-1]

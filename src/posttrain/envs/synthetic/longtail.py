@@ -26,7 +26,7 @@ short SFT warm start; what it has to get right is the control flow (keep calling
 Rules of an episode:
 
 * Each well-formed ``next`` call (no arguments, or ``{}``) returns the next code, ``code <c>, left
-  <k - calls>``; calls past the end return the last code again with ``left 0`` and are counted in
+  <k - calls>`` (``left <k - calls>, code <c>`` with ``left_first``); calls past the end return the last code again with ``left 0`` and are counted in
   ``extra_calls``. Several calls in one action run in order, one
   observation line each. Observations are plain text without ``<tool_result>`` tags, to keep a
   turn short (about 30 tokens with the tiny models' tokenizer: the call, the turn delimiters and
@@ -133,6 +133,9 @@ class SyntheticLongTailEnv:
             longer tail; 0 gives every call the median).
         tool_latency_max_s: Cap on one call's latency (seconds, > 0).
         tool_latency_seed: Seed of the per-task latency draws.
+        left_first: Observations read ``left <k - calls>, code <c>`` (the code last, next to the
+            answer) instead of ``code <c>, left <k - calls>``. The tiny model copies the code more
+            easily from the end of the observation (issue 29: a warm start that solves short tasks).
 
     Raises:
         ValueError: a bad count, fraction or distribution parameter; the message names it.
@@ -154,6 +157,7 @@ class SyntheticLongTailEnv:
         tool_latency_sigma: float = 1.0,
         tool_latency_max_s: float = 60.0,
         tool_latency_seed: int = 0,
+        left_first: bool = False,
     ) -> None:
         if not calls_median > 0:
             raise ValueError(f"calls_median: must be > 0, got {calls_median}")
@@ -177,6 +181,7 @@ class SyntheticLongTailEnv:
         self.heldout_fraction = heldout_fraction
         self.max_malformed_actions = max_malformed_actions
         self.system_prompt = system_prompt
+        self.left_first = bool(left_first)
 
     def tasks(self, split: Split, n: int, seed: int = 0) -> list[Task]:
         """``n`` tasks of a split, generated with ``seed``; ids ``synthetic_longtail-<split>-<index>``.
@@ -319,7 +324,7 @@ class CodeEpisode:
             self.tool_wait_s += await self.env.tool_latency.wait(self.env.latency_key(self.task, self.tool_calls))
             self.tool_calls += 1
             code = self.codes[min(self.tool_calls, len(self.codes)) - 1]
-            lines.append(f"code {code}, left {self.left}")
+            lines.append(f"left {self.left}, code {code}" if self.env.left_first else f"code {code}, left {self.left}")
         self._malformed_in_a_row = 0
         return StepResult(observation="\n".join(lines), metrics=self._metrics())
 
