@@ -27,7 +27,7 @@ from typing import Any
 
 from kubernetes.client import CustomObjectsApi
 
-from posttrain.cluster.jobset_status import KUEUE_GROUP, KUEUE_VERSION
+from posttrain.cluster.jobset_status import KUEUE_GROUP, KUEUE_VERSION, kube_timeout
 from posttrain.config.resources import quantity_value
 from posttrain.tracking.cost import CostLine, CostReport, check_tenant
 
@@ -116,7 +116,7 @@ def workload_report(api: CustomObjectsApi, tenant: str, since: date | None = Non
     check_tenant(tenant)
     now = now or datetime.now(UTC)
     items = api.list_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, tenant, "workloads",
-                                              _request_timeout=REQUEST_TIMEOUT_S).get("items") or []
+                                              _request_timeout=kube_timeout(REQUEST_TIMEOUT_S)).get("items") or []
     report = CostReport(tenant, "kueue", since.isoformat() if since else "")
     for w in items:
         meta = w.get("metadata") or {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from posttrain.account import LEARNER_STATES, RunAccount, StateClock
@@ -226,7 +228,6 @@ def test_a_ctrl_c_is_charged_as_interrupted_not_failed(tmp_path, monkeypatch):
 def test_a_rerun_that_trained_nothing_keeps_the_runs_summary_and_account_files(tmp_path):
     """A re-run of a finished run (resumed at the final version) used to overwrite <run>/summary.md with its own
     near-empty figures; it now writes its summary and account under <run>/rerun and says so in a row."""
-    import time
 
     from posttrain.runners.accounting import RERUN_DIR, RERUN_ROW
     from posttrain.runners.common import TrackedRun, _no_sink
@@ -258,13 +259,14 @@ def test_a_posttrain_run_life_records_only_its_own_seconds_a_learner_pod_every_l
     the lives it carried from the checkpoint charged them twice (a `make demo` re-run: the whole run again). A
     learner pod resumes its predecessor's MLflow run, so it keeps every life."""
     config = load_config(None, ["technique=sao", "learner.device=cpu"])
+    cpu_started = time.process_time()  # this life's CPU counts from here (a test process has run other tests before)
     clock = StateClock(LEARNER_STATES, initial="evaluating")
     clock.carry({"shares": {"training": 80.0, "checkpointing": 5.0}, "used_cpu_s": 60.0, "lives": 1})
-    life = build_account(config, clock, 0.0, [], trained_tokens=0.0, heldout_before=None, heldout_after=None,
+    life = build_account(config, clock, cpu_started, [], trained_tokens=0.0, heldout_before=None, heldout_after=None,
                          generators_in_process=False, this_life_only=True)
     learner = life.roles[0]
     assert learner.processes == 1 and learner.shares["training"] == 0.0 and learner.wall_s < 80.0
     assert learner.used_cpu_s < 60.0 and learner.gap() < 1e-9
-    every = build_account(config, clock, 0.0, [], trained_tokens=0.0, heldout_before=None, heldout_after=None,
+    every = build_account(config, clock, cpu_started, [], trained_tokens=0.0, heldout_before=None, heldout_after=None,
                           generators_in_process=False, requested=REQUESTED_CLUSTER)
     assert every.roles[0].processes == 2 and every.roles[0].wall_s >= 85.0 and every.roles[0].used_cpu_s >= 60.0
