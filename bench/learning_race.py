@@ -338,26 +338,20 @@ def render_training(result: dict[str, Any]) -> str:
     planned = result.get("seeds_planned", result["seeds"])
     partial = ("" if planned == result["seeds"] else
                f" (**{len(result['seeds'])} of the {len(planned)} planned seeds {', '.join(map(str, planned))} done**)")
-    out = [f"Asks: {result['question']}. Measured {result['when']}; seeds {', '.join(map(str, result['seeds']))}{partial} "
-           f"(run seed-major); {result['versions']} policy versions per run; held-out accuracy of the warm start "
-           f"{result['start_accuracy']:.3f} on {ev['tasks']} tasks x {ev['samples_per_task']} sample(s) (snapshots every "
-           f"{result['eval_every']} versions and the last, same tasks and seeds); "
-           f"target {result['target_accuracy']:.3f}; "
-           + (f"steady window from version {result['steady_from_version']}; " if race else "") +
-           f"`{result['env']}` with tool latency median {result['env_args'].get('tool_latency_median_s', 0)} s, sigma "
+    out = [f"Asks: {result['question']}. Measured {result['when']}; seeds {', '.join(map(str, result['seeds']))}{partial}; "
+           f"{result['versions']} versions per run; warm start {result['start_accuracy']:.3f} on {ev['tasks']} tasks x "
+           f"{ev['samples_per_task']}; target {result['target_accuracy']:.3f}; "
+           + (f"steady from version {result['steady_from_version']}; " if race else "") +
+           f"`{result['env']}`, tool latency median {result['env_args'].get('tool_latency_median_s', 0)} s, sigma "
            f"{result['env_args'].get('tool_latency_sigma', '-')}, cap {result['env_args'].get('tool_latency_max_s', '-')} s.",
            "", common.machine_line(m) + f" Load average (1 min) at run starts and ends: {min(loads):.1f}-{max(loads):.1f}."
            if loads else common.machine_line(m), "", "Resources per variant:", "",
            common.markdown_table(["variant", "episodes in flight", "rollouts per version", "prompts x G", "generators",
                                   "tau", "lr", "advantage", "correction"], res_rows), "",
            common.markdown_table(head, rows), "",
-           "Cells: mean (min-max) over seeds" + ("; time and rollouts to target: median (min-max) over the seeds that "
-                                                 "reached it." if race else ".")
-           + (" Seconds count from the run's start, so they include starting a generator process and the first batch "
-              "(synchronous GRPO runs its engine in the learner's process). Seconds to version 1, rollouts/s, kept "
-              "rollouts/s and the tool wait per trained episode: the results file's runs." if race else "")
-           + (f" Rates and the trained mix: versions after {result['steady_from_version']}; the population's mean tool "
-              f"wait per call is {pop:.2f} s (each task needs one call)." if race and (pop := _population(result)) else ""),
+           "Cells: mean (min-max) over seeds" + ("; to target: median (min-max) of the seeds that reached it; seconds "
+                                                 "include starting the generator. Rates, the tool waits and the "
+                                                 "trained mix: the results file." if race else "."),
            "", f"Command: `{result['command']}`"]
     if race:
         out += ["", f"![accuracy vs seconds](results/{NAME}_{result['study']}_seconds.png)",
@@ -365,12 +359,6 @@ def render_training(result: dict[str, Any]) -> str:
     else:
         out += ["", f"![{result['study']}](results/{NAME}_{result['study']}.png)"]
     return "\n".join(out)
-
-
-def _population(result: dict[str, Any]) -> float | None:
-    """The population's mean first-call tool latency recorded with the study's first run (None when absent)."""
-    runs = [r for d in result["variants"].values() for r in d["runs"]]
-    return runs[0].get("population_first_call_latency_s_mean") if runs else None
 
 
 def read_metrics(run_dir: Path) -> dict[int, dict[str, float]]:

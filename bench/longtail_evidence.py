@@ -282,31 +282,28 @@ def collapse_version(rows: Sequence[Mapping[str, Any]]) -> int | None:
 
 
 def render(results: Path = RESULTS) -> str:
-    """One row per results file (sorted by name): held-out reward, the collapse version, entropy, calls, trained mix."""
+    """One row per results file (sorted by name): held-out reward, the collapse version, calls and the trained mix at
+    the extremes of required calls; then the critic's explained variance by ``left`` and the warm starts. Entropy, the
+    lag from a rollout's oldest turn, the whole trained mix and the turn counts stay in each results file."""
     rows = []
     for path in sorted(results.glob("*.json")):
         f = common.read_json(path)
         if "versions" not in f:
             continue
         vs, pop = f["versions"], f["population"]
-        ent = [v["learner"].get("policy/entropy") for v in vs if "policy/entropy" in v["learner"]]
         broke = collapse_version(vs)
-        lags = [v["lag_oldest_mean"] for v in vs if v.get("lag_oldest_mean") is not None
-                and (broke is None or v["policy_version"] < broke)]
         last = vs[-1]
+        extremes = labels(CALLS)[0], labels(CALLS)[-1]
         rows.append([f["label"], f["settings"].get("staleness_rule", "-") if f["method"] == "sao" else "-",
                      f["settings"]["lr"], f"{f['heldout_start']:.3f} -> " + " / ".join(f"{x:.3f}" for x in f["heldout"].values()),
-                     "none" if broke is None else broke, f"{statistics.fmean(lags):.1f}" if lags else "-",
-                     f"{ent[0]:.3f} -> {min(ent):.3f} -> {ent[-1]:.3f}" if ent else "-",
+                     "none" if broke is None else broke,
                      f"{_fmt(last['calls_mean'], 1)} / {_fmt(last['required_mean'], 1)}", f"{broken_share(last):.2f}",
-                     " / ".join(f"{pop[b]['trained_share']:.2f}" for b in labels(CALLS)),
-                     " / ".join(f"{pop[b]['task_share']:.2f}" for b in labels(CALLS)), f"{f['wall_s']:.0f}"])
+                     " / ".join(f"{pop[b]['trained_share']:.2f}" for b in extremes), f"{f['wall_s']:.0f}"])
     ev_rows = [[f["label"], *[_ev_cell(f["value_by_left"].get(b)) for b in ["all", *labels(LEFTS)]]]
                for f in (common.read_json(p) for p in sorted(results.glob("*.json"))) if f.get("value_by_left")]
-    ev_table = ("\n\nThe critic (SAO runs), over every trained turn of the run: explained variance of the return by the "
-                "value before the critic's update, at each turn's first token, by the `left` count the turn saw "
-                "(turns: n):\n\n" + common.markdown_table(["run", "all turns", *[f"left {b}" for b in labels(LEFTS)]],
-                                                          ev_rows)) if ev_rows else ""
+    ev_table = ("\n\nThe critic (SAO runs): explained variance of the return by the value before the critic's update, "
+                "at each trained turn's first token, by the `left` count the turn saw (- : under 20 turns):\n\n"
+                + common.markdown_table(["run", "all turns", *[f"left {b}" for b in labels(LEFTS)]], ev_rows)) if ev_rows else ""
     warm = [common.read_json(p) for p in sorted(results.glob("*.json"))]
     warm_rows = [[f["sft_steps"], f["max_reference_turns"] or "all", "left first" if "left_first=true" in f["command"]
                   else "code first", f"{f['heldout_reward']:.3f}",
@@ -315,18 +312,16 @@ def render(results: Path = RESULTS) -> str:
     warm_table = ("\n\nWarm starts (`--warm-start-only`; held-out reward, 64 tasks x 2 samples, by required calls):\n\n"
                   + common.markdown_table(["SFT steps", "max reference turns", "observation", "held-out reward",
                                            *[f"calls {b}" for b in labels(CALLS)]], warm_rows)) if warm_rows else ""
+    lo, hi = labels(CALLS)[0], labels(CALLS)[-1]
     return common.markdown_table(
-        ["run", "staleness rule", "lr", "held-out reward: warm start -> snapshots", "first broken version",
-         "versions from oldest turn to training (mean, before the break)",
-         "entropy: first -> min -> last", "last version: calls / required", "last version: broken share",
-         f"trained share by required calls ({', '.join(labels(CALLS))})", "train tasks' share", "wall s"], rows) + ev_table + warm_table
+        ["run", "staleness rule", "lr", "held-out: warm start -> versions 4 / 8 / 12", "first broken version",
+         "last version: calls / required", "last version: broken share", f"trained share, {lo} / {hi} calls",
+         "wall s"], rows) + ev_table + warm_table
 
 
 def _ev_cell(cell: Mapping[str, Any] | None) -> str:
-    if not cell:
-        return "-"
-    ev = cell["explained_variance"]
-    return f"{'-' if ev is None else f'{ev:.2f}'} (n {cell['n']})"
+    ev = None if not cell or cell["n"] < 20 else cell["explained_variance"]
+    return "-" if ev is None else f"{ev:.2f}"
 
 
 def analyse_run_dir(run_dir: Path) -> int:

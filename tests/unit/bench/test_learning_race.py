@@ -184,7 +184,7 @@ def test_the_race_section_states_equal_resources_spreads_and_missing_seeds(tmp_p
     assert "not reached (0/2)" in next(line for line in text.splitlines() if line.startswith("| grpo_sync_g8 | 2 |"))
     paths = plot_study(result, tmp_path)
     assert [p.name for p in paths] == ["learning_race_race_seconds.png", "learning_race_race_rollouts.png"]
-    assert "planned" not in render_training(race_result([0, 1, 2], [0, 1, 2])).split("(run seed-major)")[0]
+    assert "planned" not in render_training(race_result([0, 1, 2], [0, 1, 2])).split("versions per run")[0]
 
 
 def test_the_tail_race_keeps_the_race_resources_with_a_heavier_tool_latency_tail(tmp_path: Path) -> None:
