@@ -45,11 +45,16 @@ def read_generator_stats(client: Any, keys: StreamKeys) -> dict[str, dict[str, f
     out: dict[str, dict[str, float]] = {}
     for gid, blob in client.hgetall(keys.generator_stats).items():
         name = gid.decode() if isinstance(gid, bytes) else str(gid)
-        try:
-            out[name] = json.loads(blob)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{keys.generator_stats}[{name}]: not JSON ({exc})") from exc
+        out[name] = _decode(keys, name, blob)
     return out
+
+
+def _decode(keys: StreamKeys, generator_id: str, blob: bytes | str) -> Any:
+    """One field of the stats hash as JSON; ValueError naming the generator when it is not JSON."""
+    try:
+        return json.loads(blob)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{keys.generator_stats}[{generator_id}]: not JSON ({exc})") from exc
 
 
 def own_generator_stats(client: Any, keys: StreamKeys, generator_id: str) -> dict[str, float]:
@@ -62,10 +67,7 @@ def own_generator_stats(client: Any, keys: StreamKeys, generator_id: str) -> dic
     blob = client.hget(keys.generator_stats, generator_id)
     if blob is None:
         return {}
-    try:
-        out = json.loads(blob)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{keys.generator_stats}[{generator_id}]: not JSON ({exc})") from exc
+    out = _decode(keys, generator_id, blob)
     if not isinstance(out, dict):
         raise ValueError(f"{keys.generator_stats}[{generator_id}]: not a JSON object")
     return out
