@@ -42,6 +42,9 @@ from posttrain.weight_sync.factory import open_weight_store
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 B, TAU = 8, 1
+BATCH_WAIT_MS = 2000
+"""gateway.batch_wait_ms: long, so that a client slowed by a loaded machine still joins its batch (a turn goes
+at once when every open episode has one waiting, so the tests do not wait for it)."""
 IDLE_S = 10.0
 """gateway.idle_timeout_s: long enough that a loaded 2-core machine never idles a live episode out."""
 OVERRIDES = [
@@ -50,7 +53,7 @@ OVERRIDES = [
     "generator.engine=hf", "generator.episodes_in_flight=32", "generator.max_new_tokens=12",
     "generator.max_episode_tokens=160", "generator.episode_timeout_s=120", "generator.admission_lease_s=600",
     "gateway.mode=only", "gateway.port=0", "gateway.verifier=environment", f"gateway.idle_timeout_s={IDLE_S}",
-    "gateway.admission_wait_s=120", "run_name=gw-test",
+    "gateway.admission_wait_s=120", f"gateway.batch_wait_ms={BATCH_WAIT_MS}", "run_name=gw-test",
 ]
 LOGPROB_BOUND = 1e-4
 """Largest |behaviour - learner| logprob of a sampled token (nats): both fp32 on the CPU (~1e-6 measured)."""
@@ -258,6 +261,40 @@ def test_32_concurrent_episodes_stay_within_admission(gw: Gateway):
     assert max(in_flight for _, _, in_flight in polls) <= free
     gw.take(32)
     assert gw.admission().state().in_flight == 0
+
+
+def test_concurrent_episodes_share_engine_batches(gw: Gateway):
+    """N episodes of T turns, run at once by the ``openai`` client: their N*T turns run in fewer engine batches.
+
+    The batching gate lets a turn through when every open episode has one waiting, so while all N
+    episodes are open each engine batch holds one turn of each (the counts come from the gateway's
+    own stats: the ``hf`` engine's batches and the gate's).
+    """
+    n, turns = 4, 3
+    gw.free_slots(n)
+    before = gw.stats()
+
+    async def episode(i: int, http: httpx.AsyncClient) -> None:
+        client = openai.AsyncOpenAI(base_url=f"{gw.url}/episodes/batched-{i}/v1", api_key=gw.token, max_retries=0,
+                                    http_client=http)
+        messages = [{"role": "user", "content": f"Compute {i} + 2."}]
+        for _ in range(turns):
+            reply = await client.chat.completions.create(model="gw-test", messages=messages, max_tokens=4)
+            messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Go on."}]
+        closed = await http.post(f"{gw.url}/episodes/batched-{i}/reward", json={"reward": 0.0},
+                                 headers={"Authorization": f"Bearer {gw.token}"})
+        assert closed.status_code == 200, closed.json()
+
+    async def go() -> None:
+        async with httpx.AsyncClient(timeout=300) as http:
+            await asyncio.gather(*(episode(i, http) for i in range(n)))
+
+    asyncio.run(go())
+    after = gw.stats()
+    delta = {k: after[k] - before[k] for k in ("turns", "engine_batches", "engine_batch_rows", "gate_released")}
+    assert delta["turns"] == delta["engine_batch_rows"] == delta["gate_released"] == n * turns
+    assert delta["engine_batches"] < n * turns, delta
+    gw.take(n)
 
 
 def test_an_abandoned_episode_gives_its_ticket_back_and_is_counted(gw: Gateway):

@@ -63,6 +63,11 @@ class GatewayConfig(_Strict):
     admission_wait_s: float = Field(30.0, ge=0.0, le=3600.0)
     """Longest wait (seconds) of an episode's first request for an admission ticket; after it the
     request gets 429 (the episode is not opened; the client may retry)."""
+    batch_wait_ms: float = Field(20.0, ge=0.0, le=10_000.0)
+    """Engines that run each batch to its end (``hf``): the longest time (milliseconds) the engine is
+    left idle while turns wait for the other open episodes' turns to join their batch; a turn goes
+    at once when every open episode has one waiting (docs/gateway.md, "Batching"). 0: each turn
+    goes to the engine as it arrives. vLLM batches continuously and ignores it."""
     max_request_bytes: int = Field(8 << 20, ge=1024, le=1 << 30)
     """Largest request body (bytes); a bigger one gets 413."""
     agents: int = Field(0, ge=0, le=64)

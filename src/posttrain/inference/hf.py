@@ -168,6 +168,10 @@ class HFEngine:
     ``asyncio.run``) it rebinds to the next one.
     """
 
+    whole_batches = True
+    """Each batch runs until its last row ends; requests that arrive meanwhile wait for the next one
+    (the gateway's batching gate, ``posttrain.generator.gateway.batching``, gathers turns for it)."""
+
     def __init__(
         self,
         model_dir: Path | str,

@@ -290,3 +290,20 @@ def test_critic_options_default_to_the_earlier_behaviour():
                             "sao.loss.denominator=fresh_tokens", "sao.critic.warmup_steps=0"]).sao
     assert (on.critic.head_bias_init, on.whiten_advantages, on.loss.denominator, on.critic.warmup_steps) == (
         "first_batch_mean", True, "fresh_tokens", 0)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("gateway.batch_wait_ms=-1", r"gateway\.batch_wait_ms: Input should be greater than or equal to 0"),
+    ("gateway.batch_wait_ms=10001", r"gateway\.batch_wait_ms: Input should be less than or equal to 10000"),
+    ("gateway.batch_wait_ms=soon", r"gateway\.batch_wait_ms: Input should be a valid number"),
+])
+def test_gateway_batch_wait_out_of_range_names_the_field_and_the_bound(override, message):
+    """Issue 33: the batching gate's longest wait is 0 (no gate) to 10 s, one line naming it otherwise."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_gateway_batch_wait_takes_its_bounds_and_defaults_to_20_ms():
+    assert load_config(None, []).gateway.batch_wait_ms == 20.0
+    for ms in (0, 10000):
+        assert load_config(None, [f"gateway.batch_wait_ms={ms}"]).gateway.batch_wait_ms == ms

@@ -11,6 +11,8 @@ behaves as one towards the learner:
   the gateway's stats in the run's telemetry hash, and watches the run's stop key;
 * admission: one ticket per open segment through the ``AsyncTicketGate``, settled by the
   ``RolloutSender`` that puts each closed episode's rollouts on the stream;
+* an engine that runs whole batches (``hf``) gets the batching gate (``gateway.batch_wait_ms``,
+  ``posttrain.generator.gateway.batching``), so the open episodes' turns share its batches;
 * uvicorn serves the FastAPI app (``gateway.app``) on ``gateway.host:gateway.port`` on the same
   event loop; a reaper abandons idle episodes every second.
 
@@ -220,11 +222,13 @@ async def _serve_on(config: RunConfig, ctx: RunContext, gateway_id: str, redis_u
     if version is None or not await wait_for_learner(client, ctx.keys, stopping):
         return GatewaySummary(gateway_id, GatewayStats().snapshot())
     stats = GatewayStats()
-    engine = MeteredEngine(make_engine(
+    raw_engine = make_engine(
         gen.engine, store.path_for(version), policy_version=version, seed=seed,
         max_model_len=gen.max_episode_tokens + gen.max_new_tokens, kv_cache_gib=gen.vllm_kv_cache_gib,
         max_batch=max(gen.episodes_in_flight, 1),
-    ), stats)
+    )
+    batch_wait_s = gw.batch_wait_ms / 1000 if getattr(raw_engine, "whole_batches", False) else 0.0
+    engine = MeteredEngine(raw_engine, stats)
     queue = RedisStreamQueue(client, ctx.keys, consumer=f"gateway-{gateway_id}", maxlen=config.queue.maxlen, retries=0)
     admission = RedisAdmissionController(client, ctx.keys, batch_size=settings.batch_rollouts,
                                          max_staleness=settings.max_staleness, lease_s=gen.admission_lease_s,
@@ -236,7 +240,8 @@ async def _serve_on(config: RunConfig, ctx: RunContext, gateway_id: str, redis_u
     verifier = (EnvironmentVerifier(ctx.environment(), ctx.tasks("train"), gen.episode_timeout_s)
                 if gw.verifier == "environment" else None)
     service = GatewayService(settings_for(config, gateway_id), engine, load_tokenizer(ctx.tokenizer_dir), gate,
-                             admission, sender, stats, EpisodeBook(gw.idle_timeout_s, gen.episode_timeout_s), verifier)
+                             admission, sender, stats, EpisodeBook(gw.idle_timeout_s, gen.episode_timeout_s), verifier,
+                             batch_wait_s=batch_wait_s)
     server = _Server(uvicorn.Config(build_app(service, token, gw.max_request_bytes), log_level="warning",
                                     access_log=False, lifespan="off"))
     watcher = WeightWatcher(

@@ -7,7 +7,8 @@ the open episodes (``EpisodeBook``). Per request:
   (``history``); a new episode, or a new segment after an edit under ``split``, renders the whole
   request with the chat template once (``render`` + ``ChatFormat.prompt_ids``); otherwise only the
   new messages are rendered (``ChatFormat.observation_ids``) and appended to the tokens already
-  held. Then one engine call samples the turn from all tokens so far, with the run's temperature
+  held. Then one engine call (through the batching gate, ``batching``, which lets the open
+  episodes' turns into one engine batch) samples the turn from all tokens so far, with the run's temperature
   and top-p and the template's end-of-turn token as the stop token; the sampled ids, their
   behaviour logprobs and the engine's policy version join the segment, and the action text comes
   back as an assistant message (tool calls in the API's shape, ``chat.openai.split_action``).
@@ -44,6 +45,7 @@ from jinja2 import TemplateError
 
 from posttrain.chat.format import ChatFormat
 from posttrain.chat.openai import split_action
+from posttrain.generator.gateway.batching import BatchGate
 from posttrain.generator.gateway.episodes import Api, Episode, EpisodeBook, HistoryRule, Segment
 from posttrain.generator.gateway.history import Canonical, canonical, check_history
 from posttrain.generator.gateway.protocol import (
@@ -132,11 +134,18 @@ class GatewayService:
         stats: The gateway's counters (published like a generator's).
         book: The open episodes.
         verifier: Grades episodes closed with a task id; None: a reward is required.
+        batch_wait_s: The batching gate's longest engine-idle wait (``BatchGate``; seconds, >= 0);
+            None or 0: no gate, each turn goes to the engine as it arrives (engines that batch
+            continuously).
+
+    Raises:
+        ValueError: ``batch_wait_s`` negative.
     """
 
     def __init__(self, settings: GatewaySettings, engine: InferenceEngine, tokenizer: PreTrainedTokenizerBase,
                  gate: AsyncTicketGate, admission: AdmissionController, sender: RolloutSender, stats: GatewayStats,
-                 book: EpisodeBook, verifier: EnvironmentVerifier | None = None) -> None:
+                 book: EpisodeBook, verifier: EnvironmentVerifier | None = None,
+                 batch_wait_s: float | None = None) -> None:
         self.settings = settings
         self.engine = engine
         self.tokenizer = tokenizer
@@ -147,6 +156,10 @@ class GatewayService:
         self.stats = stats
         self.book = book
         self.verifier = verifier
+        self._awaiting_tickets = 0
+        self.batch_gate = BatchGate(engine, batch_wait_s or 0.0, lambda: len(book) - self._awaiting_tickets, stats)
+        """Gathers the open episodes' turns into one engine batch (``posttrain.generator.gateway.batching``);
+        an episode whose first request waits for its admission ticket cannot join one and is not waited for."""
         self.created = int(time.time())
         self.stopping = asyncio.Event()
         """Set when the gateway stops: new turns get 503, waits for tickets end."""
@@ -211,9 +224,12 @@ class GatewayService:
         t0 = time.monotonic()
         waiting = asyncio.ensure_future(self.gate.acquire(self.settings.admission_wait_s))
         stop = asyncio.ensure_future(self.stopping.wait())
+        self._awaiting_tickets += 1
+        self.batch_gate.check()  # turns held for this episode's need not wait for it
         try:
             await asyncio.wait([waiting, stop], return_when=asyncio.FIRST_COMPLETED)
         finally:
+            self._awaiting_tickets -= 1
             stop.cancel()
             if not waiting.done():
                 waiting.cancel()
@@ -248,7 +264,7 @@ class GatewayService:
         request = GenerationRequest(prompt_token_ids=prompt, max_new_tokens=budget, stop_token_ids=[stop],
                                     temperature=self.settings.temperature, top_p=self.settings.top_p, seed=seed)
         try:
-            result = await self.engine.generate(request)
+            result = await self.batch_gate.generate(request)
         except (RuntimeError, ValueError, OSError) as exc:
             self.stats.failed += 1
             log.error("gateway %s: engine call failed: %s", self.settings.generator_id, exc)
@@ -354,6 +370,7 @@ class GatewayService:
                 out = await turn(episode, True)
         except BaseException:
             self.book.discard(episode)
+            self.batch_gate.check()  # one open episode fewer for held turns to wait for
             raise
         self.stats.episodes_opened += 1
         return out
@@ -585,7 +602,7 @@ class GatewayService:
         self.stats.infra_errors += 1
         outcome = {"episode_id": episode.episode_id, "status": "infra_error", "reason": "closed with infra_error",
                    "infra_cause": cause, "rollouts": [], "segments": len(episode.segments)}
-        self.book.finish(episode, outcome)
+        self._finish_episode(episode, outcome)
         log.info("gateway %s: episode %s closed with infra_error (%s; %d segment(s), nothing trained; its client "
                  "retries the task)", self.settings.generator_id, episode.episode_id, cause, len(episode.segments))
         return outcome
@@ -650,15 +667,20 @@ class GatewayService:
         self.stats.episodes_closed += 1
         outcome = {"episode_id": episode.episode_id, "status": "closed", "reason": "closed by its reward call",
                    "reward": reward, "task_id": task_id, "segments": len(episode.segments), "rollouts": rows}
-        self.book.finish(episode, outcome)
+        self._finish_episode(episode, outcome)
         return outcome
+
+    def _finish_episode(self, episode: Episode, outcome: dict[str, Any]) -> None:
+        """Move ``episode`` to the finished ones; turns held at the batching gate wait for one episode fewer."""
+        self.book.finish(episode, outcome)
+        self.batch_gate.check()
 
     def abandon(self, episode: Episode, reason: str) -> None:
         """Give up an open episode: release its tickets, count it, remember why (``idle``, ``too_old``, ``stopping``)."""
         self._release([s.ticket for s in episode.segments])
         self.stats.abandoned += 1
-        self.book.finish(episode, {"episode_id": episode.episode_id, "status": "abandoned", "reason": reason,
-                                   "rollouts": [], "segments": len(episode.segments)})
+        self._finish_episode(episode, {"episode_id": episode.episode_id, "status": "abandoned", "reason": reason,
+                                       "rollouts": [], "segments": len(episode.segments)})
         log.info("gateway %s: episode %s abandoned (%s); %d ticket(s) released", self.settings.generator_id,
                  episode.episode_id, reason, len(episode.segments))
 

@@ -31,6 +31,11 @@ class GatewayStats(GeneratorStats):
         verifier_errors: Verifier runs that failed (the episode stayed open).
         unauthorized: Requests refused with 401.
         last_policy_version: Policy version of the last turn served.
+        gate_releases: Groups of turns the batching gate let through to the engine together
+            (``posttrain.generator.gateway.batching``; 0 when the engine needs no gate).
+        gate_released: Turns in those groups (``gate_released / gate_releases`` turns per group).
+        gate_timeouts: Groups let through at ``gateway.batch_wait_ms``, with an open episode's turn missing.
+        gate_wait_s: Seconds turns waited at the gate, summed over turns.
     """
 
     turns: int = 0
@@ -45,3 +50,7 @@ class GatewayStats(GeneratorStats):
     verifier_errors: int = 0
     unauthorized: int = 0
     last_policy_version: float = 0.0
+    gate_releases: int = 0
+    gate_released: int = 0
+    gate_timeouts: int = 0
+    gate_wait_s: float = 0.0
