@@ -11,7 +11,9 @@ per generated token and gateway / direct (target: at most 1.2x); the CPU seconds
 process; the gateway process and, apart, the client) and the requests per engine batch (the ``hf`` engine runs
 padded batches of what has arrived, so requests that arrive spread out make smaller batches). On a 2-core machine
 the client runs beside the gateway, as an agent would on the same host; its HTTP and JSON work counts against the
-gateway's wall time.
+gateway's wall time. On a CPU machine both engines run torch on one thread (the gateway process sets it, as
+``posttrain gateway`` does; this process sets it for the direct engine), so neither side's engine spins a second
+thread against the other processes. The gateway runs with its default ``gateway.batch_wait_ms`` (its batching gate).
 
 Run: ``.venv/bin/python -m bench.gateway`` (about 5 minutes on 2 cores, ``hf`` engine), ``--engine vllm`` on a GPU.
 """
@@ -30,6 +32,7 @@ from typing import Any
 import httpx
 import openai
 import redis
+import torch
 
 from bench import common
 from posttrain.chat.format import ChatFormat
@@ -145,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds per concurrency (medians)")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        torch.set_num_threads(1)  # as run_gateway does in the gateway process (module docstring)
     work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     cfg = load_config(None, [f"output_dir={work}", f"run_name={MODEL}", "warm_start.steps=0", "model.tiny.vocab_size=512",
                              f"generator.engine={args.engine}", f"generator.episodes_in_flight={max(args.concurrency)}",
