@@ -7,9 +7,9 @@ the open episodes (``EpisodeBook``). Per request:
   (``history``); a new episode, or a new segment after an edit under ``split``, renders the whole
   request with the chat template once (``render`` + ``ChatFormat.prompt_ids``); otherwise only the
   new messages are rendered (``ChatFormat.observation_ids``) and appended to the tokens already
-  held. Then one engine call (through the batching gate, ``batching``, which lets the open
-  episodes' turns into one engine batch) samples the turn from all tokens so far, with the run's temperature
-  and top-p and the template's end-of-turn token as the stop token; the sampled ids, their
+  held. Then one engine call samples the turn from all tokens so far (through the batching gate,
+  ``batching``, which lets the open episodes' turns into one engine batch), with the run's
+  temperature and top-p and the template's end-of-turn token as the stop token; the sampled ids, their
   behaviour logprobs and the engine's policy version join the segment, and the action text comes
   back as an assistant message (tool calls in the API's shape, ``chat.openai.split_action``).
 * **completion turn** (``complete``): the same on raw text or token ids: a later prompt must start
