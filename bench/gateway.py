@@ -187,14 +187,14 @@ def main(argv: list[str] | None = None) -> int:
             direct_round(engine, chat, 1, 1, args.turns, args.tokens)
             auth = {"Authorization": f"Bearer {token}"}
 
-            def engine_rows() -> tuple[float, float]:
+            def engine_rows() -> tuple[float, float, float, float]:
                 snap = httpx.get(f"{url}/v1/gateway/stats", headers=auth, timeout=60).json()
-                return snap["engine_batches"], snap["engine_batch_rows"]
+                return snap["engine_batches"], snap["engine_batch_rows"], snap["gate_releases"], snap["gate_timeouts"]
 
             for c in args.concurrency:
                 n = max(c * args.episodes_per_slot, args.min_episodes)
                 direct, through, cpu = [], [], {"direct": 0.0, "gateway": 0.0, "client": 0.0}
-                rows_of = {"direct": [0, 0], "gateway": [0.0, 0.0]}
+                rows_of = {"direct": [0, 0], "gateway": [0.0, 0.0], "gate": [0.0, 0.0]}
                 for k in range(args.rounds):
                     history = getattr(engine, "batch_sizes", None)  # the hf engine's; vLLM batches continuously
                     mine, sizes = time.process_time(), len(history) if history is not None else 0
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows_of["direct"][0] += len(new)
                     rows_of["direct"][1] += sum(new)
                     direct.append(done)
-                    batches, served = engine_rows()
+                    batches, served, groups, timeouts = engine_rows()
                     mine, theirs = time.process_time(), process_cpu_s(proc.pid)
                     through.append(gateway_round(url, token, c, n, args.turns, args.tokens, f"c{c}-r{k}"))
                     cpu["client"] += time.process_time() - mine
@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                     after = engine_rows()
                     rows_of["gateway"][0] += after[0] - batches
                     rows_of["gateway"][1] += after[1] - served
+                    rows_of["gate"][0] += after[2] - groups
+                    rows_of["gate"][1] += after[3] - timeouts
                 d = statistics.median(s / t for s, t in direct)
                 g = statistics.median(s / t for s, t in through)
                 made_d, made_g = sum(t for _, t in direct), sum(t for _, t in through)
@@ -222,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                              "client_cpu_ms_per_token": cpu["client"] / made_g * 1e3,
                              "direct_batch_rows": rows_of["direct"][1] / max(rows_of["direct"][0], 1),
                              "gateway_batch_rows": rows_of["gateway"][1] / max(rows_of["gateway"][0], 1),
+                             "gate_groups": rows_of["gate"][0], "gate_timeouts": rows_of["gate"][1],
                              "direct_rounds": direct, "gateway_rounds": through})
                 print(f"concurrency {c}: direct {d * 1e3:.2f} ms/token, gateway {g * 1e3:.2f} ms/token, "
                       f"ratio {g / d:.2f}", file=sys.stderr, flush=True)

@@ -228,7 +228,9 @@ class HFEngine:
         self._max_batch = max_batch
         self._max_model_len = max_model_len
         self._seed = seed
-        self._batch_wait_s = batch_wait_s
+        self.batch_wait_s = batch_wait_s
+        """Seconds the batching loop waits after a batch's first request (``__init__``); read at each batch, so a
+        caller that gathers its requests itself (the gateway's batching gate) may set it to 0."""
         self._policy_version = policy_version
         self._request_count = 0
         self._closed = False
@@ -314,8 +316,8 @@ class HFEngine:
         queue, lock = self._queue, self._lock
         while True:
             batch = [await queue.get()]
-            if self._batch_wait_s > 0:
-                await asyncio.sleep(self._batch_wait_s)
+            if self.batch_wait_s > 0:
+                await asyncio.sleep(self.batch_wait_s)
             else:
                 await asyncio.sleep(0)
             while len(batch) < self._max_batch and not queue.empty():

@@ -228,6 +228,8 @@ async def _serve_on(config: RunConfig, ctx: RunContext, gateway_id: str, redis_u
         max_batch=max(gen.episodes_in_flight, 1),
     )
     batch_wait_s = gw.batch_wait_ms / 1000 if getattr(raw_engine, "whole_batches", False) else 0.0
+    if batch_wait_s > 0:  # the gate hands the engine whole groups: its own batching window would only add latency
+        raw_engine.batch_wait_s = 0.0  # type: ignore[attr-defined]
     engine = MeteredEngine(raw_engine, stats)
     queue = RedisStreamQueue(client, ctx.keys, consumer=f"gateway-{gateway_id}", maxlen=config.queue.maxlen, retries=0)
     admission = RedisAdmissionController(client, ctx.keys, batch_size=settings.batch_rollouts,
