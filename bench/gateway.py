@@ -15,7 +15,7 @@ gateway's wall time. On a CPU machine both engines run torch on one thread (the 
 ``posttrain gateway`` does; this process sets it for the direct engine), so neither side's engine spins a second
 thread against the other processes. The gateway runs with its default ``gateway.batch_wait_ms`` (its batching gate).
 
-Run: ``.venv/bin/python -m bench.gateway`` (about 5 minutes on 2 cores, ``hf`` engine), ``--engine vllm`` on a GPU.
+Run: ``.venv/bin/python -m bench.gateway`` (under a minute on 2 cores at load 1, 5 at load 15; ``hf`` engine), ``--engine vllm`` on a GPU.
 """
 
 import asyncio
