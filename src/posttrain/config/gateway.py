@@ -66,7 +66,7 @@ class GatewayConfig(_Strict):
     batch_wait_ms: float = Field(20.0, ge=0.0, le=10_000.0)
     """Engines that run each batch to its end (``hf``): the longest time (milliseconds) the engine is
     left idle while turns wait for the other open episodes' turns to join their batch; a turn goes
-    at once when every open episode has one waiting (docs/gateway.md, "Batching"). 0: each turn
+    at once when every open episode has one waiting (docs/gateway.md, "The episode's life"). 0: each turn
     goes to the engine as it arrives. vLLM batches continuously and ignores it."""
     max_request_bytes: int = Field(8 << 20, ge=1024, le=1 << 30)
     """Largest request body (bytes); a bigger one gets 413."""

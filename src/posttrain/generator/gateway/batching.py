@@ -13,7 +13,7 @@ caller 8). The gate holds each turn before the engine and lets the held turns th
 * else once the engine has been idle, with turns held, for ``max_wait_s`` (an episode that is in
   a tool call, or whose client is slow, delays the others by at most that much per batch).
 
-A held turn therefore waits at most one running batch plus ``max_wait_s``. With ``max_wait_s``
+A held turn therefore waits at most for the group in the engine plus ``max_wait_s``. With ``max_wait_s``
 0 the gate is open: every turn goes to the engine as it arrives. Engines that batch continuously
 (vLLM adds requests at every decoding step) need no gate (``serve``: it is used only for
 engines whose ``whole_batches`` attribute is true).
