@@ -9,13 +9,20 @@ the token ids a generator would send (the prompt rendered once, each new message
 before the clock stops. Reported per concurrency (medians over rounds, the two paths alternating): wall seconds
 per generated token and gateway / direct (target: at most 1.2x); the CPU seconds per token of each side (the direct
 process; the gateway process and, apart, the client) and the requests per engine batch (the ``hf`` engine runs
-padded batches of what has arrived, so requests that arrive spread out make smaller batches). On a 2-core machine
-the client runs beside the gateway, as an agent would on the same host; its HTTP and JSON work counts against the
-gateway's wall time. On a CPU machine both engines run torch on one thread (the gateway process sets it, as
+padded batches of what has arrived, so requests that arrive spread out make smaller batches). Two core layouts, each
+measured in the same command (rounds alternate between them): **shared**, every process on every core this process
+may use, so the client's HTTP and JSON work competes with the engine as an agent on the inference host would; and
+**split** (the default where at least 2 cores are allowed), the engine side on ``--engine-cores`` and the agent on
+the disjoint ``--agent-cores``, as a production agent runs in its own pod. In the split layout the engine gets the
+same cores in both paths: the gateway process and its embedded Redis stay on the engine cores; this process, which
+runs the direct engine and the client in turn, moves to the engine cores for each direct round and to the agent
+cores for each gateway round (every thread, ``os.sched_setaffinity`` on each task of ``/proc/<pid>/task``; new
+threads inherit it). On a CPU machine both engines run torch on one thread (the gateway process sets it, as
 ``posttrain gateway`` does; this process sets it for the direct engine), so neither side's engine spins a second
 thread against the other processes. The gateway runs with its default ``gateway.batch_wait_ms`` (its batching gate).
 
-Run: ``.venv/bin/python -m bench.gateway`` (under a minute on 2 cores at load 1, 5 at load 15; ``hf`` engine), ``--engine vllm`` on a GPU.
+Run: ``.venv/bin/python -m bench.gateway`` (about a minute on 2 cores at load 1, both layouts; ``hf`` engine),
+``--engine vllm`` on a GPU; ``--layouts shared`` for the old layout alone.
 """
 
 import asyncio
@@ -26,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +63,102 @@ def process_cpu_s(pid: int) -> float:
     """CPU seconds (user + system, all threads) process ``pid`` has used, from ``/proc/<pid>/stat``."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the processes run: ``engine`` cores for the engine side (the direct engine's rounds, the gateway
+    process, its Redis), ``agent`` cores for the ``openai`` client's rounds; equal sets in the shared layout."""
+
+    name: str
+    engine: frozenset[int]
+    agent: frozenset[int]
+
+
+def parse_cores(text: str, field: str) -> frozenset[int]:
+    """CPU ids from a ``taskset -c`` style list (``"0"``, ``"0,2"``, ``"0-3,6"``).
+
+    Raises:
+        ValueError: one line naming ``field``: an empty list, a part that is not a number or range, or a range
+            that runs backwards.
+    """
+    cores: set[int] = set()
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise ValueError(f"{field}: {part.strip()!r} is not a core number or range (e.g. 0 or 0-3), in {text!r}")
+        first, last = int(lo), int(hi) if dash else int(lo)
+        if last < first:
+            raise ValueError(f"{field}: range {part.strip()!r} runs backwards")
+        cores.update(range(first, last + 1))
+    return frozenset(cores)
+
+
+def core_list(cores: frozenset[int]) -> str:
+    """``cores`` as a sorted comma-separated list (``"0,1"``), the way the results and docs show them."""
+    return ",".join(str(c) for c in sorted(cores))
+
+
+def resolve_layouts(names: list[str], engine_cores: str | None, agent_cores: str | None,
+                    allowed: frozenset[int]) -> list[Layout]:
+    """The layouts to measure, in order, from ``--layouts``, ``--engine-cores``, ``--agent-cores``.
+
+    ``shared`` puts everything on ``allowed`` (the cores this process may use). ``split`` puts the engine side on
+    ``engine_cores`` (default: ``allowed`` without its highest core) and the agent on ``agent_cores`` (default: the
+    highest allowed core).
+
+    Raises:
+        ValueError: one line: an unknown or repeated layout name, ``split`` with fewer than 2 allowed cores, a core
+            list that does not parse (``parse_cores``), a core outside ``allowed``, or engine and agent cores that
+            overlap.
+    """
+    layouts = []
+    if len(set(names)) != len(names) or not names:
+        raise ValueError(f"--layouts: give shared and/or split once each, got {names}")
+    for name in names:
+        if name == "shared":
+            layouts.append(Layout("shared", allowed, allowed))
+        elif name == "split":
+            if len(allowed) < 2:
+                raise ValueError(f"--layouts split: needs at least 2 cores, this process may use only "
+                                 f"{core_list(allowed)}")
+            top = frozenset({max(allowed)})
+            engine = allowed - top if engine_cores is None else parse_cores(engine_cores, "--engine-cores")
+            agent = top if agent_cores is None else parse_cores(agent_cores, "--agent-cores")
+            for field, cores in (("--engine-cores", engine), ("--agent-cores", agent)):
+                if not cores <= allowed:
+                    raise ValueError(f"{field}: core(s) {core_list(cores - allowed)} not available to this process "
+                                     f"(allowed: {core_list(allowed)})")
+            if engine & agent:
+                raise ValueError(f"--engine-cores and --agent-cores overlap on core(s) {core_list(engine & agent)}")
+            layouts.append(Layout("split", engine, agent))
+        else:
+            raise ValueError(f"--layouts: unknown layout {name!r} (shared or split)")
+    return layouts
+
+
+def pin_process(pid: int, cores: frozenset[int]) -> None:
+    """Set the CPU affinity of every thread of process ``pid`` to ``cores`` (threads it starts later inherit it).
+
+    ``os.sched_setaffinity`` acts on one thread, so each task of ``/proc/<pid>/task`` is set; the listing is read
+    again until a pass finds no thread it had not set (at most 5 passes). A thread that ends meanwhile is skipped.
+
+    Raises:
+        RuntimeError: threads still appearing after 5 passes.
+        OSError: ``pid`` gone or not ours; a core this process may not use.
+    """
+    done: set[int] = set()
+    for _ in range(5):
+        tids = {int(t) for t in os.listdir(f"/proc/{pid}/task")} - done
+        if not tids:
+            return
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, cores)
+            except ProcessLookupError:
+                pass  # the thread ended between the listing and the call
+            done.add(tid)
+    raise RuntimeError(f"pin_process: process {pid} kept starting threads over 5 passes")
 
 
 def direct_round(engine: Any, chat: ChatFormat, concurrency: int, episodes: int, turns: int, tokens: int) -> tuple[float, int]:
@@ -118,22 +222,27 @@ def gateway_round(url: str, token: str, concurrency: int, episodes: int, turns: 
 
 
 def render(result: dict[str, Any]) -> str:
-    """The docs section: machine, command and the table."""
-    rows = [[r["concurrency"], f"{r['direct_ms_per_token']:.2f}",
-             f"{r['gateway_ms_per_token']:.2f}", f"**{r['ratio']:.2f}**", f"{r['direct_cpu_ms_per_token']:.2f}",
-             f"{r['gateway_cpu_ms_per_token']:.2f} + {r['client_cpu_ms_per_token']:.2f}",
-             f"{r['direct_batch_rows']:.1f} / {r['gateway_batch_rows']:.1f}"] for r in result["rows"]]
-    worst = max(r["ratio"] for r in result["rows"])
+    """The docs section: machine, command, the layouts and the table (a results file from before the layouts: one
+    shared layout)."""
+    rows = [[r.get("layout", "shared"), r["concurrency"],
+             f"{r['direct_ms_per_token']:.2f}/{r['gateway_ms_per_token']:.2f}", f"**{r['ratio']:.2f}**",
+             f"{r['direct_cpu_ms_per_token']:.2f}",
+             f"{r['gateway_cpu_ms_per_token']:.2f}+{r['client_cpu_ms_per_token']:.2f}",
+             f"{r['direct_batch_rows']:.1f}/{r['gateway_batch_rows']:.1f}"] for r in result["rows"]]
+    worst = result.get("worst_ratio_by_layout") or {"shared": result["worst_ratio"]}
+    cores = {x["name"]: x for x in result.get("layouts", [])}
+    split = cores.get("split")
+    where = (f"shared: every process on every core; split: engine side (direct engine, gateway, Redis) on core(s) "
+             f"{split['engine_cores']}, the agent's client on {split['agent_cores']}." if split else
+             "shared: every process on every core.")
     return "\n".join([
         common.machine_line(result["machine"]), "",
         f"Command: `{result['command']}` ({result['engine']} engine; {result['turns']} turns of {result['tokens']} tokens "
-        f"per episode; medians over {result['rounds']} rounds, the paths alternating; episodes and tokens per round: the "
-        "results file).", "",
-        common.markdown_table(["concurrent episodes", "direct ms/token",
-                               "gateway ms/token", "gateway/direct", "CPU ms/token: direct",
-                               "CPU ms/token: gateway + client", "requests per engine batch: direct / gateway"],
-                              rows), "",
-        f"Worst ratio: **{worst:.2f}x** the direct engine's time per generated token (goal: at most 1.2x).",
+        f"per episode; medians over {result['rounds']} rounds, paths and layouts alternating). Layouts: {where}", "",
+        common.markdown_table(["layout", "concurrent episodes", "ms/token: direct/gateway", "gateway/direct",
+                               "CPU ms/token: direct", "CPU ms/token: gateway+client",
+                               "requests per engine batch: direct/gateway"], rows), "",
+        "Worst ratio: " + ", ".join(f"**{w:.2f}x** {name}" for name, w in worst.items()) + " (goal: at most 1.2x).",
     ])
 
 
@@ -147,7 +256,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=24, help="sampled tokens per turn")
     p.add_argument("--rounds", type=int, default=3, help="rounds per concurrency (medians)")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    p.add_argument("--layouts", nargs="+", default=None,
+                   help="core layouts to measure: shared and/or split (default: both where >= 2 cores are allowed)")
+    p.add_argument("--engine-cores", help="split layout: the engine side's cores, e.g. 0 or 0-2 (default: all "
+                                          "allowed but the highest)")
+    p.add_argument("--agent-cores", help="split layout: the agent's cores, disjoint from the engine's (default: the "
+                                         "highest allowed)")
     args = p.parse_args(argv)
+    allowed = frozenset(os.sched_getaffinity(0))
+    names = args.layouts or (["shared", "split"] if len(allowed) >= 2 else ["shared"])
+    try:
+        layouts = resolve_layouts(names, args.engine_cores, args.agent_cores, allowed)
+    except ValueError as e:
+        p.error(str(e))
     if not torch.cuda.is_available():
         torch.set_num_threads(1)  # as run_gateway does in the gateway process (module docstring)
     work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
@@ -191,50 +312,71 @@ def main(argv: list[str] | None = None) -> int:
                 snap = httpx.get(f"{url}/v1/gateway/stats", headers=auth, timeout=60).json()
                 return snap["engine_batches"], snap["engine_batch_rows"], snap["gate_releases"], snap["gate_timeouts"]
 
+            gateway_pids = [proc.pid] + ([server.pid] if server.pid is not None else [])
             for c in args.concurrency:
                 n = max(c * args.episodes_per_slot, args.min_episodes)
-                direct, through, cpu = [], [], {"direct": 0.0, "gateway": 0.0, "client": 0.0}
-                rows_of = {"direct": [0, 0], "gateway": [0.0, 0.0], "gate": [0.0, 0.0]}
+                tally = {lay.name: {"direct": [], "through": [], "cpu": {"direct": 0.0, "gateway": 0.0, "client": 0.0},
+                                    "rows_of": {"direct": [0, 0], "gateway": [0.0, 0.0], "gate": [0.0, 0.0]}}
+                         for lay in layouts}
                 for k in range(args.rounds):
-                    history = getattr(engine, "batch_sizes", None)  # the hf engine's; vLLM batches continuously
-                    mine, sizes = time.process_time(), len(history) if history is not None else 0
-                    done = direct_round(engine, chat, c, n, args.turns, args.tokens)
-                    cpu["direct"] += time.process_time() - mine
-                    new = list(history)[sizes:] if history is not None and len(history) < (history.maxlen or 0) else []
-                    rows_of["direct"][0] += len(new)
-                    rows_of["direct"][1] += sum(new)
-                    direct.append(done)
-                    batches, served, groups, timeouts = engine_rows()
-                    mine, theirs = time.process_time(), process_cpu_s(proc.pid)
-                    through.append(gateway_round(url, token, c, n, args.turns, args.tokens, f"c{c}-r{k}"))
-                    cpu["client"] += time.process_time() - mine
-                    cpu["gateway"] += process_cpu_s(proc.pid) - theirs
-                    after = engine_rows()
-                    rows_of["gateway"][0] += after[0] - batches
-                    rows_of["gateway"][1] += after[1] - served
-                    rows_of["gate"][0] += after[2] - groups
-                    rows_of["gate"][1] += after[3] - timeouts
-                d = statistics.median(s / t for s, t in direct)
-                g = statistics.median(s / t for s, t in through)
-                made_d, made_g = sum(t for _, t in direct), sum(t for _, t in through)
-                rows.append({"concurrency": c, "episodes": n, "direct_tokens": direct[0][1], "gateway_tokens": through[0][1],
-                             "direct_ms_per_token": d * 1e3, "gateway_ms_per_token": g * 1e3, "ratio": g / d,
-                             "direct_cpu_ms_per_token": cpu["direct"] / made_d * 1e3,
-                             "gateway_cpu_ms_per_token": cpu["gateway"] / made_g * 1e3,
-                             "client_cpu_ms_per_token": cpu["client"] / made_g * 1e3,
-                             "direct_batch_rows": rows_of["direct"][1] / max(rows_of["direct"][0], 1),
-                             "gateway_batch_rows": rows_of["gateway"][1] / max(rows_of["gateway"][0], 1),
-                             "gate_groups": rows_of["gate"][0], "gate_timeouts": rows_of["gate"][1],
-                             "direct_rounds": direct, "gateway_rounds": through})
-                print(f"concurrency {c}: direct {d * 1e3:.2f} ms/token, gateway {g * 1e3:.2f} ms/token, "
-                      f"ratio {g / d:.2f}", file=sys.stderr, flush=True)
+                    for lay in layouts:  # alternating, so a change of load falls on both layouts
+                        acc = tally[lay.name]
+                        cpu, rows_of = acc["cpu"], acc["rows_of"]
+                        for pid in gateway_pids:
+                            pin_process(pid, lay.engine)
+                        pin_process(os.getpid(), lay.engine)  # the direct engine runs in this process
+                        history = getattr(engine, "batch_sizes", None)  # the hf engine's; vLLM batches continuously
+                        mine, sizes = time.process_time(), len(history) if history is not None else 0
+                        done = direct_round(engine, chat, c, n, args.turns, args.tokens)
+                        cpu["direct"] += time.process_time() - mine
+                        new = list(history)[sizes:] if history is not None and len(history) < (history.maxlen or 0) else []
+                        rows_of["direct"][0] += len(new)
+                        rows_of["direct"][1] += sum(new)
+                        acc["direct"].append(done)
+                        batches, served, groups, timeouts = engine_rows()
+                        pin_process(os.getpid(), lay.agent)  # now this process is the agent
+                        mine, theirs = time.process_time(), process_cpu_s(proc.pid)
+                        acc["through"].append(gateway_round(url, token, c, n, args.turns, args.tokens,
+                                                          f"{lay.name}-c{c}-r{k}"))
+                        cpu["client"] += time.process_time() - mine
+                        cpu["gateway"] += process_cpu_s(proc.pid) - theirs
+                        after = engine_rows()
+                        rows_of["gateway"][0] += after[0] - batches
+                        rows_of["gateway"][1] += after[1] - served
+                        rows_of["gate"][0] += after[2] - groups
+                        rows_of["gate"][1] += after[3] - timeouts
+                for lay in layouts:
+                    acc = tally[lay.name]
+                    direct, through, cpu, rows_of = acc["direct"], acc["through"], acc["cpu"], acc["rows_of"]
+                    d = statistics.median(s / t for s, t in direct)
+                    g = statistics.median(s / t for s, t in through)
+                    made_d, made_g = sum(t for _, t in direct), sum(t for _, t in through)
+                    rows.append({"layout": lay.name, "engine_cores": core_list(lay.engine),
+                                 "agent_cores": core_list(lay.agent), "concurrency": c, "episodes": n,
+                                 "direct_tokens": direct[0][1], "gateway_tokens": through[0][1],
+                                 "direct_ms_per_token": d * 1e3, "gateway_ms_per_token": g * 1e3, "ratio": g / d,
+                                 "direct_cpu_ms_per_token": cpu["direct"] / made_d * 1e3,
+                                 "gateway_cpu_ms_per_token": cpu["gateway"] / made_g * 1e3,
+                                 "client_cpu_ms_per_token": cpu["client"] / made_g * 1e3,
+                                 "direct_batch_rows": rows_of["direct"][1] / max(rows_of["direct"][0], 1),
+                                 "gateway_batch_rows": rows_of["gateway"][1] / max(rows_of["gateway"][0], 1),
+                                 "gate_groups": rows_of["gate"][0], "gate_timeouts": rows_of["gate"][1],
+                                 "direct_rounds": direct, "gateway_rounds": through})
+                    print(f"{lay.name} concurrency {c}: direct {d * 1e3:.2f} ms/token, gateway {g * 1e3:.2f} ms/token, "
+                          f"ratio {g / d:.2f}", file=sys.stderr, flush=True)
+            pin_process(os.getpid(), allowed)
             engine.close()
         finally:
             proc.terminate()
             proc.wait(timeout=60)
     result = {"command": common.command_line("bench.gateway", argv), "machine": common.machine_info(),
               "engine": args.engine, "turns": args.turns, "tokens": args.tokens, "rounds": args.rounds, "rows": rows,
-              "worst_ratio": max(r["ratio"] for r in rows)}
+              "layouts": [{"name": lay.name, "engine_cores": core_list(lay.engine), "agent_cores": core_list(lay.agent)}
+                          for lay in layouts],
+              "worst_ratio_by_layout": {lay.name: max(r["ratio"] for r in rows if r["layout"] == lay.name)
+                                        for lay in layouts}}
+    # the target (bench.common.targets_rows) stays on the shared layout where it ran, as before the split existed
+    result["worst_ratio"] = result["worst_ratio_by_layout"].get("shared", max(r["ratio"] for r in rows))
     common.publish_result(args.out, result, "gateway", lambda: render(result), docs=not args.no_docs)
     return 0
 
