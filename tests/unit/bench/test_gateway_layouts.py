@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from bench.gateway import Layout, core_list, main, parse_cores, pin_process, resolve_layouts
+from bench.gateway import Layout, core_list, main, parse_cores, pin_process, render, resolve_layouts
 
 TWO = frozenset({0, 1})
 
@@ -88,3 +88,27 @@ def test_pin_process_sets_every_thread_and_threads_started_later_inherit() -> No
         stop.set()
         before.join()
     assert os.sched_getaffinity(0) == allowed
+
+
+def _row(layout: str | None, concurrency: int, ratio: float) -> dict[str, object]:
+    row: dict[str, object] = {"concurrency": concurrency, "direct_ms_per_token": 1.0, "gateway_ms_per_token": ratio,
+                              "ratio": ratio, "direct_cpu_ms_per_token": 0.5, "gateway_cpu_ms_per_token": 0.6,
+                              "client_cpu_ms_per_token": 0.2, "direct_batch_rows": 8.0, "gateway_batch_rows": 6.0}
+    if layout is not None:
+        row["layout"] = layout
+    return row
+
+
+def test_render_shows_both_layouts_side_by_side_and_reads_old_results() -> None:
+    machine = {"cpu_count": 2, "memory_gib": 1.0, "gpu": None, "torch": "t", "load_avg": [1.0, 1.0, 1.0], "when": "w"}
+    base = {"command": "c", "machine": machine, "engine": "hf", "turns": 3, "tokens": 24, "rounds": 3}
+    text = render({**base, "rows": [_row("shared", 8, 1.8), _row("split", 8, 1.3)], "worst_ratio": 1.8,
+                   "worst_ratio_by_layout": {"shared": 1.8, "split": 1.3},
+                   "layouts": [{"name": "shared", "engine_cores": "0,1", "agent_cores": "0,1"},
+                               {"name": "split", "engine_cores": "0", "agent_cores": "1"}]})
+    assert "| shared | 8 | 1.00/1.80 | **1.80** |" in text
+    assert "| split | 8 | 1.00/1.30 | **1.30** |" in text
+    assert "core(s) 0, the agent's client on 1" in text
+    assert "**1.80x** shared, **1.30x** split" in text
+    old = render({**base, "rows": [_row(None, 1, 1.2)], "worst_ratio": 1.2})
+    assert "| shared | 1 | 1.00/1.20 | **1.20** |" in old and "split" not in old
