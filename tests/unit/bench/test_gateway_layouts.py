@@ -108,7 +108,7 @@ def test_render_shows_both_layouts_side_by_side_and_reads_old_results() -> None:
                                {"name": "split", "engine_cores": "0", "agent_cores": "1"}]})
     assert "| shared | 8 | 1.00/1.80 | **1.80** |" in text
     assert "| split | 8 | 1.00/1.30 | **1.30** |" in text
-    assert "core(s) 0, the agent's client on 1" in text
+    assert "on core 0, agent on 1" in text
     assert "**1.80x** shared, **1.30x** split" in text
     old = render({**base, "rows": [_row(None, 1, 1.2)], "worst_ratio": 1.2})
     assert "| shared | 1 | 1.00/1.20 | **1.20** |" in old and "split" not in old
