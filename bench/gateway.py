@@ -12,7 +12,7 @@ process; the gateway process and, apart, the client) and the requests per engine
 padded batches of what has arrived, so requests that arrive spread out make smaller batches). Two core layouts, each
 measured in the same command (rounds alternate between them): **shared**, every process on every core this process
 may use, so the client's HTTP and JSON work competes with the engine as an agent on the inference host would; and
-**split** (the default where at least 2 cores are allowed), the engine side on ``--engine-cores`` and the agent on
+**split** (measured too by default where at least 2 cores are allowed), the engine side on ``--engine-cores`` and the agent on
 the disjoint ``--agent-cores``, as a production agent runs in its own pod. In the split layout the engine gets the
 same cores in both paths: the gateway process and its embedded Redis stay on the engine cores; this process, which
 runs the direct engine and the client in turn, moves to the engine cores for each direct round and to the agent
@@ -21,7 +21,7 @@ threads inherit it). On a CPU machine both engines run torch on one thread (the 
 ``posttrain gateway`` does; this process sets it for the direct engine), so neither side's engine spins a second
 thread against the other processes. The gateway runs with its default ``gateway.batch_wait_ms`` (its batching gate).
 
-Run: ``.venv/bin/python -m bench.gateway`` (about a minute on 2 cores at load 1, both layouts; ``hf`` engine),
+Run: ``.venv/bin/python -m bench.gateway`` (70 s on 2 cores at load 2-3, both layouts; ``hf`` engine),
 ``--engine vllm`` on a GPU; ``--layouts shared`` for the old layout alone.
 """
 
