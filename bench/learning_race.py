@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
+from bench import longtail_evidence as lte
 from bench.async_vs_sync import MethodRun, evaluate_snapshots, run_method, shared_warm_start
 from posttrain.data.jsonl_log import read_json_lines
 
@@ -51,8 +52,9 @@ PLOTS = common.REPO / "docs" / "results"
 """``learning_race_<study>*.png``."""
 METHODS = ("sao", "grpo_sync_g4", "grpo_sync_g8", "grpo_async_g8")
 """The race's methods, files of ``bench/configs/learning_race/``, in the order the tables show them."""
-STUDIES = ("race", "tail", "correction", "baseline", "grid", "stability")
-RACES = ("race", "tail")
+STUDIES = ("race", "tail", "correction", "baseline", "grid", "stability", "longtail", "longtail_baseline",
+           "longtail_correction", "longtail_stability")
+RACES = ("race", "tail", "longtail")
 """Studies plotted and tabled as races: accuracy against seconds and rollouts, time to target, rates."""
 TAIL = ("data.env_args.tool_latency_sigma=1.5", "data.env_args.tool_latency_max_s=20")
 """The long-tail race: a heavier tool-latency tail (sigma 1.5, cap 20 s against the race's 1 and 10 s), where a
@@ -68,14 +70,29 @@ STUDY_VARIANTS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     "baseline": {a: ("sao", (f"sao.advantage={a}",)) for a in ("gae", "running_mean", "batch_norm")},
     "grid": {f"tau{t}_lr{lr}": ("sao", (*CONTENDED[:3], f"sao.max_staleness={t}", f"sao.optim.lr={lr}"))
              for t in (1, 4) for lr in ("1e-4", "4e-4")},
+    "longtail": {m: (m, ()) for m in METHODS},
+    "longtail_baseline": {a: ("sao", (f"sao.advantage={a}",)) for a in ("gae", "running_mean", "batch_norm")},
+    "longtail_correction": {c: ("sao", (f"sao.loss.correction={c}",)) for c in ("dis", "tis", "none")},
+    "longtail_stability": {m: (m, ()) for m in ("sao", "grpo_async_g8")},
 }
 """Per training study: variant -> (method file, overrides on it)."""
+LONGTAIL = "learning_race/longtail"
+"""The long-tail studies' config folder (``bench/configs/learning_race/longtail/``: ``synthetic_longtail``, 1-16
+required tool calls per task, tool latency median 1 s; issue 29)."""
+STUDY_CONFIGS = {s: LONGTAIL for s in STUDY_VARIANTS if s.startswith("longtail")}
+"""Studies whose method files live in another folder than ``bench/configs/learning_race/``."""
 QUESTIONS = {
     "race": "held-out accuracy against wall-clock seconds and trained rollouts at equal resources",
     "tail": "the race again with a heavier tool-latency tail, where a synchronous batch waits for its slowest tool call",
     "correction": "the off-policy correction (DIS / truncated IS / none) at a mean staleness of at least 2",
     "baseline": "the critic with skip-observation GAE against a running-mean baseline and whitened reward",
     "grid": "the staleness bound tau against the policy learning rate",
+    "longtail": "the race on long, jagged multi-turn episodes (1-16 tool calls per task), SAO's home ground",
+    "longtail_baseline": "on long-tailed episodes: the critic with skip-observation GAE against a running mean and "
+                         "whitened reward",
+    "longtail_correction": "on long-tailed episodes: the off-policy correction (DIS / truncated IS / none)",
+    "longtail_stability": "on long-tailed episodes over many policy versions: does SAO or asynchronous GRPO + DIS "
+                          "collapse, and when",
 }
 STABILITY_METRICS = {"reward/mean": "training reward", "policy/entropy": "policy entropy (nats/token)",
                      "mask/frac_total": "masked fraction of action tokens", "mismatch/k3_kl": "mismatch KL (k3)",
@@ -97,7 +114,7 @@ def load_variant(study: str, variant: str, versions: int, overrides: Sequence[st
     ``ConfigError`` (or ``parser.error``) in one line for a bad value."""
     method, own = STUDY_VARIANTS[study][variant]
     steps = [f"{t}.{k}={versions}" for t in ("sao", "grpo") for k in ("steps", "checkpoint_every")]
-    return common.load_method(NAME, method, [*own, *steps, *overrides], parser)
+    return common.load_method(STUDY_CONFIGS.get(study, NAME), method, [*own, *steps, *overrides], parser)
 
 
 def equal_resources(config: Any) -> dict[str, Any]:
@@ -161,7 +178,7 @@ def trained_mix(config: Any, skip: int) -> dict[str, float | None]:
 
 
 def run_record(run: MethodRun, seed: int, accuracy: dict[int, float], start: float, target: float, skip: int,
-               batch: int, mix: dict[str, float | None] | None = None) -> dict[str, Any]:
+               batch: int, mix: dict[str, Any] | None = None) -> dict[str, Any]:
     """One run's numbers in the results file: held-out accuracy by policy version with the run's seconds and
     consumed rollouts at that version (version 0: the warm start at 0 s), the first snapshot at or above ``target``,
     steady-window rates (``steady_rates``), training reward by version, the realised staleness and load averages."""
@@ -185,21 +202,162 @@ def run_record(run: MethodRun, seed: int, accuracy: dict[int, float], start: flo
             "counters": run.counters}
 
 
+def is_longtail(config: Any) -> bool:
+    """Whether a run config trains on ``synthetic_longtail`` (its studies add accuracy by required calls)."""
+    return str(config.data.env) == "synthetic_longtail"
+
+
+def grade_by_calls(ctx: Any, model_dir: Path) -> tuple[float, dict[str, list[float | None]]]:
+    """Held-out accuracy of ``model_dir`` (``evaluate_policy``'s: the same tasks, seeds and infrastructure rule) and,
+    from the same samples, ``[samples, accuracy]`` per required-calls bucket (``longtail_evidence.CALLS``; accuracy None
+    for an empty bucket). ``synthetic_longtail`` only: KeyError for a held-out task without codes."""
+    from posttrain.envs.synthetic.longtail import codes_of
+    from posttrain.eval.heldout import heldout_rollouts, heldout_scores
+
+    samples = heldout_rollouts(ctx, model_dir, engine_kind="hf")
+    accuracy = heldout_scores(samples, max_infra_share=ctx.config.eval.max_infra_error_share)["accuracy"]
+    calls = {t.task_id: len(codes_of(t)) for t in ctx.tasks("eval")}
+    buckets: dict[str, list[float]] = {b: [] for b in lte.labels(lte.CALLS)}
+    for r in samples.rollouts:
+        buckets[lte.label_of(calls[r.task_id], lte.CALLS)].append(float(r.metrics.get("correct", 0.0)))
+    return accuracy, {b: [len(v), statistics.fmean(v) if v else None] for b, v in buckets.items()}
+
+
+def grade_runs(base: Any, sft: Path, runs: Sequence[MethodRun], start: float | None,
+               start_by_calls: dict[str, Any] | None) -> tuple[float, dict[str, dict[int, float]],
+                                                               dict[str, Any] | None, dict[str, dict[str, Any]]]:
+    """Held-out accuracy of the warm start (unless ``start`` gives it) and of every snapshot of ``runs``, keyed by
+    ``MethodRun.key`` then version (``evaluate_snapshots``); on ``synthetic_longtail`` also by required-calls bucket
+    (``grade_by_calls``): the warm start's (unless ``start_by_calls`` gives it) and each run's last snapshot's."""
+    if not is_longtail(base.config):
+        start, acc = evaluate_snapshots(base, sft, list(runs), metric="accuracy", start=start)
+        return start, acc, None, {}
+    if start is None or start_by_calls is None:
+        start, start_by_calls = grade_by_calls(base, sft)
+    acc: dict[str, dict[int, float]] = {run.key: {} for run in runs}
+    last: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        for version, (_, path) in sorted(run.snapshots.items()):
+            common.copy_missing(base.tokenizer_dir, path)
+            acc[run.key][version], by_calls = grade_by_calls(base, path)
+            last[run.key] = {"policy_version": version, "accuracy_by_calls": by_calls}
+            print(f"  eval accuracy {run.key} v{version}: {acc[run.key][version]:.3f}", flush=True)
+    return start, acc, start_by_calls, last
+
+
+LONGTAIL_SERIES = {"reward": "training reward", "calls_mean": "tool calls per episode",
+                   "policy/entropy": "policy entropy (nats/token)", "stale_masked_share": "stale-masked share",
+                   "dis_masked_share": "DIS-masked share", "value/explained_variance_before":
+                   "critic explained variance (before its update)", "policy/grad_norm": "policy grad norm"}
+"""Per-version quantities a long-tail run records (``longtail_evidence.analyse``'s and the learner's), for the
+stability plots."""
+
+
+def longtail_record(config: Any, run: MethodRun) -> dict[str, Any]:
+    """A ``synthetic_longtail`` run's evidence from its learner ledger: trained and dropped rollouts and the train tasks'
+    share by required-calls bucket (``longtail_evidence.population``), the critic's value against the return by the
+    ``left`` count (``value_by_left``; SAO only) and per version the ``LONGTAIL_SERIES`` quantities.
+    FileNotFoundError without the ledger."""
+    from posttrain.envs.synthetic.longtail import codes_of
+    from posttrain.learner.ledger import LEDGER_NAME, read_ledger
+    from posttrain.runtime import RunContext
+
+    ctx = RunContext(config)
+    lines = read_ledger(ctx.run_dir / LEDGER_NAME)
+    tasks = {t.task_id: len(codes_of(t)) for t in ctx.tasks("train")}
+    rows = lte.analyse(lines, tasks, {i + 1: s.metrics for i, s in enumerate(run.steps)})
+    series = {k: [[r["policy_version"], r.get(k, r["learner"].get(k))] for r in rows] for k in LONGTAIL_SERIES}
+    series["broken_share"] = [[r["policy_version"], lte.broken_share(r)] for r in rows]
+    return {"trained_by_calls": lte.population(lines, tasks), "value_by_left": lte.value_by_left(lines, tasks),
+            "first_broken_version": lte.collapse_version(rows), "series": series}
+
+
+def sampling_se(p: float, n: int) -> float:
+    """Standard error of an accuracy ``p`` measured on ``n`` independent samples: ``sqrt(p (1 - p) / n)``."""
+    return math.sqrt(max(p * (1.0 - p), 0.0) / max(n, 1))
+
+
+def gain_in_se(start: float, final: float, n: int) -> float | None:
+    """``(final - start)`` in standard errors of the difference of two independent accuracies on ``n`` samples each
+    (``sqrt(se_start^2 + se_final^2)``, conservative for the same tasks); None when both are 0 or 1."""
+    se = math.hypot(sampling_se(start, n), sampling_se(final, n))
+    return (final - start) / se if se > 0 else None
+
+
+def mean_se(values: Sequence[float | None], digits: int = 3) -> str:
+    """``mean ± standard error over the values`` (``-`` without values; one value: itself)."""
+    got = [float(v) for v in values if v is not None]
+    if len(got) > 1:
+        return f"{statistics.fmean(got):.{digits}f} ± {statistics.stdev(got) / math.sqrt(len(got)):.{digits}f}"
+    return f"{got[0]:.{digits}f}" if got else "-"
+
+
+def render_longtail(result: dict[str, Any]) -> str:
+    """A long-tail study's extra tables: accuracy by required calls (warm start and each variant's last snapshot, mean
+    over seeds) beside the trained share by required calls, the seeds that end 3 standard errors above the warm start,
+    and the critic's explained variance before its update by the ``left`` count (variants with a critic)."""
+    buckets = lte.labels(lte.CALLS)
+    n = result["eval"]["tasks"] * result["eval"]["samples_per_task"]
+    start_by = result.get("start_accuracy_by_calls") or {}
+    rows = [["warm start", "-", *[_cell(start_by.get(b, [0, None])[1]) for b in buckets],
+             *[_cell(next(iter(result["variants"].values()))["runs"][0]["longtail"]["trained_by_calls"][b]["task_share"],
+                     2) if result["variants"] else "-" for b in buckets]]]
+    ev_rows = []
+    for v, d in result["variants"].items():
+        rs = [r for r in d["runs"] if "longtail" in r]
+        if not rs:
+            continue
+        gains = [gain_in_se(result["start_accuracy"], r["final_accuracy"], n) for r in rs if r["final_accuracy"] is not None]
+        above = sum(g is not None and g >= 3.0 for g in gains)
+        rows.append([v, f"{above}/{len(rs)}",
+                     *[_cell(_mean_or_none([r.get("final", {}).get("accuracy_by_calls", {}).get(b, [0, None])[1]
+                                            for r in rs])) for b in buckets],
+                     *[_cell(_mean_or_none([r["longtail"]["trained_by_calls"][b]["trained_share"] for r in rs]), 2)
+                       for b in buckets]])
+        vb = [r["longtail"]["value_by_left"] for r in rs if r["longtail"]["value_by_left"]]
+        if vb:
+            keys = ["all", *lte.labels(lte.LEFTS)]
+            ev_rows.append([v, *[_cell(_mean_or_none([x.get(k, {}).get("explained_variance") for x in vb]), 2)
+                                 for k in keys], sum(x.get("all", {}).get("n", 0) for x in vb)])
+    out = ["By required tool calls (accuracy: the last snapshot, mean over seeds; trained share: of the rollouts the "
+           f"learner trained; warm-start row: the train tasks' share). Seeds >= 3 SE: final minus warm start at least "
+           f"3 standard errors of the difference ({n} samples each).", "",
+           common.markdown_table(["", "seeds >= 3 SE", *[f"accuracy {b} calls" for b in buckets],
+                                  *[f"trained share {b}" for b in buckets]], rows)]
+    if ev_rows:
+        out += ["", "The critic's explained variance of the return by its value before its update, at each turn's first "
+                "token, by the `left` count the turn saw (mean over seeds):", "",
+                common.markdown_table(["variant", "all turns", *[f"left {b}" for b in lte.labels(lte.LEFTS)], "turns"],
+                                      ev_rows)]
+    return "\n".join(out)
+
+
+def _mean_or_none(values: Sequence[float | None]) -> float | None:
+    got = [float(v) for v in values if v is not None]
+    return statistics.fmean(got) if got else None
+
+
+def _cell(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def train_study(study: str, seeds: Sequence[int], versions: int, eval_every: int, target: float | None,
                 overrides: Sequence[str], parser: argparse.ArgumentParser | None = None,
-                on_seed: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Train every variant of ``study`` for every seed (seed-major), grade the snapshots of each seed's runs once they
-    are done, and return the results; ``on_seed`` receives the results of the seeds done so far after each seed (so
-    a study stopped early keeps what ran)."""
+                on_seed: Callable[[dict[str, Any]], None] | None = None,
+                variants: Sequence[str] | None = None) -> dict[str, Any]:
+    """Train every variant of ``study`` (or those named in ``variants``) for every seed (seed-major), grade the
+    snapshots of each seed's runs once they are done, and return the results; ``on_seed`` receives the results of the
+    seeds done so far after each seed (so a study stopped early keeps what ran)."""
     import torch
 
     torch.set_num_threads(1)
-    variants = STUDY_VARIANTS[study]
+    variants = {v: STUDY_VARIANTS[study][v] for v in (variants or STUDY_VARIANTS[study])}
     configs = {v: load_variant(study, v, versions, overrides, parser) for v in variants}
     base, sft = shared_warm_start(next(iter(configs.values())))
     skip = max(1, versions // 4)
     records: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     start: float | None = None
+    start_by_calls: dict[str, Any] | None = None
     result: dict[str, Any] = {}
     for n, seed in enumerate(seeds, start=1):
         done: list[tuple[str, int, MethodRun, dict[str, float | None]]] = []
@@ -208,12 +366,14 @@ def train_study(study: str, seeds: Sequence[int], versions: int, eval_every: int
             snaps = Path(config.output_dir) / "snapshots" / study / variant / f"s{seed}"
             method = STUDY_VARIANTS[study][variant][0]
             run = run_method(cfg, method, base, sft, snaps, eval_every, name=f"{variant} s{seed}", episodes=False)
-            done.append((variant, seed, run, trained_mix(cfg, skip)))
-        start, acc = evaluate_snapshots(base, sft, [r for _, _, r, _ in done], metric="accuracy", start=start)
+            mix = trained_mix(cfg, skip)
+            done.append((variant, seed, run, {**mix, "longtail": longtail_record(cfg, run)} if is_longtail(cfg) else mix))
+        start, acc, start_by_calls, last = grade_runs(base, sft, [r for _, _, r, _ in done], start, start_by_calls)
         goal = round(target if target is not None else start + 0.5 * (1.0 - start), 3)
         for variant, s, run, mix in done:
             records[variant].append(run_record(run, s, acc[run.key], start, goal, skip,
-                                               equal_resources(configs[variant])["batch_rollouts"], mix))
+                                               equal_resources(configs[variant])["batch_rollouts"],
+                                               {**mix, **({"final": last[run.key]} if run.key in last else {})}))
         result = {"study": study, "question": QUESTIONS[study], "machine": common.machine_info(),
                   "when": common.utc_now(), "seeds": list(seeds[:n]), "seeds_planned": list(seeds), "versions": versions,
                   "eval_every": eval_every,
@@ -221,6 +381,7 @@ def train_study(study: str, seeds: Sequence[int], versions: int, eval_every: int
                   "warm_start_steps": base.config.warm_start.steps, "env": base.config.data.env,
                   "env_args": dict(next(iter(configs.values())).data.env_args),
                   "start_accuracy": start, "target_accuracy": goal, "steady_from_version": skip,
+                  **({"start_accuracy_by_calls": start_by_calls} if start_by_calls is not None else {}),
                   "variants": {v: {"overrides": list(STUDY_VARIANTS[study][v][1]), "method": STUDY_VARIANTS[study][v][0],
                                    "resources": equal_resources(configs[v]), "runs": list(records[v])}
                                for v in variants}}
@@ -304,13 +465,46 @@ def plot_study(result: dict[str, Any], out_dir: Path) -> list[Path]:
     return paths
 
 
+def plot_versions(result: dict[str, Any], out_dir: Path) -> Path:
+    """A long-tail study's per-version PNG: each ``LONGTAIL_SERIES`` quantity and the broken share against policy
+    version, one thin line per run and the mean over seeds thick, per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [*LONGTAIL_SERIES, "broken_share"]
+    labels = {**LONGTAIL_SERIES, "broken_share": "broken share (extra call, malformed, limit)"}
+    fig, axes = plt.subplots(2, 4, figsize=(16, 7))
+    for i, (v, d) in enumerate(result["variants"].items()):
+        runs = [r["longtail"]["series"] for r in d["runs"] if "longtail" in r]
+        for ax, key in zip(axes.flat, keys, strict=True):
+            curves = [{int(x): float(y) for x, y in run.get(key, []) if y is not None} for run in runs]
+            for c in curves:
+                ax.plot(sorted(c), [c[x] for x in sorted(c)], color=f"C{i}", alpha=0.25, linewidth=0.7)
+            shared = sorted(set.intersection(*(set(c) for c in curves))) if curves and all(curves) else []
+            if shared:
+                ax.plot(shared, [statistics.fmean(c[x] for c in curves) for x in shared], color=f"C{i}", linewidth=2,
+                        label=v)
+            ax.set(xlabel="policy version", title=labels[key])
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle(f"{result['study']}: per policy version (thin: each seed; thick: mean)")
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{NAME}_{result['study']}_versions.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def render_training(result: dict[str, Any]) -> str:
     """The Markdown section of a training study (tables; the hand-written text around the markers interprets)."""
     variants, race = result["variants"], result["study"] in RACES
+    longtail = result.get("env") == "synthetic_longtail"
     rows, res_rows = [], []
     for v, d in variants.items():
         rs = d["runs"]
-        row = [v, len(rs), mean_range([r["final_accuracy"] for r in rs])]
+        row = [v, len(rs), (mean_se if longtail else mean_range)([r["final_accuracy"] for r in rs])]
         if race:
             row += [spread([r["time_to_target_s"] for r in rs], 0),
                     spread([r.get("time_to_target_after_first_version_s") for r in rs], 0),
@@ -328,7 +522,7 @@ def render_training(result: dict[str, Any]) -> str:
                          f"{e['prompts_per_version']} x {e['group_size']}", e["generators"],
                          "-" if e["max_staleness"] is None else e["max_staleness"], e["lr"],
                          e["advantage"] or "group", e["correction"] or "none (on-policy)"])
-    head = ["variant", "seeds", "final held-out accuracy"]
+    head = ["variant", "seeds", "final held-out accuracy" + (" (mean ± SE)" if longtail else "")]
     head += (["s to target (median, range)", "s to target after version 1", "rollouts to target",
               "trained action tokens/s"] if race else
              ["training reward, last quarter", "token lag (mean)", "rollout staleness (mean)", "masked fraction"])
@@ -353,11 +547,15 @@ def render_training(result: dict[str, Any]) -> str:
                                                  "include starting the generator. Rates, the tool waits and the "
                                                  "trained mix: the results file." if race else "."),
            "", f"Command: `{result['command']}`"]
+    if longtail:
+        out += ["", render_longtail(result)]
     if race:
         out += ["", f"![accuracy vs seconds](results/{NAME}_{result['study']}_seconds.png)",
                 f"![accuracy vs rollouts](results/{NAME}_{result['study']}_rollouts.png)"]
     else:
         out += ["", f"![{result['study']}](results/{NAME}_{result['study']}.png)"]
+    if longtail:
+        out += [f"![{result['study']} per version](results/{NAME}_{result['study']}_versions.png)"]
     return "\n".join(out)
 
 
@@ -461,8 +659,10 @@ def render_stability(result: dict[str, Any]) -> str:
 def publish(study: str, result: dict[str, Any], out_dir: Path, plots: Path, docs: bool, write: bool = True) -> Path:
     """Write ``<out_dir>/<study>.json`` (unless ``write`` is False) and the PNGs under ``plots``; with ``docs``, rewrite
     the study's section."""
-    result["plots"] = [common.display_path(p) for p in (plot_stability(result, plots) if study == "stability"
-                                                          else plot_study(result, plots))]
+    made = plot_stability(result, plots) if study == "stability" else plot_study(result, plots)
+    if result.get("env") == "synthetic_longtail":
+        made.append(plot_versions(result, plots))
+    result["plots"] = [common.display_path(p) for p in made]
     path = common.write_result(out_dir / f"{study}.json", result) if write else out_dir / f"{study}.json"
     if docs:
         text = render_stability(result) if study == "stability" else render_training(result)
@@ -482,6 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=6, help="snapshot every this many versions, and the last")
     p.add_argument("--target", type=float, default=None,
                    help="held-out accuracy target (default: halfway from the warm start to 1)")
+    p.add_argument("--variants", default="", help="comma-separated variants of the study to run (default: all)")
     p.add_argument("--from-run", type=Path, default=None, help="stability: read this run directory instead of running")
     p.add_argument("--quick", action="store_true", help="2 versions, 1 seed, a tiny eval, a temporary folder, no docs")
     p.add_argument("--out-dir", type=Path, default=None, help="results folder (default bench/results/learning_race; "
@@ -498,6 +699,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--seeds distinct, --versions and --eval-every >= 1: got {args.seeds!r}, {args.versions}, {args.eval_every}")
     if args.target is not None and not 0.0 < args.target <= 1.0:
         p.error(f"--target: an accuracy in (0, 1], got {args.target}")
+    chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
+    known = list(STUDY_VARIANTS.get(args.study, {}))
+    if chosen and (not known or any(v not in known for v in chosen) or len(set(chosen)) != len(chosen)):
+        p.error(f"--variants: distinct variants of {args.study!r} ({', '.join(known) or 'none'}), got {args.variants!r}")
     if args.from_run is not None and args.study != "stability":
         p.error(f"--from-run: only for the stability study, not {args.study!r}")
     overrides, docs = list(args.overrides), not (args.no_docs or args.quick)
@@ -520,7 +725,8 @@ def main(argv: list[str] | None = None) -> int:
         def partial(result: dict[str, Any]) -> None:
             publish(args.study, {**result, "command": command, "quick": args.quick}, out_dir, plots, docs)
 
-        result = train_study(args.study, seeds, args.versions, args.eval_every, args.target, overrides, p, partial)
+        result = train_study(args.study, seeds, args.versions, args.eval_every, args.target, overrides, p, partial,
+                             variants=chosen or None)
     result["command"], result["quick"] = command, args.quick
     publish(args.study, result, out_dir, plots, docs)
     return 0

@@ -33,9 +33,75 @@ def test_every_race_method_has_the_same_slots_batch_versions_generators_and_warm
     assert {load_variant("race", m, 20).warm_start.steps for m in METHODS} == {400}
 
 
+def test_the_longtail_race_gives_every_method_the_same_slots_batch_versions_lr_and_warm_start() -> None:
+    """``longtail`` (issue 29): ``synthetic_longtail`` with tool latency, 32 episodes in flight for every method (the
+    synchronous batches' 8 x 4 and 4 x 8), 32 rollouts per version, one engine, lr 1e-4, the same warm start (SFT lr
+    1e-3 on references of at most 4 calls); the stability study runs SAO and asynchronous GRPO + DIS alike."""
+    res = {m: equal_resources(load_variant("longtail", m, 20)) for m in METHODS}
+    for key in ("episodes_in_flight", "batch_rollouts", "generators", "policy_versions", "engine", "lr"):
+        assert len({r[key] for r in res.values()}) == 1, key
+    assert res["sao"]["episodes_in_flight"] == 32 and res["sao"]["lr"] == 1e-4
+    assert [(res[m]["prompts_per_version"], res[m]["group_size"]) for m in METHODS] == [(32, 1), (8, 4), (4, 8), (4, 8)]
+    configs = [load_variant(s, v, 20) for s in ("longtail", "longtail_baseline", "longtail_correction",
+                                                "longtail_stability") for v in STUDY_VARIANTS[s]]
+    assert {c.data.env for c in configs} == {"synthetic_longtail"}
+    assert {(c.warm_start.steps, c.warm_start.optim.lr, c.warm_start.max_reference_turns) for c in configs} == {(300, 1e-3, 5)}
+    assert {c.data.env_args["tool_latency_median_s"] for c in configs} == {1.0}
+    assert list(STUDY_VARIANTS["longtail_stability"]) == ["sao", "grpo_async_g8"]
+    assert equal_resources(load_variant("longtail_stability", "sao", 300))["policy_versions"] == 300
+
+
+def test_longtail_gains_count_in_standard_errors_of_the_difference() -> None:
+    """0.44 -> 0.60 on 200 samples each: se = sqrt(.44 .56 / 200 + .6 .4 / 200) = 0.0493, gain 3.24 se; mean ± SE over
+    seeds uses the seeds' standard deviation / sqrt(n)."""
+    from bench.learning_race import gain_in_se, mean_se, sampling_se
+
+    assert sampling_se(0.5, 100) == pytest.approx(0.05)
+    assert gain_in_se(0.44, 0.60, 200) == pytest.approx(0.16 / (0.2464 / 200 + 0.24 / 200) ** 0.5)
+    assert gain_in_se(1.0, 1.0, 200) is None
+    assert mean_se([0.5, 0.7, 0.6]) == "0.600 ± 0.058" and mean_se([0.5, None]) == "0.500" and mean_se([]) == "-"
+
+
+def test_a_longtail_section_tables_accuracy_and_trained_share_by_calls_and_the_critic_by_left(tmp_path: Path) -> None:
+    """A long-tail result: the accuracy and trained-share columns by required calls per variant, the seeds 3 SE above
+    the warm start (0.44 -> 0.60 on 200 samples: 3.24 SE, counted; 0.50: 1.2 SE, not), the critic's explained variance
+    by ``left`` for SAO only, and the per-version plot."""
+    from bench.learning_race import LONGTAIL_SERIES, plot_study, plot_versions, render_training
+
+    race = race_result([0, 1], [0, 1])
+    share = {b: {"trained_share": 0.25, "task_share": 0.3} for b in ("1-2", "3-4", "5-8", "9-16")}
+    series = {k: [[1, 0.5], [2, 0.4]] for k in [*LONGTAIL_SERIES, "broken_share"]}
+
+    def runs(finals: list[float], critic: bool) -> list[dict]:
+        return [{**race["variants"]["sao"]["runs"][0], "seed": i, "final_accuracy": f,
+                 "final": {"accuracy_by_calls": {"1-2": [90, 0.9], "3-4": [50, 0.6], "5-8": [40, 0.2], "9-16": [20, 0.0]}},
+                 "longtail": {"trained_by_calls": share, "first_broken_version": None, "series": series,
+                              "value_by_left": {"all": {"n": 40, "explained_variance": 0.3},
+                                                "0": {"n": 20, "explained_variance": 0.5}} if critic else {}}}
+                for i, f in enumerate(finals)]
+
+    result = {**race, "study": "longtail", "env": "synthetic_longtail", "start_accuracy": 0.44,
+              "eval": {"tasks": 100, "samples_per_task": 2},
+              "start_accuracy_by_calls": {"1-2": [90, 0.65], "3-4": [50, 0.57], "5-8": [40, 0.18], "9-16": [20, 0.0]},
+              "variants": {"sao": {**race["variants"]["sao"], "runs": runs([0.60, 0.62], True)},
+                           "grpo_sync_g8": {**race["variants"]["grpo_sync_g8"], "runs": runs([0.60, 0.50], False)}}}
+    text = render_training(result)
+    lines = text.splitlines()
+    assert "| warm start | - | 0.650 | 0.570 | 0.180 | 0.000 | 0.30 | 0.30 | 0.30 | 0.30 |" in lines
+    assert "| sao | 2/2 | 0.900 | 0.600 | 0.200 | 0.000 | 0.25 | 0.25 | 0.25 | 0.25 |" in lines
+    assert "| grpo_sync_g8 | 1/2 | 0.900 |" in text
+    assert "| sao | 0.30 | 0.50 | - | - | - | - | - | 80 |" in lines and "| grpo_sync_g8 | 0.30" not in text
+    assert "0.610 ± 0.010" in next(line for line in lines if line.startswith("| sao | 2 |"))
+    assert plot_versions(result, tmp_path).stat().st_size > 0
+    assert "![longtail per version](results/learning_race_longtail_versions.png)" in text
+    assert [p.name for p in plot_study(result, tmp_path)] == ["learning_race_longtail_seconds.png",
+                                                             "learning_race_longtail_rollouts.png"]
+
+
 def test_each_ablation_changes_only_its_own_setting() -> None:
     """Within a study the variants' resources differ only in the studied setting (grid: tau and lr)."""
-    own = {"correction": {"correction"}, "baseline": {"advantage"}, "grid": {"max_staleness", "lr"}}
+    own = {"correction": {"correction"}, "baseline": {"advantage"}, "grid": {"max_staleness", "lr"},
+           "longtail_correction": {"correction"}, "longtail_baseline": {"advantage"}}
     for study, keys in own.items():
         res = [equal_resources(load_variant(study, v, 20)) for v in STUDY_VARIANTS[study]]
         changed = {k for k in res[0] if len({json.dumps(r[k]) for r in res}) > 1}
@@ -92,6 +158,8 @@ def test_the_stability_reader_skips_warm_start_lines_and_tables_by_window(tmp_pa
     (["race", "--target", "1.5"], "--target: an accuracy in (0, 1], got 1.5"),
     (["grid", "--from-run", "x"], "--from-run: only for the stability study, not 'grid'"),
     (["race", "sao.stepz=3"], "sao.stepz: unknown field"),
+    (["longtail", "--variants", "sao,grpo"], "--variants: distinct variants of 'longtail' (sao, grpo_sync_g4,"),
+    (["stability", "--variants", "sao"], "--variants: distinct variants of 'stability' (none)"),
 ])
 def test_bad_arguments_fail_in_one_line_before_the_warm_start(tmp_path, capsys, argv, message):
     """Exit 2 with one error line, nothing written."""
