@@ -144,6 +144,10 @@ class CriticConfig(_Strict):
     """Clip of V_new around V_old in the value loss."""
     grad_clip: float = Field(1.0, gt=0.0, le=1000.0)
     """Critic gradient-norm clip."""
+    head_weight_std: float = Field(0.0, ge=0.0, le=1.0)
+    """Standard deviation of the value head's initial weights (0 to 1; 0: zero weight). A zero weight
+    passes no gradient into the backbone until the head has grown, so the critic is slow to learn a
+    feature the start policy does not expose. Drawn from a fixed seed: every rank has the same head."""
     head_bias_init: Literal["zero", "first_batch_mean"] = "zero"
     """zero: the value head's bias starts at 0 (with its zero weight, V = 0 everywhere). first_batch_mean:
     before the critic's first update (learner iteration 0), the bias is set to the mean reward of that

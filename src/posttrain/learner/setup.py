@@ -437,7 +437,7 @@ def _critic(config: RunConfig, start_model_dir: Path, world: World) -> Trainable
     sao = config.sao
     if config.technique != "sao" or sao.advantage != "gae":
         return None
-    model = prepare_model(CriticModel.from_policy_path(start_model_dir), world, config.learner)
+    model = prepare_model(CriticModel.from_policy_path(start_model_dir, sao.critic.head_weight_std), world, config.learner)
     optimizer, scheduler = build_optimizer(
         model, sao.optim.model_copy(update={"lr": sao.critic.lr}), critic_optimizer_steps(sao))
     return Trainable(model, optimizer, scheduler)

@@ -275,6 +275,8 @@ def test_gkd_run_with_a_missing_teacher_prints_one_line_and_exits_2(tmp_path, ca
     ("sao.critic.warmup_steps=-1", r"sao\.critic\.warmup_steps: Input should be greater than or equal to 0"),
     ("sao.critic.warmup_steps=100001", r"sao\.critic\.warmup_steps: Input should be less than or equal to 100000"),
     ("sao.whiten_advantages=maybe", r"sao\.whiten_advantages: Input should be a valid boolean"),
+    ("sao.critic.head_weight_std=-0.1", r"sao\.critic\.head_weight_std: Input should be greater than or equal to 0"),
+    ("sao.critic.head_weight_std=2", r"sao\.critic\.head_weight_std: Input should be less than or equal to 1"),
 ])
 def test_critic_options_out_of_range_name_the_field_and_the_allowed_values(override, message):
     """Issue 29's critic options: a bad value is one line naming the field and what it may be."""
@@ -284,8 +286,8 @@ def test_critic_options_out_of_range_name_the_field_and_the_allowed_values(overr
 
 def test_critic_options_default_to_the_earlier_behaviour():
     sao = load_config(None, []).sao
-    assert (sao.critic.head_bias_init, sao.whiten_advantages, sao.loss.denominator) == (
-        "zero", False, "all_action_tokens")
+    assert (sao.critic.head_bias_init, sao.critic.head_weight_std, sao.whiten_advantages, sao.loss.denominator) == (
+        "zero", 0.0, False, "all_action_tokens")
     on = load_config(None, ["sao.critic.head_bias_init=first_batch_mean", "sao.whiten_advantages=true",
                             "sao.loss.denominator=fresh_tokens", "sao.critic.warmup_steps=0"]).sao
     assert (on.critic.head_bias_init, on.whiten_advantages, on.loss.denominator, on.critic.warmup_steps) == (

@@ -347,3 +347,23 @@ def test_fresh_tokens_denominator_divides_the_policy_loss_by_the_fresh_action_to
     for (name, a), b in zip(p_all.named_parameters(), p_fresh.parameters(), strict=True):  # no clip: SGD step ~ gradient
         torch.testing.assert_close(b - start[name], (a - start[name]) * 12 / 8, atol=1e-6, rtol=1e-4)
     _same(c_all, c_fresh)
+
+
+def test_a_random_value_head_passes_gradient_into_the_backbone_and_is_the_same_on_every_build(tiny_model):
+    """``sao.critic.head_weight_std``: 0 keeps the zero head (V = 0, no gradient reaches the backbone on the first
+    step); > 0 draws the head from a fixed seed (two builds, as on two ranks, agree) and the backbone gets a gradient
+    at once; a negative std is refused."""
+    ids = torch.tensor([[1, 2, 3, 4]])
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    zero = CriticModel.from_policy_path(tiny_model.path)
+    assert torch.count_nonzero(zero.value_head.weight) == 0
+    zero(ids, mask).pow(2).sum().add(zero(ids, mask).sub(1.0).pow(2).sum()).backward()
+    assert all(p.grad is None or torch.count_nonzero(p.grad) == 0 for p in zero.backbone.parameters())
+    a = CriticModel.from_policy_path(tiny_model.path, head_weight_std=0.01)
+    b = CriticModel.from_policy_path(tiny_model.path, head_weight_std=0.01)
+    assert torch.equal(a.value_head.weight, b.value_head.weight)
+    assert 0.003 < float(a.value_head.weight.std()) < 0.03 and float(a.value_head.bias) == 0.0
+    a(ids, mask).sub(1.0).pow(2).sum().backward()
+    assert any(p.grad is not None and torch.count_nonzero(p.grad) > 0 for p in a.backbone.parameters())
+    with pytest.raises(ValueError, match="head_weight_std: must be >= 0, got -1"):
+        CriticModel.from_policy_path(tiny_model.path, head_weight_std=-1)
