@@ -656,6 +656,44 @@ def render_stability(result: dict[str, Any]) -> str:
         f"Command: `{result['command']}`", "", f"![stability](results/{NAME}_stability.png)"])
 
 
+MERGE_SAME = ("study", "versions", "eval_every", "eval", "warm_start_steps", "env", "env_args", "start_accuracy",
+              "target_accuracy", "steady_from_version")
+"""Fields every results file merged by ``merge_results`` must share."""
+
+
+def merge_results(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One study's results from several results files of the same study and settings run on disjoint seeds (seeds
+    run as parallel processes or on other machines): the runs of each variant together, sorted by seed; ``commands``
+    lists each part's command, ``machine`` and ``when`` are the last part's.
+
+    Raises:
+        ValueError: no parts, a part that differs in one of ``MERGE_SAME`` or in its variants (named), or a seed run
+            in two parts.
+    """
+    if not parts:
+        raise ValueError("merge: no results files")
+    first = parts[0]
+    for i, part in enumerate(parts[1:], start=2):
+        for key in (*MERGE_SAME, "variants"):
+            mine, theirs = first.get(key), part.get(key)
+            if key == "variants":
+                mine, theirs = list(mine or {}), list(theirs or {})
+            if mine != theirs:
+                raise ValueError(f"merge: part {i} differs from part 1 in {key!r}: {theirs!r} != {mine!r}")
+    seeds = [s for part in parts for s in part["seeds"]]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"merge: a seed was run in two parts: {sorted(seeds)}")
+    merged = {**parts[-1], "seeds": sorted(seeds),
+              "seeds_planned": sorted({s for part in parts for s in part.get("seeds_planned", part["seeds"])}),
+              "commands": [part.get("command", "") for part in parts]}
+    merged["variants"] = {v: {**d, "runs": sorted((r for part in parts for r in part["variants"][v]["runs"]),
+                                                  key=lambda r: r["seed"])}
+                          for v, d in first["variants"].items()}
+    if "start_accuracy_by_calls" in first:
+        merged["start_accuracy_by_calls"] = first["start_accuracy_by_calls"]
+    return merged
+
+
 def publish(study: str, result: dict[str, Any], out_dir: Path, plots: Path, docs: bool, write: bool = True) -> Path:
     """Write ``<out_dir>/<study>.json`` (unless ``write`` is False) and the PNGs under ``plots``; with ``docs``, rewrite
     the study's section."""
@@ -686,8 +724,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--from-run", type=Path, default=None, help="stability: read this run directory instead of running")
     p.add_argument("--quick", action="store_true", help="2 versions, 1 seed, a tiny eval, a temporary folder, no docs")
     p.add_argument("--out-dir", type=Path, default=None, help="results folder (default bench/results/learning_race; "
-                   "--quick: a temporary folder); with --quick the plots and runs go there too")
+                   "--quick: a temporary folder); the plots go to its plots/ unless it is the default")
     p.add_argument("--no-docs", action="store_true", help="write the results and plots only")
+    p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="FILE", help="merge these results files of "
+                   "the study (disjoint seeds, the same settings) into the results folder's, then plot and render")
     p.add_argument("--render", action="store_true", help="only redraw the plots and the docs section from the study's "
                    "results file")
     args = p.parse_intermixed_args(argv)
@@ -707,10 +747,20 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--from-run: only for the stability study, not {args.study!r}")
     overrides, docs = list(args.overrides), not (args.no_docs or args.quick)
     out_dir = args.out_dir or (Path(tempfile.mkdtemp(prefix="learning_race_")) if args.quick else RESULTS)
-    plots = out_dir / "plots" if args.quick else PLOTS
+    plots = PLOTS if out_dir.resolve() == RESULTS.resolve() else out_dir / "plots"  # docs' plots: the committed results only
     if args.quick:
         seeds, args.versions, args.eval_every = seeds[:1], 2, 1
         overrides = [*QUICK, f"output_dir={out_dir / 'runs'}", *overrides]
+    if args.merge:
+        try:
+            result = merge_results([common.read_json(f) for f in args.merge])
+        except (OSError, ValueError) as exc:
+            p.error(f"--merge: {exc}")
+        if result["study"] != args.study:
+            p.error(f"--merge: the files hold study {result['study']!r}, not {args.study!r}")
+        result["command"] = common.command_line(f"bench.{NAME}", argv)
+        publish(args.study, result, out_dir, plots, docs)
+        return 0
     if args.render:
         result = common.read_json(out_dir / f"{args.study}.json")
         publish(args.study, result, out_dir, plots, docs, write=False)

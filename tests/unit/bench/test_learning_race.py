@@ -292,3 +292,29 @@ def test_an_ablation_section_and_plot_show_reward_staleness_and_masking_per_vari
     assert "![baseline](results/learning_race_baseline.png)" in text and "s to target (median" not in text
     assert [p.name for p in plot_study(result, tmp_path)] == ["learning_race_baseline.png"]
     assert (tmp_path / "learning_race_baseline.png").stat().st_size > 0
+
+
+def test_results_of_disjoint_seeds_merge_into_one_study_and_mismatches_are_named(tmp_path: Path, capsys) -> None:
+    """Seeds 0-1 and 2 run apart merge into seeds 0, 1, 2 with each variant's runs in seed order and both commands;
+    parts that differ in a setting or share a seed are refused in one line; ``--merge`` renders the merged file."""
+    from bench.learning_race import merge_results
+
+    a, b = race_result([0, 1], [0, 1]), race_result([2], [2])
+    a["command"], b["command"] = "first", "second"
+    merged = merge_results([b, a])
+    assert merged["seeds"] == [0, 1, 2] == merged["seeds_planned"] and merged["commands"] == ["second", "first"]
+    assert [r["seed"] for r in merged["variants"]["sao"]["runs"]] == [0, 1, 2]
+    with pytest.raises(ValueError, match="merge: part 2 differs from part 1 in 'versions': 8 != 4"):
+        merge_results([a, {**b, "versions": 8}])
+    with pytest.raises(ValueError, match=r"merge: a seed was run in two parts: \[0, 0, 1\]"):
+        merge_results([a, race_result([0], [0])])
+    parts = []
+    for i, part in enumerate((a, b)):
+        parts.append(tmp_path / f"part{i}.json")
+        parts[-1].write_text(json.dumps(part))
+    out = tmp_path / "out"
+    assert main(["race", "--merge", *map(str, parts), "--out-dir", str(out), "--no-docs"]) == 0
+    assert json.loads((out / "race.json").read_text())["seeds"] == [0, 1, 2]
+    with pytest.raises(SystemExit):
+        main(["tail", "--merge", str(parts[0]), "--out-dir", str(out), "--no-docs"])
+    assert "--merge: the files hold study 'race', not 'tail'" in capsys.readouterr().err
