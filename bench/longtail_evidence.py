@@ -22,7 +22,7 @@ Run (12 versions; the collapse needs the old lr and breaks in some runs only, do
 ``... sao sao.steps=2 sao.checkpoint_every=2 warm_start.steps=5 data.num_train_tasks=64 generator.episodes_in_flight=16
 data.env_args.tool_latency_median_s=0 output_dir=/tmp/lte --eval-every 2 --out /tmp/lte.json --no-docs``.
 Writes ``bench/results/longtail_evidence/<label>.json`` (``--label``, default the method); ``--render`` tables every
-such file into ``docs/results.md`` (``<!-- bench:longtail_evidence:begin/end -->``).
+such file into ``docs/log.md`` (``<!-- bench:longtail_evidence:begin/end -->``).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from bench import common
 
 RESULTS = common.RESULTS_DIR / "longtail_evidence"
 """``<label>.json`` per run."""
-DOCS = common.REPO / "docs" / "results.md"
-"""``--render`` rewrites its section (``<!-- bench:longtail_evidence:begin/end -->``)."""
+DOCS = common.REPO / "docs" / "log.md"
+"""``--render`` rewrites its section (``<!-- bench:longtail_evidence:begin/end -->``); docs/results.md section 8 links it."""
 CALLS: tuple[tuple[int, int], ...] = ((1, 2), (3, 4), (5, 8), (9, 16))
 """Required-calls buckets (inclusive) of ``synthetic_longtail`` tasks (1..16 calls)."""
 LEFTS: tuple[tuple[int, int], ...] = ((0, 0), (1, 1), (2, 2), (3, 4), (5, 8), (9, 16))
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warm-start-only", action="store_true", help="build the warm start, print its held-out reward "
                    "and accuracy by required-calls bucket, and stop (issue 29 item 2)")
     p.add_argument("--render", action="store_true", help="print the summary table of bench/results/longtail_evidence/ "
-                   "and write it into docs/results.md (unless --no-docs)")
+                   "and write it into docs/log.md (unless --no-docs)")
     args = p.parse_intermixed_args(argv)
     if args.eval_every < 1:
         p.error(f"--eval-every: must be >= 1, got {args.eval_every}")

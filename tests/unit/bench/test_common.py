@@ -99,19 +99,22 @@ def test_every_section_of_the_docs_renders_from_the_committed_results() -> None:
 
 
 def test_the_results_page_re_renders_from_the_committed_results_unchanged(tmp_path: Path, monkeypatch) -> None:
-    """``render_results_page`` rewrites docs/results.md's generated sections (learning_race, GKD, longtail evidence) from
-    bench/results/ without running anything: on a copy of the committed page it changes nothing."""
+    """``render_results_page`` rewrites docs/results.md's generated sections (learning_race, GKD) and docs/log.md's
+    longtail evidence from bench/results/ without running anything: on copies of the committed pages it changes
+    nothing."""
     import bench.common as common
     from bench import gkd_miniature, learning_race, longtail_evidence
 
-    page = tmp_path / "results.md"
+    page, log = tmp_path / "results.md", tmp_path / "log.md"
     page.write_text(learning_race.DOCS.read_text(encoding="utf-8"), encoding="utf-8")
+    log.write_text(longtail_evidence.DOCS.read_text(encoding="utf-8"), encoding="utf-8")
     monkeypatch.setattr(learning_race, "DOCS", page)
     monkeypatch.setattr(gkd_miniature, "DOCS", page)
-    monkeypatch.setattr(longtail_evidence, "DOCS", page)
+    monkeypatch.setattr(longtail_evidence, "DOCS", log)
     written = common.render_results_page()
     assert {"learning_race_race", "learning_race_stability", "gkd_miniature", "longtail_evidence"} <= set(written)
     assert page.read_text(encoding="utf-8") == (common.REPO / "docs" / "results.md").read_text(encoding="utf-8")
+    assert log.read_text(encoding="utf-8") == (common.REPO / "docs" / "log.md").read_text(encoding="utf-8")
 
 
 def test_results_read_back_unchanged_with_one_line_per_batch_or_episode(tmp_path: Path) -> None:
