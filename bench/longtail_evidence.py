@@ -271,6 +271,12 @@ BROKEN_SHARE = 0.3
 least this share is broken (``collapse_version``)."""
 
 
+def sft_lr(command: str) -> str:
+    """The warm start's learning rate a ``--warm-start-only`` command set (``warm_start.optim.lr=X``), else the bench's
+    base.yaml value, 3e-3."""
+    return next((arg.split("=", 1)[1] for arg in command.split() if arg.startswith("warm_start.optim.lr=")), "3e-3")
+
+
 def broken_share(row: Mapping[str, Any]) -> float:
     """Share of a version's trained episodes that are broken: an extra call, a malformed action or a ``length`` end."""
     return max(row["extra_call_rate"] or 0.0, row["malformed_rate"] or 0.0, row["finish"].get("length", 0.0))
@@ -305,12 +311,12 @@ def render(results: Path = RESULTS) -> str:
                 "at each trained turn's first token, by the `left` count the turn saw (- : under 20 turns):\n\n"
                 + common.markdown_table(["run", "all turns", *[f"left {b}" for b in labels(LEFTS)]], ev_rows)) if ev_rows else ""
     warm = [common.read_json(p) for p in sorted(results.glob("*.json"))]
-    warm_rows = [[f["sft_steps"], f["max_reference_turns"] or "all", "left first" if "left_first=true" in f["command"]
-                  else "code first", f"{f['heldout_reward']:.3f}",
+    warm_rows = [[f["sft_steps"], sft_lr(f["command"]), f["max_reference_turns"] or "all", "left first" if
+                  "left_first=true" in f["command"] else "code first", f"{f['heldout_reward']:.3f}",
                   *[_fmt(f["heldout_by_calls"][b]["reward"]) for b in labels(CALLS)]]
                  for f in warm if "heldout_by_calls" in f]
     warm_table = ("\n\nWarm starts (`--warm-start-only`; held-out reward, 64 tasks x 2 samples, by required calls):\n\n"
-                  + common.markdown_table(["SFT steps", "max reference turns", "observation", "held-out reward",
+                  + common.markdown_table(["SFT steps", "SFT lr", "max reference turns", "observation", "held-out reward",
                                            *[f"calls {b}" for b in labels(CALLS)]], warm_rows)) if warm_rows else ""
     lo, hi = labels(CALLS)[0], labels(CALLS)[-1]
     return common.markdown_table(
