@@ -206,6 +206,29 @@ def test_quick_race_trains_every_method_and_writes_its_json_and_plots(quick_dir:
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.timeout(1800)  # the SAO run starts a generator process and an embedded server
+def test_quick_longtail_race_grades_by_required_calls_and_reads_each_ledger(quick_dir: Path) -> None:
+    """``longtail --quick --variants sao,grpo_sync_g4`` (issue 29): SAO (asynchronous, critic) and synchronous GRPO on
+    ``synthetic_longtail``: the warm start's and each run's last snapshot's accuracy by required-calls bucket (samples
+    add up to the 4 held-out tasks), the trained share by bucket from each ledger (shares add up to 1), the critic's
+    value against the return by ``left`` for SAO only, a per-version series per run, and the per-version plot."""
+    out = quick_dir / "longtail"
+    assert main(["longtail", "--quick", "--variants", "sao,grpo_sync_g4", "--out-dir", str(out)]) == 0
+    result = json.loads((out / "longtail.json").read_text())
+    assert result["env"] == "synthetic_longtail" and list(result["variants"]) == ["sao", "grpo_sync_g4"]
+    assert sum(n for n, _ in result["start_accuracy_by_calls"].values()) == 4
+    for variant, d in result["variants"].items():
+        (run,) = d["runs"]
+        assert run["final"]["policy_version"] == 2 and sum(n for n, _ in run["final"]["accuracy_by_calls"].values()) == 4
+        shares = [b["trained_share"] for b in run["longtail"]["trained_by_calls"].values()]
+        assert sum(shares) == pytest.approx(1.0)
+        assert [v for v, _ in run["longtail"]["series"]["reward"]][-1] == 2
+        assert bool(run["longtail"]["value_by_left"]) == (variant == "sao")
+    assert [Path(p).name for p in result["plots"]][-1] == "learning_race_longtail_versions.png"
+
+
+@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.timeout(1800)  # each SAO run starts a generator process and an embedded server: ~2 min at load 20
 def test_quick_stability_runs_two_versions_and_reads_them_back(quick_dir: Path) -> None:
     """The stability config for 2 versions, then the reader: 2 versions logged of 2, one window per version, the plot."""
