@@ -299,7 +299,7 @@ def render_longtail(result: dict[str, Any]) -> str:
     buckets = lte.labels(lte.CALLS)
     n = result["eval"]["tasks"] * result["eval"]["samples_per_task"]
     start_by = result.get("start_accuracy_by_calls") or {}
-    rows = [["warm start", "-", *[_cell(start_by.get(b, [0, None])[1]) for b in buckets],
+    rows = [["warm start", "-", "-", *[_cell(start_by.get(b, [0, None])[1]) for b in buckets],
              *[_cell(next(iter(result["variants"].values()))["runs"][0]["longtail"]["trained_by_calls"][b]["task_share"],
                      2) if result["variants"] else "-" for b in buckets]]]
     ev_rows = []
@@ -309,7 +309,9 @@ def render_longtail(result: dict[str, Any]) -> str:
             continue
         gains = [gain_in_se(result["start_accuracy"], r["final_accuracy"], n) for r in rs if r["final_accuracy"] is not None]
         above = sum(g is not None and g >= 3.0 for g in gains)
-        rows.append([v, f"{above}/{len(rs)}",
+        broken = ", ".join("none" if r["longtail"].get("first_broken_version") is None
+                           else str(r["longtail"]["first_broken_version"]) for r in rs)
+        rows.append([v, f"{above}/{len(rs)}", broken,
                      *[_cell(_mean_or_none([r.get("final", {}).get("accuracy_by_calls", {}).get(b, [0, None])[1]
                                             for r in rs])) for b in buckets],
                      *[_cell(_mean_or_none([r["longtail"]["trained_by_calls"][b]["trained_share"] for r in rs]), 2)
@@ -321,8 +323,9 @@ def render_longtail(result: dict[str, Any]) -> str:
                                  for k in keys], sum(x.get("all", {}).get("n", 0) for x in vb)])
     out = ["By required tool calls (accuracy: the last snapshot, mean over seeds; trained share: of the rollouts the "
            f"learner trained; warm-start row: the train tasks' share). Seeds >= 3 SE: final minus warm start at least "
-           f"3 standard errors of the difference ({n} samples each).", "",
-           common.markdown_table(["", "seeds >= 3 SE", *[f"accuracy {b} calls" for b in buckets],
+           f"3 standard errors of the difference ({n} samples each). First broken version, per seed: the first whose "
+           f"trained episodes made an extra call or a malformed action or hit a limit in >= {lte.BROKEN_SHARE:.0%}.", "",
+           common.markdown_table(["", "seeds >= 3 SE", "first broken version", *[f"accuracy {b} calls" for b in buckets],
                                   *[f"trained share {b}" for b in buckets]], rows)]
     if ev_rows:
         out += ["", "The critic's explained variance of the return by its value before its update, at each turn's first "
@@ -662,33 +665,36 @@ MERGE_SAME = ("study", "versions", "eval_every", "eval", "warm_start_steps", "en
 
 
 def merge_results(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One study's results from several results files of the same study and settings run on disjoint seeds (seeds
-    run as parallel processes or on other machines): the runs of each variant together, sorted by seed; ``commands``
-    lists each part's command, ``machine`` and ``when`` are the last part's.
+    """One study's results from several results files of the same study and settings, each holding other (variant,
+    seed) runs (seeds or variants run as parallel processes or on other machines): each variant's runs together,
+    sorted by seed; variants in the study's order; ``commands`` lists each part's command, ``machine`` and ``when``
+    are the last part's.
 
     Raises:
-        ValueError: no parts, a part that differs in one of ``MERGE_SAME`` or in its variants (named), or a seed run
-            in two parts.
+        ValueError: no parts, a part that differs in one of ``MERGE_SAME`` (named), or a (variant, seed) run in two
+            parts.
     """
     if not parts:
         raise ValueError("merge: no results files")
     first = parts[0]
     for i, part in enumerate(parts[1:], start=2):
-        for key in (*MERGE_SAME, "variants"):
-            mine, theirs = first.get(key), part.get(key)
-            if key == "variants":
-                mine, theirs = list(mine or {}), list(theirs or {})
-            if mine != theirs:
-                raise ValueError(f"merge: part {i} differs from part 1 in {key!r}: {theirs!r} != {mine!r}")
-    seeds = [s for part in parts for s in part["seeds"]]
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"merge: a seed was run in two parts: {sorted(seeds)}")
-    merged = {**parts[-1], "seeds": sorted(seeds),
+        for key in MERGE_SAME:
+            if first.get(key) != part.get(key):
+                raise ValueError(f"merge: part {i} differs from part 1 in {key!r}: {part.get(key)!r} != {first.get(key)!r}")
+    pairs = [(v, r["seed"]) for part in parts for v, d in part["variants"].items() for r in d["runs"]]
+    if len(set(pairs)) != len(pairs):
+        twice = sorted({p for p in pairs if pairs.count(p) > 1})
+        raise ValueError(f"merge: a run is in two parts (variant, seed): {twice}")
+    order = list(STUDY_VARIANTS.get(first["study"], {}))
+    names = sorted({v for part in parts for v in part["variants"]}, key=lambda v: (order.index(v) if v in order
+                                                                                   else len(order), v))
+    merged = {**parts[-1], "seeds": sorted({s for part in parts for s in part["seeds"]}),
               "seeds_planned": sorted({s for part in parts for s in part.get("seeds_planned", part["seeds"])}),
               "commands": [part.get("command", "") for part in parts]}
-    merged["variants"] = {v: {**d, "runs": sorted((r for part in parts for r in part["variants"][v]["runs"]),
-                                                  key=lambda r: r["seed"])}
-                          for v, d in first["variants"].items()}
+    merged["variants"] = {v: {**next(part["variants"][v] for part in parts if v in part["variants"]),
+                              "runs": sorted((r for part in parts if v in part["variants"]
+                                              for r in part["variants"][v]["runs"]), key=lambda r: r["seed"])}
+                          for v in names}
     if "start_accuracy_by_calls" in first:
         merged["start_accuracy_by_calls"] = first["start_accuracy_by_calls"]
     return merged

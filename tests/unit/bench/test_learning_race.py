@@ -75,7 +75,8 @@ def test_a_longtail_section_tables_accuracy_and_trained_share_by_calls_and_the_c
     def runs(finals: list[float], critic: bool) -> list[dict]:
         return [{**race["variants"]["sao"]["runs"][0], "seed": i, "final_accuracy": f,
                  "final": {"accuracy_by_calls": {"1-2": [90, 0.9], "3-4": [50, 0.6], "5-8": [40, 0.2], "9-16": [20, 0.0]}},
-                 "longtail": {"trained_by_calls": share, "first_broken_version": None, "series": series,
+                 "longtail": {"trained_by_calls": share, "first_broken_version": 7 if (i, critic) == (1, False) else None,
+                              "series": series,
                               "value_by_left": {"all": {"n": 40, "explained_variance": 0.3},
                                                 "0": {"n": 20, "explained_variance": 0.5}} if critic else {}}}
                 for i, f in enumerate(finals)]
@@ -87,9 +88,9 @@ def test_a_longtail_section_tables_accuracy_and_trained_share_by_calls_and_the_c
                            "grpo_sync_g8": {**race["variants"]["grpo_sync_g8"], "runs": runs([0.60, 0.50], False)}}}
     text = render_training(result)
     lines = text.splitlines()
-    assert "| warm start | - | 0.650 | 0.570 | 0.180 | 0.000 | 0.30 | 0.30 | 0.30 | 0.30 |" in lines
-    assert "| sao | 2/2 | 0.900 | 0.600 | 0.200 | 0.000 | 0.25 | 0.25 | 0.25 | 0.25 |" in lines
-    assert "| grpo_sync_g8 | 1/2 | 0.900 |" in text
+    assert "| warm start | - | - | 0.650 | 0.570 | 0.180 | 0.000 | 0.30 | 0.30 | 0.30 | 0.30 |" in lines
+    assert "| sao | 2/2 | none, none | 0.900 | 0.600 | 0.200 | 0.000 | 0.25 | 0.25 | 0.25 | 0.25 |" in lines
+    assert "| grpo_sync_g8 | 1/2 | none, 7 | 0.900 |" in text
     assert "| sao | 0.30 | 0.50 | - | - | - | - | - | 80 |" in lines and "| grpo_sync_g8 | 0.30" not in text
     assert "0.610 ± 0.010" in next(line for line in lines if line.startswith("| sao | 2 |"))
     assert plot_versions(result, tmp_path).stat().st_size > 0
@@ -329,8 +330,13 @@ def test_results_of_disjoint_seeds_merge_into_one_study_and_mismatches_are_named
     assert [r["seed"] for r in merged["variants"]["sao"]["runs"]] == [0, 1, 2]
     with pytest.raises(ValueError, match="merge: part 2 differs from part 1 in 'versions': 8 != 4"):
         merge_results([a, {**b, "versions": 8}])
-    with pytest.raises(ValueError, match=r"merge: a seed was run in two parts: \[0, 0, 1\]"):
+    with pytest.raises(ValueError, match=r"merge: a run is in two parts \(variant, seed\): \[\('grpo_sync_g8', 0\), "
+                                         r"\('sao', 0\)\]"):
         merge_results([a, race_result([0], [0])])
+    only_g8 = {**race_result([5], [5]), "variants": {"grpo_sync_g8": race_result([5], [5])["variants"]["grpo_sync_g8"]}}
+    only_sao = {**race_result([5], [5]), "variants": {"sao": race_result([5], [5])["variants"]["sao"]}}
+    both = merge_results([only_g8, only_sao])
+    assert list(both["variants"]) == ["sao", "grpo_sync_g8"] and both["seeds"] == [5]
     parts = []
     for i, part in enumerate((a, b)):
         parts.append(tmp_path / f"part{i}.json")
