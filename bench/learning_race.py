@@ -321,15 +321,13 @@ def render_longtail(result: dict[str, Any]) -> str:
             keys = ["all", *lte.labels(lte.LEFTS)]
             ev_rows.append([v, *[_cell(_mean_or_none([x.get(k, {}).get("explained_variance") for x in vb]), 2)
                                  for k in keys], sum(x.get("all", {}).get("n", 0) for x in vb)])
-    out = ["By required tool calls (accuracy: the last snapshot, mean over seeds; trained share: of the rollouts the "
-           f"learner trained; warm-start row: the train tasks' share). Seeds >= 3 SE: final minus warm start at least "
-           f"3 standard errors of the difference ({n} samples each). First broken version, per seed: the first whose "
-           f"trained episodes made an extra call or a malformed action or hit a limit in >= {lte.BROKEN_SHARE:.0%}.", "",
+    out = [f"By required calls: last snapshot's accuracy and trained share (warm start: the tasks' share), means over "
+           f"seeds; >= 3 SE: gain in standard errors of the difference ({n} samples each); broken: >= "
+           f"{lte.BROKEN_SHARE:.0%} of a version's episodes with an extra call, a malformed action or a limit.", "",
            common.markdown_table(["", "seeds >= 3 SE", "first broken version", *[f"accuracy {b} calls" for b in buckets],
                                   *[f"trained share {b}" for b in buckets]], rows)]
     if ev_rows:
-        out += ["", "The critic's explained variance of the return by its value before its update, at each turn's first "
-                "token, by the `left` count the turn saw (mean over seeds):", "",
+        out += ["", "Critic's explained variance before its update, turns' first tokens, by `left` (mean over seeds):", "",
                 common.markdown_table(["variant", "all turns", *[f"left {b}" for b in lte.labels(lte.LEFTS)], "turns"],
                                       ev_rows)]
     return "\n".join(out)
