@@ -349,6 +349,7 @@ def test_fresh_tokens_denominator_divides_the_policy_loss_by_the_fresh_action_to
     _same(c_all, c_fresh)
 
 
+@pytest.mark.filterwarnings("error:Converting a tensor with requires_grad=True:UserWarning")
 def test_a_random_value_head_passes_gradient_into_the_backbone_and_is_the_same_on_every_build(tiny_model):
     """``sao.critic.head_weight_std``: 0 keeps the zero head (V = 0, no gradient reaches the backbone on the first
     step); > 0 draws the head from a fixed seed (two builds, as on two ranks, agree) and the backbone gets a gradient
@@ -362,7 +363,7 @@ def test_a_random_value_head_passes_gradient_into_the_backbone_and_is_the_same_o
     a = CriticModel.from_policy_path(tiny_model.path, head_weight_std=0.01)
     b = CriticModel.from_policy_path(tiny_model.path, head_weight_std=0.01)
     assert torch.equal(a.value_head.weight, b.value_head.weight)
-    assert 0.003 < float(a.value_head.weight.std()) < 0.03 and float(a.value_head.bias) == 0.0
+    assert 0.003 < float(a.value_head.weight.detach().std()) < 0.03 and float(a.value_head.bias.detach()) == 0.0
     a(ids, mask).sub(1.0).pow(2).sum().backward()
     assert any(p.grad is not None and torch.count_nonzero(p.grad) > 0 for p in a.backbone.parameters())
     with pytest.raises(ValueError, match="head_weight_std: must be >= 0, got -1"):
