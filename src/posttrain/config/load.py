@@ -109,21 +109,31 @@ def _describe_one(error: Any) -> str:
     return f"{loc}: {msg}{shown}"
 
 
-def _describe(err: ValidationError, source: Callable[[str], str] = lambda loc: "") -> str:
+def _describe(err: ValidationError, source: Callable[[str, bool], str] = lambda loc, unknown: "") -> str:
     """Every error of ``err`` on one line (``; ``-separated), the first ``SHOWN_ERRORS`` named and the rest counted.
 
-    ``source(field)`` is the prefix naming where a field's value came from (the config file, or the override that
-    set it); it is written before an error whenever it differs from the error before it. Two misspelt fields were
+    ``source(field, unknown)`` is the prefix naming where a field's value came from (the config file, or the override
+    that set it; ``unknown``: the error is an unknown field); it is written before an error whenever it differs from
+    the error before it. Two misspelt fields were
     reported as the first one ``(and 1 more)``: a user fixed one and ran again.
     """
     errors = err.errors()
     parts, last = [], None
     for error in errors[:SHOWN_ERRORS]:
-        where = source(".".join(str(p) for p in error["loc"]))
+        where = source(".".join(str(p) for p in error["loc"]), error["type"] == "extra_forbidden")
         parts.append(("" if where == last else where) + _describe_one(error))
         last = where
     more = f" (and {len(errors) - SHOWN_ERRORS} more)" if len(errors) > SHOWN_ERRORS else ""
     return "; ".join(parts) + more
+
+
+def _has_path(data: Any, dotted: str) -> bool:
+    """Whether the nested mapping ``data`` holds the dotted key ``dotted`` (``"sao.critic"``)."""
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return True
 
 
 def load_config(path: Path | str | None, overrides: list[str] | None = None) -> RunConfig:
@@ -167,13 +177,16 @@ def load_config(path: Path | str | None, overrides: list[str] | None = None) -> 
     _check_depth(data, f"{path}: " if path is not None else "")
     extra = parse_overrides(overrides or [])
     _check_depth(extra, "override ")
+    from_file = data
     data = _merge(data, extra)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        def source(loc: str) -> str:
-            overridden = [o for o in overrides or [] if loc == o.partition("=")[0].strip()
-                          or loc.startswith(o.partition("=")[0].strip() + ".")]
+        def source(loc: str, unknown: bool) -> str:
+            def sets(key: str) -> bool:  # the override sets ``loc`` (or, for an unknown field, something under it)
+                return loc == key or loc.startswith(key + ".") or (
+                    unknown and key.startswith(loc + ".") and not _has_path(from_file, loc))
+            overridden = [o for o in overrides or [] if sets(o.partition("=")[0].strip())]
             if overridden:  # the bad value came from the command line, not from the file
                 return f"override {overridden[-1]!r}: "
             return f"{path}: " if path is not None else ""

@@ -65,6 +65,20 @@ def test_each_error_is_filed_under_the_override_that_set_it_whatever_their_order
         assert "override 'generator.temperature=abc': generator.temperature: " in message, message
 
 
+def test_an_unknown_section_set_by_an_override_names_the_override_not_the_file(tmp_path):
+    """A new user's check: ``sao.critc.lr=1e-3`` was reported as ``CONFIG.yaml: sao.critc: unknown field``, blaming
+    the file for the command line's typo; a typo in the file still names the file."""
+    path = tmp_path / "c.yaml"
+    path.write_text("technique: sao\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["sao.critc.lr=1e-3"])
+    assert str(err.value) == "override 'sao.critc.lr=1e-3': sao.critc: unknown field"
+    path.write_text("technique: sao\nsao:\n  critc:\n    lr: 1.0e-3\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["sao.critic.lr=1e-3"])
+    assert str(err.value) == f"{path}: sao.critc: unknown field"
+
+
 def test_file_and_override_errors_each_name_their_source(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("technique: sao\nsaoo: {}\nleraner: {}\n", encoding="utf-8")
