@@ -21,6 +21,10 @@ like this)::
     OPENAI_API_KEY=$(cat runs/sao-gateway/gateway/token) python examples/external_agent/agent.py \
         --gateway http://127.0.0.1:8600 --model sao-gateway --tasks runs/sao-gateway/gateway/tasks.jsonl \
         --episodes 20
+
+Exit status: 0 when at least one episode was closed and it did not stop at ``--max-errors``; 1 when
+it stopped after ``--max-errors`` failed episodes, or when no episode succeeded (every one failed, or
+it was stopped before the first was closed).
 """
 
 from __future__ import annotations
@@ -103,7 +107,11 @@ async def episode(gateway: str, token: str, model: str, task: dict, args: argpar
 
 
 async def main(args: argparse.Namespace) -> int:
-    """Run episodes until ``--episodes`` are done or SIGTERM; print a summary line."""
+    """Run episodes until ``--episodes`` are done, ``--max-errors`` episodes failed, or SIGTERM.
+
+    Prints one summary line; returns the exit status (module docstring): 1 after ``--max-errors`` or
+    when no episode succeeded, else 0.
+    """
     token = args.api_key or os.environ.get("OPENAI_API_KEY", "")
     with open(args.tasks, encoding="utf-8") as fh:
         tasks = [json.loads(line) for line in fh if line.strip()]
@@ -114,9 +122,19 @@ async def main(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stopping.set)
     done, rewards, errors = 0, 0.0, 0
     budget = args.episodes
+    gave_up = False
+
+    def count_error(what: str, exc: Exception) -> None:
+        """Count a failed episode; at ``--max-errors`` say so once and stop every worker."""
+        nonlocal errors, gave_up
+        errors += 1
+        if errors >= args.max_errors and not gave_up:
+            gave_up = True
+            print(f"agent: stopping after {errors} {what} ({exc})", file=sys.stderr, flush=True)
+            stopping.set()
 
     async def worker() -> None:
-        nonlocal done, rewards, errors, budget
+        nonlocal done, rewards, budget
         async with httpx.AsyncClient(timeout=args.timeout_s) as http:
             while not stopping.is_set() and (budget is None or budget > 0):
                 if budget is not None:
@@ -124,30 +142,32 @@ async def main(args: argparse.Namespace) -> int:
                 try:
                     reward = await episode(args.gateway, token, args.model, rng.choice(tasks), args, http)
                 except (APIConnectionError, httpx.TransportError) as exc:
-                    errors += 1
-                    if errors >= args.max_errors:
-                        print(f"agent: stopping after {errors} connection errors ({exc})", file=sys.stderr)
-                        stopping.set()
-                    await asyncio.sleep(1.0)
+                    count_error("connection errors", exc)
+                    if not stopping.is_set():
+                        await asyncio.sleep(1.0)
                     continue
                 except (APIStatusError, httpx.HTTPStatusError) as exc:
-                    errors += 1
                     print(f"agent: episode refused: {exc}", file=sys.stderr)
-                    if errors >= args.max_errors:
-                        stopping.set()
+                    count_error("failed episodes", exc)
                     continue
                 done += 1
                 rewards += reward or 0.0
 
     workers = [asyncio.create_task(worker()) for _ in range(args.episodes_in_flight)]
     stop = asyncio.create_task(stopping.wait())
-    await asyncio.wait([stop, asyncio.gather(*workers)], return_when=asyncio.FIRST_COMPLETED)
+    # One future for all workers, awaited below whatever happens: a gather left unawaited after its
+    # workers were cancelled was reported as "_GatheringFuture exception was never retrieved".
+    finished = asyncio.gather(*workers, return_exceptions=True)
+    await asyncio.wait([stop, finished], return_when=asyncio.FIRST_COMPLETED)
     for task in workers:
         task.cancel()
-    await asyncio.gather(*workers, return_exceptions=True)
+    outcomes = await finished
     stop.cancel()
     print(f"agent: {done} episodes, mean reward {rewards / max(done, 1):.3f}, {errors} errors", flush=True)
-    return 0
+    for outcome in outcomes:  # an error the loop does not expect (a bad task line...) is a bug: shown whole
+        if isinstance(outcome, Exception):
+            raise outcome
+    return 1 if gave_up or done == 0 else 0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

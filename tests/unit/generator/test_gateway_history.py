@@ -194,3 +194,40 @@ def test_the_example_agent_imports_nothing_from_posttrain_and_its_tool_runs_in_t
     assert asyncio.run(agent.run_tool("calculator", '{"expression": "open(\'/etc/passwd\')"}', sandbox, 60.0)
                        ).startswith("error:")
     assert asyncio.run(agent.run_tool("search", "{}", sandbox, 60.0)) == "error: unknown tool 'search'"
+
+
+def _run_example_agent(tmp_path, *extra: str):
+    """The example agent against a stopped address (a free port with nothing listening): every episode fails."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as sock:  # a port the kernel just handed out and nobody listens on once it is closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"task_id": "t0", "messages": [{"role": "user", "content": "2+2?"}]}) + "\n")
+    agent = Path(__file__).resolve().parents[3] / "examples" / "external_agent" / "agent.py"
+    return subprocess.run(
+        [sys.executable, str(agent), "--gateway", f"http://127.0.0.1:{port}", "--model", "m", "--tasks", str(tasks),
+         "--api-key", "x" * 20, "--retries", "0", "--tool-sandbox", "", *extra],
+        capture_output=True, text=True, timeout=120)
+
+
+def test_the_example_agent_stops_once_on_connection_errors_without_a_traceback_and_exits_1(tmp_path):
+    """A new user's check: at ``--max-errors`` it printed the stopping line once per failing worker, then
+    ``_GatheringFuture exception was never retrieved`` and a traceback, and exited 0."""
+    done = _run_example_agent(tmp_path, "--max-errors", "3", "--episodes-in-flight", "4")
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr and "never retrieved" not in done.stderr, done.stderr
+    assert done.stderr.count("stopping after") == 1, done.stderr
+    assert "agent: 0 episodes" in done.stdout
+
+
+def test_the_example_agent_exits_1_when_no_episode_succeeded(tmp_path):
+    """``--episodes 2`` both failing, below ``--max-errors``: the run ends, and its status says it failed."""
+    done = _run_example_agent(tmp_path, "--max-errors", "100", "--episodes", "2", "--episodes-in-flight", "1")
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr and "stopping after" not in done.stderr, done.stderr
+    assert "agent: 0 episodes, mean reward 0.000, 2 errors" in done.stdout
