@@ -16,11 +16,13 @@ The tool runs as a subprocess, by default inside posttrain's sandbox command
 own sandbox; pass ``--tool-sandbox ""`` for a plain subprocess.
 
 Run (the gateway's URL and the run's token; ``posttrain run`` with ``gateway.agents > 0`` starts it
-like this)::
+like this; ``posttrain run`` writes the URL, the token and the task file under ``runs/<run>/gateway/``
+whatever ``gateway.agents``, and with ``gateway.port: 0``, as in ``configs/sao_gateway_cpu.yaml``,
+the port is known only from the ``url`` file)::
 
     OPENAI_API_KEY=$(cat runs/sao-gateway/gateway/token) python examples/external_agent/agent.py \
-        --gateway http://127.0.0.1:8600 --model sao-gateway --tasks runs/sao-gateway/gateway/tasks.jsonl \
-        --episodes 20
+        --gateway $(cat runs/sao-gateway/gateway/url) --model sao-gateway \
+        --tasks runs/sao-gateway/gateway/tasks.jsonl --episodes 20
 
 Exit status: 0 when at least one episode was closed and it did not stop at ``--max-errors``; 1 when
 it stopped after ``--max-errors`` failed episodes, or when no episode succeeded (every one failed, or

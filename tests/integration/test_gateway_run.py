@@ -47,3 +47,43 @@ def test_sao_trains_only_from_the_example_agents_gateway_traffic(tmp_path: Path)
     assert closed >= len(trained) and opened == closed + abandoned
     agent_log = (run / "logs" / "agent-0.log").read_text()
     assert "agent:" in agent_log and "episodes" in agent_log
+
+
+def test_a_gateway_for_the_users_own_agents_writes_its_task_file(tmp_path: Path):
+    """``gateway.agents: 0`` (the user's own agents): a new user's check found ``<run>/gateway`` holding only
+    ``token`` and ``url``, while the example agent's docstring points at ``tasks.jsonl`` and
+    ``verifier: environment`` needs the training task ids. The runner's own ``start_gateway``, a real gateway."""
+    import redis
+
+    from posttrain.config import load_config
+    from posttrain.models.hf import load_policy
+    from posttrain.rollout.redis_streams import RedisPolicyVersionStore
+    from posttrain.runners.common import prepare, warm_start
+    from posttrain.runners.gateway import gateway_dir, start_gateway, stop_agents
+    from posttrain.runners.sao import stop_generators
+    from posttrain.runtime import RunContext
+    from posttrain.services.embedded_redis import EmbeddedRedis
+    from posttrain.weight_sync.factory import open_weight_store
+
+    cfg = load_config(REPO / "configs" / "sao_gateway_cpu.yaml",
+                      [f"output_dir={tmp_path}", "run_name=own-agents", "model.tiny.vocab_size=400",
+                       "data.num_train_tasks=12", "data.num_eval_tasks=2", "warm_start.steps=0", "gateway.agents=0",
+                       "gateway.port=0", "gateway.verifier=environment"])
+    ctx = RunContext(cfg)
+    prepare(ctx)
+    model_dir = warm_start(ctx)
+    open_weight_store(ctx).publish(load_policy(model_dir).state_dict(), 0, model_dir)
+    config_path = ctx.save_resolved_config()
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        RedisPolicyVersionStore(client, ctx.keys).set(0)
+        gateway = start_gateway(ctx, server.url, config_path)
+        try:
+            assert gateway.agents == []
+            rows = [json.loads(line) for line in (gateway_dir(ctx) / "tasks.jsonl").read_text().splitlines()]
+            assert sorted(r["task_id"] for r in rows) == sorted(t.task_id for t in ctx.tasks("train"))
+            assert len(rows) == 12 and all(r["messages"] for r in rows)
+            assert gateway.url == (gateway_dir(ctx) / "url").read_text().strip()
+        finally:
+            stop_agents(gateway.agents)
+            stop_generators(ctx, client, [gateway.gateway])

@@ -2,7 +2,8 @@
 
 With ``gateway.mode`` other than ``disabled`` the SAO runner starts one gateway process (``gw0``) on
 the run's Redis, and with ``gateway.agents > 0`` that many example agent processes
-(``gateway.agent_script``, ``examples/external_agent/agent.py`` by default) as its traffic:
+(``gateway.agent_script``, ``examples/external_agent/agent.py`` by default) as its traffic. It writes,
+whatever ``gateway.agents`` (0: the user's own agents):
 
 * ``<run>/gateway/token``: the run's bearer token (created once, mode 0600; ``gateway.token_env``
   in the environment wins), handed to the gateway in ``gateway.token_env`` and to the agents as
@@ -11,8 +12,9 @@ the run's Redis, and with ``gateway.agents > 0`` that many example agent process
   writes the file as soon as its socket listens, so agents may connect while it still waits for
   the learner's first weights (their requests wait in the listen queue);
 * ``<run>/gateway/tasks.jsonl``: the run's training tasks as the environment poses them
-  (``{"task_id", "messages"}``), the agents' work list; they close each episode with its task id
-  and the gateway's verifier grades it;
+  (``{"task_id", "messages"}``), written before the gateway starts: the agents' work list (the
+  example's ``--tasks``); they close each episode with its task id and, with ``gateway.verifier:
+  environment``, the gateway's verifier grades it (it accepts only these training task ids);
 * logs: ``<run>/logs/gateway-gw0.log`` and ``<run>/logs/agent-<i>.log``.
 
 ``stop_agents`` ends the agents (SIGTERM, then SIGKILL after a grace period) before the runner sets
@@ -41,23 +43,25 @@ URL_WAIT_S = 120.0
 
 @dataclass
 class GatewayProcesses:
-    """The gateway process ``posttrain run`` started, its URL and token, and the example agents.
+    """The gateway process ``posttrain run`` started, its URL, token and task file, and the example agents.
 
     Attributes:
         gateway: The ``posttrain gateway`` process.
         url: ``http://HOST:PORT``.
         token: The run's bearer token.
+        tasks: ``<run>/gateway/tasks.jsonl``, the training tasks it serves (``write_agent_tasks``).
         agents: The example agent processes.
     """
 
     gateway: subprocess.Popen[bytes]
     url: str
     token: str
+    tasks: Path
     agents: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
 
 def gateway_dir(ctx: RunContext) -> Path:
-    """``<run>/gateway``: token, URL and the agents' task file."""
+    """``<run>/gateway``: token, URL and the task file (``tasks.jsonl``) of the agents, ours or the user's."""
     return ctx.run_dir / "gateway"
 
 
@@ -93,7 +97,9 @@ def write_agent_tasks(ctx: RunContext) -> Path:
 
 
 def start_gateway(ctx: RunContext, redis_url: str, config_path: Path) -> GatewayProcesses:
-    """Start ``posttrain gateway`` and, with ``gateway.agents > 0``, the example agents (module docstring).
+    """Write the task file, start ``posttrain gateway`` and, with ``gateway.agents > 0``, the example agents.
+
+    The task file is written whatever ``gateway.agents``: the user's own agents read it too (module docstring).
 
     Raises:
         RuntimeError: the gateway exited, or wrote no URL within ``URL_WAIT_S`` seconds (the log's tail
@@ -105,6 +111,7 @@ def start_gateway(ctx: RunContext, redis_url: str, config_path: Path) -> Gateway
         raise FileNotFoundError(f"gateway.agent_script: {cfg.agent_script} not found (run from the repository root, "
                                 "or set it)")
     token = run_token(ctx)
+    tasks = write_agent_tasks(ctx)
     logs = ctx.run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     url_file = gateway_dir(ctx) / "url"
@@ -125,9 +132,9 @@ def start_gateway(ctx: RunContext, redis_url: str, config_path: Path) -> Gateway
             tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
             raise RuntimeError(f"the gateway did not start (exit status {proc.returncode}); {log_path} ends with:\n{tail}")
         time.sleep(0.1)
-    out = GatewayProcesses(proc, url_file.read_text(encoding="utf-8").strip(), token)
+    out = GatewayProcesses(proc, url_file.read_text(encoding="utf-8").strip(), token, tasks)
     if cfg.agents:
-        out.agents = start_agents(ctx, out.url, token, write_agent_tasks(ctx))
+        out.agents = start_agents(ctx, out.url, token, tasks)
     return out
 
 
