@@ -299,9 +299,9 @@ def render_longtail(result: dict[str, Any]) -> str:
     buckets = lte.labels(lte.CALLS)
     n = result["eval"]["tasks"] * result["eval"]["samples_per_task"]
     start_by = result.get("start_accuracy_by_calls") or {}
-    rows = [["warm start", "-", "-", *[_cell(start_by.get(b, [0, None])[1]) for b in buckets],
-             *[_cell(next(iter(result["variants"].values()))["runs"][0]["longtail"]["trained_by_calls"][b]["task_share"],
-                     2) if result["variants"] else "-" for b in buckets]]]
+    rows = [["warm start", "-", "-", *[lte.fmt(start_by.get(b, [0, None])[1], 3) for b in buckets],
+             *[lte.fmt(next(iter(result["variants"].values()))["runs"][0]["longtail"]["trained_by_calls"][b]["task_share"],
+                       2) if result["variants"] else "-" for b in buckets]]]
     ev_rows = []
     for v, d in result["variants"].items():
         rs = [r for r in d["runs"] if "longtail" in r]
@@ -312,14 +312,14 @@ def render_longtail(result: dict[str, Any]) -> str:
         broken = ", ".join("none" if r["longtail"].get("first_broken_version") is None
                            else str(r["longtail"]["first_broken_version"]) for r in rs)
         rows.append([v, f"{above}/{len(rs)}", broken,
-                     *[_cell(_mean_or_none([r.get("final", {}).get("accuracy_by_calls", {}).get(b, [0, None])[1]
-                                            for r in rs])) for b in buckets],
-                     *[_cell(_mean_or_none([r["longtail"]["trained_by_calls"][b]["trained_share"] for r in rs]), 2)
+                     *[lte.fmt(lte.mean([r.get("final", {}).get("accuracy_by_calls", {}).get(b, [0, None])[1]
+                                         for r in rs]), 3) for b in buckets],
+                     *[lte.fmt(lte.mean([r["longtail"]["trained_by_calls"][b]["trained_share"] for r in rs]), 2)
                        for b in buckets]])
         vb = [r["longtail"]["value_by_left"] for r in rs if r["longtail"]["value_by_left"]]
         if vb:
             keys = ["all", *lte.labels(lte.LEFTS)]
-            ev_rows.append([v, *[_cell(_mean_or_none([x.get(k, {}).get("explained_variance") for x in vb]), 2)
+            ev_rows.append([v, *[lte.fmt(lte.mean([x.get(k, {}).get("explained_variance") for x in vb]), 2)
                                  for k in keys], sum(x.get("all", {}).get("n", 0) for x in vb)])
     out = [f"By required calls: last snapshot's accuracy and trained share (warm start: the tasks' share), means over "
            f"seeds; >= 3 SE: gain in standard errors of the difference ({n} samples each); broken: >= "
@@ -331,15 +331,6 @@ def render_longtail(result: dict[str, Any]) -> str:
                 common.markdown_table(["variant", "all turns", *[f"left {b}" for b in lte.labels(lte.LEFTS)], "turns"],
                                       ev_rows)]
     return "\n".join(out)
-
-
-def _mean_or_none(values: Sequence[float | None]) -> float | None:
-    got = [float(v) for v in values if v is not None]
-    return statistics.fmean(got) if got else None
-
-
-def _cell(value: float | None, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def train_study(study: str, seeds: Sequence[int], versions: int, eval_every: int, target: float | None,

@@ -86,8 +86,9 @@ def turn_kinds(rollout: Mapping[str, Any], required: int) -> list[tuple[str, int
     return out
 
 
-def _mean(values: Iterable[float]) -> float | None:
-    vals = list(values)
+def mean(values: Iterable[float | None]) -> float | None:
+    """The mean of the values that are not None; None without any."""
+    vals = [v for v in values if v is not None]
     return statistics.fmean(vals) if vals else None
 
 
@@ -135,23 +136,23 @@ def version_evidence(rollouts: Sequence[Mapping[str, Any]], dropped: Sequence[Ma
     finish = Counter(str(r["finish_reason"]) for r in rollouts)
     return {
         "trained": len(rollouts),
-        "reward": _mean(float(r["reward"]) for r in rollouts),
-        "reward_by_calls": {b: _mean(by_bucket[b]) for b in labels(CALLS)},
+        "reward": mean(float(r["reward"]) for r in rollouts),
+        "reward_by_calls": {b: mean(by_bucket[b]) for b in labels(CALLS)},
         "trained_by_calls": {b: len(by_bucket[b]) for b in labels(CALLS)},
         "early_answer_rate": _share(bool(r["metrics"].get("early_answer", 0)) for r in rollouts),
         "extra_call_rate": _share(float(r["metrics"].get("extra_calls", 0)) > 0 for r in rollouts),
-        "extra_calls_mean": _mean(float(r["metrics"].get("extra_calls", 0)) for r in rollouts),
+        "extra_calls_mean": mean(float(r["metrics"].get("extra_calls", 0)) for r in rollouts),
         "malformed_rate": _share(float(r["metrics"].get("malformed_actions", 0)) > 0 for r in rollouts),
         "finish": {k: v / max(len(rollouts), 1) for k, v in sorted(finish.items())},
-        "calls_mean": _mean(float(r["metrics"].get("tool_calls", 0)) for r in rollouts),
-        "required_mean": _mean(float(req(r)) for r in rollouts),
-        "turns_mean": _mean(float(len(r["action_tokens"])) for r in rollouts),
+        "calls_mean": mean(float(r["metrics"].get("tool_calls", 0)) for r in rollouts),
+        "required_mean": mean(float(req(r)) for r in rollouts),
+        "turns_mean": mean(float(len(r["action_tokens"])) for r in rollouts),
         "stale_masked_share": tokens[1] / total if total else None,
         "dis_masked_share": tokens[2] / total if total else None,
-        "advantage_by_turn": {k: {"n": len(kinds[k]), "mean": _mean(kinds[k]),
+        "advantage_by_turn": {k: {"n": len(kinds[k]), "mean": mean(kinds[k]),
                                   "positive": _share(a > 0 for a in kinds[k])} for k in TURN_KINDS},
-        "value_vs_return_by_left": {b: {"n": len(value_by_left[b]), "value": _mean(v for v, _ in value_by_left[b]),
-                                        "return": _mean(g for _, g in value_by_left[b]),
+        "value_vs_return_by_left": {b: {"n": len(value_by_left[b]), "value": mean(v for v, _ in value_by_left[b]),
+                                        "return": mean(g for _, g in value_by_left[b]),
                                         "explained_variance": explained_variance(value_by_left[b])}
                                     for b in labels(LEFTS) if value_by_left[b]},
         "dropped": dict(Counter(str(d.get("reason", "?")) for d in dropped)),
@@ -179,7 +180,7 @@ def analyse(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, int],
         lv = line.get("learner_version")
         lags = [lv - min(r["turn_policy_versions"] or [r["policy_version"]]) for r in line["rollouts"]] if lv is not None else []
         out.append({"iteration": it, "policy_version": int(line["policy_version"]),
-                    "lag_oldest_mean": _mean(lags),
+                    "lag_oldest_mean": mean(lags),
                     **version_evidence(line["rollouts"], line.get("dropped", []), tasks),
                     "learner": {k: metrics[k] for k in STEP_KEYS if k in metrics}})
     return out
@@ -217,11 +218,12 @@ def value_by_left(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, int]) 
                 pair = (float(r["turn_value"][t]), float(r["turn_return"][t]))
                 pairs[label_of(left, LEFTS)].append(pair)
                 pairs["all"].append(pair)
-    return {b: {"n": len(pairs[b]), "value": _mean(v for v, _ in pairs[b]), "return": _mean(g for _, g in pairs[b]),
+    return {b: {"n": len(pairs[b]), "value": mean(v for v, _ in pairs[b]), "return": mean(g for _, g in pairs[b]),
                 "explained_variance": explained_variance(pairs[b])} for b in ["all", *labels(LEFTS)] if pairs[b]}
 
 
-def _fmt(x: Any, digits: int = 2) -> str:
+def fmt(x: Any, digits: int = 2) -> str:
+    """A table cell: ``-`` for None, a float to ``digits`` places, anything else as text."""
     return "-" if x is None else f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
@@ -233,13 +235,13 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
     body = []
     for r in rows:
         a, vl, lr = r["advantage_by_turn"], r["value_vs_return_by_left"], r["learner"]
-        body.append([r["policy_version"], r["trained"], _fmt(r["reward"]),
-                     *[_fmt(r["reward_by_calls"][b]) for b in labels(CALLS)], _fmt(r["early_answer_rate"]),
-                     _fmt(r["extra_call_rate"]), _fmt(r["malformed_rate"]), _fmt(r["finish"].get("length", 0.0)),
-                     f"{_fmt(r['calls_mean'], 1)} / {_fmt(r['required_mean'], 1)}", _fmt(lr.get("policy/entropy")),
-                     _fmt(lr.get("policy/grad_norm")), _fmt(lr.get("value/explained_variance")),
-                     _fmt(r["stale_masked_share"]), *[_fmt(a[k]["mean"]) for k in TURN_KINDS],
-                     *[f"{_fmt(vl[b]['value'])}/{_fmt(vl[b]['return'])}" if b in vl else "-" for b in ("0", "1")],
+        body.append([r["policy_version"], r["trained"], fmt(r["reward"]),
+                     *[fmt(r["reward_by_calls"][b]) for b in labels(CALLS)], fmt(r["early_answer_rate"]),
+                     fmt(r["extra_call_rate"]), fmt(r["malformed_rate"]), fmt(r["finish"].get("length", 0.0)),
+                     f"{fmt(r['calls_mean'], 1)} / {fmt(r['required_mean'], 1)}", fmt(lr.get("policy/entropy")),
+                     fmt(lr.get("policy/grad_norm")), fmt(lr.get("value/explained_variance")),
+                     fmt(r["stale_masked_share"]), *[fmt(a[k]["mean"]) for k in TURN_KINDS],
+                     *[f"{fmt(vl[b]['value'])}/{fmt(vl[b]['return'])}" if b in vl else "-" for b in ("0", "1")],
                      sum(r["dropped"].values())])
     return common.markdown_table(head, body)
 
@@ -259,7 +261,7 @@ def report_warm_start(base: Any, sft: Path, config: Any, argv: list[str] | None,
     result = {"command": common.command_line("bench.longtail_evidence", argv), "when": common.utc_now(),
               "machine": common.machine_info(), "sft_steps": config.warm_start.steps,
               "max_reference_turns": config.warm_start.max_reference_turns, "heldout_reward": scores["reward_mean"],
-              "heldout_by_calls": {b: {"n": len(by_bucket[b]), "reward": _mean(by_bucket[b])} for b in labels(CALLS)}}
+              "heldout_by_calls": {b: {"n": len(by_bucket[b]), "reward": mean(by_bucket[b])} for b in labels(CALLS)}}
     print(json.dumps(result))
     if out is not None:
         common.write_result(out, result)
@@ -303,7 +305,7 @@ def render(results: Path = RESULTS) -> str:
         rows.append([f["label"], f["settings"].get("staleness_rule", "-") if f["method"] == "sao" else "-",
                      f["settings"]["lr"], f"{f['heldout_start']:.3f} -> " + " / ".join(f"{x:.3f}" for x in f["heldout"].values()),
                      "none" if broke is None else broke,
-                     f"{_fmt(last['calls_mean'], 1)} / {_fmt(last['required_mean'], 1)}", f"{broken_share(last):.2f}",
+                     f"{fmt(last['calls_mean'], 1)} / {fmt(last['required_mean'], 1)}", f"{broken_share(last):.2f}",
                      " / ".join(f"{pop[b]['trained_share']:.2f}" for b in extremes), f"{f['wall_s']:.0f}"])
     ev_rows = [[f["label"], *[_ev_cell(f["value_by_left"].get(b)) for b in ["all", *labels(LEFTS)]]]
                for f in (common.read_json(p) for p in sorted(results.glob("*.json"))) if f.get("value_by_left")]
@@ -313,7 +315,7 @@ def render(results: Path = RESULTS) -> str:
     warm = [common.read_json(p) for p in sorted(results.glob("*.json"))]
     warm_rows = [[f["sft_steps"], sft_lr(f["command"]), f["max_reference_turns"] or "all", "left first" if
                   "left_first=true" in f["command"] else "code first", f"{f['heldout_reward']:.3f}",
-                  *[_fmt(f["heldout_by_calls"][b]["reward"]) for b in labels(CALLS)]]
+                  *[fmt(f["heldout_by_calls"][b]["reward"]) for b in labels(CALLS)]]
                  for f in warm if "heldout_by_calls" in f]
     warm_table = ("\n\nWarm starts (`--warm-start-only`; held-out reward, 64 tasks x 2 samples, by required calls):\n\n"
                   + common.markdown_table(["SFT steps", "SFT lr", "max reference turns", "observation", "held-out reward",
