@@ -7,7 +7,7 @@ Run: .venv/bin/python -m pytest -q tests/cluster/test_workload_cost.py
 from __future__ import annotations
 
 import json
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -87,11 +87,18 @@ def test_the_cluster_report_is_requests_times_admitted_time_of_the_tenants_own_w
     assert report.by_technique["grpo"].wall_s == 1800.0
     assert report.by_pod_set["learner"].requested_gpu_s == 6 * (3600.0 + 1800.0)
     assert report.by_pod_set["generator"].requested_cpu_s == 16 * (3600.0 + 1800.0)
-    assert report.by_month == {"2026-12": report.total}
+    # sao-3 was never admitted, so it counts (at zero cost) in the month of its creation, which is the real clock's.
+    created = datetime.fromisoformat(api.get_namespaced_custom_object(
+        *KUEUE, a, "workloads", "jobset-sao-3")["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    assert sum(line.runs for line in report.by_month.values()) == 3
+    assert report.by_month["2026-12"].requested_cpu_s == report.total.requested_cpu_s
+    assert report.by_month[created.strftime("%Y-%m")].runs >= 1
     assert "source: Kueue Workloads" in report.table()
     other = workload_report(api, b, now=NOW)
     assert other.total.requested_gpu_s == (6 + 16) * 11 * 3600.0 and len(other.run_ids) == 1
-    assert workload_report(api, a, since=date(2026, 12, 7), now=NOW).total.runs == 0
+    later = workload_report(api, a, since=date(2026, 12, 7), now=NOW)
+    assert later.run_ids == [f"{a}/jobset-sao-3"] and later.total.requested_cpu_s == 0.0
+    assert workload_report(api, a, since=created.date() + timedelta(days=1), now=NOW).total.runs == 0
 
 
 def test_the_command_reads_the_kube_context_and_says_it_used_kueue(kube, two_tenants, tmp_path, monkeypatch, capsys):
