@@ -48,6 +48,47 @@ def test_a_turn_goes_at_the_wait_end_when_another_open_episode_sends_none(engine
     assert (stats.gate_releases, stats.gate_released, stats.gate_timeouts) == (1, 1, 1)
 
 
+def test_episodes_opened_back_to_back_after_a_close_wait_for_each_other_not_for_the_first(engine):
+    """Two agents close their episodes and open the next ones one after the other: the open count dips to 0 and
+    the first new turn arrives while it is 1; the gate expects the 2 it saw before and sends both turns as one batch."""
+    stats, opened = GatewayStats(), [2]
+    gate = BatchGate(engine, 60.0, lambda: opened[0], stats)
+
+    async def go() -> None:
+        await asyncio.gather(gate.generate(_request(0)), gate.generate(_request(1)))
+        opened[0] = 0
+        gate.check()  # as the service does when an episode closes
+        opened[0] = 1
+        first = asyncio.create_task(gate.generate(_request(2)))
+        for _ in range(1000):  # until the gate holds it or (the dip's bug) sends it alone
+            if gate.held or stats.gate_releases == 2:
+                break
+            await asyncio.sleep(0)
+        opened[0] = 2
+        await asyncio.gather(first, gate.generate(_request(3)))
+
+    asyncio.run(go())
+    assert list(engine.batch_sizes)[-2:] == [2, 2]
+    assert (stats.gate_releases, stats.gate_released, stats.gate_timeouts) == (2, 4, 0)
+
+
+def test_a_pool_that_shrinks_is_waited_for_once(engine):
+    """Two episodes, then one agent stops for good: its partner's next turn goes at the wait's end (once); after that
+    the gate expects one episode and lets each turn through at once."""
+    stats, opened = GatewayStats(), [2]
+    gate = BatchGate(engine, 0.01, lambda: opened[0], stats)
+
+    async def go() -> None:
+        await asyncio.gather(gate.generate(_request(0)), gate.generate(_request(1)))
+        opened[0] = 1
+        await gate.generate(_request(2))
+        await gate.generate(_request(3))
+
+    asyncio.run(go())
+    assert list(engine.batch_sizes)[-3:] == [2, 1, 1]
+    assert (stats.gate_releases, stats.gate_released, stats.gate_timeouts) == (3, 4, 1)
+
+
 def test_a_held_turn_that_is_cancelled_leaves_the_gate_and_never_reaches_the_engine(engine):
     stats = GatewayStats()
     gate = BatchGate(engine, 60.0, lambda: 2, stats)

@@ -7,7 +7,11 @@ would start a batch on the first to arrive and run the rest in a second batch, a
 would keep alternating (issue 33: 8 concurrent episodes ran 4.2 requests per batch, a direct
 caller 8). The gate holds each turn before the engine and lets the held turns through together:
 
-* at once when every open episode has a turn held here (no other episode can join the batch);
+* at once when every expected episode has a turn held here (no other episode can join the batch).
+  The expected number is the most episodes open at any moment since the last group was let
+  through, not only those open now: an agent that closes an episode and opens its next one
+  leaves a dip between the two (issue 33: with 8 agents each running episodes back to back, the
+  first new episode's turn went alone, a batch of 1, and the other 7 queued behind it);
 * never while turns it let through are still in the engine: a whole-batch engine would only
   queue them behind that batch, and the episodes coming back from it can still join;
 * else once the engine has been idle, with turns held, for ``max_wait_s`` (an episode that is in
@@ -39,7 +43,8 @@ class BatchGate:
     Args:
         engine: The engine the turns go to.
         max_wait_s: Longest engine-idle wait for the missing episodes' turns (seconds, >= 0; 0: no gate).
-        open_episodes: The number of open episodes now (the turns that may still join a batch).
+        open_episodes: The number of open episodes now (the turns that may still join a batch); the gate
+            expects the most it returned since its last release.
         stats: Where the gate's counters go.
 
     Raises:
@@ -55,6 +60,7 @@ class BatchGate:
         self._open_episodes = open_episodes
         self._stats = stats
         self._held: list[tuple[asyncio.Future[None], float]] = []
+        self._expected = 0  # the most episodes open at once since the last release (module docstring)
         self._in_engine = 0
         self._idle_since = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
@@ -94,14 +100,16 @@ class BatchGate:
         """Let the held turns through if the rule says so now, else time the next look.
 
         Called on each arrival and engine return, and by the service when an episode closes or is
-        abandoned (one fewer turn to wait for).
+        abandoned (one fewer open episode; the gate still expects the most open since its last
+        release, so such a batch goes at the wait's end, and the next group expects one fewer).
         """
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._expected = max(self._expected, self._open_episodes())
         if not self._held:
             return
-        if len(self._held) >= self._open_episodes() and self._in_engine == 0:
+        if len(self._held) >= self._expected and self._in_engine == 0:
             self._release(timed_out=False)
             return
         if self._in_engine:
@@ -120,6 +128,7 @@ class BatchGate:
             self._stats.gate_wait_s += now - since
             passed.set_result(None)
         self._in_engine += len(held)
+        self._expected = self._open_episodes()  # a pool that shrank is waited for no longer than one group
         self._stats.gate_releases += 1
         self._stats.gate_released += len(held)
         self._stats.gate_timeouts += int(timed_out)
