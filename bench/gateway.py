@@ -261,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
                                           "allowed but the highest)")
     p.add_argument("--agent-cores", help="split layout: the agent's cores, disjoint from the engine's (default: the "
                                          "highest allowed)")
+    p.add_argument("overrides", nargs="*", help="config overrides after the benchmark's own, e.g. "
+                                                "gateway.batch_wait_ms=50 or model.tiny.num_layers=8")
     args = p.parse_args(argv)
     allowed = frozenset(os.sched_getaffinity(0))
     names = args.layouts or (["shared", "split"] if len(allowed) >= 2 else ["shared"])
@@ -271,11 +273,15 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         torch.set_num_threads(1)  # as run_gateway does in the gateway process (module docstring)
     work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
-    cfg = load_config(None, [f"output_dir={work}", f"run_name={MODEL}", "warm_start.steps=0", "model.tiny.vocab_size=512",
-                             f"generator.engine={args.engine}", f"generator.episodes_in_flight={max(args.concurrency)}",
-                             f"generator.max_new_tokens={args.tokens}",
-                             f"generator.max_episode_tokens={128 + args.turns * (args.tokens + 16)}",
-                             "sao.batch_size=1024", "queue.maxlen=100000", "gateway.mode=only", "gateway.port=0"])
+    try:
+        cfg = load_config(None, [f"output_dir={work}", f"run_name={MODEL}", "warm_start.steps=0", "model.tiny.vocab_size=512",
+                                 f"generator.engine={args.engine}", f"generator.episodes_in_flight={max(args.concurrency)}",
+                                 f"generator.max_new_tokens={args.tokens}",
+                                 f"generator.max_episode_tokens={128 + args.turns * (args.tokens + 16)}",
+                                 "sao.batch_size=1024", "queue.maxlen=100000", "gateway.mode=only", "gateway.port=0",
+                                 *args.overrides])
+    except ValueError as exc:
+        p.error(str(exc))
     ctx = RunContext(cfg)
     prepare(ctx)
     store = open_weight_store(ctx)
