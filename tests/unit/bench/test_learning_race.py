@@ -230,6 +230,30 @@ def test_quick_longtail_race_grades_by_required_calls_and_reads_each_ledger(quic
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.timeout(1800)  # each run starts a generator process and an embedded server
+@pytest.mark.parametrize(("study", "variant", "setting"), [("longtail_baseline", "running_mean", "sao.advantage"),
+                                                           ("longtail_correction", "none", "sao.loss.correction")])
+def test_quick_longtail_ablations_run_their_variant_without_the_defaults(quick_dir: Path, study: str, variant: str,
+                                                                          setting: str) -> None:
+    """``longtail_baseline --quick --variants running_mean`` and ``longtail_correction --quick --variants none`` (issue
+    29): each ablation's study runs its non-default variant end to end on ``synthetic_longtail`` (its own setting in the
+    variant's overrides, accuracy by required-calls bucket, the trained share by bucket) and writes its JSON and the
+    per-version plot; a variant without a critic has no value-by-``left`` table."""
+    out = quick_dir / study
+    assert main([study, "--quick", "--variants", variant, "--out-dir", str(out)]) == 0
+    result = json.loads((out / f"{study}.json").read_text())
+    assert result["env"] == "synthetic_longtail" and list(result["variants"]) == [variant]
+    d = result["variants"][variant]
+    assert any(o.startswith(f"{setting}={variant}") for o in d["overrides"])
+    (run,) = d["runs"]
+    assert run["final"]["policy_version"] == 2 and sum(n for n, _ in run["final"]["accuracy_by_calls"].values()) == 4
+    assert sum(b["trained_share"] for b in run["longtail"]["trained_by_calls"].values()) == pytest.approx(1.0)
+    assert bool(run["longtail"]["value_by_left"]) == (variant != "running_mean")
+    assert [Path(p).name for p in result["plots"]][-1] == "learning_race_longtail_versions.png"
+
+
+@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.timeout(1800)  # each SAO run starts a generator process and an embedded server: ~2 min at load 20
 def test_quick_stability_runs_two_versions_and_reads_them_back(quick_dir: Path) -> None:
     """The stability config for 2 versions, then the reader: 2 versions logged of 2, one window per version, the plot."""
