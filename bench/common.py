@@ -243,7 +243,7 @@ def run_main(prog: str, main: Callable[[], int]) -> None:
 
 def render_results_page(results_dir: Path = RESULTS_DIR) -> list[str]:
     """Rewrite docs/results.md's generated sections (each ``learning_race`` study, ``gkd_miniature``) and docs/log.md's
-    ``longtail_evidence`` from their results files, running nothing and redrawing no plot; return the section names
+    (``longtail_evidence``, the ``learning_race.SUPERSEDED`` studies) from their results files, running nothing and redrawing no plot; return the section names
     written (a study not yet run is skipped)."""
     from bench import gkd_miniature, learning_race, longtail_evidence
 
@@ -252,7 +252,7 @@ def render_results_page(results_dir: Path = RESULTS_DIR) -> list[str]:
         result = read_json(path)
         text = (learning_race.render_stability(result) if path.stem == "stability"
                 else learning_race.render_training(result))
-        update_docs_section(f"{learning_race.NAME}_{path.stem}", text, learning_race.DOCS)
+        update_docs_section(f"{learning_race.NAME}_{path.stem}", text, learning_race.docs_for(path.stem))
         written.append(f"{learning_race.NAME}_{path.stem}")
     if (gkd := read_result(gkd_miniature.NAME, results_dir)) is not None:
         update_docs_section(gkd_miniature.NAME, gkd_miniature.render(gkd), gkd_miniature.DOCS)

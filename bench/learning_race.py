@@ -50,10 +50,14 @@ DOCS = common.REPO / "docs" / "results.md"
 """The results page; each study rewrites its section."""
 PLOTS = common.REPO / "docs" / "results"
 """``learning_race_<study>*.png``."""
+LOG = common.REPO / "docs" / "log.md"
+SUPERSEDED = ("correction", "baseline")
+"""Studies whose sections live in ``LOG``: the ``synthetic_tool`` ablations, superseded on docs/results.md by their
+``longtail_*`` reruns (issue 29)."""
 METHODS = ("sao", "grpo_sync_g4", "grpo_sync_g8", "grpo_async_g8")
 """The race's methods, files of ``bench/configs/learning_race/``, in the order the tables show them."""
 STUDIES = ("race", "tail", "correction", "baseline", "grid", "stability", "longtail", "longtail_baseline",
-           "longtail_correction", "longtail_stability")
+           "longtail_correction", "longtail_stability", "longtail_gain")
 RACES = ("race", "tail", "longtail")
 """Studies plotted and tabled as races: accuracy against seconds and rollouts, time to target, rates."""
 TAIL = ("data.env_args.tool_latency_sigma=1.5", "data.env_args.tool_latency_max_s=20")
@@ -74,6 +78,7 @@ STUDY_VARIANTS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     "longtail_baseline": {a: ("sao", (f"sao.advantage={a}",)) for a in ("gae", "running_mean", "batch_norm")},
     "longtail_correction": {c: ("sao", (f"sao.loss.correction={c}",)) for c in ("dis", "tis", "none")},
     "longtail_stability": {m: (m, ()) for m in ("sao", "grpo_async_g8")},
+    "longtail_gain": {"sao": ("sao", ())},
 }
 """Per training study: variant -> (method file, overrides on it)."""
 LONGTAIL = "learning_race/longtail"
@@ -93,6 +98,8 @@ QUESTIONS = {
     "longtail_correction": "on long-tailed episodes: the off-policy correction (DIS / truncated IS / none)",
     "longtail_stability": "on long-tailed episodes over many policy versions: does SAO or asynchronous GRPO + DIS "
                           "collapse, and when",
+    "longtail_gain": "on long-tailed episodes: does SAO at its defaults end 3 standard errors above its warm start in "
+                     "every seed, given more versions than the race",
 }
 STABILITY_METRICS = {"reward/mean": "training reward", "policy/entropy": "policy entropy (nats/token)",
                      "mask/frac_total": "masked fraction of action tokens", "mismatch/k3_kl": "mismatch KL (k3)",
@@ -105,6 +112,11 @@ QUICK = ("warm_start.steps=5", "data.num_train_tasks=64", "eval.num_tasks=4", "e
          "data.env_args.tool_latency_median_s=0.05", "data.env_args.tool_latency_max_s=0.2")
 """``--quick``'s overrides on top of 2 versions and 1 seed: a 5-step warm start, batches of 8 (GRPO: 2 groups),
 4 held-out tasks, short tool waits; uniform GRPO groups still make a version (the barely warmed model scores 0)."""
+
+
+def docs_for(study: str) -> Path:
+    """The page that holds ``study``'s generated section: ``LOG`` for a ``SUPERSEDED`` study, else ``DOCS``."""
+    return LOG if study in SUPERSEDED else DOCS
 
 
 def load_variant(study: str, variant: str, versions: int, overrides: Sequence[str] = (),
@@ -699,7 +711,7 @@ def publish(study: str, result: dict[str, Any], out_dir: Path, plots: Path, docs
     path = common.write_result(out_dir / f"{study}.json", result) if write else out_dir / f"{study}.json"
     if docs:
         text = render_stability(result) if study == "stability" else render_training(result)
-        common.update_docs_section(f"{NAME}_{study}", text, DOCS)
+        common.update_docs_section(f"{NAME}_{study}", text, docs_for(study))
         print(text)
     print(f"\nWrote {common.display_path(path)} and {', '.join(result['plots'])}")
     return path

@@ -48,6 +48,7 @@ def test_the_longtail_race_gives_every_method_the_same_slots_batch_versions_lr_a
     assert {(c.warm_start.steps, c.warm_start.optim.lr, c.warm_start.max_reference_turns) for c in configs} == {(300, 1e-3, 5)}
     assert {c.data.env_args["tool_latency_median_s"] for c in configs} == {1.0}
     assert list(STUDY_VARIANTS["longtail_stability"]) == ["sao", "grpo_async_g8"]
+    assert equal_resources(load_variant("longtail_gain", "sao", 64)) == equal_resources(load_variant("longtail", "sao", 64))
     assert equal_resources(load_variant("longtail_stability", "sao", 300))["policy_versions"] == 300
 
 
