@@ -243,7 +243,7 @@ def run_main(prog: str, main: Callable[[], int]) -> None:
 
 def render_results_page(results_dir: Path = RESULTS_DIR) -> list[str]:
     """Rewrite docs/results.md's generated sections (each ``learning_race`` study, ``gkd_miniature``) and docs/log.md's
-    (``longtail_evidence``, the ``learning_race.SUPERSEDED`` studies) from their results files, running nothing and redrawing no plot; return the section names
+    (``longtail_evidence``, the ``learning_race.ON_LOG`` studies) from their results files, running nothing and redrawing no plot; return the section names
     written (a study not yet run is skipped)."""
     from bench import gkd_miniature, learning_race, longtail_evidence
 

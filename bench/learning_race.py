@@ -51,9 +51,9 @@ DOCS = common.REPO / "docs" / "results.md"
 PLOTS = common.REPO / "docs" / "results"
 """``learning_race_<study>*.png``."""
 LOG = common.REPO / "docs" / "log.md"
-SUPERSEDED = ("correction", "baseline")
-"""Studies whose sections live in ``LOG``: the ``synthetic_tool`` ablations, superseded on docs/results.md by their
-``longtail_*`` reruns (issue 29)."""
+ON_LOG = ("tail", "correction", "baseline", "stability", "grid")
+"""Studies whose sections live in ``LOG``: the ablations on ``synthetic_tool``, superseded on docs/results.md by their
+``longtail_*`` reruns (issue 29), and the older studies moved with them to keep the results page short."""
 METHODS = ("sao", "grpo_sync_g4", "grpo_sync_g8", "grpo_async_g8")
 """The race's methods, files of ``bench/configs/learning_race/``, in the order the tables show them."""
 STUDIES = ("race", "tail", "correction", "baseline", "grid", "stability", "longtail", "longtail_baseline",
@@ -115,8 +115,8 @@ QUICK = ("warm_start.steps=5", "data.num_train_tasks=64", "eval.num_tasks=4", "e
 
 
 def docs_for(study: str) -> Path:
-    """The page that holds ``study``'s generated section: ``LOG`` for a ``SUPERSEDED`` study, else ``DOCS``."""
-    return LOG if study in SUPERSEDED else DOCS
+    """The page that holds ``study``'s generated section: ``LOG`` for an ``ON_LOG`` study, else ``DOCS``."""
+    return LOG if study in ON_LOG else DOCS
 
 
 def load_variant(study: str, variant: str, versions: int, overrides: Sequence[str] = (),
