@@ -250,7 +250,7 @@ def test_quick_longtail_ablations_run_their_variant_without_the_defaults(quick_d
     assert run["final"]["policy_version"] == 2 and sum(n for n, _ in run["final"]["accuracy_by_calls"].values()) == 4
     assert sum(b["trained_share"] for b in run["longtail"]["trained_by_calls"].values()) == pytest.approx(1.0)
     assert bool(run["longtail"]["value_by_left"]) == (variant != "running_mean")
-    assert [Path(p).name for p in result["plots"]][-1] == "learning_race_longtail_versions.png"
+    assert [Path(p).name for p in result["plots"]][-1] == f"learning_race_{study}_versions.png"
 
 
 @pytest.mark.slow
