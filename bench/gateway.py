@@ -187,21 +187,37 @@ def direct_round(engine: Any, chat: ChatFormat, concurrency: int, episodes: int,
     return time.perf_counter() - t0, made
 
 
+CLIENTS = ("openai", "http")
+"""``--client``: the ``openai`` library (an agent as users write it), or ``http``: the same requests as plain JSON over
+``httpx`` (the least an agent can spend on a request, so the gateway's own cost shows apart from the client's)."""
+
+
 def gateway_round(url: str, token: str, concurrency: int, episodes: int, turns: int, tokens: int,
-                  tag: str) -> tuple[float, int]:
-    """Seconds and generated tokens for ``episodes`` episodes through the gateway (each closed, its rollout sent)."""
+                  tag: str, client_kind: str = "openai") -> tuple[float, int]:
+    """Seconds and generated tokens for ``episodes`` episodes through the gateway (each closed, its rollout sent),
+    each turn sent by ``client_kind`` (``CLIENTS``)."""
+
+    async def turn_of(http: httpx.AsyncClient, eid: str, messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+        if client_kind == "http":
+            body = {"model": MODEL, "messages": messages, "max_tokens": tokens}
+            reply = (await http.post(f"{url}/episodes/{eid}/v1/chat/completions", json=body,
+                                     headers={"Authorization": f"Bearer {token}"})).raise_for_status().json()
+            message = {k: v for k, v in reply["choices"][0]["message"].items() if v is not None}
+            return reply["usage"]["completion_tokens"], message
+        client = openai.AsyncOpenAI(base_url=f"{url}/episodes/{eid}/v1", api_key=token, http_client=http,
+                                    max_retries=0)
+        done = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=tokens)
+        return done.usage.completion_tokens, done.choices[0].message.model_dump(exclude_none=True)
 
     async def episode(i: int, sem: asyncio.Semaphore, http: httpx.AsyncClient) -> int:
         async with sem:
             eid = f"{tag}-{i}"
-            client = openai.AsyncOpenAI(base_url=f"{url}/episodes/{eid}/v1", api_key=token, http_client=http,
-                                        max_retries=0)
             messages: list[dict[str, Any]] = [{"role": "user", "content": FIRST}]
             made = 0
             for turn in range(turns):
-                reply = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=tokens)
-                made += reply.usage.completion_tokens
-                messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+                n, message = await turn_of(http, eid, messages)
+                made += n
+                messages.append(message)
                 if turn < turns - 1:
                     messages.append({"role": "user", "content": FOLLOW_UP})
             closed = await http.post(f"{url}/episodes/{eid}/reward", json={"reward": 0.0},
@@ -236,7 +252,8 @@ def render(result: dict[str, Any]) -> str:
              f"{split['engine_cores']}, agent on {split['agent_cores']}." if split else "shared, all on all cores.")
     return "\n".join([
         common.machine_line(result["machine"]), "",
-        f"Command: `{result['command']}` ({result['engine']} engine; {result['turns']} turns of {result['tokens']} tokens "
+        f"Command: `{result['command']}` ({result['engine']} engine; {result.get('client', 'openai')} client; "
+        f"{result['turns']} turns of {result['tokens']} tokens "
         f"per episode; medians over {result['rounds']} rounds, paths and layouts alternating). Layouts: {where}", "",
         common.markdown_table(["layout", "concurrent episodes", "ms/token: direct/gateway", "gateway/direct",
                                "CPU ms/token: direct", "CPU ms/token: gateway+client",
@@ -261,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                                           "allowed but the highest)")
     p.add_argument("--agent-cores", help="split layout: the agent's cores, disjoint from the engine's (default: the "
                                          "highest allowed)")
+    p.add_argument("--client", choices=CLIENTS, default="openai", help="the agent's client (default openai; http: "
+                                                                        "plain JSON over httpx)")
     p.add_argument("overrides", nargs="*", help="config overrides after the benchmark's own, e.g. "
                                                 "gateway.batch_wait_ms=50 or model.tiny.num_layers=8")
     args = p.parse_args(argv)
@@ -309,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             engine = make_engine(args.engine, store.path_for(0), seed=cfg.seed,
                                  max_model_len=gen.max_episode_tokens + gen.max_new_tokens,
                                  max_batch=gen.episodes_in_flight, kv_cache_gib=gen.vllm_kv_cache_gib)
-            gateway_round(url, token, 1, 1, args.turns, args.tokens, "warmup")  # first-request costs out of the clock
+            gateway_round(url, token, 1, 1, args.turns, args.tokens, "warmup", args.client)  # first-request costs out of the clock
             direct_round(engine, chat, 1, 1, args.turns, args.tokens)
             auth = {"Authorization": f"Bearer {token}"}
 
@@ -342,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                         pin_process(os.getpid(), lay.agent)  # now this process is the agent
                         mine, theirs = time.process_time(), process_cpu_s(proc.pid)
                         acc["through"].append(gateway_round(url, token, c, n, args.turns, args.tokens,
-                                                          f"{lay.name}-c{c}-r{k}"))
+                                                          f"{lay.name}-c{c}-r{k}", args.client))
                         cpu["client"] += time.process_time() - mine
                         cpu["gateway"] += process_cpu_s(proc.pid) - theirs
                         after = engine_rows()
@@ -375,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             proc.terminate()
             proc.wait(timeout=60)
     result = {"command": common.command_line("bench.gateway", argv), "machine": common.machine_info(),
-              "engine": args.engine, "turns": args.turns, "tokens": args.tokens, "rounds": args.rounds, "rows": rows,
+              "engine": args.engine, "client": args.client, "overrides": list(args.overrides), "turns": args.turns, "tokens": args.tokens, "rounds": args.rounds, "rows": rows,
               "layouts": [{"name": lay.name, "engine_cores": core_list(lay.engine), "agent_cores": core_list(lay.agent)}
                           for lay in layouts],
               "worst_ratio_by_layout": {lay.name: max(r["ratio"] for r in rows if r["layout"] == lay.name)
