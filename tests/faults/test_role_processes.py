@@ -289,4 +289,9 @@ def test_every_role_sigkilled_mid_episode_then_restarted_loses_nothing_and_tau_0
         for name in ("g0", "g1"):
             assert stats[name]["account/lives"] == 2.0, name
             for key in ("account/engine/wall_s", "account/engine/generating_s", "account/slots/running_s"):
-                assert stats[name][key] >= first_stats[name][key] > 0, (name, key)
+                assert stats[name][key] >= first_stats[name][key], (name, key)
+        # tau 0 and batches of 2 admit 2 episodes at a time, so one generator may have won every ticket of the first
+        # life (a new user's run at load 7: g0 generated for 0 s); the two together did the work.
+        assert first_stats["g0"]["account/engine/wall_s"] > 0 and first_stats["g1"]["account/engine/wall_s"] > 0
+        for key in ("account/engine/generating_s", "account/slots/running_s"):
+            assert first_stats["g0"][key] + first_stats["g1"][key] > 0, key
