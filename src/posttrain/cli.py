@@ -593,6 +593,9 @@ def _main(argv: list[str] | None) -> int:
         module, func, verb = DELEGATED[argv[0]]
         rest = argv[1:]
         if verb is not None:
+            if rest and rest[0] in ("-h", "--help"):
+                print(f"usage: posttrain {argv[0]} {verb} ... (posttrain {argv[0]} {verb} -h: its options)")
+                return 0
             if not rest or rest[0] != verb:
                 got = repr(rest[0]) if rest else "nothing"
                 print(f"posttrain {argv[0]}: expected the sub-command {verb!r}, got {got} "

@@ -181,3 +181,11 @@ def test_a_ctrl_c_outside_the_learner_is_one_line_and_exit_130(tmp_path: Path, c
         logging.captureWarnings(False)
     err = capsys.readouterr().err.strip()
     assert err == "posttrain: interrupted (Ctrl-C); run the same command again to resume"
+
+
+@pytest.mark.parametrize(("command", "verb"), [("cost", "report"), ("tenant", "render"), ("traces", "import")])
+def test_help_of_a_command_with_a_sub_command_names_it_and_exits_0(command: str, verb: str, capsys) -> None:
+    """``posttrain cost --help`` (a new user's first try) exits 0 and names the sub-command whose -h lists the
+    options, instead of refusing '--help' as a sub-command."""
+    assert main([command, "--help"]) == 0
+    assert f"posttrain {command} {verb} -h" in capsys.readouterr().out
