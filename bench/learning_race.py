@@ -742,8 +742,11 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         p.error(f"--seeds: comma-separated integers, got {args.seeds!r}")
-    if not seeds or len(set(seeds)) != len(seeds) or args.versions < 1 or args.eval_every < 1:
-        p.error(f"--seeds distinct, --versions and --eval-every >= 1: got {args.seeds!r}, {args.versions}, {args.eval_every}")
+    if not seeds or len(set(seeds)) != len(seeds):
+        p.error(f"--seeds distinct, at least one: got {args.seeds!r}")
+    for flag, value in (("--versions", args.versions), ("--eval-every", args.eval_every)):
+        if value < 1:
+            p.error(f"{flag}: must be >= 1, got {value}")
     if args.target is not None and not 0.0 < args.target <= 1.0:
         p.error(f"--target: an accuracy in (0, 1], got {args.target}")
     chosen = [v.strip() for v in args.variants.split(",") if v.strip()]

@@ -157,6 +157,8 @@ def test_the_stability_reader_skips_warm_start_lines_and_tables_by_window(tmp_pa
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["race", "--seeds", "1,1"], "--seeds distinct"),
+    (["longtail_gain", "--versions", "0"], "--versions: must be >= 1, got 0"),
+    (["race", "--eval-every", "0"], "--eval-every: must be >= 1, got 0"),
     (["race", "--target", "1.5"], "--target: an accuracy in (0, 1], got 1.5"),
     (["grid", "--from-run", "x"], "--from-run: only for the stability study, not 'grid'"),
     (["race", "sao.stepz=3"], "sao.stepz: unknown field"),
