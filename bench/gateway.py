@@ -197,25 +197,26 @@ def gateway_round(url: str, token: str, concurrency: int, episodes: int, turns: 
     """Seconds and generated tokens for ``episodes`` episodes through the gateway (each closed, its rollout sent),
     each turn sent by ``client_kind`` (``CLIENTS``)."""
 
-    async def turn_of(http: httpx.AsyncClient, eid: str, messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
-        if client_kind == "http":
+    async def turn_of(http: httpx.AsyncClient, client: openai.AsyncOpenAI | None, eid: str,
+                      messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+        if client is None:
             body = {"model": MODEL, "messages": messages, "max_tokens": tokens}
             reply = (await http.post(f"{url}/episodes/{eid}/v1/chat/completions", json=body,
                                      headers={"Authorization": f"Bearer {token}"})).raise_for_status().json()
             message = {k: v for k, v in reply["choices"][0]["message"].items() if v is not None}
             return reply["usage"]["completion_tokens"], message
-        client = openai.AsyncOpenAI(base_url=f"{url}/episodes/{eid}/v1", api_key=token, http_client=http,
-                                    max_retries=0)
         done = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=tokens)
         return done.usage.completion_tokens, done.choices[0].message.model_dump(exclude_none=True)
 
     async def episode(i: int, sem: asyncio.Semaphore, http: httpx.AsyncClient) -> int:
         async with sem:
             eid = f"{tag}-{i}"
+            client = None if client_kind == "http" else openai.AsyncOpenAI(
+                base_url=f"{url}/episodes/{eid}/v1", api_key=token, http_client=http, max_retries=0)
             messages: list[dict[str, Any]] = [{"role": "user", "content": FIRST}]
             made = 0
             for turn in range(turns):
-                n, message = await turn_of(http, eid, messages)
+                n, message = await turn_of(http, client, eid, messages)
                 made += n
                 messages.append(message)
                 if turn < turns - 1:
