@@ -34,7 +34,7 @@ import argparse
 import math
 import statistics
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -280,8 +280,47 @@ def longtail_record(config: Any, run: MethodRun) -> dict[str, Any]:
     rows = lte.analyse(lines, tasks, {i + 1: s.metrics for i, s in enumerate(run.steps)})
     series = {k: [[r["policy_version"], r.get(k, r["learner"].get(k))] for r in rows] for k in LONGTAIL_SERIES}
     series["broken_share"] = [[r["policy_version"], lte.broken_share(r)] for r in rows]
-    return {"trained_by_calls": lte.population(lines, tasks), "value_by_left": lte.value_by_left(lines, tasks),
+    return {"trained_by_calls": lte.population(lines, tasks), **critic_record(lines, tasks),
             "first_broken_version": lte.collapse_version(rows), "series": series}
+
+
+def critic_record(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, int]) -> dict[str, Any]:
+    """The critic's part of a long-tail run's record, from its ledger ``lines`` (``tasks``: required calls by train task
+    id): ``value_by_left`` and the ``value_reference`` beside it (both empty for GRPO)."""
+    return {"value_by_left": lte.value_by_left(lines, tasks), "value_reference": lte.value_reference(lines, tasks)}
+
+
+def reread(result: dict[str, Any], run_dirs: Sequence[Path]) -> list[str]:
+    """``--reread``: refresh ``critic_record`` in ``result`` from each run directory's ledger (after a change to the
+    analysis, without training again). A directory is matched to its variant and seed by its run name,
+    ``<study>_<variant>_s<seed>``, and read with its own ``resolved_config.yaml``. Returns the run names refreshed.
+
+    Raises:
+        ValueError: a directory whose name matches no variant and seed of the study's results, or without a ledger
+            or resolved config (the message names it).
+    """
+    from posttrain.config import load_config
+    from posttrain.envs.synthetic.longtail import codes_of
+    from posttrain.learner.ledger import LEDGER_NAME, read_ledger
+    from posttrain.runtime import RunContext
+
+    done = []
+    for d in run_dirs:
+        name, prefix = d.name, f"{result['study']}_"
+        variant, _, seed = name[len(prefix):].rpartition("_s")
+        runs = result["variants"].get(variant, {}).get("runs", []) if name.startswith(prefix) else []
+        run = next((r for r in runs if seed.isdigit() and r["seed"] == int(seed) and "longtail" in r), None)
+        if run is None:
+            raise ValueError(f"{name}: no run of that variant and seed in the {result['study']!r} results "
+                             f"(run names are {prefix}<variant>_s<seed>)")
+        for need in (LEDGER_NAME, "resolved_config.yaml"):
+            if not (d / need).is_file():
+                raise ValueError(f"{name}: no {need} in the run directory")
+        ctx = RunContext(load_config(d / "resolved_config.yaml"))
+        tasks = {t.task_id: len(codes_of(t)) for t in ctx.tasks("train")}
+        run["longtail"].update(critic_record(read_ledger(d / LEDGER_NAME), tasks))
+        done.append(name)
+    return done
 
 
 def sampling_se(p: float, n: int) -> float:
@@ -328,20 +367,26 @@ def render_longtail(result: dict[str, Any]) -> str:
                                          for r in rs]), 3) for b in buckets],
                      *[lte.fmt(lte.mean([r["longtail"]["trained_by_calls"][b]["trained_share"] for r in rs]), 2)
                        for b in buckets]])
-        vb = [r["longtail"]["value_by_left"] for r in rs if r["longtail"]["value_by_left"]]
+        vb = [r["longtail"] for r in rs if lte.FIRST in (r["longtail"].get("value_by_left") or {})]
         if vb:
-            keys = ["all", *lte.labels(lte.LEFTS)]
-            ev_rows.append([v, *[lte.fmt(lte.mean([x.get(k, {}).get("explained_variance") for x in vb]), 2)
-                                 for k in keys], sum(x.get("all", {}).get("n", 0) for x in vb)])
+            for label, field in ((v, "value_by_left"), (f"{v}: left count + version", "value_reference")):
+                ev_rows.append([label, len(vb), *[lte.fmt(lte.mean([x.get(field, {}).get(k, {}).get("explained_variance")
+                                                                   for x in vb]), 2) for k in ["all", *lte.seen_labels()]],
+                                sum(x.get(field, {}).get("all", {}).get("n", 0) for x in vb)])
     out = [f"By required calls: last snapshot's accuracy and trained share (warm start: the tasks' share), means over "
            f"seeds; >= 3 SE: gain in standard errors of the difference ({n} samples each); broken: >= "
            f"{lte.BROKEN_SHARE:.0%} of a version's episodes with an extra call, a malformed action or a limit.", "",
            common.markdown_table(["", "seeds >= 3 SE", "first broken version", *[f"accuracy {b} calls" for b in buckets],
                                   *[f"trained share {b}" for b in buckets]], rows)]
     if ev_rows:
-        out += ["", "Critic's explained variance before its update, turns' first tokens, by `left` (mean over seeds):", "",
-                common.markdown_table(["variant", "all turns", *[f"left {b}" for b in lte.labels(lte.LEFTS)], "turns"],
-                                      ev_rows)]
+        out += ["", "Critic's explained variance before its update, turns' first tokens, by the `left` count the turn saw "
+                "(the first turn saw none), mean over seeds; below each critic, the same for group means of the return "
+                "by `left` count and window of 8 versions, cross-fitted over halves of the run (a reference: the "
+                "return the count and the policy's progress explain):", "",
+                common.markdown_table(["variant", "seeds", "all turns", "first turn",
+                                       *[f"left {b}" for b in lte.labels(lte.LEFTS)], "turns"], ev_rows)]
+        if result.get("reread"):
+            out += ["", f"Critic rows re-read from the runs' ledgers: `{result['reread']}`"]
     return "\n".join(out)
 
 
@@ -735,6 +780,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-docs", action="store_true", help="write the results and plots only")
     p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="FILE", help="merge these results files of "
                    "the study (disjoint seeds, the same settings) into the results folder's, then plot and render")
+    p.add_argument("--reread", type=Path, nargs="+", default=None, metavar="RUN_DIR", help="refresh the critic's "
+                   "tables in the study's results file from these runs' ledgers (run names <study>_<variant>_s<seed>), "
+                   "then plot and render")
     p.add_argument("--render", action="store_true", help="only redraw the plots and the docs section from the study's "
                    "results file")
     args = p.parse_intermixed_args(argv)
@@ -770,6 +818,19 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--merge: the files hold study {result['study']!r}, not {args.study!r}")
         result["command"] = common.command_line(f"bench.{NAME}", argv)
         publish(args.study, result, out_dir, plots, docs)
+        return 0
+    if args.reread:
+        try:
+            result = common.read_json(out_dir / f"{args.study}.json")
+            names = reread(result, args.reread)
+        except (OSError, ValueError) as exc:
+            p.error(f"--reread: {exc}")
+        command = common.command_line(f"bench.{NAME}", argv)
+        for d in args.reread:  # results name the runs, not this machine's paths to them
+            command = command.replace(str(d), f"<dir of run {d.name}>")
+        result["reread"] = command
+        print(f"re-read {len(names)} runs: {', '.join(names)}")
+        publish(args.study, result, out_dir, plots, docs, write=True)
         return 0
     if args.render:
         result = common.read_json(out_dir / f"{args.study}.json")

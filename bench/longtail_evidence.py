@@ -13,7 +13,8 @@ metrics and writes, per policy version (``analyse``):
 * the shares of action tokens the staleness bound and the DIS band masked;
 * the advantage by turn kind (SAO's per-turn ledger diagnostics, ``token_metrics.TURN_KEYS``): a call while ``left > 0``,
   an extra call at ``left 0``, an early answer, an answer at ``left 0``: mean advantage and share positive;
-* the critic's value against its return at each turn's first token, by the ``left`` count the turn saw;
+* the critic's value against its return at each turn's first token, by the ``left`` count the turn saw (the first turn,
+  which saw none, apart);
 * rollouts dropped, by reason and bucket; and, over the run, started against trained by bucket (the generator's length
   counters), so a trained population that differs from the generated one shows.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -49,6 +51,13 @@ STEP_KEYS = ("policy/entropy", "policy/grad_norm", "value/explained_variance", "
              "clip/frac_low", "clip/frac_high", "ppo_ratio/mean", "ppo_ratio/max", "advantage/mean", "advantage/std",
              "staleness/token_lag_mean", "reward/mean")
 """Learner metrics kept per version (those the method reports)."""
+FIRST = "first"
+"""The bucket of an episode's first turn: it has seen no observation, so no ``left`` count (the prompt does not say how
+many calls the task requires); its value can only be the mean over tasks."""
+REFERENCE_WINDOW = 8
+"""Policy versions per window of ``value_reference``'s group means."""
+REFERENCE_MIN = 3
+"""Fewest returns a group of ``value_reference`` needs in the other half (fewer: the other half's mean over the run)."""
 TURN_KINDS = ("call_left_gt0", "extra_call", "early_answer", "answer_left0")
 """Kinds of turn ``turn_kinds`` tells apart."""
 
@@ -65,6 +74,17 @@ def label_of(value: int, buckets: Sequence[tuple[int, int]]) -> str:
 def labels(buckets: Sequence[tuple[int, int]]) -> list[str]:
     """Every bucket's label, in order."""
     return [label_of(lo, buckets) for lo, _ in buckets]
+
+
+def seen_label(turn: int, left: int) -> str:
+    """The bucket of the ``left`` count turn ``turn`` (0-based) saw: ``FIRST`` for the first turn, which saw none,
+    else ``left``'s ``LEFTS`` label."""
+    return FIRST if turn == 0 else label_of(left, LEFTS)
+
+
+def seen_labels() -> list[str]:
+    """``FIRST`` and every ``LEFTS`` label, in order: the buckets of ``value_by_left``."""
+    return [FIRST, *labels(LEFTS)]
 
 
 def turn_kinds(rollout: Mapping[str, Any], required: int) -> list[tuple[str, int]] | None:
@@ -132,7 +152,7 @@ def version_evidence(rollouts: Sequence[Mapping[str, Any]], dropped: Sequence[Ma
         for t, (kind, left) in enumerate(turns):
             kinds[kind].append(float(adv[t]))
             if "turn_value" in r:
-                value_by_left[label_of(left, LEFTS)].append((float(r["turn_value"][t]), float(r["turn_return"][t])))
+                value_by_left[seen_label(t, left)].append((float(r["turn_value"][t]), float(r["turn_return"][t])))
     finish = Counter(str(r["finish_reason"]) for r in rollouts)
     return {
         "trained": len(rollouts),
@@ -154,7 +174,7 @@ def version_evidence(rollouts: Sequence[Mapping[str, Any]], dropped: Sequence[Ma
         "value_vs_return_by_left": {b: {"n": len(value_by_left[b]), "value": mean(v for v, _ in value_by_left[b]),
                                         "return": mean(g for _, g in value_by_left[b]),
                                         "explained_variance": explained_variance(value_by_left[b])}
-                                    for b in labels(LEFTS) if value_by_left[b]},
+                                    for b in seen_labels() if value_by_left[b]},
         "dropped": dict(Counter(str(d.get("reason", "?")) for d in dropped)),
         "dropped_by_calls": dict(Counter(label_of(req(d), CALLS) for d in dropped)),
     }
@@ -204,22 +224,64 @@ def population(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, Any]) -> 
                 "task_share": mix[b] / n_tasks} for b in labels(CALLS)}
 
 
-def value_by_left(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, int]) -> dict[str, Any]:
-    """Over the run (SAO): the critic's value before its update against the return, at each turn's first token, by the
-    ``left`` count the turn saw: pairs, mean value, mean return and explained variance (``explained_variance``); and
-    the same over every turn (``all``). Empty without per-turn values (GRPO)."""
-    pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
+def _value_turns(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, int]) -> list[tuple[str, Any, float, float, int]]:
+    """``(bucket, group key, value, return, half)`` of every turn with a value (SAO's ledger) in well-formed episodes
+    (``turn_kinds``): the bucket of the ``left`` count it saw (``seen_label``), its ``value_reference`` group (the
+    policy version's window and the exact count seen, or ``FIRST``), and the rollout's half of the run (CRC-32 of its
+    id, so the split is the same on every machine)."""
+    out = []
     for line in lines:
+        window = int(line["policy_version"]) // REFERENCE_WINDOW
         for r in line["rollouts"]:
             turns = turn_kinds(r, int(tasks[r["task_id"]]))
             if turns is None or "turn_value" not in r or len(r["turn_value"]) != len(turns):
                 continue
+            half = zlib.crc32(str(r["rollout_id"]).encode()) % 2
             for t, (_, left) in enumerate(turns):
-                pair = (float(r["turn_value"][t]), float(r["turn_return"][t]))
-                pairs[label_of(left, LEFTS)].append(pair)
-                pairs["all"].append(pair)
+                out.append((seen_label(t, left), (window, FIRST if t == 0 else left), float(r["turn_value"][t]),
+                            float(r["turn_return"][t]), half))
+    return out
+
+
+def value_by_left(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, int]) -> dict[str, Any]:
+    """Over the run (SAO): the critic's value before its update against the return, at each turn's first token, by the
+    ``left`` count the turn saw (``seen_labels``: the first turn saw none): pairs, mean value, mean return and
+    explained variance (``explained_variance``); and the same over every turn (``all``). Empty without per-turn values
+    (GRPO)."""
+    pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for bucket, _, value, ret, _ in _value_turns(lines, tasks):
+        pairs[bucket].append((value, ret))
+        pairs["all"].append((value, ret))
     return {b: {"n": len(pairs[b]), "value": mean(v for v, _ in pairs[b]), "return": mean(g for _, g in pairs[b]),
-                "explained_variance": explained_variance(pairs[b])} for b in ["all", *labels(LEFTS)] if pairs[b]}
+                "explained_variance": explained_variance(pairs[b])} for b in ["all", *seen_labels()] if pairs[b]}
+
+
+def value_reference(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, int]) -> dict[str, Any]:
+    """What the ``left`` count and the policy's progress alone explain of the return, as ``value_by_left`` measures the
+    critic: each turn's return predicted by the mean return, in the other half of the run's rollouts, of the turns that
+    saw the same ``left`` count (or were first turns) within the same window of ``REFERENCE_WINDOW`` policy versions
+    (cross-fitted, so a turn never predicts itself; a group with fewer than ``REFERENCE_MIN`` returns there falls back
+    to the other half's mean). Explained variance overall (``all``) and by bucket, with the turns counted.
+
+    A reference for the critic, not a bound on it: the critic sees the whole history, which may tell more. Where this
+    is near 0 inside a bucket, the return there is the policy's own sampling, which no value predicts from the count.
+    Empty without per-turn values (GRPO)."""
+    turns = _value_turns(lines, tasks)
+    groups: dict[tuple[Any, int], list[float]] = defaultdict(list)
+    halves: dict[int, list[float]] = defaultdict(list)
+    for _, key, _, ret, half in turns:
+        groups[(key, half)].append(ret)
+        halves[half].append(ret)
+    pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for bucket, key, _, ret, half in turns:
+        other = groups.get((key, 1 - half), [])
+        pred = statistics.fmean(other) if len(other) >= REFERENCE_MIN else mean(halves.get(1 - half, []))
+        if pred is None:
+            continue
+        pairs[bucket].append((pred, ret))
+        pairs["all"].append((pred, ret))
+    return {b: {"n": len(pairs[b]), "explained_variance": explained_variance(pairs[b])}
+            for b in ["all", *seen_labels()] if pairs[b]}
 
 
 def fmt(x: Any, digits: int = 2) -> str:
@@ -307,11 +369,12 @@ def render(results: Path = RESULTS) -> str:
                      "none" if broke is None else broke,
                      f"{fmt(last['calls_mean'], 1)} / {fmt(last['required_mean'], 1)}", f"{broken_share(last):.2f}",
                      " / ".join(f"{pop[b]['trained_share']:.2f}" for b in extremes), f"{f['wall_s']:.0f}"])
-    ev_rows = [[f["label"], *[_ev_cell(f["value_by_left"].get(b)) for b in ["all", *labels(LEFTS)]]]
+    ev_rows = [[f["label"], *[_ev_cell(f["value_by_left"].get(b)) for b in ["all", *seen_labels()]]]
                for f in (common.read_json(p) for p in sorted(results.glob("*.json"))) if f.get("value_by_left")]
     ev_table = ("\n\nThe critic (SAO runs): explained variance of the return by the value before the critic's update, "
                 "at each trained turn's first token, by the `left` count the turn saw (- : under 20 turns):\n\n"
-                + common.markdown_table(["run", "all turns", *[f"left {b}" for b in labels(LEFTS)]], ev_rows)) if ev_rows else ""
+                + common.markdown_table(["run", "all turns", "first turn", *[f"left {b}" for b in labels(LEFTS)]], ev_rows)
+                ) if ev_rows else ""
     warm = [common.read_json(p) for p in sorted(results.glob("*.json"))]
     warm_rows = [[f["sft_steps"], sft_lr(f["command"]), f["max_reference_turns"] or "all", "left first" if
                   "left_first=true" in f["command"] else "code first", f"{f['heldout_reward']:.3f}",

@@ -79,7 +79,10 @@ def test_a_longtail_section_tables_accuracy_and_trained_share_by_calls_and_the_c
                  "longtail": {"trained_by_calls": share, "first_broken_version": 7 if (i, critic) == (1, False) else None,
                               "series": series,
                               "value_by_left": {"all": {"n": 40, "explained_variance": 0.3},
-                                                "0": {"n": 20, "explained_variance": 0.5}} if critic else {}}}
+                                                "first": {"n": 20, "explained_variance": 0.1},
+                                                "0": {"n": 20, "explained_variance": 0.5}} if critic else {},
+                              "value_reference": {"all": {"n": 40, "explained_variance": 0.4},
+                                                  "0": {"n": 20, "explained_variance": 0.0}} if critic else {}}}
                 for i, f in enumerate(finals)]
 
     result = {**race, "study": "longtail", "env": "synthetic_longtail", "start_accuracy": 0.44,
@@ -92,7 +95,8 @@ def test_a_longtail_section_tables_accuracy_and_trained_share_by_calls_and_the_c
     assert "| warm start | - | - | 0.650 | 0.570 | 0.180 | 0.000 | 0.30 | 0.30 | 0.30 | 0.30 |" in lines
     assert "| sao | 2/2 | none, none | 0.900 | 0.600 | 0.200 | 0.000 | 0.25 | 0.25 | 0.25 | 0.25 |" in lines
     assert "| grpo_sync_g8 | 1/2 | none, 7 | 0.900 |" in text
-    assert "| sao | 0.30 | 0.50 | - | - | - | - | - | 80 |" in lines and "| grpo_sync_g8 | 0.30" not in text
+    assert "| sao | 2 | 0.30 | 0.10 | 0.50 | - | - | - | - | - | 80 |" in lines and "| grpo_sync_g8 | 0.30" not in text
+    assert "| sao: left count + version | 2 | 0.40 | - | 0.00 | - | - | - | - | - | 80 |" in lines
     assert "0.610 ± 0.010" in next(line for line in lines if line.startswith("| sao | 2 |"))
     assert plot_versions(result, tmp_path).stat().st_size > 0
     assert "![longtail per version](results/learning_race_longtail_versions.png)" in text
@@ -227,8 +231,18 @@ def test_quick_longtail_race_grades_by_required_calls_and_reads_each_ledger(quic
         shares = [b["trained_share"] for b in run["longtail"]["trained_by_calls"].values()]
         assert sum(shares) == pytest.approx(1.0)
         assert [v for v, _ in run["longtail"]["series"]["reward"]][-1] == 2
-        assert bool(run["longtail"]["value_by_left"]) == (variant == "sao")
+        assert bool(run["longtail"]["value_by_left"]) == (variant == "sao") == bool(run["longtail"]["value_reference"])
     assert [Path(p).name for p in result["plots"]][-1] == "learning_race_longtail_versions.png"
+    # --reread: the critic's tables again from the SAO run's ledger, its path kept out of the results
+    sao = result["variants"]["sao"]["runs"][0]["longtail"]
+    run_dir = out / "runs" / "longtail_sao_s0"
+    assert main(["longtail", "--out-dir", str(out), "--no-docs", "--reread", str(run_dir)]) == 0
+    again = json.loads((out / "longtail.json").read_text())
+    assert again["variants"]["sao"]["runs"][0]["longtail"]["value_by_left"] == sao["value_by_left"]
+    assert again["reread"].endswith("--reread <dir of run longtail_sao_s0>") and str(out) not in again["reread"]
+    with pytest.raises(SystemExit) as exc:  # no such seed in the results: refused, the file unchanged
+        main(["longtail", "--out-dir", str(out), "--no-docs", "--reread", str(out / "runs" / "longtail_sao_s7")])
+    assert exc.value.code == 2 and json.loads((out / "longtail.json").read_text()) == again
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from bench.longtail_evidence import (
     population,
     turn_kinds,
     value_by_left,
+    value_reference,
     version_evidence,
 )
 
@@ -76,11 +77,35 @@ def test_explained_variance_is_none_without_spread_and_one_for_a_perfect_critic(
 
 
 def test_value_by_left_pools_every_turn_of_the_run_by_the_left_count_it_saw():
+    """Turn 0 saw no observation: it is a ``first`` turn, not ``left 1`` (the prompt never says the required calls)."""
     tasks = {"t": 1}
     lines = [{"iteration": i, "policy_version": i, "rollouts": [
-        _rollout("t", 1, reward=g, turn_advantage=[0.0, 0.0], turn_value=[v, v], turn_return=[g, g])]}
-        for i, (v, g) in enumerate([(0.0, 0.0), (1.0, 1.0)], start=1)]
+        _rollout("t", 1, reward=g, rollout_id=f"r{i}", turn_advantage=[0.0, 0.0], turn_value=[v, v],
+                 turn_return=[g, g])]} for i, (v, g) in enumerate([(0.0, 0.0), (1.0, 1.0)], start=1)]
     out = value_by_left(lines, tasks)
     assert out["all"] == {"n": 4, "value": 0.5, "return": 0.5, "explained_variance": 1.0}
-    assert out["1"]["n"] == 2 and out["0"]["n"] == 2
+    assert out["first"]["n"] == 2 and out["0"]["n"] == 2 and "1" not in out
     assert value_by_left([{"iteration": 1, "policy_version": 1, "rollouts": [_rollout("t", 1)]}], tasks) == {}
+
+
+def test_the_reference_predicts_each_turn_from_the_other_half_of_the_run_at_the_same_left_count():
+    """Short tasks (1 call) always solved, long ones (3) never: the long episodes' turns that saw ``left`` 2 and 1
+    are predicted exactly (0), while the first turns and the answers at ``left 0`` of both kinds look alike and are
+    predicted by their mean 0.5: a quarter of the variance explained overall, none inside those buckets."""
+    tasks = {"short": 1, "long": 3}
+
+    def rollout(i: int, task: str) -> dict:
+        k, g = tasks[task], float(task == "short")
+        return _rollout(task, k, reward=g, rollout_id=f"r{i}", turn_advantage=[0.0] * (k + 1),
+                        turn_value=[0.5] * (k + 1), turn_return=[g] * (k + 1))
+
+    lines = [{"iteration": 1, "policy_version": 1, "rollouts": [rollout(i, t) for i in range(40)
+                                                                  for t in ("short", "long")]}]
+    ref = value_reference(lines, tasks)
+    assert ref["all"]["n"] == 40 * (2 + 4)
+    assert ref["all"]["explained_variance"] == pytest.approx(0.25)
+    assert ref["first"]["explained_variance"] == pytest.approx(0.0) and ref["0"]["explained_variance"] == pytest.approx(0.0)
+    assert ref["1"]["n"] == ref["2"]["n"] == 40 and ref["2"]["explained_variance"] is None  # returns all 0 there
+    assert value_reference([{"iteration": 1, "policy_version": 1, "rollouts": [_rollout("short", 1)]}], tasks) == {}
+
+
