@@ -56,6 +56,10 @@ FIRST = "first"
 many calls the task requires); its value can only be the mean over tasks."""
 REFERENCE_WINDOW = 8
 """Policy versions per window of ``value_reference``'s group means."""
+EV_MIN_EACH_SIDE = 20
+"""``value_by_left`` and ``value_reference`` give a bucket's explained variance only when at least this many of its
+returns lie above their mean and as many below (None otherwise): where nearly every return is the same (a bucket of
+long tasks that hardly any episode solves), ``Var(G)`` is tiny and the ratio is noise."""
 REFERENCE_MIN = 3
 """Fewest returns a group of ``value_reference`` needs in the other half (fewer: the other half's mean over the run)."""
 TURN_KINDS = ("call_left_gt0", "extra_call", "early_answer", "answer_left0")
@@ -243,17 +247,28 @@ def _value_turns(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, int]) -
     return out
 
 
+def _bucket_ev(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """``explained_variance`` of a bucket's pairs, or None with fewer than ``EV_MIN_EACH_SIDE`` returns on either side
+    of their mean."""
+    if not pairs:
+        return None
+    centre = statistics.fmean(g for _, g in pairs)
+    above = sum(g > centre for _, g in pairs)
+    below = sum(g < centre for _, g in pairs)
+    return explained_variance(pairs) if min(above, below) >= EV_MIN_EACH_SIDE else None
+
+
 def value_by_left(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, int]) -> dict[str, Any]:
     """Over the run (SAO): the critic's value before its update against the return, at each turn's first token, by the
     ``left`` count the turn saw (``seen_labels``: the first turn saw none): pairs, mean value, mean return and
-    explained variance (``explained_variance``); and the same over every turn (``all``). Empty without per-turn values
-    (GRPO)."""
+    explained variance (``explained_variance``; None where the returns hardly vary, ``EV_MIN_EACH_SIDE``); and the same
+    over every turn (``all``). Empty without per-turn values (GRPO)."""
     pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for bucket, _, value, ret, _ in _value_turns(lines, tasks):
         pairs[bucket].append((value, ret))
         pairs["all"].append((value, ret))
     return {b: {"n": len(pairs[b]), "value": mean(v for v, _ in pairs[b]), "return": mean(g for _, g in pairs[b]),
-                "explained_variance": explained_variance(pairs[b])} for b in ["all", *seen_labels()] if pairs[b]}
+                "explained_variance": _bucket_ev(pairs[b])} for b in ["all", *seen_labels()] if pairs[b]}
 
 
 def value_reference(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, int]) -> dict[str, Any]:
@@ -261,7 +276,8 @@ def value_reference(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, int]
     critic: each turn's return predicted by the mean return, in the other half of the run's rollouts, of the turns that
     saw the same ``left`` count (or were first turns) within the same window of ``REFERENCE_WINDOW`` policy versions
     (cross-fitted, so a turn never predicts itself; a group with fewer than ``REFERENCE_MIN`` returns there falls back
-    to the other half's mean). Explained variance overall (``all``) and by bucket, with the turns counted.
+    to the other half's mean). Explained variance overall (``all``) and by bucket (None as in ``value_by_left``), with
+    the turns counted.
 
     A reference for the critic, not a bound on it: the critic sees the whole history, which may tell more. Where this
     is near 0 inside a bucket, the return there is the policy's own sampling, which no value predicts from the count.
@@ -280,7 +296,7 @@ def value_reference(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, int]
             continue
         pairs[bucket].append((pred, ret))
         pairs["all"].append((pred, ret))
-    return {b: {"n": len(pairs[b]), "explained_variance": explained_variance(pairs[b])}
+    return {b: {"n": len(pairs[b]), "explained_variance": _bucket_ev(pairs[b])}
             for b in ["all", *seen_labels()] if pairs[b]}
 
 

@@ -77,14 +77,16 @@ def test_explained_variance_is_none_without_spread_and_one_for_a_perfect_critic(
 
 
 def test_value_by_left_pools_every_turn_of_the_run_by_the_left_count_it_saw():
-    """Turn 0 saw no observation: it is a ``first`` turn, not ``left 1`` (the prompt never says the required calls)."""
+    """Turn 0 saw no observation: it is a ``first`` turn, not ``left 1`` (the prompt never says the required calls).
+    A bucket's explained variance needs 20 returns above their mean and 20 below."""
     tasks = {"t": 1}
     lines = [{"iteration": i, "policy_version": i, "rollouts": [
         _rollout("t", 1, reward=g, rollout_id=f"r{i}", turn_advantage=[0.0, 0.0], turn_value=[v, v],
-                 turn_return=[g, g])]} for i, (v, g) in enumerate([(0.0, 0.0), (1.0, 1.0)], start=1)]
+                 turn_return=[g, g])]} for i, (v, g) in enumerate([(0.0, 0.0), (1.0, 1.0)] * 20, start=1)]
     out = value_by_left(lines, tasks)
-    assert out["all"] == {"n": 4, "value": 0.5, "return": 0.5, "explained_variance": 1.0}
-    assert out["first"]["n"] == 2 and out["0"]["n"] == 2 and "1" not in out
+    assert out["all"] == {"n": 80, "value": 0.5, "return": 0.5, "explained_variance": 1.0}
+    assert out["first"]["n"] == 40 and out["0"]["n"] == 40 and "1" not in out
+    assert value_by_left(lines[:38], tasks)["0"]["explained_variance"] is None  # 19 returns each side
     assert value_by_left([{"iteration": 1, "policy_version": 1, "rollouts": [_rollout("t", 1)]}], tasks) == {}
 
 
