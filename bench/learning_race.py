@@ -56,6 +56,11 @@ ON_LOG = ("tail", "correction", "baseline", "stability", "grid")
 ``longtail_*`` reruns (issue 29), and the older studies moved with them to keep the results page short."""
 METHODS = ("sao", "grpo_sync_g4", "grpo_sync_g8", "grpo_async_g8")
 """The race's methods, files of ``bench/configs/learning_race/``, in the order the tables show them."""
+DESCRIPTION = ("The learning race (issue 22): does SAO reach a better model sooner than GRPO at equal resources? "
+               "One study per command (the race, a heavier tool-latency tail, the paper's ablations in miniature, "
+               "their long-tail reruns); each writes its results JSON, plots and docs section.")
+"""``--help``'s description (the module docstring's first line stops mid-sentence)."""
+
 STUDIES = ("race", "tail", "correction", "baseline", "grid", "stability", "longtail", "longtail_baseline",
            "longtail_correction", "longtail_stability", "longtail_gain")
 RACES = ("race", "tail", "longtail")
@@ -764,7 +769,7 @@ def publish(study: str, result: dict[str, Any], out_dir: Path, plots: Path, docs
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry (module docstring)."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="bench.learning_race", description=DESCRIPTION)
     p.add_argument("study", choices=STUDIES)
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides for every variant")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")

@@ -70,12 +70,15 @@ def test_ctrl_c_stops_the_demo_with_a_checkpoint_and_the_rerun_resumes_with_a_cl
     assert first.returncode == 130, lines[-20:]
     assert "Traceback" not in console and "unreachable" not in console
     stopped = re.fullmatch(r"posttrain: learner stopped at policy version (\d+) of 8: interrupted \(Ctrl-C\); "
-                           r"stopped after a final checkpoint; run the same command again to resume from (\S+)",
-                           lines[-1])
+                           r"stopped after a final checkpoint; run the same command again to resume from (\S+) "
+                           r"\(learner iteration (\d+), policy version (\d+)\)", lines[-1])
     assert stopped, lines[-5:]
     version, checkpoint = int(stopped[1]), Path(stopped[2])
     state = json.loads((checkpoint / "state.json").read_text(encoding="utf-8"))["state"]
-    assert state["policy_version"] == version < 8  # the checkpoint covers every trained version
+    assert state["policy_version"] == version == int(stopped[4]) < 8  # the checkpoint covers every trained version
+    assert state["iteration"] == int(stopped[3]) and checkpoint.name == f"iter-{state['iteration']:06d}"
+    account = json.loads((run_dir / "account.json").read_text(encoding="utf-8"))  # the interrupted life's
+    assert account["outcome"] == "interrupted" and account["trained_tokens"] == state["counters"]["action_tokens_trained"] > 0
     assert "interrupted (Ctrl-C)" in (run_dir / "summary.md").read_text(encoding="utf-8")
     for i in (0, 1):  # the generators stopped on the SIGINT too, cleanly
         generator_log = (run_dir / "logs" / f"generator-g{i}.log").read_text(encoding="utf-8")

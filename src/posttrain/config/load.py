@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from posttrain.config.run import RunConfig
 
@@ -93,13 +95,50 @@ SHOWN_ERRORS = 5
 """Validation errors named in a config error's one line; the rest are counted."""
 
 
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models a field's annotation holds (``X``, ``X | None``, ``list[X]``, ``Annotated[X, ...]``...)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def _field_names(model: type[BaseModel]) -> list[str]:
+    """The keys a config section accepts: each field's name, and its alias where it has one (``grpo.async``)."""
+    return [n for name, f in model.model_fields.items() for n in dict.fromkeys((f.alias or name, name))]
+
+
+def close_field(loc: tuple[Any, ...], root: type[BaseModel] = RunConfig) -> str | None:
+    """The valid dotted key closest to the unknown key ``loc`` (``("sao", "stepz")`` -> ``"sao.steps"``), or None.
+
+    Walks ``root``'s sections along ``loc[:-1]`` (list indices pass through), then picks the closest of that
+    section's keys (``difflib.get_close_matches``, cutoff 0.6); None when the section is not a model or nothing
+    is close.
+    """
+    models: list[type[BaseModel]] = [root]
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        models = [m for model in models if (f := model.model_fields.get(str(part))) is not None
+                  for m in _models_in(f.annotation)]
+    names = list(dict.fromkeys(n for model in models for n in _field_names(model)))
+    match = difflib.get_close_matches(str(loc[-1]), names, n=1) if names else []
+    if not match:
+        return None
+    return ".".join([*(str(p) for p in loc[:-1] if not isinstance(p, int)), match[0]])
+
+
 def _describe_one(error: Any) -> str:
-    """``field: reason[, got value]`` for one pydantic error (``ValidationError.errors()`` item)."""
+    """``field: reason[, got value]`` for one pydantic error (``ValidationError.errors()`` item).
+
+    An unknown field says which valid key is closest (``sao.stepz: unknown field (did you mean sao.steps?)``).
+    """
     loc = ".".join(str(p) for p in error["loc"]) or "<root>"
     msg = error["msg"]
     ctx = error.get("ctx") or {}
     if error["type"] == "extra_forbidden":
         msg = "unknown field"
+        if (near := close_field(tuple(error["loc"]))) is not None:
+            msg += f" (did you mean {near}?)"
     elif error["type"] == "literal_error" and "expected" in ctx:
         msg = f"allowed values are {ctx['expected']}"
     elif error["type"] == "value_error":

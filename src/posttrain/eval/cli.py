@@ -78,7 +78,8 @@ def eval_cli(argv: list[str] | None = None,
             on the console.
 
     Returns:
-        0 on success, 1 on a failure (one ``error:`` line), 2 on a usage error.
+        0 on success, 1 on a failure (one ``error:`` line), 2 on a usage error. Arguments, the baseline and
+        a local ``--model`` directory are checked before ``--out`` is created: a refusal writes nothing.
     """
     args = _parse(eval_parser(), list(sys.argv[1:] if argv is None else argv))
     if isinstance(args, int):
@@ -92,6 +93,15 @@ def eval_cli(argv: list[str] | None = None,
                       f"{args.max_infra_share}")
     if bool(args.judge_url) != bool(args.judge_model):
         return _error("--judge-url and --judge-model must be given together")
+    from posttrain.storage import is_s3_uri
+
+    if not is_s3_uri(args.model):  # before --out is created (its logs/ too): a refused model leaves nothing behind
+        from posttrain.runtime import check_model_dir
+
+        try:
+            check_model_dir(args.model, field="--model")
+        except FileNotFoundError as exc:
+            return _error(exc)
     from posttrain.envs.math.verifier_pool import VerifierError
     from posttrain.eval.grading import JudgeClient
     from posttrain.eval.report import read_report
@@ -105,6 +115,8 @@ def eval_cli(argv: list[str] | None = None,
             baseline = read_report(Path(args.baseline))
         except (OSError, ValueError) as exc:
             return _error(f"--baseline {args.baseline}: cannot read an eval report ({exc})")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        return _error(f"--out {args.out}: exists and is not a directory")
     quiet = output_to_log(Path(args.out)) if output_to_log is not None else contextlib.nullcontext(None)
     try:
         judge = JudgeClient(args.judge_url, args.judge_model) if args.judge_url else None

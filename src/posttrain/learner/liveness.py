@@ -16,8 +16,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from posttrain.rollout.infra import InfraCounts, share_exceeded
+
+if TYPE_CHECKING:  # the learner's types import torch; this module does not
+    from posttrain.learner.types import LearnerSummary
 
 log = logging.getLogger("posttrain.learner")
 
@@ -31,11 +35,15 @@ class LearnerStopped(RuntimeError):
     Attributes:
         exit_code: Process exit status for the CLI (1: no live generator, or no progress for
             ``learner.max_iterations_without_progress`` iterations; 143: SIGTERM; 130: SIGINT, Ctrl-C).
+        summary: What the learner had done when it stopped (the counters its final checkpoint holds, with
+            those it started from: ``LearnerSummary.this_life``), so that the stopped life's time account
+            charges the tokens it trained; None when unknown (e.g. raised by a wrapper that lost it).
     """
 
-    def __init__(self, message: str, exit_code: int) -> None:
+    def __init__(self, message: str, exit_code: int, summary: LearnerSummary | None = None) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.summary = summary
 
 
 class InfraShareBound:

@@ -238,11 +238,15 @@ class Learner:
         return reason
 
     def stopped(self, reason: str) -> LearnerStopped:
-        """The error that ends a stopped learner (call after the final checkpoint); SIGTERM exits 143, SIGINT 130, else 1."""
+        """The error that ends a stopped learner (call after the final checkpoint); SIGTERM exits 143, SIGINT 130, else 1.
+
+        It carries the learner's summary (``summary()``: counters, iterations, those it started from), so the
+        stopped life's time account charges what it trained (``posttrain.runners.accounting.record_failed_account``).
+        """
         self.counters["stopped_early"] = 1.0
         code = 143 if reason.startswith("SIGTERM") else 130 if reason.startswith(INTERRUPTED) else 1
         return LearnerStopped(f"learner stopped at policy version {self.state.policy_version} of "
-                              f"{self.settings.steps}: {reason}", code)
+                              f"{self.settings.steps}: {reason}", code, summary=self.summary())
 
     def train(self, entries: list[QueueEntry]) -> TrainStepResult:
         """Observe the batch's staleness and run the train step on it (timed in ``last_step_s``).
@@ -375,6 +379,10 @@ class Learner:
             self.counters.update(infra_metrics(self.transport.admission.state()))
         if self.state.policy_version >= self.settings.steps:
             save_final_model(self.ctx, self.policy.model, self.tokenizer, self.world)
+        return self.summary()
+
+    def summary(self) -> LearnerSummary:
+        """The learner's summary now: version, iterations, counters (the learner's own dict), and those it started from."""
         return LearnerSummary(self.state.policy_version, self.state.iteration, self.ctx.final_model_dir,
                               self.counters, counters_at_start=self.counters_at_start,
                               iterations_at_start=self.iterations_at_start)

@@ -38,6 +38,7 @@ from posttrain.account import RoleAccount, RunAccount, StateClock, month_of, run
 from posttrain.config import RunConfig
 from posttrain.config.resources import quantity_value
 from posttrain.inference.metering import ACCOUNT_LIVES, ENGINE_ACCOUNT, SLOTS_ACCOUNT
+from posttrain.learner.liveness import LearnerStopped
 
 log = logging.getLogger("posttrain.runners")
 
@@ -177,14 +178,23 @@ def record_failed_account(config: RunConfig, clock: StateClock, cpu_started: flo
 
     A failed run spent its resources all the same, so the tenant's report must count it. What the run
     knew (``known``: ``generator_stats``, ``trained_tokens``, ``heldout_before``, ``generators_in_process``,
-    and ``build_account``'s ``requested`` and ``this_life_only``) goes in; the rest is empty. A failure to record is logged in one line: the run's own error is the
-    one to show.
+    and ``build_account``'s ``requested`` and ``this_life_only``) goes in; the rest is empty. A stopped
+    learner's error (``LearnerStopped`` with its ``summary``: Ctrl-C, SIGTERM, no progress) says what it
+    trained, as the successful path's summary does: its trained tokens (this life's with ``this_life_only``)
+    and, when ``known`` has none, its generators' accounts. A failure to record is logged in one line: the
+    run's own error is the one to show.
     """
     from mlflow.exceptions import MlflowException
 
+    trained_tokens = float(known.get("trained_tokens", 0.0))
+    generator_stats = known.get("generator_stats") or []
+    stopped = error.summary if isinstance(error, LearnerStopped) else None
+    if stopped is not None:  # the learner's counters died with it; its error carries them
+        key = "action_tokens_trained"
+        trained_tokens = stopped.this_life(key) if known.get("this_life_only") else float(stopped.counters.get(key, 0.0))
+        generator_stats = generator_stats or stopped.generator_stats
     try:
-        account = build_account(config, clock, cpu_started, known.get("generator_stats") or [],
-                                trained_tokens=float(known.get("trained_tokens", 0.0)),
+        account = build_account(config, clock, cpu_started, generator_stats, trained_tokens=trained_tokens,
                                 heldout_before=known.get("heldout_before"), heldout_after=None,
                                 generators_in_process=bool(known.get("generators_in_process", False)),
                                 requested=known.get("requested"), this_life_only=bool(known.get("this_life_only")))

@@ -34,7 +34,6 @@ from pathlib import Path
 from posttrain.account import StateClock
 from posttrain.config import RunConfig
 from posttrain.eval.heldout import heldout_tasks
-from posttrain.learner.checkpoint import latest_checkpoint
 from posttrain.learner.liveness import LearnerStopped
 from posttrain.learner.loop import run_learner
 from posttrain.learner.types import LearnerSummary
@@ -49,7 +48,7 @@ from posttrain.runners.common import (
     tracked_run,
 )
 from posttrain.runners.console import plural
-from posttrain.runners.sao import progress_sink, run_learner_ranks, train_sao
+from posttrain.runners.sao import progress_sink, resume_from, run_learner_ranks, train_sao
 from posttrain.runtime import RunContext, check_model_dir
 from posttrain.tracking import HELDOUT_METRIC, MetricsSink
 
@@ -103,9 +102,8 @@ def distil_fixed_sequences(ctx: RunContext, student: Path, sink: MetricsSink | N
             summary = run_learner(config, None, start_model_dir=student, sink=sink, world=init_world(config.learner),
                                   progress=False, clock=clock)
     except LearnerStopped as exc:
-        latest = latest_checkpoint(ctx.checkpoints_dir)
-        where = f" from {latest}" if latest is not None else ""
-        raise LearnerStopped(f"{exc}; run the same command again to resume{where}", exc.exit_code) from None
+        raise LearnerStopped(f"{exc}; run the same command again to resume{resume_from(ctx)}", exc.exit_code,
+                             summary=exc.summary) from None
     summary.counters["generators"] = 0.0
     return summary
 

@@ -227,6 +227,7 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None,
         procs = [] if done or mode == "only" else start_generators(ctx, url, config_path)
         deaths = GeneratorDeaths(procs, [f"g{i}" for i in range(len(procs))], ctx.run_dir / "logs").start()
         gateway: GatewayProcesses | None = None
+        stopped: LearnerStopped | None = None
         try:
             if mode != "disabled" and not done:  # an OpenAI-compatible server whose episodes train too (docs/gateway.md)
                 gateway = start_gateway(ctx, url, config_path)
@@ -240,9 +241,8 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None,
                                       sink=sink, world=init_world(ctx.config.learner), progress=False, clock=clock)
             gen_stats = read_generator_stats(client, ctx.keys)
         except LearnerStopped as exc:  # SIGTERM, Ctrl-C, no live generator: after a final checkpoint
-            latest = latest_checkpoint(ctx.checkpoints_dir)
-            where = f" from {latest}" if latest is not None else ""
-            raise LearnerStopped(f"{exc}; run the same command again to resume{where}", exc.exit_code) from None
+            stopped = LearnerStopped(f"{exc}; run the same command again to resume{resume_from(ctx)}", exc.exit_code,
+                                     summary=exc.summary)  # raised once the generators stopped
         except (QueueConnectionError, redis.ConnectionError, redis.TimeoutError) as exc:
             if isinstance(exc, RedisUnreachableError):
                 raise
@@ -256,13 +256,15 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None,
         try:  # their final snapshots (published as they stop) close their time accounts
             final_stats = read_generator_stats(client, ctx.keys)
         except (redis.ConnectionError, redis.TimeoutError):
-            final_stats = gen_stats
-        from posttrain.runners.gateway import (
-            GATEWAY_ID,  # the gateway's engine serves agents: not a generator's account
-        )
-
-        summary.generator_stats = [s for name, s in sorted(final_stats.items())
-                                   if "account/engine/wall_s" in s and name != GATEWAY_ID]
+            if stopped is not None:  # a stopped learner read none before: its life's account goes without them
+                final_stats = {}
+            else:
+                final_stats = gen_stats
+        if stopped is not None:
+            if stopped.summary is not None:  # the stopped life's account charges its generators too
+                stopped.summary.generator_stats = generator_accounts_of(final_stats)
+            raise stopped
+        summary.generator_stats = generator_accounts_of(final_stats)
         summary.counters["generators"] = float(len(procs) - (gateway is not None))
         summary.counters["generators_died"] = float(len(deaths.died))
         summary.generators = deaths.summary_value()
@@ -278,6 +280,30 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None,
     finally:
         if server is not None:
             server.stop()
+
+
+def generator_accounts_of(stats: dict[str, dict[str, float]]) -> list[dict[str, float]]:
+    """The generators' snapshots that hold a time account, by name; the gateway's engine serves agents: not one."""
+    from posttrain.runners.gateway import GATEWAY_ID
+
+    return [s for name, s in sorted(stats.items()) if "account/engine/wall_s" in s and name != GATEWAY_ID]
+
+
+def resume_from(ctx: RunContext) -> str:
+    """`` from <checkpoint> (learner iteration I, policy version V)`` for a stopped run's message, or "" without one.
+
+    A checkpoint is named by learner iteration (``iter-000055``), which also counts the critic's warm-up
+    batches and steps skipped for a non-finite gradient, so it runs ahead of the policy version: the message
+    names both, read from the checkpoint the re-run will load (``latest_checkpoint``).
+    """
+    latest = latest_checkpoint(ctx.checkpoints_dir)
+    if latest is None:
+        return ""
+    try:
+        state = json.loads((latest / "state.json").read_text(encoding="utf-8"))["state"]
+        return f" from {latest} (learner iteration {int(state['iteration'])}, policy version {int(state['policy_version'])})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f" from {latest}"
 
 
 def gateway_counters(stats: dict[str, dict[str, float]]) -> dict[str, float]:

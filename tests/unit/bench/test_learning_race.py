@@ -159,6 +159,18 @@ def test_the_stability_reader_skips_warm_start_lines_and_tables_by_window(tmp_pa
         read_metrics(tmp_path)
 
 
+def test_help_describes_the_benchmark_in_whole_sentences(capsys) -> None:
+    """A new user's ``--help`` ended its description mid-sentence ("... at equal resources, and the paper's")."""
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: bench.learning_race ")
+    description = " ".join(out.split("\n\n")[1].split())
+    assert description.startswith("The learning race (issue 22): ") and description.endswith("docs section.")
+    assert "the paper's ablations in miniature" in description
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["race", "--seeds", "1,1"], "--seeds distinct"),
     (["longtail_gain", "--versions", "0"], "--versions: must be >= 1, got 0"),

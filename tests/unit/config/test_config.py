@@ -43,6 +43,25 @@ def test_unknown_key_is_an_error_not_ignored():
         load_config(None, ["sao.stepz=3"])
 
 
+def test_a_misspelt_key_names_the_closest_valid_key_of_its_section(tmp_path):
+    """A new user's typo'd key was refused without a hint. The closest key of the same section is named (override
+    or file, alias or name); a key like nothing in its section gets no guess."""
+    cases = {"sao.stepz=3": "sao.stepz: unknown field (did you mean sao.steps?)",
+             "sao.optim.lrr=1e-4": "sao.optim.lrr: unknown field (did you mean sao.optim.lr?)",
+             "grpo.asynk=true": "grpo.asynk: unknown field (did you mean grpo.async?)",
+             "genrator.engine=hf": "genrator: unknown field (did you mean generator?)",
+             "learner.lr=1e-4": "learner.lr: unknown field"}
+    for override, expected in cases.items():
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [override])
+        assert str(err.value) == f"override {override!r}: {expected}"
+    path = tmp_path / "c.yaml"
+    path.write_text("technique: sao\nsao:\n  critic:\n    warmup_stepz: 2\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}: sao.critic.warmup_stepz: unknown field (did you mean sao.critic.warmup_steps?)"
+
+
 def test_every_misspelt_field_is_named_in_the_one_line(tmp_path):
     """A new user's check: two misspelt fields gave ``saoo: unknown field (and 1 more)``, naming the first only."""
     path = tmp_path / "two.yaml"
@@ -72,11 +91,11 @@ def test_an_unknown_section_set_by_an_override_names_the_override_not_the_file(t
     path.write_text("technique: sao\n", encoding="utf-8")
     with pytest.raises(ConfigError) as err:
         load_config(path, ["sao.critc.lr=1e-3"])
-    assert str(err.value) == "override 'sao.critc.lr=1e-3': sao.critc: unknown field"
+    assert str(err.value) == "override 'sao.critc.lr=1e-3': sao.critc: unknown field (did you mean sao.critic?)"
     path.write_text("technique: sao\nsao:\n  critc:\n    lr: 1.0e-3\n", encoding="utf-8")
     with pytest.raises(ConfigError) as err:
         load_config(path, ["sao.critic.lr=1e-3"])
-    assert str(err.value) == f"{path}: sao.critc: unknown field"
+    assert str(err.value) == f"{path}: sao.critc: unknown field (did you mean sao.critic?)"
 
 
 def test_file_and_override_errors_each_name_their_source(tmp_path):
@@ -221,7 +240,7 @@ def test_resources_given_in_part_keep_the_sections_defaults_and_numbers_read_as_
         ("learner:\n  resources: {memory: 64 GB}\n",
          "learner.resources.memory: not a Kubernetes quantity such as '8', '500m' or '64Gi', got '64 GB'"),
         ("generator:\n  resources: {cpu: 0}\n", "generator.resources.cpu: must be greater than 0, got 0"),
-        ("generator:\n  resources: {gpu: 1}\n", "generator.resources.gpu: unknown field"),
+        ("generator:\n  resources: {gpu: 1}\n", "generator.resources.gpu: unknown field (did you mean generator.resources.gpus?)"),
         ("learner:\n  nodes: 65\n", "learner.nodes: Input should be less than or equal to 64, got 65"),
         ("learner:\n  resources: {memory: 16Gi}\n",
          "learner.resources: shm (32Gi) must not exceed memory (16Gi): /dev/shm counts against the memory limit"),

@@ -146,6 +146,30 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert eval_cli(["--benchmark", "gsm8k", "--model", "x", "--k", "0"]) == 1
 
 
+def test_posttrain_eval_refuses_a_missing_model_before_creating_any_output(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A new user's ``posttrain eval --model runs/nope`` refused the model only after creating ``eval_out/logs/``
+    (its log file too). The command's own path (``posttrain.cli``, which routes library output to ``--out``)."""
+    import os
+    import subprocess
+    import sys
+
+    src = Path(__file__).resolve().parents[3] / "src"
+    for model, out in (("runs/nope", None), (str(tmp_path), "elsewhere")):  # missing; a directory with no model
+        done = subprocess.run(
+            [sys.executable, "-m", "posttrain.cli", "eval", "--benchmark", "gsm8k", "--model", model,
+             *(["--out", out] if out else [])],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+            env={**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.startswith("error: --model: ") and done.stderr.count("\n") == 1, done.stderr
+        assert model in done.stderr and done.stdout == ""
+        assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+    (tmp_path / "a-file").write_text("x", encoding="utf-8")
+    assert eval_cli(["--benchmark", "gsm8k", "--model", "s3://bucket/m", "--out", str(tmp_path / "a-file")]) == 1
+    assert capsys.readouterr().err == f"error: --out {tmp_path / 'a-file'}: exists and is not a directory\n"
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_default_vllm_engine_samples_the_benchmark(tiny_model: TinyModel, tmp_path: Path) -> None:

@@ -254,6 +254,59 @@ def test_a_resumed_learner_counts_this_lifes_tokens_and_a_rerun_at_the_final_ver
     assert not rerun.trained_this_life
 
 
+def test_a_learner_stopped_by_ctrl_c_charges_what_it_trained_to_its_lifes_account(tmp_path, tiny_model):
+    """Ctrl-C (a real SIGINT) once version 2 is published: the learner checkpoints and raises ``LearnerStopped``.
+    Its counters died with it, so ``posttrain run`` recorded the interrupted life with 0 trained tokens (a new
+    user's demo: 53 versions trained, 0 tokens; the resumed life then cost 5x per 1k tokens). The error now
+    carries the learner's summary: the failed account charges this life's tokens, those of the checkpoint the
+    re-run loads, and the resumed life only the rest. The checkpoint is named by iteration (the critic's
+    warm-up is iteration 1, so iter-000003 holds version 2): the resume hint names both."""
+    import os
+    import signal
+    import time
+
+    from posttrain.account import LEARNER_STATES, RunAccount, StateClock
+    from posttrain.learner.liveness import LearnerStopped
+    from posttrain.runners.accounting import record_failed_account
+    from posttrain.runners.sao import resume_from
+
+    config = _prepared(tmp_path, "sao", tiny_model)
+    ctx = RunContext(config)
+    versions = MemoryPolicyVersionStore()
+    admission = MemoryAdmissionController(versions, batch_size=4, max_staleness=2)
+    stream = MemoryStream()
+    first, _ = _transport(tmp_path, config, tiny_model, stream, admission, versions)
+    announce = first.announce
+
+    def ctrl_c_after_version_2(version: int) -> None:
+        announce(version)
+        if version == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    first.announce = ctrl_c_after_version_2
+    clock, cpu_started = StateClock(LEARNER_STATES), time.process_time()
+    with pytest.raises(LearnerStopped) as err:
+        run_learner(config, first, start_model_dir=tiny_model.path, progress=False, clock=clock)
+    stopped = err.value
+    assert stopped.exit_code == 130 and str(stopped).startswith("learner stopped at policy version 2 of 3: interrupted")
+    checkpoint = latest_checkpoint(ctx.checkpoints_dir)
+    state = json.loads((checkpoint / "state.json").read_text(encoding="utf-8"))["state"]
+    assert (checkpoint.name, state["iteration"], state["policy_version"]) == ("iter-000003", 3, 2)
+    assert resume_from(ctx) == f" from {checkpoint} (learner iteration 3, policy version 2)"
+    assert stopped.summary is not None and stopped.summary.policy_version == 2
+    tokens = stopped.summary.this_life("action_tokens_trained")
+    assert tokens == state["counters"]["action_tokens_trained"] > 0
+
+    record_failed_account(config, clock, cpu_started, tmp_path / "life1", None, stopped, this_life_only=True)
+    account = RunAccount.from_json((tmp_path / "life1" / "account.json").read_text(encoding="utf-8"))
+    assert account.outcome == "interrupted" and account.trained_tokens == tokens
+
+    second, _ = _transport(tmp_path, config, tiny_model, stream, admission, versions)
+    finished = run_learner(config, second, start_model_dir=tiny_model.path, progress=False)
+    assert finished.policy_version == 3
+    assert finished.this_life("action_tokens_trained") == finished.counters["action_tokens_trained"] - tokens > 0
+
+
 class PoisonedGradients:
     """Makes the policy's gradient NaN on chosen policy updates (0-based), through a hook on one parameter.
 
