@@ -51,9 +51,10 @@ DOCS = common.REPO / "docs" / "results.md"
 PLOTS = common.REPO / "docs" / "results"
 """``learning_race_<study>*.png``."""
 LOG = common.REPO / "docs" / "log.md"
-ON_LOG = ("tail", "correction", "baseline", "stability", "grid")
+ON_LOG = ("tail", "correction", "baseline", "stability", "grid", "longtail_baseline", "longtail_correction")
 """Studies whose sections live in ``LOG``: the ablations on ``synthetic_tool``, superseded on docs/results.md by their
-``longtail_*`` reruns (issue 29), and the older studies moved with them to keep the results page short."""
+``longtail_*`` reruns (issue 29), the older studies moved with them, and the long-tail ablations' tables (their reading
+stays on docs/results.md), to keep the results page short."""
 METHODS = ("sao", "grpo_sync_g4", "grpo_sync_g8", "grpo_async_g8")
 """The race's methods, files of ``bench/configs/learning_race/``, in the order the tables show them."""
 DESCRIPTION = ("The learning race (issue 22): does SAO reach a better model sooner than GRPO at equal resources? "

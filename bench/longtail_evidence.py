@@ -385,10 +385,13 @@ def render(results: Path = RESULTS) -> str:
                      "none" if broke is None else broke,
                      f"{fmt(last['calls_mean'], 1)} / {fmt(last['required_mean'], 1)}", f"{broken_share(last):.2f}",
                      " / ".join(f"{pop[b]['trained_share']:.2f}" for b in extremes), f"{f['wall_s']:.0f}"])
-    ev_rows = [[f["label"], *[_ev_cell(f["value_by_left"].get(b)) for b in ["all", *seen_labels()]]]
+    ev_rows = [[f["label"], *[_ev_cell(f["value_by_left"].get(b)) if b != FIRST or FIRST in f["value_by_left"]
+                              else "n/a" for b in ["all", *seen_labels()]]]
                for f in (common.read_json(p) for p in sorted(results.glob("*.json"))) if f.get("value_by_left")]
     ev_table = ("\n\nThe critic (SAO runs): explained variance of the return by the value before the critic's update, "
-                "at each trained turn's first token, by the `left` count the turn saw (- : under 20 turns):\n\n"
+                "at each trained turn's first token, by the `left` count the turn saw (- : under 20 turns; n/a: analysed "
+                "before the first turn, which saw no count, had its own column: there it counts under its task's "
+                "required calls):\n\n"
                 + common.markdown_table(["run", "all turns", "first turn", *[f"left {b}" for b in labels(LEFTS)]], ev_rows)
                 ) if ev_rows else ""
     warm = [common.read_json(p) for p in sorted(results.glob("*.json"))]
