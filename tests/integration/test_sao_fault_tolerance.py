@@ -186,11 +186,13 @@ def _torchrun_child() -> int:
     raise AssertionError("no torchrun child")
 
 
-def test_a_learner_on_two_ranks_stopped_by_sigterm_charges_what_it_trained_to_its_lifes_account(tmp_path, monkeypatch):
-    """``learner.local_ranks: 2``, SIGTERM to torchrun once version 1 is trained: the ranks checkpoint and exit 143,
-    torchrun exits 1. ``run_learner_ranks`` raised a RuntimeError without the counters, so the stopped life was
-    charged 0 trained tokens; it now raises rank 0's ``LearnerStopped`` with the summary read back from that
-    checkpoint, as the in-process learner does (``record_failed_account`` charges its ``this_life`` tokens)."""
+def test_a_learner_on_two_ranks_stopped_by_ctrl_c_charges_what_it_trained_to_its_lifes_account(tmp_path, monkeypatch):
+    """``learner.local_ranks: 2``, Ctrl-C once version 1 is trained: SIGINT to torchrun and to this process, as
+    the terminal sends it to the run's process group. Before, ``subprocess.run`` killed torchrun 0.25 s later and
+    raised ``KeyboardInterrupt``; and had it waited, torchrun exits 1 whatever its ranks' status (they checkpoint
+    and exit 130), so ``run_learner_ranks`` raised a RuntimeError without the counters: the stopped life was
+    charged 0 trained tokens. It now waits and raises rank 0's ``LearnerStopped`` with the summary read back
+    from that checkpoint, as the in-process learner does (``record_failed_account`` charges ``this_life``)."""
     import threading
 
     from posttrain.learner.checkpoint import latest_checkpoint
@@ -202,29 +204,32 @@ def test_a_learner_on_two_ranks_stopped_by_sigterm_charges_what_it_trained_to_it
                "learner.local_ranks=2")
     errors: list[BaseException] = []
 
-    def sigterm_after_version_1() -> None:
+    def ctrl_c_after_version_1() -> None:
         try:
             _wait(lambda: (ctx.run_dir / "learner_ledger.jsonl").exists()
                   and max(r["policy_version"] for r in _ledger(ctx)) >= 1, 600, "version 1")
-            os.kill(_torchrun_child(), signal.SIGTERM)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread below
+            os.kill(_torchrun_child(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # the main thread waits in run_learner_ranks
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
             errors.append(exc)
 
     with EmbeddedRedis() as server:
         client = redis.Redis.from_url(server.url)
         gens = [_spawn(ctx, "generator", server.url, "--generator-id", "g0", log_name="g0")]
-        stopper = threading.Thread(target=sigterm_after_version_1, daemon=True)
+        stopper = threading.Thread(target=ctrl_c_after_version_1, daemon=True)
         stopper.start()
         try:
             with pytest.raises(LearnerStopped) as err:
                 run_learner_ranks(ctx, server.url, ctx.run_dir / "resolved_config.yaml", ctx.sft_model_dir)
+        except KeyboardInterrupt:
+            pytest.fail("the first Ctrl-C did not wait for the ranks' checkpoint")
         finally:
             stopper.join(timeout=10)
             _stop(ctx, client, gens)
     assert not errors, errors
     stopped = err.value
-    assert stopped.exit_code == 143 and str(stopped).startswith("learner stopped at policy version ")
-    assert "SIGTERM received; stopped after a final checkpoint" in str(stopped)
+    assert stopped.exit_code == 130 and str(stopped).startswith("learner stopped at policy version ")
+    assert "interrupted (Ctrl-C); stopped after a final checkpoint" in str(stopped)
     state = json.loads((latest_checkpoint(ctx.checkpoints_dir) / "state.json").read_text(encoding="utf-8"))["state"]
     assert stopped.summary is not None and stopped.summary.policy_version == state["policy_version"] >= 1
     tokens = stopped.summary.this_life("action_tokens_trained")
