@@ -266,7 +266,9 @@ def _learner_account(cfg: Any, ctx: Any, clock: Any, cpu_started: float, tracker
     """Rank 0 of ``posttrain learner``: record the learner's time account (issue 35), or hand it to a local parent.
 
     Under a local run's torchrun (``LEARNER_ACCOUNT_FILE_ENV`` set) the clock's account goes to that
-    JSON file and the parent folds it into the run's account. Otherwise (a cluster pod) the role's
+    JSON file and the parent folds it into the run's account; a stopped learner's (``LearnerStopped``:
+    Ctrl-C, SIGTERM, no progress) adds ``stopped`` (its message and exit status), since torchrun exits 1
+    whatever its ranks' status. Otherwise (a cluster pod) the role's
     account is recorded like a local run's (``runners.accounting.record_account``: MLflow metrics,
     tags, ``account.json``/``.md``/``.png``), with the generators' accounts from their latest
     snapshots in the run's telemetry hash (they are still serving: each as of its last snapshot).
@@ -285,6 +287,8 @@ def _learner_account(cfg: Any, ctx: Any, clock: Any, cpu_started: float, tracker
     handoff = os.environ.get(LEARNER_ACCOUNT_FILE_ENV, "")
     if handoff:
         record = {**clock.record(), "carried": dict(clock.carried), "carried_cpu_s": clock.carried_cpu_s}
+        if isinstance(error, _stopped_error()):  # checkpointed first: the parent charges what its checkpoint holds
+            record["stopped"] = {"message": str(error), "exit_code": int(getattr(error, "exit_code", 1))}
         with contextlib.suppress(OSError):  # the parent then counts the ranks' time as "other"
             Path(handoff).write_text(json.dumps(record), encoding="utf-8")
         return

@@ -175,3 +175,62 @@ def test_learner_stopped_after_a_checkpoint_resumes_on_a_different_number_of_ran
         assert client.xpending(ctx.keys.rollouts, "learner")["pending"] == 0
         final = load_policy(ctx.final_model_dir)
         assert sum(p.numel() for p in final.parameters()) > 0
+
+
+def _torchrun_child() -> int:
+    """The pid of this process's ``torch.distributed.run`` child (``run_learner_ranks``'s torchrun)."""
+    for children in Path("/proc/self/task").glob("*/children"):
+        for pid in children.read_text().split():
+            if b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return int(pid)
+    raise AssertionError("no torchrun child")
+
+
+def test_a_learner_on_two_ranks_stopped_by_ctrl_c_charges_what_it_trained_to_its_lifes_account(tmp_path, monkeypatch):
+    """``learner.local_ranks: 2``, Ctrl-C once version 1 is trained: SIGINT to torchrun and to this process, as
+    the terminal sends it to the run's process group. Before, ``subprocess.run`` killed torchrun 0.25 s later and
+    raised ``KeyboardInterrupt``; and had it waited, torchrun exits 1 whatever its ranks' status (they checkpoint
+    and exit 130), so ``run_learner_ranks`` raised a RuntimeError without the counters: the stopped life was
+    charged 0 trained tokens. It now waits and raises rank 0's ``LearnerStopped`` with the summary read back
+    from that checkpoint, as the in-process learner does (``record_failed_account`` charges ``this_life``)."""
+    import threading
+
+    from posttrain.learner.checkpoint import latest_checkpoint
+    from posttrain.learner.liveness import LearnerStopped
+    from posttrain.runners.sao import run_learner_ranks
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    ctx = _ctx(tmp_path, "stop-ranks", 50, "sao.checkpoint_every=1", "generator.num_processes=1",
+               "learner.local_ranks=2")
+    errors: list[BaseException] = []
+
+    def ctrl_c_after_version_1() -> None:
+        try:
+            _wait(lambda: (ctx.run_dir / "learner_ledger.jsonl").exists()
+                  and max(r["policy_version"] for r in _ledger(ctx)) >= 1, 600, "version 1")
+            os.kill(_torchrun_child(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # the main thread waits in run_learner_ranks
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            errors.append(exc)
+
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        gens = [_spawn(ctx, "generator", server.url, "--generator-id", "g0", log_name="g0")]
+        stopper = threading.Thread(target=ctrl_c_after_version_1, daemon=True)
+        stopper.start()
+        try:
+            with pytest.raises(LearnerStopped) as err:
+                run_learner_ranks(ctx, server.url, ctx.run_dir / "resolved_config.yaml", ctx.sft_model_dir)
+        except KeyboardInterrupt:
+            pytest.fail("the first Ctrl-C did not wait for the ranks' checkpoint")
+        finally:
+            stopper.join(timeout=10)
+            _stop(ctx, client, gens)
+    assert not errors, errors
+    stopped = err.value
+    assert stopped.exit_code == 130 and str(stopped).startswith("learner stopped at policy version ")
+    assert "interrupted (Ctrl-C); stopped after a final checkpoint" in str(stopped)
+    state = json.loads((latest_checkpoint(ctx.checkpoints_dir) / "state.json").read_text(encoding="utf-8"))["state"]
+    assert stopped.summary is not None and stopped.summary.policy_version == state["policy_version"] >= 1
+    tokens = stopped.summary.this_life("action_tokens_trained")
+    assert tokens == state["counters"]["action_tokens_trained"] > 0

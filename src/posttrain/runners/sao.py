@@ -121,8 +121,15 @@ def run_learner_ranks(ctx: RunContext, redis_url: str | None, config_path: Path,
     checkpoint) are added (``StateClock.carry``); the ranks' CPU time (every rank's, reaped by
     torchrun) is added to the used CPU-seconds. Without rank 0's file (it died) the time stays ``other``.
 
+    A Ctrl-C reaches torchrun as it reaches this process (the terminal's process group): torchrun passes
+    it to the ranks, which checkpoint and stop, so this call waits for them; a second Ctrl-C kills torchrun
+    and raises ``KeyboardInterrupt`` at once, as the in-process learner does.
+
     Raises:
-        RuntimeError: the learner exited with a non-zero status (the log's tail is in the message).
+        LearnerStopped: the ranks stopped after a final checkpoint (Ctrl-C, SIGTERM, no progress; rank 0's
+            file says so, since torchrun exits 1 whatever its ranks' status): rank 0's message and status,
+            with the summary read back from that checkpoint, so the life's account charges what it trained.
+        RuntimeError: the learner exited with a non-zero status otherwise (the log's tail is in the message).
     """
     ranks = ctx.config.learner.local_ranks
     log_path = ctx.run_dir / "learner.log"
@@ -138,23 +145,60 @@ def run_learner_ranks(ctx: RunContext, redis_url: str | None, config_path: Path,
                LEARNER_ACCOUNT_FILE_ENV: str(account_file)}
         previous = clock.switch("other") if clock is not None else None
         children_cpu, started = _children_cpu_s(), time.monotonic()
-        code = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+        code = _wait_for_torchrun(cmd, env, log)
         if clock is not None and previous is not None:
             clock.switch(previous)
             _fold_rank0_account(clock, account_file, time.monotonic() - started, _children_cpu_s() - children_cpu)
-    if code != 0:
+    stopped = _rank0_stop(account_file) if code != 0 else None
+    if code != 0 and stopped is None:
         tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
         raise RuntimeError(f"learner on {ranks} ranks exited with status {code}; {log_path} ends with:\n{tail}")
     latest = latest_checkpoint(ctx.checkpoints_dir)
     if latest is None:
+        if stopped is not None:
+            raise LearnerStopped(stopped[0], stopped[1])
         raise RuntimeError(f"learner on {ranks} ranks finished without a checkpoint in {ctx.checkpoints_dir}")
     state = json.loads((latest / "state.json").read_text(encoding="utf-8"))["state"]
     counters = dict(state["counters"])
     if redis_url:
         counters["dead_letters"] = float(redis.Redis.from_url(redis_url).xlen(ctx.keys.dead_letter))
-    return LearnerSummary(state["policy_version"], state["iteration"], ctx.final_model_dir, counters,
-                          counters_at_start=dict(at_start.get("counters") or {}),
-                          iterations_at_start=int(at_start.get("iteration", 0)))
+    summary = LearnerSummary(state["policy_version"], state["iteration"], ctx.final_model_dir, counters,
+                             counters_at_start=dict(at_start.get("counters") or {}),
+                             iterations_at_start=int(at_start.get("iteration", 0)))
+    if stopped is not None:  # as the in-process learner's LearnerStopped carries its summary (Learner.stopped)
+        counters["stopped_early"] = 1.0
+        raise LearnerStopped(stopped[0], stopped[1], summary=summary)
+    return summary
+
+
+def _wait_for_torchrun(cmd: list[str], env: dict[str, str], log: Any) -> int:
+    """Run torchrun (``cmd``, output to the open file ``log``) and return its exit status.
+
+    A first Ctrl-C here waits on: torchrun got it too and stops its ranks after their checkpoint. A second
+    one (or any other error) kills torchrun and propagates.
+    """
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            log.write(b"posttrain: interrupted (Ctrl-C); waiting for the learner's ranks to checkpoint "
+                      b"(Ctrl-C again to stop at once)\n")
+            log.flush()
+            return proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+def _rank0_stop(path: Path) -> tuple[str, int] | None:
+    """Rank 0's ``LearnerStopped`` (message, exit status) from its account file, or None (it did not stop so)."""
+    try:
+        stopped = json.loads(path.read_text(encoding="utf-8")).get("stopped")
+        return (str(stopped["message"]), int(stopped["exit_code"])) if stopped else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _children_cpu_s() -> float:
