@@ -243,7 +243,9 @@ def test_quick_longtail_race_grades_by_required_calls_and_reads_each_ledger(quic
         shares = [b["trained_share"] for b in run["longtail"]["trained_by_calls"].values()]
         assert sum(shares) == pytest.approx(1.0)
         assert [v for v, _ in run["longtail"]["series"]["reward"]][-1] == 2
-        assert bool(run["longtail"]["value_by_left"]) == (variant == "sao") == bool(run["longtail"]["value_reference"])
+        assert bool(run["longtail"]["value_by_left"]) == (variant == "sao")
+        # the reference's buckets are the critic's (empty for GRPO; a quick run may have too few turns for both halves)
+        assert set(run["longtail"]["value_reference"]) <= set(run["longtail"]["value_by_left"])
     assert [Path(p).name for p in result["plots"]][-1] == "learning_race_longtail_versions.png"
     # --reread: the critic's tables again from the SAO run's ledger, its path kept out of the results
     sao = result["variants"]["sao"]["runs"][0]["longtail"]
@@ -251,7 +253,7 @@ def test_quick_longtail_race_grades_by_required_calls_and_reads_each_ledger(quic
     assert main(["longtail", "--out-dir", str(out), "--no-docs", "--reread", str(run_dir)]) == 0
     again = json.loads((out / "longtail.json").read_text())
     assert again["variants"]["sao"]["runs"][0]["longtail"]["value_by_left"] == sao["value_by_left"]
-    assert again["reread"].endswith("--reread <dir of run longtail_sao_s0>") and str(out) not in again["reread"]
+    assert again["reread"].endswith("--reread <dir of run longtail_sao_s0>") and str(run_dir) not in again["reread"]
     with pytest.raises(SystemExit) as exc:  # no such seed in the results: refused, the file unchanged
         main(["longtail", "--out-dir", str(out), "--no-docs", "--reread", str(out / "runs" / "longtail_sao_s7")])
     assert exc.value.code == 2 and json.loads((out / "longtail.json").read_text()) == again
