@@ -1,4 +1,4 @@
-"""GPU checks of the learner (issue 19): bf16 on CUDA against fp32 on the CPU, learner tokens/s, 2-rank NCCL parity.
+"""GPU checks (issue 19): bf16 on CUDA against fp32 on the CPU, learner tokens/s, 2-rank NCCL parity, gateway overhead.
 
 ``scripts/gpu_check.sh`` runs these parts one after the other, each under a time limit, then ``summary``:
 
@@ -12,10 +12,12 @@
 - ``ranks OUT``: with two or more GPUs, the SAO step on 2 ranks (``torchrun --standalone``, FSDP2 over NCCL) against
   1 rank on the same batch, fp32 both (``worker`` is one rank of it).
 - ``summary OUT_DIR``: every part's JSON in ``OUT_DIR/gpu_check.json`` with the checks judged, and
-  ``OUT_DIR/summary.txt``.
+  ``OUT_DIR/summary.txt``. The script's ``vllm`` part (``tests/gpu/test_vllm_cuda.py``) and ``gateway`` part
+  (``bench.gateway --engine vllm``: gateway against direct engine time per generated token) are judged here too.
 
 Tolerances (``LIMITS``): bf16 against fp32, relative loss difference < 2e-2 and cosine of the updates >= 0.9;
-2 ranks against 1 (fp32 both), relative loss difference < 1e-4 and cosine >= 0.999. Every part: parameters finite,
+2 ranks against 1 (fp32 both), relative loss difference < 1e-4 and cosine >= 0.999; the gateway, its worst
+ratio over the concurrency levels at most 1.2 (issue 33's goal). Every part: parameters finite,
 and no coordinate's two updates differ by more than 2 x lr (AdamW's first step moves a coordinate by at most lr).
 
 On a machine without CUDA, ``--device cpu`` runs the same code with bf16 autocast on the CPU (how the unit tests
@@ -57,7 +59,7 @@ SHAPES: dict[str, dict[str, Any]] = {
 LR = 1e-4
 """AdamW learning rate of every checked step (policy and critic)."""
 LIMITS = {"bf16_loss_rtol": 2e-2, "bf16_update_cosine_min": 0.9, "ranks_loss_rtol": 1e-4,
-          "ranks_update_cosine_min": 0.999, "update_diff_max_over_lr": 2.0}
+          "ranks_update_cosine_min": 0.999, "update_diff_max_over_lr": 2.0, "gateway_ratio_max": 1.2}
 """The tolerances of the checks (module docstring)."""
 PARITY_SPECS = [(32, 48, 1.0), (24, 40, 0.0), (40, 24, 1.0), (16, 56, 0.0), (28, 36, 1.0)]
 """Parity batch: (prompt tokens, action tokens, reward) per rollout; five, so two ranks split it 3/2."""
@@ -364,6 +366,30 @@ def ranks(device: str, precision: str, models: Path) -> dict[str, Any]:
 # --- summary ---------------------------------------------------------------------------------------------------
 
 
+def gateway_check(result: dict[str, Any]) -> dict[str, Any]:
+    """The gateway's worst ratio judged against ``LIMITS["gateway_ratio_max"]`` (at most).
+
+    The ratio is gateway / direct seconds per generated token, the worst over every row of ``bench.gateway``'s results.
+
+    Raises:
+        KeyError: a row without ``ratio``, ``concurrency`` or ``layout``.
+    """
+    worst = max(result["rows"], key=lambda r: r["ratio"])
+    name = (f"gateway / direct time per token, worst ({result.get('engine', '?')} engine, "
+            f"{worst['layout']} layout, {worst['concurrency']} concurrent)")
+    return judge(name, float(worst["ratio"]), LIMITS["gateway_ratio_max"] + 1e-12, at_most=True)
+
+
+def gateway_lines(result: dict[str, Any]) -> list[str]:
+    """One summary line per row of ``bench.gateway``'s results.
+
+    Each: layout, concurrency, ms per generated token direct and through the gateway, and their ratio.
+    """
+    return [f"gateway   {r['layout']} {r['concurrency']} concurrent ({result.get('engine', '?')} engine): ms/token "
+            f"direct {r['direct_ms_per_token']:.3f}, gateway {r['gateway_ms_per_token']:.3f}, ratio {r['ratio']:.2f}"
+            for r in result.get("rows", [])]
+
+
 def _machine() -> dict[str, Any]:
     info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda,
                             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
@@ -373,11 +399,11 @@ def _machine() -> dict[str, Any]:
 def summarize(out_dir: Path, ranks_expected: bool = False) -> tuple[dict[str, Any], str]:
     """Every part's JSON of ``out_dir`` in one result with every check, and the text summary.
 
-    The parts are ``parity``, ``throughput``, ``vllm`` and, with ``ranks_expected`` (two or more GPUs),
-    ``ranks``; one that wrote nothing is listed as missing (its log is in ``out_dir``).
+    The parts are ``parity``, ``throughput``, ``vllm``, ``gateway`` and, with ``ranks_expected`` (two or more
+    GPUs), ``ranks``; one that wrote nothing is listed as missing (its log is in ``out_dir``).
     """
     parts: dict[str, Any] = {}
-    expected = ["parity", "throughput", "vllm"] + (["ranks"] if ranks_expected else [])
+    expected = ["parity", "throughput", "vllm", "gateway"] + (["ranks"] if ranks_expected else [])
     for name in expected:
         path = out_dir / f"{name}.json"
         parts[name] = json.loads(path.read_text()) if path.exists() else None
@@ -389,6 +415,9 @@ def summarize(out_dir: Path, ranks_expected: bool = False) -> tuple[dict[str, An
                             at_most=True))
         checks.append(judge("vllm bf16 vs cuda learner: max |logprob diff|", last["parity_max_abs_diff"], 0.1 + 1e-12,
                             at_most=True))
+    gateway = parts["gateway"]
+    if isinstance(gateway, dict) and gateway.get("rows"):
+        checks.append(gateway_check(gateway))
     lines = [f"GPU check, {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}: torch {torch.__version__}, "
              f"GPUs: {', '.join(_machine()['gpus']) or 'none'}"]
     lines += [f"{'PASS' if c['ok'] else 'FAIL'}  {c['check']}: {c['value']:.3g} ({c['limit']})"
@@ -401,6 +430,8 @@ def summarize(out_dir: Path, ranks_expected: bool = False) -> tuple[dict[str, An
     if isinstance(vllm, list) and vllm:
         lines.append(f"vllm      decode tokens/s: batch 1 {vllm[-1].get('batch_1_tokens_per_s')}, "
                      f"batch 32 {vllm[-1].get('batch_32_tokens_per_s')}")
+    if isinstance(gateway, dict):
+        lines += gateway_lines(gateway)
     lines += [f"MISSING   {name} (see {name}.log)" for name, p in parts.items() if p is None]
     if "ranks" not in parts:
         lines.append("NOT RUN   ranks (needs 2 GPUs)")

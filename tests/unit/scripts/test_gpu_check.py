@@ -39,11 +39,35 @@ def test_summary_lists_every_check_the_throughput_and_what_is_missing(tmp_path: 
         {"shape": "qwen2-0.5b", "step": "sft", "precision": "bf16", "device": "cuda", "tokens_per_s": 12345.6,
          "step_s": 0.66, "batch_tokens": 8192, "peak_cuda_memory_bytes": 3 * 2**30}]}))
     result, text = summarize(tmp_path)
-    assert not result["all_ok"] and result["missing"] == ["vllm"]
+    assert not result["all_ok"] and result["missing"] == ["vllm", "gateway"]
     assert "PASS  tiny sft: loss/sft relative difference: 0.001 (< 0.02)" in text
     assert "FAIL  tiny sft: policy update cosine: 0.5 (>= 0.9)" in text
     assert "tokens/s  qwen2-0.5b sft bf16 on cuda: 12346 (0.660 s/step for 8192 tokens, peak 3.0 GiB)" in text
     assert "MISSING   vllm (see vllm.log)" in text
+
+
+def _gateway_row(concurrency: int, direct: float, gateway: float) -> dict[str, object]:
+    return {"layout": "shared", "concurrency": concurrency, "direct_ms_per_token": direct,
+            "gateway_ms_per_token": gateway, "ratio": gateway / direct}
+
+
+def test_summary_lists_the_gateway_ratios_and_judges_the_worst_against_the_goal(tmp_path: Path) -> None:
+    """Three concurrency levels: every ratio gets a line; the worst one (1.25 at 8) fails the 1.2x goal, and one at
+    exactly 1.2 passes."""
+    rows = [_gateway_row(1, 4.0, 4.4), _gateway_row(8, 0.8, 1.0), _gateway_row(32, 0.25, 0.275)]
+    (tmp_path / "gateway.json").write_text(json.dumps({"engine": "vllm", "rows": rows}))
+    result, text = summarize(tmp_path)
+    assert result["missing"] == ["parity", "throughput", "vllm"] and result["parts"]["gateway"]["engine"] == "vllm"
+    assert result["limits"]["gateway_ratio_max"] == 1.2
+    assert "FAIL  gateway / direct time per token, worst (vllm engine, shared layout, 8 concurrent): 1.25 (< 1.2)" in text
+    for line in ("gateway   shared 1 concurrent (vllm engine): ms/token direct 4.000, gateway 4.400, ratio 1.10",
+                 "gateway   shared 8 concurrent (vllm engine): ms/token direct 0.800, gateway 1.000, ratio 1.25",
+                 "gateway   shared 32 concurrent (vllm engine): ms/token direct 0.250, gateway 0.275, ratio 1.10"):
+        assert line in text
+    rows[1] = _gateway_row(8, 1.0, 1.2)
+    (tmp_path / "gateway.json").write_text(json.dumps({"engine": "vllm", "rows": rows}))
+    (check,) = summarize(tmp_path)[0]["checks"]
+    assert check["ok"] and check["value"] == pytest.approx(1.2)
 
 
 @pytest.mark.slow
