@@ -25,14 +25,18 @@ Run: ``.venv/bin/python -m bench.gateway`` (70 s on 2 cores at load 2-3, both la
 ``--engine vllm`` on a GPU; ``--layouts shared`` for the old layout alone.
 """
 
+import argparse
 import asyncio
+import contextlib
 import os
 import secrets
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -263,36 +267,11 @@ def render(result: dict[str, Any]) -> str:
     ])
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command-line entry (module docstring)."""
-    p = common.parser(__doc__, common.RESULTS_DIR / "gateway.json")
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="concurrent episodes")
-    p.add_argument("--episodes-per-slot", type=int, default=2, help="episodes per concurrent slot and round")
-    p.add_argument("--min-episodes", type=int, default=8, help="at least this many episodes per round")
-    p.add_argument("--turns", type=int, default=3, help="turns per episode")
-    p.add_argument("--tokens", type=int, default=24, help="sampled tokens per turn")
-    p.add_argument("--rounds", type=int, default=3, help="rounds per concurrency (medians)")
-    p.add_argument("--engine", choices=["hf", "vllm"], default="hf")
-    p.add_argument("--layouts", nargs="+", default=None,
-                   help="core layouts to measure: shared and/or split (default: both where >= 2 cores are allowed)")
-    p.add_argument("--engine-cores", help="split layout: the engine side's cores, e.g. 0 or 0-2 (default: all "
-                                          "allowed but the highest)")
-    p.add_argument("--agent-cores", help="split layout: the agent's cores, disjoint from the engine's (default: the "
-                                         "highest allowed)")
-    p.add_argument("--client", choices=CLIENTS, default="openai", help="the agent's client (default openai; http: "
-                                                                        "plain JSON over httpx)")
-    p.add_argument("overrides", nargs="*", help="config overrides after the benchmark's own, e.g. "
-                                                "gateway.batch_wait_ms=50 or model.tiny.num_layers=8")
-    args = p.parse_args(argv)
-    allowed = frozenset(os.sched_getaffinity(0))
-    names = args.layouts or (["shared", "split"] if len(allowed) >= 2 else ["shared"])
-    try:
-        layouts = resolve_layouts(names, args.engine_cores, args.agent_cores, allowed)
-    except ValueError as e:
-        p.error(str(e))
-    if not torch.cuda.is_available():
-        torch.set_num_threads(1)  # as run_gateway does in the gateway process (module docstring)
-    work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+def measure(args: argparse.Namespace, layouts: Sequence[Any], allowed: frozenset[int], work: Path,
+            p: argparse.ArgumentParser) -> list[dict[str, Any]]:
+    """Build the tiny model and its gateway under ``work``, then time direct engine calls against gateway requests at
+    each of ``args.concurrency`` in each layout (module docstring); returns the result rows. ``p.error`` (exit 2) for
+    a bad config override; RuntimeError with the log's tail when the gateway process dies before it serves."""
     try:
         cfg = load_config(None, [f"output_dir={work}", f"run_name={MODEL}", "warm_start.steps=0", "model.tiny.vocab_size=512",
                                  f"generator.engine={args.engine}", f"generator.episodes_in_flight={max(args.concurrency)}",
@@ -312,10 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     chat = ChatFormat.for_tokenizer(tokenizer)
     gen = cfg.generator
     rows = []
-    with EmbeddedRedis() as server:
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(EmbeddedRedis())
         RedisPolicyVersionStore(redis.Redis.from_url(server.url), ctx.keys).set(0)
         url_file = work / "url"
-        log = (work / "gateway.log").open("ab")
+        log = stack.enter_context((work / "gateway.log").open("ab"))
         proc = subprocess.Popen([sys.executable, "-m", "posttrain.cli", "gateway", str(config_path), "--url-file",
                                  str(url_file)], env={**os.environ, "REDIS_URL": server.url, cfg.gateway.token_env: token},
                                 stdout=log, stderr=subprocess.STDOUT)
@@ -394,6 +374,43 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             proc.terminate()
             proc.wait(timeout=60)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry (module docstring)."""
+    p = common.parser(__doc__, common.RESULTS_DIR / "gateway.json")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="concurrent episodes")
+    p.add_argument("--episodes-per-slot", type=int, default=2, help="episodes per concurrent slot and round")
+    p.add_argument("--min-episodes", type=int, default=8, help="at least this many episodes per round")
+    p.add_argument("--turns", type=int, default=3, help="turns per episode")
+    p.add_argument("--tokens", type=int, default=24, help="sampled tokens per turn")
+    p.add_argument("--rounds", type=int, default=3, help="rounds per concurrency (medians)")
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    p.add_argument("--layouts", nargs="+", default=None,
+                   help="core layouts to measure: shared and/or split (default: both where >= 2 cores are allowed)")
+    p.add_argument("--engine-cores", help="split layout: the engine side's cores, e.g. 0 or 0-2 (default: all "
+                                          "allowed but the highest)")
+    p.add_argument("--agent-cores", help="split layout: the agent's cores, disjoint from the engine's (default: the "
+                                         "highest allowed)")
+    p.add_argument("--client", choices=CLIENTS, default="openai", help="the agent's client (default openai; http: "
+                                                                        "plain JSON over httpx)")
+    p.add_argument("overrides", nargs="*", help="config overrides after the benchmark's own, e.g. "
+                                                "gateway.batch_wait_ms=50 or model.tiny.num_layers=8")
+    args = p.parse_args(argv)
+    allowed = frozenset(os.sched_getaffinity(0))
+    names = args.layouts or (["shared", "split"] if len(allowed) >= 2 else ["shared"])
+    try:
+        layouts = resolve_layouts(names, args.engine_cores, args.agent_cores, allowed)
+    except ValueError as e:
+        p.error(str(e))
+    if not torch.cuda.is_available():
+        torch.set_num_threads(1)  # as run_gateway does in the gateway process (module docstring)
+    work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    try:
+        rows = measure(args, layouts, allowed, work, p)
+    finally:  # the run's model, weights and gateway log: hundreds of MB with vLLM, left behind by every run before
+        shutil.rmtree(work, ignore_errors=True)
     result = {"command": common.command_line("bench.gateway", argv), "machine": common.machine_info(),
               "engine": args.engine, "client": args.client, "overrides": list(args.overrides), "turns": args.turns, "tokens": args.tokens, "rounds": args.rounds, "rows": rows,
               "layouts": [{"name": lay.name, "engine_cores": core_list(lay.engine), "agent_cores": core_list(lay.agent)}
