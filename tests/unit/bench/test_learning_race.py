@@ -10,6 +10,7 @@ from bench.async_vs_sync import MethodRun, StepRecord
 from bench.learning_race import (
     METHODS,
     STABILITY_METRICS,
+    STUDY_CONFIGS,
     STUDY_VARIANTS,
     equal_resources,
     load_variant,
@@ -263,24 +264,35 @@ def test_quick_longtail_race_grades_by_required_calls_and_reads_each_ledger(quic
 @pytest.mark.integration
 @pytest.mark.timeout(1800)  # each run starts a generator process and an embedded server
 @pytest.mark.parametrize(("study", "variant", "setting"), [("longtail_baseline", "running_mean", "sao.advantage"),
-                                                           ("longtail_correction", "none", "sao.loss.correction")])
+                                                           ("longtail_correction", "none", "sao.loss.correction"),
+                                                           ("longtail_stability", "grpo_async_g8", None)])
 def test_quick_longtail_ablations_run_their_variant_without_the_defaults(quick_dir: Path, study: str, variant: str,
-                                                                          setting: str) -> None:
-    """``longtail_baseline --quick --variants running_mean`` and ``longtail_correction --quick --variants none`` (issue
-    29): each ablation's study runs its non-default variant end to end on ``synthetic_longtail`` (its own setting in the
-    variant's overrides, accuracy by required-calls bucket, the trained share by bucket) and writes its JSON and the
-    per-version plot; a variant without a critic has no value-by-``left`` table."""
+                                                                          setting: str | None) -> None:
+    """``longtail_baseline --quick --variants running_mean``, ``longtail_correction --quick --variants none`` and
+    ``longtail_stability --quick --variants grpo_async_g8`` (issue 29): each study runs its variant that no other quick
+    run covers end to end on ``synthetic_longtail`` (an ablation's own setting in the variant's overrides, accuracy by
+    required-calls bucket, the trained share by bucket) and writes its JSON and the per-version plot; a variant without
+    a critic has no value-by-``left`` table. ``longtail_gain``'s one variant is the ``longtail`` quick run's SAO
+    (``test_the_gain_study_is_the_longtail_races_sao_run_for_longer``)."""
     out = quick_dir / study
     assert main([study, "--quick", "--variants", variant, "--out-dir", str(out)]) == 0
     result = json.loads((out / f"{study}.json").read_text())
     assert result["env"] == "synthetic_longtail" and list(result["variants"]) == [variant]
     d = result["variants"][variant]
-    assert any(o.startswith(f"{setting}={variant}") for o in d["overrides"])
+    assert setting is None or any(o.startswith(f"{setting}={variant}") for o in d["overrides"])
     (run,) = d["runs"]
     assert run["final"]["policy_version"] == 2 and sum(n for n, _ in run["final"]["accuracy_by_calls"].values()) == 4
     assert sum(b["trained_share"] for b in run["longtail"]["trained_by_calls"].values()) == pytest.approx(1.0)
-    assert bool(run["longtail"]["value_by_left"]) == (variant != "running_mean")
+    assert bool(run["longtail"]["value_by_left"]) == (variant not in ("running_mean", "grpo_async_g8"))
     assert [Path(p).name for p in result["plots"]][-1] == f"learning_race_{study}_versions.png"
+
+
+def test_the_gain_study_is_the_longtail_races_sao_run_for_longer() -> None:
+    """``longtail_gain`` runs the ``longtail`` race's SAO variant (the same method file, folder and overrides) for more
+    versions, so the ``longtail`` quick run keeps it working; ``longtail_stability`` adds no variant of its own."""
+    assert STUDY_VARIANTS["longtail_gain"] == {"sao": STUDY_VARIANTS["longtail"]["sao"]}
+    assert set(STUDY_VARIANTS["longtail_stability"].items()) <= set(STUDY_VARIANTS["longtail"].items())
+    assert STUDY_CONFIGS["longtail_gain"] == STUDY_CONFIGS["longtail_stability"] == STUDY_CONFIGS["longtail"]
 
 
 @pytest.mark.slow
