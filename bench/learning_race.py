@@ -63,7 +63,7 @@ DESCRIPTION = ("The learning race (issue 22): does SAO reach a better model soon
 """``--help``'s description (the module docstring's first line stops mid-sentence)."""
 
 STUDIES = ("race", "tail", "correction", "baseline", "grid", "stability", "longtail", "longtail_baseline",
-           "longtail_correction", "longtail_stability", "longtail_gain")
+           "longtail_correction", "longtail_stability", "longtail_gain", "longtail_critic")
 RACES = ("race", "tail", "longtail")
 """Studies plotted and tabled as races: accuracy against seconds and rollouts, time to target, rates."""
 TAIL = ("data.env_args.tool_latency_sigma=1.5", "data.env_args.tool_latency_max_s=20")
@@ -85,6 +85,7 @@ STUDY_VARIANTS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     "longtail_correction": {c: ("sao", (f"sao.loss.correction={c}",)) for c in ("dis", "tis", "none")},
     "longtail_stability": {m: (m, ()) for m in ("sao", "grpo_async_g8")},
     "longtail_gain": {"sao": ("sao", ())},
+    "longtail_critic": {f"critic_lr{lr}": ("sao", (f"sao.critic.lr={lr}",)) for lr in ("3e-4", "1e-4")},
 }
 """Per training study: variant -> (method file, overrides on it)."""
 LONGTAIL = "learning_race/longtail"
@@ -106,6 +107,8 @@ QUESTIONS = {
                           "collapse, and when",
     "longtail_gain": "on long-tailed episodes: does SAO at its defaults end 3 standard errors above its warm start in "
                      "every seed, given more versions than the race",
+    "longtail_critic": "on long-tailed episodes: how much of the return the critic explains before its update, at its "
+                       "learning rate (3e-4) and at 1e-4, against what the left count and the policy's progress explain",
 }
 STABILITY_METRICS = {"reward/mean": "training reward", "policy/entropy": "policy entropy (nats/token)",
                      "mask/frac_total": "masked fraction of action tokens", "mismatch/k3_kl": "mismatch KL (k3)",
