@@ -51,10 +51,11 @@ DOCS = common.REPO / "docs" / "results.md"
 PLOTS = common.REPO / "docs" / "results"
 """``learning_race_<study>*.png``."""
 LOG = common.REPO / "docs" / "log.md"
-ON_LOG = ("tail", "correction", "baseline", "stability", "grid", "longtail_baseline", "longtail_correction")
+ON_LOG = ("tail", "correction", "baseline", "stability", "grid", "longtail_baseline", "longtail_correction",
+          "longtail_stability")
 """Studies whose sections live in ``LOG``: the ablations on ``synthetic_tool``, superseded on docs/results.md by their
-``longtail_*`` reruns (issue 29), the older studies moved with them, and the long-tail ablations' tables (their reading
-stays on docs/results.md), to keep the results page short."""
+``longtail_*`` reruns (issue 29), the older studies moved with them, and the tables of the long-tail ablations and
+stability runs (their reading stays on docs/results.md), to keep the results page short."""
 METHODS = ("sao", "grpo_sync_g4", "grpo_sync_g8", "grpo_async_g8")
 """The race's methods, files of ``bench/configs/learning_race/``, in the order the tables show them."""
 DESCRIPTION = ("The learning race (issue 22): does SAO reach a better model sooner than GRPO at equal resources? "
@@ -305,8 +306,8 @@ def reread(result: dict[str, Any], run_dirs: Sequence[Path]) -> list[str]:
     ``<study>_<variant>_s<seed>``, and read with its own ``resolved_config.yaml``. Returns the run names refreshed.
 
     Raises:
-        ValueError: a directory whose name matches no variant and seed of the study's results, or without a ledger
-            or resolved config (the message names it).
+        ValueError: a path that is no directory, a directory whose name matches no variant and seed of the study's
+            results, or one without a ledger or resolved config (the message names it).
     """
     from posttrain.config import load_config
     from posttrain.envs.synthetic.longtail import codes_of
@@ -315,6 +316,8 @@ def reread(result: dict[str, Any], run_dirs: Sequence[Path]) -> list[str]:
 
     done = []
     for d in run_dirs:
+        if not d.is_dir():
+            raise ValueError(f"{d}: no such run directory")
         name, prefix = d.name, f"{result['study']}_"
         variant, _, seed = name[len(prefix):].rpartition("_s")
         runs = result["variants"].get(variant, {}).get("runs", []) if name.startswith(prefix) else []
@@ -388,8 +391,8 @@ def render_longtail(result: dict[str, Any]) -> str:
            common.markdown_table(["", "seeds >= 3 SE", "first broken version", *[f"accuracy {b} calls" for b in buckets],
                                   *[f"trained share {b}" for b in buckets]], rows)]
     if ev_rows:
-        out += ["", "Critic's explained variance before its update, turns' first tokens, by the `left` count the turn saw "
-                "(the first turn saw none), mean over seeds; below each critic, the same for group means of the return "
+        out += ["", "Critic's explained variance before its update, turns' first tokens of the iterations that trained the "
+                "policy, by the `left` count the turn saw (the first turn saw none), mean over seeds; below each critic, the same for group means of the return "
                 "by `left` count and window of 8 versions, cross-fitted over halves of the run (a reference: the "
                 "return the count and the policy's progress explain):", "",
                 common.markdown_table(["variant", "seeds", "all turns", "first turn",
@@ -829,6 +832,9 @@ def main(argv: list[str] | None = None) -> int:
         publish(args.study, result, out_dir, plots, docs)
         return 0
     if args.reread:
+        if not (out_dir / f"{args.study}.json").is_file():
+            p.error(f"--reread: no results of {args.study!r} to refresh in {common.display_path(out_dir)} (expected "
+                    f"{args.study}.json there: --out-dir names the folder, default bench/results/learning_race)")
         try:
             result = common.read_json(out_dir / f"{args.study}.json")
             names = reread(result, args.reread)

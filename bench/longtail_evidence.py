@@ -230,11 +230,14 @@ def population(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, Any]) -> 
 
 def _value_turns(lines: Sequence[Mapping[str, Any]], tasks: Mapping[str, int]) -> list[tuple[str, Any, float, float, int]]:
     """``(bucket, group key, value, return, half)`` of every turn with a value (SAO's ledger) in well-formed episodes
-    (``turn_kinds``): the bucket of the ``left`` count it saw (``seen_label``), its ``value_reference`` group (the
+    (``turn_kinds``) of the iterations that trained the policy (the critic-only ones, where no rollout trained a
+    token, are its pretraining and left out): the bucket of the ``left`` count it saw (``seen_label``), its ``value_reference`` group (the
     policy version's window and the exact count seen, or ``FIRST``), and the rollout's half of the run (CRC-32 of its
     id, so the split is the same on every machine)."""
     out = []
     for line in lines:
+        if not any(float(r.get("trained_tokens") or 0.0) > 0 for r in line["rollouts"]):
+            continue  # a critic-only iteration (value pretraining on the warm start's rollouts): no policy update
         window = int(line["policy_version"]) // REFERENCE_WINDOW
         for r in line["rollouts"]:
             turns = turn_kinds(r, int(tasks[r["task_id"]]))

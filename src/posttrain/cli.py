@@ -338,7 +338,7 @@ def _final_generator_stats(cfg: Any, ctx: Any, redis_url: str) -> list[dict[str,
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``posttrain`` command."""
-    parser = argparse.ArgumentParser(prog="posttrain", description="LLM post-training: SFT, DPO, GRPO, SAO.")
+    parser = argparse.ArgumentParser(prog="posttrain", description="LLM post-training: SFT, DPO, GRPO, SAO, GKD.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 

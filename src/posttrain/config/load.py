@@ -111,7 +111,8 @@ def close_field(loc: tuple[Any, ...], root: type[BaseModel] = RunConfig) -> str 
     """The valid dotted key closest to the unknown key ``loc`` (``("sao", "stepz")`` -> ``"sao.steps"``), or None.
 
     Walks ``root``'s sections along ``loc[:-1]`` (list indices pass through), then picks the closest of that
-    section's keys (``difflib.get_close_matches``, cutoff 0.6); None when the section is not a model or nothing
+    section's keys (``difflib.get_close_matches``, cutoff 0.6); failing that, a key of one of its sub-sections with
+    that name, or the closest such (``sao.lr`` -> ``sao.optim.lr``); None when the section is not a model or nothing
     is close.
     """
     models: list[type[BaseModel]] = [root]
@@ -122,6 +123,12 @@ def close_field(loc: tuple[Any, ...], root: type[BaseModel] = RunConfig) -> str 
                   for m in _models_in(f.annotation)]
     names = list(dict.fromkeys(n for model in models for n in _field_names(model)))
     match = difflib.get_close_matches(str(loc[-1]), names, n=1) if names else []
+    if not match:  # one section down: sao.lr -> sao.optim.lr
+        deeper = list(dict.fromkeys(f"{name}.{n}" for model in models for name, f in model.model_fields.items()
+                                    for sub in _models_in(f.annotation) for n in _field_names(sub)))
+        leaf = {d: d.rsplit(".", 1)[1] for d in deeper}
+        match = [d for d in deeper if leaf[d] == str(loc[-1])][:1] or [
+            d for d in deeper if leaf[d] in difflib.get_close_matches(str(loc[-1]), list(leaf.values()), n=1)][:1]
     if not match:
         return None
     return ".".join([*(str(p) for p in loc[:-1] if not isinstance(p, int)), match[0]])

@@ -180,6 +180,7 @@ def test_help_describes_the_benchmark_in_whole_sentences(capsys) -> None:
     (["grid", "--from-run", "x"], "--from-run: only for the stability study, not 'grid'"),
     (["race", "sao.stepz=3"], "sao.stepz: unknown field"),
     (["longtail", "--variants", "sao,grpo"], "--variants: distinct variants of 'longtail' (sao, grpo_sync_g4,"),
+    (["longtail", "--reread", "nope"], "--reread: no results of 'longtail' to refresh in"),
     (["stability", "--variants", "sao"], "--variants: distinct variants of 'stability' (none)"),
 ])
 def test_bad_arguments_fail_in_one_line_before_the_warm_start(tmp_path, capsys, argv, message):
@@ -188,6 +189,17 @@ def test_bad_arguments_fail_in_one_line_before_the_warm_start(tmp_path, capsys, 
         main([*argv, f"output_dir={tmp_path / 'w'}", "--no-docs", "--out-dir", str(tmp_path / "r")])
     assert exc.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
     assert not (tmp_path / "w").exists() and not (tmp_path / "r").exists()
+
+
+def test_reread_names_a_run_directory_that_does_not_exist(tmp_path, capsys):
+    """A new user's ``--reread`` of a path that is not there: exit 2 naming it, the results file untouched."""
+    results = tmp_path / "longtail.json"
+    results.write_text(json.dumps({"study": "longtail", "variants": {}}))
+    with pytest.raises(SystemExit) as exc:
+        main(["longtail", "--no-docs", "--out-dir", str(tmp_path), "--reread", str(tmp_path / "nope")])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"--reread: {tmp_path / 'nope'}: no such run directory")
+    assert json.loads(results.read_text()) == {"study": "longtail", "variants": {}}
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ def _rollout(task, calls, finish="stop", reward=0.0, turns=None, malformed=0, ea
     turns = turns if turns is not None else calls + (finish == "stop")
     return {"task_id": task, "reward": reward, "finish_reason": finish, "action_tokens": [15] * turns,
             "metrics": {"tool_calls": float(calls), "malformed_actions": float(malformed), "early_answer": float(early),
-                        "extra_calls": float(extra)}, **extra_keys}
+                        "extra_calls": float(extra)}, "trained_tokens": 8.0, **extra_keys}
 
 
 def test_turn_kinds_tell_required_and_extra_calls_and_early_and_due_answers_apart():
@@ -87,6 +87,8 @@ def test_value_by_left_pools_every_turn_of_the_run_by_the_left_count_it_saw():
     assert out["all"] == {"n": 80, "value": 0.5, "return": 0.5, "explained_variance": 1.0}
     assert out["first"]["n"] == 40 and out["0"]["n"] == 40 and "1" not in out
     assert value_by_left(lines[:38], tasks)["0"]["explained_variance"] is None  # 19 returns each side
+    critic_only = [{**line, "rollouts": [{**r, "trained_tokens": 0.0} for r in line["rollouts"]]} for line in lines[:2]]
+    assert value_by_left(critic_only + lines, tasks)["all"]["n"] == 80  # value pretraining is left out
     assert value_by_left([{"iteration": 1, "policy_version": 1, "rollouts": [_rollout("t", 1)]}], tasks) == {}
 
 

@@ -49,6 +49,7 @@ def test_a_misspelt_key_names_the_closest_valid_key_of_its_section(tmp_path):
     cases = {"sao.stepz=3": "sao.stepz: unknown field (did you mean sao.steps?)",
              "sao.optim.lrr=1e-4": "sao.optim.lrr: unknown field (did you mean sao.optim.lr?)",
              "grpo.asynk=true": "grpo.asynk: unknown field (did you mean grpo.async?)",
+             "sao.lr=1e-4": "sao.lr: unknown field (did you mean sao.optim.lr?)",
              "genrator.engine=hf": "genrator: unknown field (did you mean generator?)",
              "learner.lr=1e-4": "learner.lr: unknown field"}
     for override, expected in cases.items():
