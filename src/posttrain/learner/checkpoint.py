@@ -87,6 +87,17 @@ def latest_checkpoint(root: Path) -> Path | None:
     return path if (path / "state.json").exists() else None
 
 
+def checkpoint_state(path: Path) -> dict[str, Any]:
+    """The learner's counters a checkpoint holds, read without loading a tensor.
+
+    ``state.json``'s ``state``: ``iteration``, ``policy_version``, ``counters``...
+
+    Raises:
+        OSError: ``state.json`` cannot be read. ValueError: it is not JSON. KeyError: it has no ``state``.
+    """
+    return dict(json.loads((path / "state.json").read_text(encoding="utf-8"))["state"])
+
+
 @contextlib.contextmanager
 def _single_process_quiet(world: World) -> Iterator[None]:
     """Silence DCP's warning that it saves or loads in one process: with one rank that is the intent."""

@@ -32,7 +32,7 @@ from posttrain.account import LEARNER_ACCOUNT_FILE_ENV, LEARNER_STATES, StateClo
 from posttrain.config import RunConfig
 from posttrain.config.roles import async_rl_settings
 from posttrain.eval.heldout import evaluate_policy, heldout_tasks
-from posttrain.learner.checkpoint import latest_checkpoint
+from posttrain.learner.checkpoint import checkpoint_state, latest_checkpoint
 from posttrain.learner.liveness import LearnerStopped
 from posttrain.learner.loop import run_learner
 from posttrain.learner.setup import redis_transport
@@ -134,8 +134,7 @@ def run_learner_ranks(ctx: RunContext, redis_url: str | None, config_path: Path,
     ranks = ctx.config.learner.local_ranks
     log_path = ctx.run_dir / "learner.log"
     resumed_from = latest_checkpoint(ctx.checkpoints_dir)  # the counters and iteration this life starts at
-    at_start = (json.loads((resumed_from / "state.json").read_text(encoding="utf-8"))["state"]
-                if resumed_from is not None else {})
+    at_start = checkpoint_state(resumed_from) if resumed_from is not None else {}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
            "-m", "posttrain.cli", "learner", str(config_path), "--start-model", str(start_model)]
     account_file = ctx.run_dir / "learner_ranks_account.json"
@@ -158,7 +157,7 @@ def run_learner_ranks(ctx: RunContext, redis_url: str | None, config_path: Path,
         if stopped is not None:
             raise LearnerStopped(stopped[0], stopped[1])
         raise RuntimeError(f"learner on {ranks} ranks finished without a checkpoint in {ctx.checkpoints_dir}")
-    state = json.loads((latest / "state.json").read_text(encoding="utf-8"))["state"]
+    state = checkpoint_state(latest)
     counters = dict(state["counters"])
     if redis_url:
         counters["dead_letters"] = float(redis.Redis.from_url(redis_url).xlen(ctx.keys.dead_letter))
@@ -272,6 +271,7 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None,
         deaths = GeneratorDeaths(procs, [f"g{i}" for i in range(len(procs))], ctx.run_dir / "logs").start()
         gateway: GatewayProcesses | None = None
         stopped: LearnerStopped | None = None
+        gen_stats: dict[str, dict[str, float]] = {}  # a stopped learner reads none: its account goes without them
         try:
             if mode != "disabled" and not done:  # an OpenAI-compatible server whose episodes train too (docs/gateway.md)
                 gateway = start_gateway(ctx, url, config_path)
@@ -300,10 +300,7 @@ def train_sao(ctx: RunContext, start_model: Path, sink: MetricsSink | None,
         try:  # their final snapshots (published as they stop) close their time accounts
             final_stats = read_generator_stats(client, ctx.keys)
         except (redis.ConnectionError, redis.TimeoutError):
-            if stopped is not None:  # a stopped learner read none before: its life's account goes without them
-                final_stats = {}
-            else:
-                final_stats = gen_stats
+            final_stats = gen_stats
         if stopped is not None:
             if stopped.summary is not None:  # the stopped life's account charges its generators too
                 stopped.summary.generator_stats = generator_accounts_of(final_stats)
@@ -344,7 +341,7 @@ def resume_from(ctx: RunContext) -> str:
     if latest is None:
         return ""
     try:
-        state = json.loads((latest / "state.json").read_text(encoding="utf-8"))["state"]
+        state = checkpoint_state(latest)
         return f" from {latest} (learner iteration {int(state['iteration'])}, policy version {int(state['policy_version'])})"
     except (OSError, ValueError, KeyError, TypeError):
         return f" from {latest}"
@@ -394,7 +391,7 @@ def checkpoint_version(ctx: RunContext) -> int | None:
     if latest is None:
         return None
     try:
-        return int(json.loads((latest / "state.json").read_text(encoding="utf-8"))["state"]["policy_version"])
+        return int(checkpoint_state(latest)["policy_version"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
